@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ckptio.h — the public interface of libckptio: save and load tensor checkpoints at device speed. */
+#ifndef CKPTIO_H
+#define CKPTIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CKPTIO_API __attribute__((visibility("default")))
+#else
+#define CKPTIO_API
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Versions                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CKPTIO_VERSION_MAJOR 0
+#define CKPTIO_VERSION_MINOR 1
+#define CKPTIO_VERSION_PATCH 0
+#define CKPTIO_VERSION_NUMBER \
+    (CKPTIO_VERSION_MAJOR * 10000 + CKPTIO_VERSION_MINOR * 100 + CKPTIO_VERSION_PATCH)
+
+/* On-disk format written by this library (doc/format.md). Readers accept versions <= this. */
+#define CKPTIO_FORMAT_VERSION 1
+
+/* Library version of the code actually linked (may differ from the header's). Since 0.1. */
+CKPTIO_API unsigned ckptio_version_number(void);
+CKPTIO_API const char *ckptio_version_string(void);
+/* Newest on-disk format version this library writes and reads. Since 0.1. */
+CKPTIO_API unsigned ckptio_format_version(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every function returning int returns >= 0 on success and a negative code on failure:
+ * -errno for system errors (-ENOSPC, -EIO, ...), or one of the CKPTIO_E_* codes below, which
+ * sit in a reserved range that no errno reaches. One table generates the enum, the names and
+ * ckptio_strerror(). */
+#define CKPTIO_ERROR_TABLE(X)                                                                  \
+    X(USAGE, -4001, "invalid argument or call")                                                \
+    X(STATE, -4002, "handle is not in a state that allows this call")                          \
+    X(DTYPE, -4003, "unknown dtype")                                                           \
+    X(SHAPE, -4004, "shape, offset or size does not match")                                    \
+    X(DUPLICATE, -4005, "duplicate tensor name or overlapping chunk")                          \
+    X(INCOMPLETE, -4006, "tensor chunks do not cover the whole tensor")                        \
+    X(EXISTS, -4007, "checkpoint already exists")                                              \
+    X(NOT_CHECKPOINT, -4008, "not a committed checkpoint (no manifest)")                       \
+    X(NOT_FOUND, -4009, "no such tensor or key")                                               \
+    X(RANGE, -4010, "region lies outside the tensor")                                          \
+    X(BUFFER, -4011, "destination buffer too small")                                           \
+    X(FORMAT, -4012, "unsupported format version")                                             \
+    X(CORRUPT, -4013, "checkpoint is corrupt")                                                 \
+    X(CHECKSUM, -4014, "checksum mismatch: stored bytes are damaged")                          \
+    X(LIMIT, -4015, "a size or count exceeds the format's limits")                             \
+    X(UNSUPPORTED, -4016, "feature not available in this build or on this system")             \
+    X(INTERRUPTED, -4017, "operation was cancelled")
+
+enum ckptio_error {
+#define CKPTIO_X_ENUM(name, value, text) CKPTIO_E_##name = value,
+    CKPTIO_ERROR_TABLE(CKPTIO_X_ENUM)
+#undef CKPTIO_X_ENUM
+};
+
+/* A short static description of any return code (CKPTIO_E_*, -errno, or 0). Never NULL.
+ * Thread-safe. Since 0.1. */
+CKPTIO_API const char *ckptio_strerror(int code);
+/* The code's symbolic name ("CKPTIO_E_CORRUPT", "ENOSPC", "OK"). Never NULL. Since 0.1. */
+CKPTIO_API const char *ckptio_errname(int code);
+/* The message with context (file, tensor, offset, what to do) of the last failing ckptio call
+ * made by the calling thread, or "" if none failed yet. Valid until this thread's next ckptio
+ * call. Each handle also keeps its own (ckptio_writer_errmsg, ckptio_reader_errmsg). */
+CKPTIO_API const char *ckptio_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dtypes. The numeric values are stored on disk and never change.                           */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CKPTIO_DTYPE_TABLE(X)                                                                  \
+    X(BOOL, 1, "bool", 1)                                                                      \
+    X(U8, 2, "u8", 1)                                                                          \
+    X(I8, 3, "i8", 1)                                                                          \
+    X(U16, 4, "u16", 2)                                                                        \
+    X(I16, 5, "i16", 2)                                                                        \
+    X(U32, 6, "u32", 4)                                                                        \
+    X(I32, 7, "i32", 4)                                                                        \
+    X(U64, 8, "u64", 8)                                                                        \
+    X(I64, 9, "i64", 8)                                                                        \
+    X(F16, 10, "f16", 2)                                                                       \
+    X(BF16, 11, "bf16", 2)                                                                     \
+    X(F32, 12, "f32", 4)                                                                       \
+    X(F64, 13, "f64", 8)                                                                       \
+    X(C64, 14, "c64", 8)                                                                       \
+    X(C128, 15, "c128", 16)                                                                    \
+    X(F8_E4M3FN, 16, "f8_e4m3fn", 1)                                                           \
+    X(F8_E5M2, 17, "f8_e5m2", 1)                                                               \
+    X(BYTES, 18, "bytes", 1)
+
+typedef enum ckptio_dtype {
+#define CKPTIO_X_ENUM(name, value, text, size) CKPTIO_DT_##name = value,
+    CKPTIO_DTYPE_TABLE(CKPTIO_X_ENUM)
+#undef CKPTIO_X_ENUM
+} ckptio_dtype;
+
+/* Bytes per element of a dtype, or 0 if the dtype is unknown. BYTES is opaque data, 1 byte per
+ * element. */
+CKPTIO_API size_t ckptio_dtype_size(int dtype);
+/* Lower-case name ("bf16"), or NULL if unknown. */
+CKPTIO_API const char *ckptio_dtype_name(int dtype);
+/* Dtype from its name, or CKPTIO_E_DTYPE. */
+CKPTIO_API int ckptio_dtype_from_name(const char *name);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Limits of format v1 (checked on save and before any allocation on load)                    */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CKPTIO_MAX_NDIM 32               /* dimensions of a tensor */
+#define CKPTIO_MAX_NAME 4096             /* bytes of a tensor name or metadata key, no NUL */
+#define CKPTIO_MAX_META_VALUE (64u << 20) /* bytes of one metadata value */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parameters                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+enum ckptio_backend {
+    CKPTIO_BACKEND_AUTO = 0,     /* io_uring if the kernel allows it, else the psync pool */
+    CKPTIO_BACKEND_IO_URING = 1, /* io_uring, several large requests in flight */
+    CKPTIO_BACKEND_PSYNC = 2,    /* pread/pwrite from a pool of threads */
+    CKPTIO_BACKEND_BUFFERED = 3  /* psync pool through the page cache (no O_DIRECT) */
+};
+
+enum ckptio_switch { CKPTIO_AUTO = -1, CKPTIO_OFF = 0, CKPTIO_ON = 1 };
+
+/* Options for writers and readers. Always initialize with ckptio_params_init(), then change the
+ * fields you care about: new fields are added at the end and `size` tells the library which
+ * ones the caller knows, so programs built against an older header keep working.
+ * The environment variable CKPTIO_IO=io_uring|psync|buffered overrides `backend` (for tests and
+ * for users who need to force a path). */
+typedef struct ckptio_params {
+    uint32_t size;          /* sizeof(ckptio_params), set by ckptio_params_init */
+    uint32_t io_threads;    /* psync pool threads; 0 = default (4) */
+    uint32_t queue_depth;   /* I/O requests in flight; 0 = default (16) */
+    uint32_t reserved0;
+    uint64_t staging_bytes; /* staging pool size; 0 = default (64 MiB). Fixed for the handle. */
+    uint64_t request_bytes; /* size of one I/O request; 0 = default (8 MiB) */
+    int backend;            /* enum ckptio_backend */
+    int direct;             /* O_DIRECT: CKPTIO_AUTO (use when the file system allows), ON
+                             * (fail with -EINVAL where refused), OFF */
+    int fsync;              /* writer: fsync data, manifest and directories (default ON) */
+    int checksums;          /* writer: store checksums; reader: verify them (default ON) */
+    int overwrite;          /* writer: replace an existing checkpoint at commit (default OFF).
+                             * The old one stays loadable until the new one is complete. */
+    int reserved1;
+} ckptio_params;
+
+/* Fill `p` with defaults. Since 0.1. */
+CKPTIO_API void ckptio_params_init(ckptio_params *p);
+
+/* What an operation did, per handle: bytes moved, wall seconds from open to the last
+ * completed call (commit for writers), the backend that ran and whether O_DIRECT was used. */
+typedef struct ckptio_stats {
+    uint64_t bytes;          /* tensor bytes written or read (not padding) */
+    uint64_t io_bytes;       /* bytes actually transferred to/from the device */
+    uint64_t tensors;        /* tensors written or regions read */
+    double seconds;
+    double gbps;             /* bytes / seconds / 1e9 */
+    char backend[16];        /* "io_uring", "psync" or "buffered" */
+    int direct;              /* 1 if O_DIRECT was used for data */
+    uint32_t alignment;      /* file offset alignment used for direct I/O */
+} ckptio_stats;
+
+/* Memory alignment that lets ckptio move a buffer to or from the device without a copy
+ * (4096). Buffers aligned this way take the zero-copy path; others are staged. */
+CKPTIO_API size_t ckptio_alignment(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Writer                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct ckptio_writer ckptio_writer;
+
+/* Start a checkpoint at directory `path`. Nothing is visible at `path` until commit: data goes
+ * to a temporary sibling directory `<path>.tmp-<pid>.<n>` that commit renames into place.
+ * Fails with CKPTIO_E_EXISTS if `path` exists and p->overwrite is off. `p` may be NULL
+ * (defaults). On success *out owns a handle that ckptio_writer_close() releases; on failure
+ * *out is NULL and ckptio_last_error() says why. A writer is used by one thread at a time. */
+CKPTIO_API int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p);
+
+/* Add one chunk of a tensor: the box [chunk_offset, chunk_offset + chunk_shape) of a global
+ * tensor `name` of `dtype` and global `shape` (ndim dims; ndim 0 is a scalar). `data` holds the
+ * chunk in row-major order, `nbytes` = product(chunk_shape) * ckptio_dtype_size(dtype).
+ * chunk_offset NULL means all zeros; chunk_shape NULL means the whole tensor. Chunks of one
+ * tensor must agree on dtype and shape, must not overlap, and must cover the tensor by commit.
+ *
+ * Lifetime: the call may return before the bytes reach the device. `data` must stay valid and
+ * unchanged until ckptio_writer_flush() or ckptio_writer_commit() returns (buffers aligned to
+ * ckptio_alignment() are written from in place; others are copied into staging, but do not
+ * rely on which path a buffer takes). */
+CKPTIO_API int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                                 const uint64_t *shape, const uint64_t *chunk_offset,
+                                 const uint64_t *chunk_shape, const void *data, uint64_t nbytes);
+
+/* Store a metadata entry (UTF-8 key, any bytes as value; a later call with the same key
+ * replaces the value). The value is copied. */
+CKPTIO_API int ckptio_writer_set_meta(ckptio_writer *w, const char *key, const void *value,
+                                      size_t len);
+
+/* Wait until every byte passed to ckptio_writer_add() so far has been handed to the device:
+ * afterwards the caller may reuse those buffers. Not a durability point; commit is. */
+CKPTIO_API int ckptio_writer_flush(ckptio_writer *w);
+
+/* Make the checkpoint durable and visible, atomically: flush, fsync data files, write and
+ * fsync the manifest, fsync the directory, rename into place (replacing an old checkpoint
+ * only with p->overwrite, and only once the new one is complete), fsync the parent. After a
+ * failure nothing new is visible at `path` and an old checkpoint there is intact; the
+ * temporary directory is removed. Either way the writer accepts no more calls but close. */
+CKPTIO_API int ckptio_writer_commit(ckptio_writer *w);
+
+/* Release the writer. Without a successful commit this aborts: in-flight I/O is waited for
+ * and the temporary directory removed, leaving `path` as it was. Accepts NULL. */
+CKPTIO_API void ckptio_writer_close(ckptio_writer *w);
+
+CKPTIO_API int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out);
+/* The handle's last error message ("" if none). Valid until the next call on the handle. */
+CKPTIO_API const char *ckptio_writer_errmsg(const ckptio_writer *w);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reader                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct ckptio_reader ckptio_reader;
+
+/* Open the committed checkpoint at directory `path`: reads and checks the manifest (magic,
+ * version, checksum, limits) and opens the data files. CKPTIO_E_NOT_CHECKPOINT if `path` has
+ * no manifest (e.g. an unfinished save). `p` may be NULL. Reading calls on one reader are made
+ * by one thread at a time; the query functions may be called from any thread. */
+CKPTIO_API int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p);
+CKPTIO_API void ckptio_reader_close(ckptio_reader *r); /* accepts NULL */
+
+typedef struct ckptio_tensor_info {
+    const char *name;      /* NUL-terminated, valid while the reader is open */
+    int dtype;
+    uint32_t ndim;
+    const uint64_t *shape; /* ndim entries, valid while the reader is open */
+    uint64_t nbytes;       /* product(shape) * dtype size */
+    uint64_t stored_bytes; /* bytes on disk over all chunks */
+    uint64_t num_chunks;
+} ckptio_tensor_info;
+
+typedef struct ckptio_chunk_info {
+    const uint64_t *offset; /* ndim entries */
+    const uint64_t *shape;  /* ndim entries */
+    const char *file;       /* data file, relative to the checkpoint directory */
+    uint64_t file_offset;
+    uint64_t stored_bytes;
+    uint64_t nbytes;
+} ckptio_chunk_info;
+
+/* Tensors are listed in name order (bytewise). */
+CKPTIO_API size_t ckptio_reader_num_tensors(const ckptio_reader *r);
+CKPTIO_API int ckptio_reader_tensor(const ckptio_reader *r, size_t index, ckptio_tensor_info *out);
+/* Index of tensor `name`, or CKPTIO_E_NOT_FOUND. */
+CKPTIO_API int64_t ckptio_reader_find(const ckptio_reader *r, const char *name);
+CKPTIO_API int ckptio_reader_chunk(const ckptio_reader *r, size_t tensor, size_t chunk,
+                                   ckptio_chunk_info *out);
+
+CKPTIO_API size_t ckptio_reader_num_meta(const ckptio_reader *r);
+/* Entry `index` of the metadata (keys in bytewise order). Pointers valid while r is open. */
+CKPTIO_API int ckptio_reader_meta(const ckptio_reader *r, size_t index, const char **key,
+                                  const void **value, size_t *len);
+/* Value of `key`, or CKPTIO_E_NOT_FOUND. */
+CKPTIO_API int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, const void **value,
+                                      size_t *len);
+
+/* A box of one tensor to read into `dst`, row-major in `shape`. `name` selects the tensor; if
+ * it is NULL, `tensor` (an index) does. offset NULL means all zeros; shape NULL means the
+ * whole tensor. `capacity` >= product(shape) * dtype size. Bytes of dst past that size may be
+ * used as scratch up to `capacity`: pass capacity rounded up to ckptio_alignment(), with dst
+ * aligned to it, and large reads land in dst directly with no copy. */
+typedef struct ckptio_region {
+    const char *name;
+    size_t tensor;
+    const uint64_t *offset;
+    const uint64_t *shape;
+    void *dst;
+    uint64_t capacity;
+} ckptio_region;
+
+/* Read `n` regions, whatever chunks their tensors were stored as: the reads of all regions
+ * are planned together (adjacent ranges coalesced, many large requests in flight) and
+ * checksums are verified as data lands (p->checksums). Returns 0 or the first error; the
+ * message names the file, tensor and offset. On failure the destinations' contents are
+ * unspecified. */
+CKPTIO_API int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n);
+
+/* Read a whole tensor into dst (capacity >= its nbytes). */
+CKPTIO_API int ckptio_reader_read_tensor(ckptio_reader *r, const char *name, void *dst,
+                                         uint64_t capacity);
+
+/* Read every stored byte and check every checksum. Returns 0 if all are intact; otherwise the
+ * first error, with *bad_chunks (may be NULL) set to the number of damaged chunks; the
+ * message names the first damaged file, tensor and offset. */
+CKPTIO_API int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks);
+
+CKPTIO_API int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
+CKPTIO_API const char *ckptio_reader_errmsg(const ckptio_reader *r);
+/* The checkpoint directory's path as given to open. */
+CKPTIO_API const char *ckptio_reader_path(const ckptio_reader *r);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Environment                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* What this build and system offer, for `ckptio doctor` and for logging. Writes a
+ * human-readable multi-line report about directory `dir` (may be NULL: the current directory)
+ * into buf (always NUL-terminated). Returns the length it needed, like snprintf. */
+CKPTIO_API int ckptio_describe_system(const char *dir, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CKPTIO_H */

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internal helpers shared by every layer: error idioms, messages, checked arithmetic, memory. */
+#ifndef CKPTIO_COMMON_H
+#define CKPTIO_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckptio.h"
+
+#define CKPTIO__HIDDEN __attribute__((visibility("hidden")))
+#define CKPTIO__UNUSED(x) ((void)(x))
+#define CKPTIO__LIKELY(x) __builtin_expect(!!(x), 1)
+#define CKPTIO__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define CKPTIO__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CKPTIO__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* The one early-return idiom: every error path is a single line.
+ *   CKPTIO__RET_IF(cond, code)  return code when cond holds
+ *   CKPTIO__TRY(expr)           return expr's value when it is negative
+ *   CKPTIO__GOTO_IF(cond, code) set rc = code and goto out (cleanup at one label)
+ *   CKPTIO__CHECK(expr)         rc = expr; goto out when negative                  */
+#define CKPTIO__RET_IF(cond, code)                                                             \
+    do {                                                                                       \
+        if (CKPTIO__UNLIKELY(cond)) return (code);                                             \
+    } while (0)
+#define CKPTIO__TRY(expr)                                                                      \
+    do {                                                                                       \
+        int ckptio__r_ = (int)(expr);                                                          \
+        if (CKPTIO__UNLIKELY(ckptio__r_ < 0)) return ckptio__r_;                               \
+    } while (0)
+#define CKPTIO__GOTO_IF(cond, code)                                                            \
+    do {                                                                                       \
+        if (CKPTIO__UNLIKELY(cond)) {                                                          \
+            rc = (code);                                                                       \
+            goto out;                                                                          \
+        }                                                                                      \
+    } while (0)
+#define CKPTIO__CHECK(expr)                                                                    \
+    do {                                                                                       \
+        rc = (int)(expr);                                                                      \
+        if (CKPTIO__UNLIKELY(rc < 0)) goto out;                                                \
+    } while (0)
+
+/* Messages. Each handle owns a buffer; every failure is also copied to the calling thread's
+ * last-error buffer so that failed constructors can explain themselves. */
+#define CKPTIO__MSG_LEN 1024
+typedef struct ckptio__msg {
+    char text[CKPTIO__MSG_LEN];
+} ckptio__msg;
+
+/* Format the message into m (may be NULL) and the thread's last error; returns code so that
+ * `return ckptio__fail(&h->msg, rc, "...")` reads naturally. The text should name the file,
+ * tensor and offset involved and say what the user can do. */
+CKPTIO__HIDDEN int ckptio__fail(ckptio__msg *m, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+CKPTIO__HIDDEN int ckptio__vfail(ckptio__msg *m, int code, const char *fmt, va_list ap);
+CKPTIO__HIDDEN void ckptio__msg_clear(ckptio__msg *m);
+
+/* Checked arithmetic: false on overflow. */
+static inline bool ckptio__mul(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool ckptio__add(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+static inline uint64_t ckptio__align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) & ~(a - 1); /* a is a power of two */
+}
+static inline uint64_t ckptio__align_down(uint64_t v, uint64_t a)
+{
+    return v & ~(a - 1);
+}
+static inline bool ckptio__is_pow2(uint64_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+/* Product of dims times elem, false on overflow. ndim 0 gives elem (a scalar). */
+CKPTIO__HIDDEN bool ckptio__volume(const uint64_t *dims, uint32_t ndim, uint64_t elem,
+                                   uint64_t *out);
+
+/* Page-aligned memory from mmap, for staging and test buffers. NULL on failure. */
+CKPTIO__HIDDEN void *ckptio__map(size_t len);
+CKPTIO__HIDDEN void ckptio__unmap(void *p, size_t len);
+
+/* XXH3-64 of a buffer, and a streaming form for data that arrives in pieces. */
+CKPTIO__HIDDEN uint64_t ckptio__hash(const void *p, size_t len);
+
+/* Monotonic seconds. */
+CKPTIO__HIDDEN double ckptio__now(void);
+
+/* Valid UTF-8, no NUL, length 1..max. */
+CKPTIO__HIDDEN bool ckptio__valid_name(const char *s, size_t len, size_t max);
+
+/* Growable array of fixed-size items: `items` may move on push. */
+typedef struct ckptio__vec {
+    void *items;
+    size_t len, cap, isize;
+} ckptio__vec;
+CKPTIO__HIDDEN void ckptio__vec_init(ckptio__vec *v, size_t isize);
+/* Append n items (copied from src, or zeroed if src is NULL); returns index of the first or
+ * -ENOMEM. */
+CKPTIO__HIDDEN int64_t ckptio__vec_push(ckptio__vec *v, const void *src, size_t n);
+CKPTIO__HIDDEN void ckptio__vec_free(ckptio__vec *v);
+#define CKPTIO__VEC_AT(v, type, i) (&((type *)(v)->items)[i])
+
+/* String -> u64 map (open addressing, keys are not copied: they must outlive the map). */
+typedef struct ckptio__map_slot {
+    const char *key;
+    uint32_t klen;
+    uint32_t hash32;
+    uint64_t value;
+} ckptio__map_slot;
+typedef struct ckptio__strmap {
+    ckptio__map_slot *slots;
+    size_t cap, len;
+} ckptio__strmap;
+CKPTIO__HIDDEN void ckptio__strmap_init(ckptio__strmap *m);
+/* Insert; returns 1 if inserted, 0 if the key existed (*value then holds the old value and the
+ * map is unchanged), -ENOMEM. */
+CKPTIO__HIDDEN int ckptio__strmap_put(ckptio__strmap *m, const char *key, size_t klen,
+                                      uint64_t *value);
+/* 1 and *value if found, else 0. */
+CKPTIO__HIDDEN int ckptio__strmap_get(const ckptio__strmap *m, const char *key, size_t klen,
+                                      uint64_t *value);
+CKPTIO__HIDDEN void ckptio__strmap_free(ckptio__strmap *m);
+
+#endif

@@ -1,0 +1,7 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Every test group, once: test.h and runner.c expand this list. */
+TEST_GROUP(common)
+TEST_GROUP(format)
+TEST_GROUP(io)
+TEST_GROUP(api)
+TEST_GROUP(cli)
