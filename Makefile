@@ -5,7 +5,7 @@ BUILD ?= build
 MESON ?= meson
 BENCH_ARGS ?=
 
-.PHONY: all build deps test test-c bench clean
+.PHONY: all build deps test test-c test-install test-sanitize bench clean
 
 all: build
 
@@ -21,7 +21,19 @@ build: deps $(BUILD)/build.ninja
 test-c: build
 	$(BUILD)/tests/ckptio-tests
 
-test: test-c
+test-install: build
+	./tests/install-check.sh $(BUILD)
+
+# The C suite under ASan+UBSan, then under TSan, each in its own build directory.
+test-sanitize: deps
+	@[ -f $(BUILD)-asan/build.ninja ] || $(MESON) setup $(BUILD)-asan -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+	@$(MESON) compile -C $(BUILD)-asan >/dev/null
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 $(BUILD)-asan/tests/ckptio-tests
+	@[ -f $(BUILD)-tsan/build.ninja ] || $(MESON) setup $(BUILD)-tsan -Db_sanitize=thread -Db_lundef=false >/dev/null
+	@$(MESON) compile -C $(BUILD)-tsan >/dev/null
+	TSAN_OPTIONS=halt_on_error=1 $(BUILD)-tsan/tests/ckptio-tests
+
+test: test-c test-install
 
 bench: build
 	$(BUILD)/tools/ckptio bench $(BENCH_ARGS)

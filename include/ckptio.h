@@ -189,7 +189,11 @@ typedef struct ckptio_writer ckptio_writer;
  * to a temporary sibling directory `<path>.tmp-<pid>.<n>` that commit renames into place.
  * Fails with CKPTIO_E_EXISTS if `path` exists and p->overwrite is off. `p` may be NULL
  * (defaults). On success *out owns a handle that ckptio_writer_close() releases; on failure
- * *out is NULL and ckptio_last_error() says why. A writer is used by one thread at a time. */
+ * *out is NULL and ckptio_last_error() says why. A writer is used by one thread at a time.
+ *
+ * A rejected call (CKPTIO_E_USAGE, _DTYPE, _SHAPE, _DUPLICATE, _LIMIT) leaves the writer as it
+ * was. An I/O failure (-ENOSPC, -EIO, ...) poisons it: every later call but close returns that
+ * same error, and close removes the temporary directory. */
 CKPTIO_API int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p);
 
 /* Add one chunk of a tensor: the box [chunk_offset, chunk_offset + chunk_shape) of a global
@@ -312,6 +316,50 @@ CKPTIO_API int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
 CKPTIO_API const char *ckptio_reader_errmsg(const ckptio_reader *r);
 /* The checkpoint directory's path as given to open. */
 CKPTIO_API const char *ckptio_reader_path(const ckptio_reader *r);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Single files in foreign formats. Experimental: define CKPTIO_EXPERIMENTAL to use them.     */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* A file written front to back at device speed — staging ring, O_DIRECT where the file system
+ * allows it, several writes in flight — for formats ckptio does not own (a torch.save zip
+ * archive, safetensors). It is written as `<path>.tmp-<pid>.<n>` and appears at `path` only at
+ * commit (fsync of the file, rename, fsync of the directory). Used by one thread at a time.
+ * Since 0.1. */
+typedef struct ckptio_file_writer ckptio_file_writer;
+
+/* Fails with CKPTIO_E_EXISTS if `path` exists and p->overwrite is off. */
+CKPTIO_API int ckptio_file_writer_open(ckptio_file_writer **out, const char *path,
+                                       const ckptio_params *p);
+/* Append `len` bytes. The bytes are copied before the call returns, so `data` may be reused
+ * at once. */
+CKPTIO_API int ckptio_file_writer_write(ckptio_file_writer *f, const void *data, size_t len);
+/* Bytes written so far (the current end of the file). */
+CKPTIO_API uint64_t ckptio_file_writer_tell(const ckptio_file_writer *f);
+/* Make the file durable and visible at `path` (replacing an older file only with
+ * p->overwrite). After a failure nothing new is at `path`. */
+CKPTIO_API int ckptio_file_writer_commit(ckptio_file_writer *f);
+/* Release; without a commit the temporary file is removed. Accepts NULL. */
+CKPTIO_API void ckptio_file_writer_close(ckptio_file_writer *f);
+CKPTIO_API int ckptio_file_writer_stats(const ckptio_file_writer *f, ckptio_stats *out);
+CKPTIO_API const char *ckptio_file_writer_errmsg(const ckptio_file_writer *f);
+
+/* One byte range of a file to read into dst (dst must hold `len` bytes; as with regions, pass
+ * dst aligned to ckptio_alignment() for reads with no copy). */
+typedef struct ckptio_range {
+    uint64_t offset;
+    uint64_t len;
+    void *dst;
+} ckptio_range;
+
+/* Read `n` ranges of the file at `path` at device speed: ranges are coalesced, many large
+ * requests in flight, O_DIRECT where allowed, straight into aligned destinations. No checksum
+ * (the file is not ckptio's). -EIO-style errors, or CKPTIO_E_CORRUPT when a range lies past
+ * the end of the file; the message names the file and offset. `stats` may be NULL. Since 0.1. */
+CKPTIO_API int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n,
+                                const ckptio_params *p, ckptio_stats *stats);
+#endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Environment                                                                                */

@@ -55,7 +55,7 @@ int ckptio__vfail(ckptio__msg *m, int code, const char *fmt, va_list ap)
     if (n < 0) text[0] = 0;
     /* Append the code's description unless the caller already ends with it. */
     size_t used = strlen(text);
-    if (used + 4 < sizeof text)
+    if (!strstr(text, ckptio_errname(code)) && used + 4 < sizeof text)
         snprintf(text + used, sizeof text - used, " (%s)", ckptio_errname(code));
     memcpy(last_error, text, sizeof text);
     if (m) memcpy(m->text, text, sizeof text);

@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The single-file writer: a foreign-format file written at device speed, published atomically. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "io/engine.h"
+#include "io/sink.h"
+
+enum { F_OPEN, F_COMMITTED, F_FAILED };
+
+struct ckptio_file_writer {
+    ckptio__msg msg;
+    ckptio__cfg cfg;
+    int state, err;
+    char *path, *tmp_path, *parent;
+    int fd;
+    bool tmp_created;
+    ckptio__sink sink;
+    double t_open;
+    ckptio_stats stats;
+};
+
+static int fw_fail(ckptio_file_writer *f, int code)
+{
+    if (f->state == F_OPEN) {
+        f->state = F_FAILED;
+        f->err = code;
+    }
+    return code;
+}
+
+static int fw_usable(ckptio_file_writer *f)
+{
+    if (f->state == F_FAILED)
+        return ckptio__fail(&f->msg, f->err, "writer for '%s' failed earlier (%s); close it and "
+                            "save again", f->path, ckptio_strerror(f->err));
+    if (f->state != F_OPEN)
+        return ckptio__fail(&f->msg, CKPTIO_E_STATE, "'%s' was already committed", f->path);
+    return 0;
+}
+
+int ckptio_file_writer_open(ckptio_file_writer **out, const char *path, const ckptio_params *p)
+{
+    if (!out || !path || !*path) {
+        if (out) *out = NULL;
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_writer_open: out and path are required");
+    }
+    *out = NULL;
+    ckptio_file_writer *f = calloc(1, sizeof *f);
+    if (!f) return ckptio__fail(NULL, -ENOMEM, "out of memory");
+    f->fd = -1;
+    f->t_open = ckptio__now();
+    int rc, direct = 0;
+    CKPTIO__CHECK(ckptio__cfg_resolve(p, &f->cfg, &f->msg));
+    f->path = strdup(path);
+    f->parent = f->path ? ckptio__parent_dir(path) : NULL;
+    f->tmp_path = malloc(strlen(path) + 64);
+    CKPTIO__GOTO_IF(!f->path || !f->parent || !f->tmp_path, -ENOMEM);
+    struct stat st;
+    if (lstat(path, &st) == 0 && (!f->cfg.overwrite || S_ISDIR(st.st_mode))) {
+        rc = ckptio__fail(&f->msg, CKPTIO_E_EXISTS, "'%s' already exists%s", path,
+                          S_ISDIR(st.st_mode) ? " and is a directory; refusing to replace it"
+                                              : "; pass overwrite to replace it");
+        goto out;
+    }
+    for (int tries = 0;; tries++) {
+        snprintf(f->tmp_path, strlen(path) + 64, "%s.tmp-%d.%u", path, (int)getpid(),
+                 ckptio__tmp_id());
+        rc = ckptio__file_open(AT_FDCWD, f->tmp_path, CKPTIO__F_WRITE, f->cfg.direct, &f->fd,
+                               &direct);
+        if (rc != -EEXIST || tries > 1000) break;
+    }
+    if (rc < 0) {
+        f->fd = -1;
+        ckptio__fail(&f->msg, rc, "cannot create a temporary file next to '%s'", path);
+        goto out;
+    }
+    f->tmp_created = true;
+    CKPTIO__CHECK(ckptio__sink_init(&f->sink, f->fd, direct, f->cfg.backend, f->cfg.depth,
+                                    f->cfg.threads, f->cfg.staging, f->cfg.request, f->tmp_path,
+                                    &f->msg));
+    ckptio__stats_backend(f->stats.backend, f->cfg.backend, ckptio__engine_name(f->sink.eng));
+    f->stats.direct = direct;
+    f->stats.alignment = f->sink.off_align;
+    *out = f;
+    return 0;
+out:
+    if (rc == -ENOMEM && !f->msg.text[0]) ckptio__fail(&f->msg, rc, "out of memory");
+    {
+        char keep[CKPTIO__MSG_LEN];
+        memcpy(keep, f->msg.text, sizeof keep);
+        ckptio_file_writer_close(f);
+        ckptio__fail(NULL, rc, "%s", keep);
+    }
+    return rc;
+}
+
+int ckptio_file_writer_write(ckptio_file_writer *f, const void *data, size_t len)
+{
+    if (!f) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_writer_write: writer is NULL");
+    CKPTIO__TRY(fw_usable(f));
+    if (len && !data) return ckptio__fail(&f->msg, CKPTIO_E_USAGE, "ckptio_file_writer_write: data is NULL");
+    int rc = ckptio__sink_write(&f->sink, data, len);
+    if (rc < 0) return fw_fail(f, rc);
+    f->stats.bytes += len;
+    return 0;
+}
+
+uint64_t ckptio_file_writer_tell(const ckptio_file_writer *f)
+{
+    return f ? f->sink.cursor : 0;
+}
+
+int ckptio_file_writer_commit(ckptio_file_writer *f)
+{
+    if (!f) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_writer_commit: writer is NULL");
+    CKPTIO__TRY(fw_usable(f));
+    int rc;
+    CKPTIO__CHECK(ckptio__sink_finish(&f->sink));
+    if (f->cfg.fsync && (rc = ckptio__fsync(f->fd)) < 0) {
+        ckptio__fail(&f->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                     f->tmp_path);
+        goto out;
+    }
+    close(f->fd);
+    f->fd = -1;
+    /* rename() replaces a file atomically; without overwrite, never clobber one that appeared
+     * since open. */
+    if (f->cfg.overwrite) rc = rename(f->tmp_path, f->path);
+    else {
+        rc = renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->path, RENAME_NOREPLACE);
+        if (rc < 0 && errno == EINVAL) { /* no RENAME_NOREPLACE here: link() never replaces */
+            rc = link(f->tmp_path, f->path);
+            if (rc == 0) unlink(f->tmp_path);
+        }
+    }
+    if (rc < 0) {
+        rc = errno == EEXIST ? CKPTIO_E_EXISTS : -errno;
+        ckptio__fail(&f->msg, rc, "cannot publish '%s' as '%s'", f->tmp_path, f->path);
+        goto out;
+    }
+    f->state = F_COMMITTED;
+    if (f->cfg.fsync && (rc = ckptio__fsync_path(f->parent)) < 0) {
+        ckptio__fail(&f->msg, rc, "fsync of directory '%s' failed", f->parent);
+        goto out;
+    }
+    f->stats.io_bytes = f->sink.io_bytes;
+    f->stats.seconds = ckptio__now() - f->t_open;
+    f->stats.gbps = f->stats.seconds > 0 ? (double)f->stats.bytes / f->stats.seconds / 1e9 : 0;
+    rc = 0;
+out:
+    if (rc < 0) fw_fail(f, rc);
+    return rc;
+}
+
+void ckptio_file_writer_close(ckptio_file_writer *f)
+{
+    if (!f) return;
+    ckptio__sink_fini(&f->sink);
+    if (f->fd >= 0) close(f->fd);
+    if (f->state != F_COMMITTED && f->tmp_created) unlink(f->tmp_path);
+    free(f->path);
+    free(f->tmp_path);
+    free(f->parent);
+    free(f);
+}
+
+int ckptio_file_writer_stats(const ckptio_file_writer *f, ckptio_stats *out)
+{
+    if (!f || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_writer_stats: NULL argument");
+    *out = f->stats;
+    return 0;
+}
+
+const char *ckptio_file_writer_errmsg(const ckptio_file_writer *f)
+{
+    return f ? f->msg.text : "";
+}

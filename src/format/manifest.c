@@ -1,0 +1,1088 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The format v1 manifest: validation, canonical encoding and bounded decoding (pure, no I/O). */
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "manifest.h"
+
+/* ---- on-disk layout (doc/format.md is normative) ------------------------------------------ */
+
+static const uint8_t MAGIC[8] = {0x89, 'C', 'K', 'P', 'T', 'I', 'O', '\n'};
+
+enum {
+    H_MAGIC = 0,
+    H_MAJOR = 8,
+    H_MINOR = 10,
+    H_HSIZE = 12,
+    H_BODY_LEN = 16,
+    H_BODY_SUM = 24,
+    H_CSUM_ALGO = 32,
+    H_FLAGS = 36,
+    H_CSUM_BLOCK = 40,
+    H_COUNTS = 48, /* files, tensors, chunks, meta, dims, csums, strtab_len: 7 x u64 */
+    H_RESERVED = 104,
+    H_SUM_V1 = 120,
+    HDR_V1 = 128,   /* header size written by this version */
+    HDR_MAX = 4096, /* largest header a later minor version may use */
+};
+enum { REC_FILE = 16, REC_TENSOR = 24, REC_CHUNK = 40, REC_META = 16, REC_U64 = 8 };
+enum { V_MAJOR = CKPTIO_FORMAT_VERSION, V_MINOR = 0 };
+
+#define MAX_CSUM_BLOCK (1ull << 30)
+#define MAX_FILE_SIZE (1ull << 63) /* sizes must fit off_t */
+#define NAME_SHOWN 200             /* bytes of a name quoted in a message */
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define LE32(v) __builtin_bswap32(v)
+#define LE64(v) __builtin_bswap64(v)
+#define HOST_IS_LE 0
+#else
+#define LE32(v) (v)
+#define LE64(v) (v)
+#define HOST_IS_LE 1
+#endif
+
+static inline uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return LE32(v);
+}
+static inline uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return LE64(v);
+}
+static inline void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void put32(uint8_t *p, uint32_t v)
+{
+    v = LE32(v);
+    memcpy(p, &v, 4);
+}
+static inline void put64(uint8_t *p, uint64_t v)
+{
+    v = LE64(v);
+    memcpy(p, &v, 8);
+}
+
+/* ---- messages ------------------------------------------------------------------------------ */
+
+#define U(x) ((unsigned long long)(x))
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
+                                                      const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* Bytes of a (valid UTF-8) name to quote: clipped at a character boundary. */
+static int shown(const char *s, uint64_t len)
+{
+    if (len <= NAME_SHOWN) return (int)len;
+    size_t n = NAME_SHOWN;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+    return (int)n;
+}
+
+/* "128,1024" into buf; "()" for a scalar. */
+static const char *fmt_dims(char *buf, size_t cap, const uint64_t *d, uint32_t ndim)
+{
+    if (ndim == 0) {
+        snprintf(buf, cap, "()");
+        return buf;
+    }
+    size_t used = 0;
+    buf[0] = 0;
+    for (uint32_t i = 0; i < ndim; i++) {
+        int n = snprintf(buf + used, cap - used, i ? ",%llu" : "%llu", U(d[i]));
+        if (n < 0 || (size_t)n >= cap - used) {
+            snprintf(buf + (cap > 4 ? cap - 4 : 0), cap > 4 ? 4 : cap, "...");
+            break;
+        }
+        used += (size_t)n;
+    }
+    return buf;
+}
+
+/* ---- validation ---------------------------------------------------------------------------- */
+
+/* dims + i, also when a manifest of scalars only has no dims array (NULL + 0 is undefined). */
+static const uint64_t *dims_at(const ckptio__manifest *m, uint64_t i)
+{
+    static const uint64_t none[1];
+    return m->dims ? m->dims + i : none;
+}
+
+static bool in_range(uint64_t start, uint64_t n, uint64_t limit)
+{
+    return start <= limit && n <= limit - start;
+}
+
+static int name_cmp(const char *a, uint64_t alen, const char *b, uint64_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+    if (c) return c;
+    return alen < blen ? -1 : alen > blen;
+}
+
+/* Relative path of [A-Za-z0-9._-] components joined by '/'; none empty, "." or "..". */
+static bool valid_file_name(const char *s, size_t len)
+{
+    if (len == 0) return false;
+    size_t comp = 0; /* start of the current component */
+    for (size_t i = 0; i <= len; i++) {
+        if (i == len || s[i] == '/') {
+            size_t n = i - comp;
+            if (n == 0) return false;
+            if (s[comp] == '.' && (n == 1 || (n == 2 && s[comp + 1] == '.'))) return false;
+            comp = i + 1;
+            continue;
+        }
+        char c = s[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        if (!ok) return false;
+    }
+    /* The manifest's own name would let a chunk alias the commit record. */
+    return !(len == 8 && !memcmp(s, "manifest", 8));
+}
+
+/* A chunk's extent as a sort key: (file, off) is a 96-bit number. */
+typedef struct extent {
+    uint64_t off;
+    uint32_t file, chunk;
+} extent;
+
+static inline unsigned ext_digit(const extent *e, unsigned d)
+{
+    return d < 8 ? (unsigned)(e->off >> (8 * d)) & 255 : (e->file >> (8 * (d - 8))) & 255;
+}
+
+/* LSD radix sort by (file, off), one byte per pass, skipping bytes no two keys differ in:
+ * a checkpoint's extents share most high bytes, so 5-7 linear passes replace an n log n
+ * comparison sort that dominated validation. Returns the sorted array (a or tmp). */
+static extent *sort_extents(extent *a, extent *tmp, uint64_t n)
+{
+    if (n < 2) return a;
+    uint64_t off_diff = 0;
+    uint32_t file_diff = 0;
+    for (uint64_t i = 1; i < n; i++) {
+        off_diff |= a[i].off ^ a[0].off;
+        file_diff |= a[i].file ^ a[0].file;
+    }
+    for (unsigned d = 0; d < 12; d++) {
+        uint64_t varies = d < 8 ? (off_diff >> (8 * d)) & 255 : (file_diff >> (8 * (d - 8))) & 255;
+        if (!varies) continue;
+        uint64_t count[256] = {0}, sum = 0;
+        for (uint64_t i = 0; i < n; i++) count[ext_digit(&a[i], d)]++;
+        for (unsigned b = 0; b < 256; b++) {
+            uint64_t c = count[b];
+            count[b] = sum;
+            sum += c;
+        }
+        for (uint64_t i = 0; i < n; i++) tmp[count[ext_digit(&a[i], d)]++] = a[i];
+        extent *t = a;
+        a = tmp, tmp = t;
+    }
+    return a;
+}
+
+typedef struct named {
+    const char *s;
+    uint64_t len;
+    uint64_t idx;
+} named;
+
+static int named_cmp(const void *pa, const void *pb)
+{
+    const named *a = pa, *b = pb;
+    int c = name_cmp(a->s, a->len, b->s, b->len);
+    return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* Chunks of one tensor ordered along the sweep dimension. */
+typedef struct span {
+    uint64_t lo, hi; /* [lo, hi) along the sweep dimension */
+    uint64_t k;      /* chunk index within the tensor */
+} span;
+
+static int span_cmp(const void *pa, const void *pb)
+{
+    const span *a = pa, *b = pb;
+    if (a->lo != b->lo) return a->lo < b->lo ? -1 : 1;
+    return (a->k > b->k) - (a->k < b->k);
+}
+
+/* Most tensors have a handful of chunks, often already in order: skip qsort for those. */
+static void sort_spans(span *s, uint64_t n)
+{
+    if (n > 32) {
+        for (uint64_t i = 1; i < n; i++)
+            if (s[i].lo < s[i - 1].lo) {
+                qsort(s, n, sizeof *s, span_cmp);
+                return;
+            }
+        return;
+    }
+    for (uint64_t i = 1; i < n; i++) {
+        span x = s[i];
+        uint64_t j = i;
+        for (; j > 0 && span_cmp(&s[j - 1], &x) > 0; j--) s[j] = s[j - 1];
+        s[j] = x;
+    }
+}
+
+typedef struct vctx {
+    const ckptio__manifest *m;
+    char *err;
+    size_t errlen;
+    span *spans;
+    uint64_t *active;
+    uint64_t scratch_cap; /* entries of spans and active */
+    uint8_t *claimed;     /* bitmap over chunks, only when tensors' ranges are not consecutive */
+} vctx;
+
+#define TNAME(t) shown(m->strtab + (t)->name, (t)->name_len), m->strtab + (t)->name
+#define FNAME(f) (int)(f)->name_len, m->strtab + (f)->name
+
+static bool str_ok(const ckptio__manifest *m, uint64_t off, uint64_t len)
+{
+    return in_range(off, len, m->strtab_len) && off + len < m->strtab_len &&
+           m->strtab[off + len] == 0;
+}
+
+static int check_files(vctx *v)
+{
+    const ckptio__manifest *m = v->m;
+    for (uint64_t i = 0; i < m->n_files; i++) {
+        const ckptio__mfile *f = &m->files[i];
+        if (f->name_len > CKPTIO__MAX_FILE_NAME)
+            return fail(v->err, v->errlen, CKPTIO_E_LIMIT,
+                        "file %llu: name of %u bytes exceeds the limit of %u", U(i), f->name_len,
+                        CKPTIO__MAX_FILE_NAME);
+        if (!str_ok(m, f->name, f->name_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "file %llu: name (offset %llu, %u bytes) is not a NUL-terminated string "
+                        "of the string table",
+                        U(i), U(f->name), f->name_len);
+        if (!valid_file_name(m->strtab + f->name, f->name_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "file %llu: name is not a relative path of [A-Za-z0-9._-] components "
+                        "without '.', '..' or empty ones",
+                        U(i));
+        if (f->size >= MAX_FILE_SIZE)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "file '%.*s': size %llu is too large",
+                        FNAME(f), U(f->size));
+    }
+    if (m->n_files < 2) return 0;
+    named *ns = malloc(m->n_files * sizeof *ns);
+    if (!ns) return -ENOMEM;
+    for (uint64_t i = 0; i < m->n_files; i++)
+        ns[i] = (named){m->strtab + m->files[i].name, m->files[i].name_len, i};
+    qsort(ns, m->n_files, sizeof *ns, named_cmp);
+    int rc = 0;
+    for (uint64_t i = 1; i < m->n_files; i++) {
+        if (name_cmp(ns[i - 1].s, ns[i - 1].len, ns[i].s, ns[i].len) == 0) {
+            rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "files %llu and %llu are both named '%.*s'",
+                      U(ns[i - 1].idx), U(ns[i].idx), (int)ns[i].len, ns[i].s);
+            break;
+        }
+    }
+    free(ns);
+    return rc;
+}
+
+static bool boxes_overlap(const uint64_t *a, const uint64_t *b, uint32_t ndim)
+{
+    for (uint32_t d = 0; d < ndim; d++) {
+        /* offsets at [0, ndim), shapes at [ndim, 2 ndim); ends cannot overflow (inside checked) */
+        if (!(a[d] < b[d] + b[ndim + d] && b[d] < a[d] + a[ndim + d])) return false;
+    }
+    return true;
+}
+
+/* Pairwise disjointness of a tensor's chunks, already known to lie inside it: sort along the
+ * dimension most chunks split, then compare each chunk only with those whose range along that
+ * dimension is still open. Row-, column- and grid-sharded tensors stay near-linear. */
+static int check_disjoint(vctx *v, const ckptio__mtensor *t)
+{
+    const ckptio__manifest *m = v->m;
+    const uint64_t *tshape = dims_at(m, t->dims);
+    uint32_t ndim = t->ndim;
+    uint64_t n = t->n_chunks;
+    char b1[256], b2[256], b3[256], b4[256];
+    if (ndim == 0) /* two chunks of a scalar both hold its one element */
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunks 0 and 1 overlap (scalar with %llu chunks)", TNAME(t),
+                    U(n));
+    if (n > v->scratch_cap) {
+        free(v->spans);
+        free(v->active);
+        v->active = NULL;
+        v->spans = malloc(n * sizeof *v->spans);
+        if (v->spans) v->active = malloc(n * sizeof *v->active);
+        if (!v->spans || !v->active) {
+            v->scratch_cap = 0;
+            return -ENOMEM;
+        }
+        v->scratch_cap = n;
+    }
+    uint32_t sweep = 0;
+    uint64_t best = 0, count[CKPTIO_MAX_NDIM] = {0};
+    for (uint64_t k = 0; k < n; k++) {
+        const uint64_t *shp = m->dims + m->chunks[t->chunk0 + k].dims + ndim;
+        for (uint32_t d = 0; d < ndim; d++) count[d] += shp[d] < tshape[d];
+    }
+    for (uint32_t d = 0; d < ndim; d++)
+        if (count[d] > best) best = count[d], sweep = d;
+    for (uint64_t k = 0; k < n; k++) {
+        const uint64_t *box = m->dims + m->chunks[t->chunk0 + k].dims;
+        v->spans[k] = (span){box[sweep], box[sweep] + box[ndim + sweep], k};
+    }
+    sort_spans(v->spans, n);
+    uint64_t n_active = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const span *s = &v->spans[i];
+        const uint64_t *a = m->dims + m->chunks[t->chunk0 + s->k].dims;
+        uint64_t kept = 0;
+        for (uint64_t j = 0; j < n_active; j++) {
+            const span *o = &v->spans[v->active[j]];
+            if (o->hi <= s->lo) continue; /* closed for good: spans arrive in lo order */
+            v->active[kept++] = v->active[j];
+            const uint64_t *b = m->dims + m->chunks[t->chunk0 + o->k].dims;
+            if (boxes_overlap(a, b, ndim)) {
+                uint64_t k1 = CKPTIO__MIN(s->k, o->k), k2 = CKPTIO__MAX(s->k, o->k);
+                const uint64_t *p1 = k1 == s->k ? a : b, *p2 = k1 == s->k ? b : a;
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "tensor '%.*s': chunk %llu [offset %s shape %s] overlaps chunk %llu "
+                            "[offset %s shape %s]",
+                            TNAME(t), U(k1), fmt_dims(b1, sizeof b1, p1, ndim),
+                            fmt_dims(b2, sizeof b2, p1 + ndim, ndim), U(k2),
+                            fmt_dims(b3, sizeof b3, p2, ndim),
+                            fmt_dims(b4, sizeof b4, p2 + ndim, ndim));
+            }
+        }
+        n_active = kept;
+        v->active[n_active++] = i;
+    }
+    return 0;
+}
+
+static int check_tensor(vctx *v, uint64_t ti)
+{
+    const ckptio__manifest *m = v->m;
+    const ckptio__mtensor *t = &m->tensors[ti];
+    char b1[256], b2[256], b3[256];
+
+    if (t->name_len > CKPTIO_MAX_NAME)
+        return fail(v->err, v->errlen, CKPTIO_E_LIMIT,
+                    "tensor %llu: name of %u bytes exceeds the limit of %u", U(ti), t->name_len,
+                    CKPTIO_MAX_NAME);
+    if (!str_ok(m, t->name, t->name_len))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor %llu: name (offset %llu, %u bytes) is not a NUL-terminated string "
+                    "of the string table",
+                    U(ti), U(t->name), t->name_len);
+    if (!ckptio__valid_name(m->strtab + t->name, t->name_len, CKPTIO_MAX_NAME))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor %llu: name is empty, holds a NUL or is not valid UTF-8", U(ti));
+    if (ti > 0) {
+        const ckptio__mtensor *p = &m->tensors[ti - 1];
+        int c = name_cmp(m->strtab + p->name, p->name_len, m->strtab + t->name, t->name_len);
+        if (c == 0)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "tensor '%.*s' is listed twice",
+                        TNAME(t));
+        if (c > 0)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s' is listed after '%.*s': names must be sorted", TNAME(t),
+                        TNAME(p));
+    }
+    size_t esize = ckptio_dtype_size((int)t->dtype);
+    if (!esize)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "tensor '%.*s': unknown dtype %u",
+                    TNAME(t), t->dtype);
+    if (t->ndim > CKPTIO_MAX_NDIM)
+        return fail(v->err, v->errlen, CKPTIO_E_LIMIT,
+                    "tensor '%.*s': %u dimensions exceed the limit of %u", TNAME(t), t->ndim,
+                    CKPTIO_MAX_NDIM);
+    uint32_t ndim = t->ndim;
+    if (!in_range(t->dims, ndim, m->n_dims))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': shape index %llu lies outside the %llu dims", TNAME(t),
+                    U(t->dims), U(m->n_dims));
+    const uint64_t *tshape = dims_at(m, t->dims);
+    uint64_t tvol, tbytes;
+    if (!ckptio__volume(tshape, ndim, 1, &tvol) || !ckptio__mul(tvol, esize, &tbytes))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': size of shape %s overflows 64 bits", TNAME(t),
+                    fmt_dims(b1, sizeof b1, tshape, ndim));
+    if (t->n_chunks == 0)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "tensor '%.*s' has no chunks", TNAME(t));
+    if (!in_range(t->chunk0, t->n_chunks, m->n_chunks))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunks %llu..%llu lie outside the %llu chunks", TNAME(t),
+                    U(t->chunk0), U(t->chunk0 + t->n_chunks - 1), U(m->n_chunks));
+    if (tvol == 0 && t->n_chunks != 1)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': empty (shape %s) but has %llu chunks instead of 1", TNAME(t),
+                    fmt_dims(b1, sizeof b1, tshape, ndim), U(t->n_chunks));
+
+    uint64_t covered = 0;
+    for (uint64_t k = 0; k < t->n_chunks; k++) {
+        const ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
+        if (!in_range(c->dims, 2 * (uint64_t)ndim, m->n_dims))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: dims index %llu lies outside the %llu dims",
+                        TNAME(t), U(k), U(c->dims), U(m->n_dims));
+        const uint64_t *off = dims_at(m, c->dims), *shp = off + ndim;
+        for (uint32_t d = 0; d < ndim; d++) {
+            uint64_t end;
+            if (!ckptio__add(off[d], shp[d], &end) || end > tshape[d])
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "tensor '%.*s': chunk %llu [offset %s shape %s] lies outside shape %s",
+                            TNAME(t), U(k), fmt_dims(b1, sizeof b1, off, ndim),
+                            fmt_dims(b2, sizeof b2, shp, ndim),
+                            fmt_dims(b3, sizeof b3, tshape, ndim));
+        }
+        uint64_t vol = 1;
+        for (uint32_t d = 0; d < ndim; d++) vol *= shp[d]; /* <= tvol: the box is inside */
+        if (tvol == 0) {
+            bool whole = true;
+            for (uint32_t d = 0; d < ndim; d++) whole = whole && off[d] == 0 && shp[d] == tshape[d];
+            if (!whole || c->stored_len != 0 || c->file_off != 0)
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "tensor '%.*s': empty tensor's chunk must cover shape %s at offset 0 "
+                            "with no stored bytes (has offset %s shape %s, %llu bytes at %llu)",
+                            TNAME(t), fmt_dims(b1, sizeof b1, tshape, ndim),
+                            fmt_dims(b2, sizeof b2, off, ndim), fmt_dims(b3, sizeof b3, shp, ndim),
+                            U(c->stored_len), U(c->file_off));
+        } else if (vol == 0) {
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu [offset %s shape %s] is empty", TNAME(t), U(k),
+                        fmt_dims(b1, sizeof b1, off, ndim), fmt_dims(b2, sizeof b2, shp, ndim));
+        }
+        if (c->raw_len != vol * esize)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: raw length %llu, but shape %s of %s is %llu "
+                        "bytes",
+                        TNAME(t), U(k), U(c->raw_len), fmt_dims(b1, sizeof b1, shp, ndim),
+                        ckptio_dtype_name((int)t->dtype), U(vol * esize));
+        if (c->codec != CKPTIO__CODEC_NONE)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: unknown codec %u", TNAME(t), U(k), c->codec);
+        if (c->stored_len != c->raw_len)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: stored length %llu differs from raw length "
+                        "%llu without a codec",
+                        TNAME(t), U(k), U(c->stored_len), U(c->raw_len));
+        if (c->file >= m->n_files)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu names file %u of %llu", TNAME(t), U(k), c->file,
+                        U(m->n_files));
+        const ckptio__mfile *f = &m->files[c->file];
+        uint64_t align = c->stored_len >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN
+                                                                : CKPTIO__SMALL_ALIGN;
+        if (c->file_off & (align - 1))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: offset %llu in file '%.*s' is not a multiple "
+                        "of %llu",
+                        TNAME(t), U(k), U(c->file_off), FNAME(f), U(align));
+        if (!in_range(c->file_off, c->stored_len, f->size))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: bytes %llu..+%llu lie past the end of file "
+                        "'%.*s' (%llu bytes)",
+                        TNAME(t), U(k), U(c->file_off), U(c->stored_len), FNAME(f), U(f->size));
+        uint64_t want = 0;
+        if (m->csum_algo != CKPTIO__CSUM_NONE && c->stored_len > 0)
+            want = c->stored_len / m->csum_block + (c->stored_len % m->csum_block != 0);
+        if (c->n_csums != want)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu has %llu checksums, expected %llu", TNAME(t),
+                        U(k), U(c->n_csums), U(want));
+        if (!in_range(c->csums, c->n_csums, m->n_csums))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: checksums %llu..+%llu lie outside the %llu "
+                        "checksums",
+                        TNAME(t), U(k), U(c->csums), U(c->n_csums), U(m->n_csums));
+        /* Saturates only when chunks overlap, which check_disjoint then reports. */
+        if (!ckptio__add(covered, vol, &covered)) covered = UINT64_MAX;
+    }
+    if (t->n_chunks > 1) CKPTIO__TRY(check_disjoint(v, t));
+    if (covered != tvol && tvol != 0)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunks cover %llu of the %llu elements of shape %s",
+                    TNAME(t), U(covered), U(tvol), fmt_dims(b1, sizeof b1, tshape, ndim));
+    return 0;
+}
+
+/* Tensors' chunk ranges must partition [0, n_chunks). Decoded manifests lay them out
+ * consecutively; a writer may not, so fall back to marking each chunk. */
+static int check_partition(vctx *v)
+{
+    const ckptio__manifest *m = v->m;
+    uint64_t next = 0;
+    bool consecutive = true;
+    for (uint64_t i = 0; i < m->n_tensors && consecutive; i++) {
+        consecutive = m->tensors[i].chunk0 == next;
+        next += m->tensors[i].n_chunks;
+    }
+    if (consecutive && next == m->n_chunks) return 0;
+    v->claimed = calloc(m->n_chunks / 8 + 1, 1);
+    if (!v->claimed) return -ENOMEM;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        for (uint64_t c = t->chunk0; c < t->chunk0 + t->n_chunks; c++) {
+            uint8_t bit = (uint8_t)(1u << (c & 7));
+            if (v->claimed[c >> 3] & bit)
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "tensor '%.*s': chunk %llu (entry %llu) also belongs to another tensor",
+                            TNAME(t), U(c - t->chunk0), U(c));
+            v->claimed[c >> 3] |= bit;
+        }
+        total += t->n_chunks;
+    }
+    if (total != m->n_chunks)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "%llu of the %llu chunks belong to no tensor", U(m->n_chunks - total),
+                    U(m->n_chunks));
+    return 0;
+}
+
+/* The tensor owning chunk c and c's index within it (error paths only: a linear scan). */
+static const ckptio__mtensor *owner(const ckptio__manifest *m, uint64_t c, uint64_t *k)
+{
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        if (c >= t->chunk0 && c - t->chunk0 < t->n_chunks) {
+            *k = c - t->chunk0;
+            return t;
+        }
+    }
+    return NULL; /* unreachable after check_partition */
+}
+
+/* Runs after check_partition, so every chunk has passed check_tensor. */
+static int check_extents(vctx *v)
+{
+    const ckptio__manifest *m = v->m;
+    uint64_t n = 0;
+    extent *ext = malloc(2 * m->n_chunks * sizeof *ext + 1);
+    if (!ext) return -ENOMEM;
+    for (uint64_t i = 0; i < m->n_chunks; i++)
+        if (m->chunks[i].stored_len) /* empty chunks occupy no bytes anywhere */
+            ext[n++] = (extent){m->chunks[i].file_off, m->chunks[i].file, (uint32_t)i};
+    const extent *s = sort_extents(ext, ext + m->n_chunks, n);
+    int rc = 0;
+    for (uint64_t i = 1; i < n; i++) {
+        const ckptio__mchunk *a = &m->chunks[s[i - 1].chunk], *b = &m->chunks[s[i].chunk];
+        if (a->file != b->file || a->file_off + a->stored_len <= b->file_off) continue;
+        const ckptio__mfile *f = &m->files[a->file];
+        uint64_t ka = 0, kb = 0;
+        const ckptio__mtensor *ta = owner(m, s[i - 1].chunk, &ka), *tb = owner(m, s[i].chunk, &kb);
+        if (!ta || !tb) {
+            rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "file '%.*s': extents overlap", FNAME(f));
+            break;
+        }
+        rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                  "file '%.*s': bytes %llu..%llu of tensor '%.*s' chunk %llu overlap bytes "
+                  "%llu..%llu of tensor '%.*s' chunk %llu",
+                  FNAME(f), U(a->file_off), U(a->file_off + a->stored_len), TNAME(ta), U(ka),
+                  U(b->file_off), U(b->file_off + b->stored_len), TNAME(tb), U(kb));
+        break;
+    }
+    free(ext);
+    return rc;
+}
+
+static int check_meta(vctx *v)
+{
+    const ckptio__manifest *m = v->m;
+    for (uint64_t i = 0; i < m->n_meta; i++) {
+        const ckptio__mmeta *e = &m->meta[i];
+        if (e->key_len > CKPTIO_MAX_NAME)
+            return fail(v->err, v->errlen, CKPTIO_E_LIMIT,
+                        "metadata %llu: key of %u bytes exceeds the limit of %u", U(i), e->key_len,
+                        CKPTIO_MAX_NAME);
+        if (!str_ok(m, e->key, e->key_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "metadata %llu: key is not a NUL-terminated string of the string table",
+                        U(i));
+        if (!ckptio__valid_name(m->strtab + e->key, e->key_len, CKPTIO_MAX_NAME))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "metadata %llu: key is empty, holds a NUL or is not valid UTF-8", U(i));
+        const char *key = m->strtab + e->key;
+        int kl = shown(key, e->key_len);
+        if (e->val_len > CKPTIO_MAX_META_VALUE)
+            return fail(v->err, v->errlen, CKPTIO_E_LIMIT,
+                        "metadata '%.*s': value of %llu bytes exceeds the limit of %u", kl, key,
+                        U(e->val_len), CKPTIO_MAX_META_VALUE);
+        if (!str_ok(m, e->val, e->val_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "metadata '%.*s': value is not a NUL-terminated string of the string "
+                        "table",
+                        kl, key);
+        if (i > 0) {
+            const ckptio__mmeta *p = &m->meta[i - 1];
+            int c = name_cmp(m->strtab + p->key, p->key_len, key, e->key_len);
+            if (c == 0)
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "metadata key '%.*s' is listed twice", kl, key);
+            if (c > 0)
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "metadata key '%.*s' is listed after '%.*s': keys must be sorted", kl,
+                            key, shown(m->strtab + p->key, p->key_len), m->strtab + p->key);
+        }
+    }
+    return 0;
+}
+
+int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!m) return fail(err, errlen, CKPTIO_E_USAGE, "no manifest");
+    if (m->version > V_MAJOR)
+        return fail(err, errlen, CKPTIO_E_FORMAT,
+                    "manifest format version %u is newer than this library's %u", m->version,
+                    V_MAJOR);
+    if (m->version != V_MAJOR)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u is not %u",
+                    m->version, V_MAJOR);
+    if (m->n_files > CKPTIO__MAX_FILES || m->n_tensors > CKPTIO__MAX_TENSORS ||
+        m->n_chunks > CKPTIO__MAX_CHUNKS || m->n_meta > CKPTIO__MAX_META)
+        return fail(err, errlen, CKPTIO_E_LIMIT,
+                    "counts exceed the format's limits: %llu files (max %u), %llu tensors (max "
+                    "%u), %llu chunks (max %llu), %llu metadata (max %u)",
+                    U(m->n_files), CKPTIO__MAX_FILES, U(m->n_tensors), CKPTIO__MAX_TENSORS,
+                    U(m->n_chunks), U(CKPTIO__MAX_CHUNKS), U(m->n_meta), CKPTIO__MAX_META);
+    if ((m->n_files && !m->files) || (m->n_tensors && !m->tensors) ||
+        (m->n_chunks && !m->chunks) || (m->n_meta && !m->meta) || (m->n_dims && !m->dims) ||
+        (m->n_csums && !m->csums) || (m->strtab_len && !m->strtab))
+        return fail(err, errlen, CKPTIO_E_USAGE, "manifest array missing for a non-zero count");
+    if (m->csum_algo > CKPTIO__CSUM_XXH3_64)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "unknown checksum algorithm %u", m->csum_algo);
+    bool block_ok = ckptio__is_pow2(m->csum_block) && m->csum_block >= CKPTIO__EXTENT_ALIGN &&
+                    m->csum_block <= MAX_CSUM_BLOCK;
+    if (!block_ok && !(m->csum_algo == CKPTIO__CSUM_NONE && m->csum_block == 0))
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "checksum block of %llu bytes is not a power of two between 4096 and 2^30",
+                    U(m->csum_block));
+
+    vctx v = {.m = m, .err = err, .errlen = errlen};
+    int rc = 0;
+    CKPTIO__CHECK(check_files(&v));
+    for (uint64_t i = 0; i < m->n_tensors; i++) CKPTIO__CHECK(check_tensor(&v, i));
+    CKPTIO__CHECK(check_partition(&v));
+    CKPTIO__CHECK(check_extents(&v));
+    CKPTIO__CHECK(check_meta(&v));
+out:
+    free(v.spans);
+    free(v.active);
+    free(v.claimed);
+    return rc;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------ */
+
+/* Section counts of the canonical encoding, whatever slack the in-memory arrays hold. */
+typedef struct layout {
+    uint64_t n_chunks, n_dims, n_csums, strtab_len, total;
+} layout;
+
+static int plan(const ckptio__manifest *m, layout *l)
+{
+    uint64_t chunks = 0, dims = 0, csums = 0, str = 0, t, total = HDR_V1;
+    bool ok = true;
+    for (uint64_t i = 0; i < m->n_files; i++) str += (uint64_t)m->files[i].name_len + 1;
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *te = &m->tensors[i];
+        str += (uint64_t)te->name_len + 1;
+        ok = ok && ckptio__add(chunks, te->n_chunks, &chunks) &&
+             ckptio__mul(te->n_chunks, 2, &t) && ckptio__add(t, 1, &t) &&
+             ckptio__mul(t, te->ndim, &t) && ckptio__add(dims, t, &dims);
+        if (!ok) return CKPTIO_E_LIMIT;
+        for (uint64_t k = 0; k < te->n_chunks; k++)
+            ok = ok && ckptio__add(csums, m->chunks[te->chunk0 + k].n_csums, &csums);
+    }
+    for (uint64_t i = 0; i < m->n_meta; i++) {
+        ok = ok && ckptio__add(str, (uint64_t)m->meta[i].key_len + 1, &str) &&
+             ckptio__add(str, m->meta[i].val_len, &str) && ckptio__add(str, 1, &str);
+    }
+    uint64_t parts[][2] = {{m->n_files, REC_FILE}, {m->n_tensors, REC_TENSOR},
+                           {chunks, REC_CHUNK},    {m->n_meta, REC_META},
+                           {dims, REC_U64},        {csums, REC_U64},
+                           {str, 1}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        ok = ok && ckptio__mul(parts[i][0], parts[i][1], &t) && ckptio__add(total, t, &total);
+    if (!ok || total > CKPTIO__MAX_MANIFEST_BYTES) return CKPTIO_E_LIMIT;
+    *l = (layout){chunks, dims, csums, str, total};
+    return 0;
+}
+
+int ckptio__manifest_encoded_size(const ckptio__manifest *m, uint64_t *out)
+{
+    layout l;
+    CKPTIO__TRY(plan(m, &l));
+    *out = l.total;
+    return 0;
+}
+
+static uint8_t *put_u64s(uint8_t *p, const uint64_t *base, uint64_t idx, uint64_t n)
+{
+    if (n == 0) return p;
+    const uint64_t *src = base + idx;
+    if (HOST_IS_LE) {
+        memcpy(p, src, n * 8);
+        return p + n * 8;
+    }
+    for (uint64_t i = 0; i < n; i++, p += 8) put64(p, src[i]);
+    return p;
+}
+
+static uint8_t *put_str(uint8_t *p, const char *s, uint64_t len)
+{
+    memcpy(p, s, len);
+    p[len] = 0;
+    return p + len + 1;
+}
+
+int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t len)
+{
+    layout l;
+    CKPTIO__TRY(plan(m, &l));
+    CKPTIO__RET_IF(len < l.total, CKPTIO_E_USAGE);
+
+    uint8_t *p = buf + HDR_V1;
+    /* Fixed-size sections: every index becomes implicit in the canonical order (tensor by
+     * tensor, chunk by chunk), so the decoder has nothing to cross-check but counts. */
+    for (uint64_t i = 0; i < m->n_files; i++, p += REC_FILE) {
+        put32(p, m->files[i].name_len);
+        put32(p + 4, 0);
+        put64(p + 8, m->files[i].size);
+    }
+    for (uint64_t i = 0; i < m->n_tensors; i++, p += REC_TENSOR) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        put32(p, t->name_len);
+        put32(p + 4, t->dtype);
+        put32(p + 8, t->ndim);
+        put32(p + 12, 0);
+        put64(p + 16, t->n_chunks);
+    }
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        for (uint64_t k = 0; k < t->n_chunks; k++, p += REC_CHUNK) {
+            const ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
+            put32(p, c->file);
+            put32(p + 4, c->codec);
+            put64(p + 8, c->file_off);
+            put64(p + 16, c->stored_len);
+            put64(p + 24, c->raw_len);
+            put64(p + 32, c->n_csums);
+        }
+    }
+    for (uint64_t i = 0; i < m->n_meta; i++, p += REC_META) {
+        put32(p, m->meta[i].key_len);
+        put32(p + 4, 0);
+        put64(p + 8, m->meta[i].val_len);
+    }
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        p = put_u64s(p, m->dims, t->dims, t->ndim);
+        for (uint64_t k = 0; k < t->n_chunks; k++)
+            p = put_u64s(p, m->dims, m->chunks[t->chunk0 + k].dims, 2 * (uint64_t)t->ndim);
+    }
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        for (uint64_t k = 0; k < t->n_chunks; k++) {
+            const ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
+            p = put_u64s(p, m->csums, c->csums, c->n_csums);
+        }
+    }
+    for (uint64_t i = 0; i < m->n_files; i++)
+        p = put_str(p, m->strtab + m->files[i].name, m->files[i].name_len);
+    for (uint64_t i = 0; i < m->n_tensors; i++)
+        p = put_str(p, m->strtab + m->tensors[i].name, m->tensors[i].name_len);
+    for (uint64_t i = 0; i < m->n_meta; i++) {
+        p = put_str(p, m->strtab + m->meta[i].key, m->meta[i].key_len);
+        p = put_str(p, m->strtab + m->meta[i].val, m->meta[i].val_len);
+    }
+    uint64_t body_len = (uint64_t)(p - buf) - HDR_V1;
+    assert(body_len == l.total - HDR_V1);
+
+    uint8_t *h = buf;
+    memset(h, 0, HDR_V1);
+    memcpy(h + H_MAGIC, MAGIC, sizeof MAGIC);
+    put16(h + H_MAJOR, V_MAJOR);
+    put16(h + H_MINOR, V_MINOR);
+    put32(h + H_HSIZE, HDR_V1);
+    put64(h + H_BODY_LEN, body_len);
+    put64(h + H_BODY_SUM, ckptio__hash(buf + HDR_V1, body_len));
+    put32(h + H_CSUM_ALGO, m->csum_algo);
+    put64(h + H_CSUM_BLOCK, m->csum_block);
+    const uint64_t counts[7] = {m->n_files, m->n_tensors, l.n_chunks, m->n_meta,
+                                l.n_dims,   l.n_csums,    l.strtab_len};
+    for (int i = 0; i < 7; i++) put64(h + H_COUNTS + 8 * i, counts[i]);
+    put64(h + H_SUM_V1, ckptio__hash(h, H_SUM_V1));
+    return 0;
+}
+
+/* ---- decoding ------------------------------------------------------------------------------ */
+
+static void get_u64s(uint64_t *dst, const uint8_t *p, uint64_t n)
+{
+    if (HOST_IS_LE) {
+        if (n) memcpy(dst, p, n * 8);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++) dst[i] = get64(p + 8 * i);
+}
+
+/* Claim `need` more of `have` items starting at *run; false if they are not there. */
+static bool take(uint64_t *run, uint64_t need, uint64_t have)
+{
+    if (need > have - *run) return false;
+    *run += need;
+    return true;
+}
+
+enum { C_FILES, C_TENSORS, C_CHUNKS, C_META, C_DIMS, C_CSUMS, C_STRTAB, C_N };
+static const char *const count_name[C_N] = {"files",  "tensors",   "chunks", "metadata entries",
+                                            "dims",   "checksums", "string table bytes"};
+static const uint64_t rec_size[C_N] = {REC_FILE, REC_TENSOR, REC_CHUNK, REC_META,
+                                       REC_U64,  REC_U64,    1};
+
+/* Bytes of every array of a decoded manifest; at most ~2x the encoded bytes (a tensor record
+ * of 24 bytes becomes a 48-byte struct, the other records grow less). */
+static uint64_t arena_size(const uint64_t *n)
+{
+    return ckptio__align_up(sizeof(ckptio__manifest), 8) + n[C_FILES] * sizeof(ckptio__mfile) +
+           n[C_TENSORS] * sizeof(ckptio__mtensor) + n[C_CHUNKS] * sizeof(ckptio__mchunk) +
+           n[C_META] * sizeof(ckptio__mmeta) + (n[C_DIMS] + n[C_CSUMS]) * 8 + n[C_STRTAB] + 1;
+}
+
+static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, char *err,
+                        size_t errlen)
+{
+    if (memcmp(buf, MAGIC, len < sizeof MAGIC ? len : sizeof MAGIC) != 0)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "not a ckptio manifest (bad magic)");
+    /* Magic and version sit at fixed offsets in every version, so a newer manifest is named
+     * as such even when the rest of its header means something else. */
+    if (len < H_HSIZE)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest truncated at %llu bytes", U(len));
+    unsigned major = get16(buf + H_MAJOR), minor = get16(buf + H_MINOR);
+    if (major > V_MAJOR)
+        return fail(err, errlen, CKPTIO_E_FORMAT,
+                    "manifest format %u.%u is newer than %u.%u, the newest this library reads",
+                    major, minor, V_MAJOR, V_MINOR);
+    if (major != V_MAJOR)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format %u.%u does not exist", major,
+                    minor);
+    if (len > CKPTIO__MAX_MANIFEST_BYTES)
+        return fail(err, errlen, CKPTIO_E_LIMIT, "manifest of %llu bytes exceeds the limit of %llu",
+                    U(len), U(CKPTIO__MAX_MANIFEST_BYTES));
+    if (len < HDR_V1)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest truncated at %llu bytes", U(len));
+    uint32_t hsize = get32(buf + H_HSIZE);
+    /* A later minor version may grow the header (its checksum stays in the last 8 bytes). */
+    bool hsize_ok = minor == V_MINOR ? hsize == HDR_V1
+                                     : hsize >= HDR_V1 && hsize <= HDR_MAX && hsize % 8 == 0;
+    if (!hsize_ok)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest header size %u is invalid", hsize);
+    if (hsize > len)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest truncated at %llu bytes", U(len));
+    uint64_t want = get64(buf + hsize - 8), got = ckptio__hash(buf, hsize - 8);
+    if (want != got)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest header checksum mismatch (stored %016llx, computed %016llx)",
+                    U(want), U(got));
+    uint64_t body_len = get64(buf + H_BODY_LEN);
+    if (body_len != len - hsize)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest is %llu bytes but its header describes %llu + %llu (truncated or "
+                    "trailing bytes)",
+                    U(len), U(hsize), U(body_len));
+    want = get64(buf + H_BODY_SUM);
+    got = ckptio__hash(buf + hsize, body_len);
+    if (want != got)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest body checksum mismatch (stored %016llx, computed %016llx)", U(want),
+                    U(got));
+    if (get32(buf + H_FLAGS) != 0 || get64(buf + H_RESERVED) != 0 ||
+        get64(buf + H_RESERVED + 8) != 0)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest header: reserved fields are not zero");
+    *hsize_out = hsize;
+    return 0;
+}
+
+int ckptio__manifest_decode(const uint8_t *buf, uint64_t len, ckptio__manifest **out, char *err,
+                            size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!out || (!buf && len)) return fail(err, errlen, CKPTIO_E_USAGE, "no buffer to decode");
+    *out = NULL;
+    uint32_t hsize = 0;
+    CKPTIO__TRY(check_header(buf, len, &hsize, err, errlen));
+    const uint8_t *body = buf + hsize;
+    uint64_t body_len = len - hsize;
+    unsigned minor = get16(buf + H_MINOR);
+
+    /* Bound every count by its limit and by what the remaining body bytes could hold before
+     * anything is allocated: the arena is then at most a small multiple of len. */
+    uint64_t n[C_N], rem = body_len;
+    const uint8_t *sec[C_N];
+    static const uint64_t limit[C_N] = {CKPTIO__MAX_FILES, CKPTIO__MAX_TENSORS,
+                                        CKPTIO__MAX_CHUNKS, CKPTIO__MAX_META,
+                                        UINT64_MAX,          UINT64_MAX,
+                                        UINT64_MAX};
+    for (int i = 0; i < C_N; i++) {
+        n[i] = get64(buf + H_COUNTS + 8 * i);
+        if (n[i] > limit[i])
+            return fail(err, errlen, CKPTIO_E_LIMIT, "manifest declares %llu %s (limit %llu)",
+                        U(n[i]), count_name[i], U(limit[i]));
+        if (n[i] > rem / rec_size[i])
+            return fail(err, errlen, CKPTIO_E_CORRUPT,
+                        "manifest declares %llu %s but only %llu body bytes remain for them",
+                        U(n[i]), count_name[i], U(rem));
+        sec[i] = body + (body_len - rem);
+        rem -= n[i] * rec_size[i];
+    }
+    /* Data after the string table belongs to a later minor version; v1.0 has none. */
+    if (minor == V_MINOR && rem != 0)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest body has %llu bytes after its string table", U(rem));
+
+    uint64_t total = arena_size(n);
+    if (total > SIZE_MAX) return fail(err, errlen, -ENOMEM, "manifest too large for memory");
+    uint8_t *arena = malloc((size_t)total);
+    if (!arena) return fail(err, errlen, -ENOMEM, "out of memory decoding the manifest");
+    ckptio__manifest *m = (ckptio__manifest *)arena;
+    uint8_t *a = arena + ckptio__align_up(sizeof *m, 8);
+    *m = (ckptio__manifest){
+        .version = V_MAJOR,
+        .csum_algo = get32(buf + H_CSUM_ALGO),
+        .csum_block = get64(buf + H_CSUM_BLOCK),
+        .n_files = n[C_FILES],
+        .n_tensors = n[C_TENSORS],
+        .n_chunks = n[C_CHUNKS],
+        .n_meta = n[C_META],
+        .n_dims = n[C_DIMS],
+        .n_csums = n[C_CSUMS],
+        .strtab_len = n[C_STRTAB],
+        .arena = arena,
+    };
+    m->files = (ckptio__mfile *)a, a += n[C_FILES] * sizeof *m->files;
+    m->tensors = (ckptio__mtensor *)a, a += n[C_TENSORS] * sizeof *m->tensors;
+    m->chunks = (ckptio__mchunk *)a, a += n[C_CHUNKS] * sizeof *m->chunks;
+    m->meta = (ckptio__mmeta *)a, a += n[C_META] * sizeof *m->meta;
+    m->dims = (uint64_t *)a, a += n[C_DIMS] * 8;
+    m->csums = (uint64_t *)a, a += n[C_CSUMS] * 8;
+    m->strtab = (char *)a;
+
+    int rc = 0;
+    uint64_t str = 0, dims = 0, chunk = 0, csum = 0;
+    const uint8_t *p = sec[C_FILES];
+    for (uint64_t i = 0; i < n[C_FILES]; i++, p += REC_FILE) {
+        ckptio__mfile *f = &m->files[i];
+        *f = (ckptio__mfile){.name = str, .name_len = get32(p), .size = get64(p + 8)};
+        CKPTIO__GOTO_IF(get32(p + 4) != 0, fail(err, errlen, CKPTIO_E_CORRUPT,
+                                                "file %llu: reserved field is not zero", U(i)));
+        CKPTIO__GOTO_IF(!take(&str, (uint64_t)f->name_len + 1, n[C_STRTAB]),
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "file %llu: name of %u bytes overruns the string table", U(i),
+                             f->name_len));
+    }
+    p = sec[C_TENSORS];
+    const uint8_t *pc = sec[C_CHUNKS];
+    for (uint64_t i = 0; i < n[C_TENSORS]; i++, p += REC_TENSOR) {
+        ckptio__mtensor *t = &m->tensors[i];
+        *t = (ckptio__mtensor){.name = str, .name_len = get32(p), .dtype = get32(p + 4),
+                               .ndim = get32(p + 8), .dims = dims, .chunk0 = chunk,
+                               .n_chunks = get64(p + 16)};
+        CKPTIO__GOTO_IF(get32(p + 12) != 0, fail(err, errlen, CKPTIO_E_CORRUPT,
+                                                 "tensor %llu: reserved field is not zero", U(i)));
+        CKPTIO__GOTO_IF(!take(&str, (uint64_t)t->name_len + 1, n[C_STRTAB]),
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "tensor %llu: name of %u bytes overruns the string table", U(i),
+                             t->name_len));
+        CKPTIO__GOTO_IF(t->ndim > CKPTIO_MAX_NDIM,
+                        fail(err, errlen, CKPTIO_E_LIMIT,
+                             "tensor %llu: %u dimensions exceed the limit of %u", U(i), t->ndim,
+                             CKPTIO_MAX_NDIM));
+        CKPTIO__GOTO_IF(!take(&chunk, t->n_chunks, n[C_CHUNKS]),
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "tensor %llu: %llu chunks overrun the %llu in the manifest", U(i),
+                             U(t->n_chunks), U(n[C_CHUNKS])));
+        /* n_chunks <= 2^28 and ndim <= 32 here, so this cannot wrap. */
+        uint64_t nd = t->ndim, need = nd * (1 + 2 * t->n_chunks);
+        CKPTIO__GOTO_IF(!take(&dims, need, n[C_DIMS]),
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "tensor %llu: shapes overrun the %llu dims in the manifest", U(i),
+                             U(n[C_DIMS])));
+        for (uint64_t k = 0; k < t->n_chunks; k++, pc += REC_CHUNK) {
+            ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
+            *c = (ckptio__mchunk){.dims = t->dims + nd + 2 * nd * k, .file_off = get64(pc + 8),
+                                  .stored_len = get64(pc + 16), .raw_len = get64(pc + 24),
+                                  .csums = csum, .n_csums = get64(pc + 32), .file = get32(pc),
+                                  .codec = get32(pc + 4), .tensor = (uint32_t)i};
+            CKPTIO__GOTO_IF(!take(&csum, c->n_csums, n[C_CSUMS]),
+                            fail(err, errlen, CKPTIO_E_CORRUPT,
+                                 "tensor %llu chunk %llu: %llu checksums overrun the %llu in the "
+                                 "manifest",
+                                 U(i), U(k), U(c->n_csums), U(n[C_CSUMS])));
+        }
+    }
+    p = sec[C_META];
+    for (uint64_t i = 0; i < n[C_META]; i++, p += REC_META) {
+        ckptio__mmeta *e = &m->meta[i];
+        *e = (ckptio__mmeta){.key = str, .key_len = get32(p), .val_len = get64(p + 8)};
+        CKPTIO__GOTO_IF(get32(p + 4) != 0, fail(err, errlen, CKPTIO_E_CORRUPT,
+                                                "metadata %llu: reserved field is not zero", U(i)));
+        bool ok = take(&str, (uint64_t)e->key_len + 1, n[C_STRTAB]);
+        e->val = str;
+        ok = ok && e->val_len < n[C_STRTAB] - str && take(&str, e->val_len + 1, n[C_STRTAB]);
+        CKPTIO__GOTO_IF(!ok, fail(err, errlen, CKPTIO_E_CORRUPT,
+                                  "metadata %llu: key or value overruns the string table", U(i)));
+    }
+    const uint64_t used[] = {chunk, dims, csum, str};
+    const int which[] = {C_CHUNKS, C_DIMS, C_CSUMS, C_STRTAB};
+    for (int i = 0; i < 4; i++)
+        CKPTIO__GOTO_IF(used[i] != n[which[i]],
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "manifest declares %llu %s but its records use %llu",
+                             U(n[which[i]]), count_name[which[i]], U(used[i])));
+    get_u64s(m->dims, sec[C_DIMS], n[C_DIMS]);
+    get_u64s(m->csums, sec[C_CSUMS], n[C_CSUMS]);
+    if (n[C_STRTAB]) memcpy(m->strtab, sec[C_STRTAB], n[C_STRTAB]);
+    m->strtab[n[C_STRTAB]] = 0; /* the spare byte: strtab is a C string even when empty */
+    CKPTIO__CHECK(ckptio__manifest_validate(m, err, errlen));
+    *out = m;
+    return 0;
+out:
+    free(arena);
+    return rc;
+}
+
+void ckptio__manifest_free(ckptio__manifest *m)
+{
+    /* A decoded manifest lives inside its own arena; a caller-built one is the caller's. */
+    if (m && m->arena) free(m->arena);
+}

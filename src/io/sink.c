@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The sequential write ring shared by the checkpoint writer and the single-file writer. */
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sink.h"
+
+static int poison(ckptio__sink *s, int code)
+{
+    if (!s->err) s->err = code;
+    return code;
+}
+
+/* Handle one completion: give back its slot and staging buffer, poison on error. */
+static int complete(ckptio__sink *s, ckptio__req *r)
+{
+    ckptio__sink_slot *slot = (ckptio__sink_slot *)r;
+    int rc = 0;
+    if (r->res < 0 || (uint64_t)r->res != r->len) {
+        rc = r->res < 0 ? (int)r->res : -EIO;
+        if (!s->err)
+            ckptio__fail(s->msg, rc, "writing %llu bytes at offset %llu of '%s' failed%s",
+                         (unsigned long long)r->len, (unsigned long long)r->off, s->label,
+                         rc == -ENOSPC ? ": the device is full; free space and save again" : "");
+        poison(s, rc);
+    }
+    if (slot->staging) ckptio__pool_put(&s->pool, slot->staging);
+    slot->staging = NULL;
+    s->free_slots[s->n_free++] = (unsigned)(slot - s->slots);
+    return rc;
+}
+
+/* Reap at least `min` completions. */
+static int reap(ckptio__sink *s, unsigned min)
+{
+    ckptio__req *done[64];
+    int first = 0;
+    unsigned got = 0;
+    do {
+        int n = ckptio__engine_reap(s->eng, done, 64, CKPTIO__MIN(min - got, 64u));
+        if (n < 0) {
+            ckptio__fail(s->msg, n, "waiting for writes to '%s' failed", s->label);
+            return poison(s, n);
+        }
+        for (int i = 0; i < n; i++) {
+            int rc = complete(s, done[i]);
+            if (rc < 0 && !first) first = rc;
+        }
+        got += (unsigned)n;
+    } while (got < min);
+    return first;
+}
+
+int ckptio__sink_drain(ckptio__sink *s)
+{
+    int first = 0;
+    while (s->eng && s->eng->inflight) {
+        int rc = reap(s, 1);
+        if (rc < 0 && !first) first = rc;
+    }
+    return first ? first : s->err;
+}
+
+static int submit(ckptio__sink *s, void *buf, uint64_t off, uint64_t len, uint8_t *staging)
+{
+    while (!s->n_free) CKPTIO__TRY(reap(s, 1));
+    ckptio__sink_slot *slot = &s->slots[s->free_slots[--s->n_free]];
+    slot->staging = staging;
+    slot->req = (ckptio__req){.fd = s->fd, .op = CKPTIO__OP_WRITE, .buf = buf, .off = off, .len = len};
+    int rc = ckptio__engine_submit(s->eng, &slot->req);
+    if (rc < 0) {
+        slot->req.res = rc;
+        return complete(s, &slot->req);
+    }
+    s->io_bytes += len;
+    s->sent_end = CKPTIO__MAX(s->sent_end, off + len);
+    return 0;
+}
+
+static int window_open(ckptio__sink *s, uint64_t off)
+{
+    /* Windows never reach back into bytes already sent: the file is written front to back. */
+    assert(off % s->off_align == 0 && off >= s->sent_end);
+    void *b;
+    while (!(b = ckptio__pool_get(&s->pool))) CKPTIO__TRY(reap(s, 1));
+    s->win = b;
+    s->win_off = off;
+    s->win_fill = 0;
+    return 0;
+}
+
+/* Send the window's filled part, padded with zeros to the alignment. */
+static int window_submit(ckptio__sink *s)
+{
+    if (!s->win) return 0;
+    uint8_t *b = s->win;
+    uint64_t len = ckptio__align_up(s->win_fill, s->off_align);
+    s->win = NULL;
+    if (len == 0) {
+        ckptio__pool_put(&s->pool, b);
+        return 0;
+    }
+    memset(b + s->win_fill, 0, len - s->win_fill);
+    return submit(s, b, s->win_off, len, b);
+}
+
+int ckptio__sink_write(ckptio__sink *s, const void *src_, uint64_t n)
+{
+    const uint8_t *src = src_;
+    size_t cap = s->pool.buf_size;
+    CKPTIO__TRY(s->err);
+    while (n) {
+        if (!s->win) CKPTIO__TRY(window_open(s, ckptio__align_down(s->cursor, s->off_align)));
+        uint64_t pos = s->cursor - s->win_off;
+        if (pos > s->win_fill) memset(s->win + s->win_fill, 0, pos - s->win_fill);
+        uint64_t take = CKPTIO__MIN(n, cap - pos);
+        memcpy(s->win + pos, src, take);
+        s->win_fill = pos + take;
+        s->cursor += take;
+        src += take;
+        n -= take;
+        if (s->win_fill == cap) CKPTIO__TRY(window_submit(s));
+    }
+    return 0;
+}
+
+int ckptio__sink_seek(ckptio__sink *s, uint64_t off)
+{
+    CKPTIO__TRY(s->err);
+    assert(off >= s->cursor);
+    /* A window ending before the new position is padded and sent; otherwise the next write
+     * zero-fills the gap inside it. */
+    if (s->win && off >= s->win_off + s->pool.buf_size) CKPTIO__TRY(window_submit(s));
+    s->cursor = off;
+    return 0;
+}
+
+bool ckptio__sink_can_place(const ckptio__sink *s, const void *src, uint64_t n)
+{
+    return n >= CKPTIO__SINK_IN_PLACE_MIN && s->cursor % s->off_align == 0 &&
+           (uintptr_t)src % s->mem_align == 0;
+}
+
+int ckptio__sink_write_in_place(ckptio__sink *s, const void *src_, uint64_t n)
+{
+    const uint8_t *src = src_;
+    CKPTIO__TRY(s->err);
+    assert(ckptio__sink_can_place(s, src, n));
+    CKPTIO__TRY(window_submit(s));
+    uint64_t off = s->cursor, body = ckptio__align_down(n, s->off_align);
+    for (uint64_t i = 0; i < body; i += s->request) {
+        uint64_t len = CKPTIO__MIN(s->request, body - i);
+        CKPTIO__TRY(submit(s, (void *)(uintptr_t)(src + i), off + i, len, NULL));
+    }
+    s->cursor = off + body;
+    return body < n ? ckptio__sink_write(s, src + body, n - body) : 0;
+}
+
+int ckptio__sink_finish(ckptio__sink *s)
+{
+    CKPTIO__TRY(s->err);
+    int rc = window_submit(s);
+    int d = ckptio__sink_drain(s);
+    if (rc == 0) rc = d;
+    if (rc < 0) return rc;
+    if (ftruncate(s->fd, (off_t)s->cursor) < 0) {
+        rc = -errno;
+        ckptio__fail(s->msg, rc, "cannot set the length of '%s'", s->label);
+        return poison(s, rc);
+    }
+    return 0;
+}
+
+int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend, unsigned depth,
+                      unsigned threads, uint64_t staging, uint64_t request, const char *label,
+                      ckptio__msg *msg)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = fd;
+    s->direct = direct;
+    s->label = label;
+    s->msg = msg;
+    s->request = request;
+    s->depth = depth;
+    if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
+    else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
+    s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
+    int rc = ckptio__engine_open(&s->eng, backend, depth, threads);
+    if (rc < 0) {
+        s->eng = NULL;
+        return ckptio__fail(msg, rc, "cannot start the %s I/O backend for '%s'",
+                            backend == CKPTIO_BACKEND_IO_URING ? "io_uring" : "requested", label);
+    }
+    unsigned nbuf = (unsigned)CKPTIO__MAX(2u, staging / request);
+    rc = ckptio__pool_init(&s->pool, nbuf, request);
+    if (rc < 0) {
+        ckptio__fail(msg, rc, "cannot allocate %llu MiB of staging memory",
+                     (unsigned long long)((uint64_t)nbuf * request >> 20));
+        goto fail;
+    }
+    s->slots = calloc(depth, sizeof *s->slots);
+    s->free_slots = calloc(depth, sizeof *s->free_slots);
+    if (!s->slots || !s->free_slots) {
+        rc = ckptio__fail(msg, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (unsigned i = 0; i < depth; i++) s->free_slots[s->n_free++] = depth - 1 - i;
+    return 0;
+fail:
+    ckptio__sink_fini(s);
+    return rc;
+}
+
+void ckptio__sink_fini(ckptio__sink *s)
+{
+    if (s->eng) {
+        ckptio__sink_drain(s);
+        ckptio__engine_close(s->eng);
+        s->eng = NULL;
+    }
+    if (s->pool.base) ckptio__pool_fini(&s->pool);
+    memset(&s->pool, 0, sizeof s->pool);
+    free(s->slots);
+    free(s->free_slots);
+    s->slots = NULL;
+    s->free_slots = NULL;
+}

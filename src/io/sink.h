@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A file written front to back through a ring of staging buffers, many writes in flight. */
+#ifndef CKPTIO_SINK_H
+#define CKPTIO_SINK_H
+
+#include "engine.h"
+
+/* The sink owns the engine and the staging pool, not the file descriptor. Bytes go to the
+ * file at `cursor`, which only moves forward (gaps are zero padding or holes). Aligned source
+ * buffers of at least CKPTIO__SINK_IN_PLACE_MIN bytes may be written in place (no copy); then
+ * they must stay valid until ckptio__sink_drain() returns. The first failure poisons the
+ * sink: every later call returns it, and *msg describes it, naming `label`. */
+#define CKPTIO__SINK_IN_PLACE_MIN (256u << 10)
+
+typedef struct ckptio__sink_slot {
+    ckptio__req req;
+    uint8_t *staging; /* staging buffer to give back on completion, or NULL (in place) */
+} ckptio__sink_slot;
+
+typedef struct ckptio__sink {
+    ckptio__msg *msg;
+    const char *label;
+    int fd, direct;
+    uint32_t mem_align, off_align;
+    uint64_t request;  /* bytes per request */
+    uint64_t cursor;   /* logical end of the file */
+    uint64_t sent_end; /* end of the furthest range submitted */
+    uint64_t io_bytes; /* bytes submitted, padding included */
+    int err;
+    ckptio__engine *eng;
+    ckptio__pool pool;
+    ckptio__sink_slot *slots;
+    unsigned *free_slots, n_free, depth;
+    /* The staging window: file bytes [win_off, win_off + pool.buf_size). Bytes below win_fill
+     * hold data or zeroed padding; bytes above are stale. */
+    uint8_t *win;
+    uint64_t win_off, win_fill;
+} ckptio__sink;
+
+/* Start an engine (backend CKPTIO_BACKEND_*) and a pool of staging/request buffers for fd.
+ * On failure everything is released again and *msg says why. */
+CKPTIO__HIDDEN int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend,
+                                     unsigned depth, unsigned threads, uint64_t staging,
+                                     uint64_t request, const char *label, ckptio__msg *msg);
+/* Waits for in-flight writes and releases engine and pool (not the fd). Accepts a zeroed or
+ * failed-init sink. */
+CKPTIO__HIDDEN void ckptio__sink_fini(ckptio__sink *s);
+/* Move the cursor forward to `off`; the bytes between become zeros. */
+CKPTIO__HIDDEN int ckptio__sink_seek(ckptio__sink *s, uint64_t off);
+/* Copy n bytes into staging at the cursor (the caller may reuse src at once). */
+CKPTIO__HIDDEN int ckptio__sink_write(ckptio__sink *s, const void *src, uint64_t n);
+/* Whether src (n bytes, to be written at the cursor) qualifies for ckptio__sink_write_in_place. */
+CKPTIO__HIDDEN bool ckptio__sink_can_place(const ckptio__sink *s, const void *src, uint64_t n);
+/* Write the aligned body of src straight from the caller's memory, the tail through staging.
+ * src must stay valid and unchanged until ckptio__sink_drain() returns. */
+CKPTIO__HIDDEN int ckptio__sink_write_in_place(ckptio__sink *s, const void *src, uint64_t n);
+/* Wait for every submitted write. */
+CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
+/* Send the last window, wait for everything, and cut the file to `cursor` bytes (the last
+ * write was padded to the alignment). Does not fsync. */
+CKPTIO__HIDDEN int ckptio__sink_finish(ckptio__sink *s);
+
+#endif

@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Parameter defaults and their resolution into the settings an operation runs with. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "io/engine.h"
+
+#define DEFAULT_DEPTH 16u
+#define DEFAULT_THREADS 4u
+#define DEFAULT_REQUEST (8ull << 20)
+#define DEFAULT_STAGING (64ull << 20)
+#define CSUM_BLOCK (1ull << 20)
+
+void ckptio_params_init(ckptio_params *p)
+{
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->size = sizeof *p;
+    p->backend = CKPTIO_BACKEND_AUTO;
+    p->direct = CKPTIO_AUTO;
+    p->fsync = CKPTIO_ON;
+    p->checksums = CKPTIO_ON;
+    p->overwrite = CKPTIO_OFF;
+}
+
+static uint64_t pow2_floor(uint64_t v)
+{
+    uint64_t r = 1;
+    while (r <= v / 2) r *= 2;
+    return r;
+}
+
+int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *m)
+{
+    ckptio_params p;
+    ckptio_params_init(&p);
+    if (user) {
+        /* Honour only the fields the caller's header knew about. */
+        if (user->size < offsetof(ckptio_params, reserved0) || user->size > 4096)
+            return ckptio__fail(m, CKPTIO_E_USAGE,
+                                "ckptio_params.size is %u: initialize params with "
+                                "ckptio_params_init()",
+                                user->size);
+        memcpy(&p, user, CKPTIO__MIN((size_t)user->size, sizeof p));
+    }
+    int backend = ckptio__backend_from_env(p.backend);
+    if (backend < 0 || backend > CKPTIO_BACKEND_BUFFERED)
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "unknown I/O backend (CKPTIO_IO must be io_uring, psync or buffered)");
+    c->backend = backend;
+    c->direct = p.direct;
+    if (c->direct != CKPTIO_AUTO && c->direct != CKPTIO_ON && c->direct != CKPTIO_OFF)
+        return ckptio__fail(m, CKPTIO_E_USAGE, "params.direct must be CKPTIO_AUTO, _ON or _OFF");
+    if (backend == CKPTIO_BACKEND_BUFFERED) c->direct = CKPTIO_OFF;
+    c->depth = p.queue_depth ? p.queue_depth : DEFAULT_DEPTH;
+    c->depth = CKPTIO__MIN(c->depth, 1024u);
+    c->threads = p.io_threads ? p.io_threads : DEFAULT_THREADS;
+    c->threads = CKPTIO__MIN(c->threads, 256u);
+    c->request = p.request_bytes ? pow2_floor(p.request_bytes) : DEFAULT_REQUEST;
+    c->request = CKPTIO__MAX(c->request, 64ull << 10);
+    c->request = CKPTIO__MIN(c->request, 256ull << 20);
+    c->staging = p.staging_bytes ? p.staging_bytes : DEFAULT_STAGING;
+    c->staging = CKPTIO__MAX(c->staging, 2 * c->request);
+    c->csum_block = CSUM_BLOCK;
+    if (c->request < c->csum_block) c->csum_block = c->request;
+    c->fsync = p.fsync != CKPTIO_OFF;
+    c->checksums = p.checksums != CKPTIO_OFF;
+    c->overwrite = p.overwrite == CKPTIO_ON;
+    return 0;
+}
+
+void ckptio__stats_backend(char dst[16], int backend, const char *engine_name)
+{
+    const char *n = backend == CKPTIO_BACKEND_BUFFERED ? "buffered" : engine_name;
+    snprintf(dst, 16, "%s", n ? n : "none");
+}
+
+static int remove_at(int at, const char *name, int depth)
+{
+    if (depth > 64) return -ELOOP;
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOTDIR && errno != ELOOP) return errno == ENOENT ? 0 : -errno;
+        return unlinkat(at, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        int r = remove_at(dirfd(d), de->d_name, depth + 1);
+        if (r < 0 && !rc) rc = r;
+    }
+    closedir(d);
+    if (unlinkat(at, name, AT_REMOVEDIR) < 0 && errno != ENOENT && !rc) rc = -errno;
+    return rc;
+}
+
+int ckptio__remove_tree(const char *path)
+{
+    return remove_at(AT_FDCWD, path, 0);
+}
+
+static _Atomic unsigned tmp_counter;
+
+unsigned ckptio__tmp_id(void)
+{
+    return atomic_fetch_add(&tmp_counter, 1);
+}
+
+char *ckptio__parent_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}

@@ -1,0 +1,761 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The writer: streams chunks into a data file through the staging ring and commits atomically. */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format/manifest.h"
+#include "internal.h"
+#include "io/engine.h"
+#include "io/sink.h"
+
+#define DATA_FILE "data/000000.ckd"
+
+enum { W_OPEN, W_COMMITTED, W_FAILED };
+
+/* Per-tensor bookkeeping while writing; becomes a ckptio__mtensor at commit. */
+typedef struct wtensor {
+    const char *name; /* in the name arena, NUL-terminated */
+    uint32_t name_len;
+    uint32_t dtype, ndim;
+    uint64_t dims;       /* global shape in w->dims */
+    uint64_t head, tail; /* chunk list through w->next (UINT64_MAX = none) */
+    uint64_t n_chunks;
+    uint64_t covered;    /* sum of chunk volumes, elements */
+} wtensor;
+
+typedef struct wmeta {
+    char *key;
+    size_t key_len;
+    uint8_t *val;
+    size_t val_len;
+} wmeta;
+
+/* A block of the name arena: names never move, so the map can point at them. */
+typedef struct arena_block {
+    struct arena_block *prev;
+    size_t used, cap;
+    char data[];
+} arena_block;
+
+struct ckptio_writer {
+    ckptio__msg msg;
+    ckptio__cfg cfg;
+    int state;
+    int err; /* the poisoning error, once failed */
+    char *path, *tmp_path, *parent;
+    int tmp_fd; /* directory fd of tmp_path */
+    int fd;     /* the data file */
+    char *data_label; /* its path, for messages */
+    ckptio__sink sink;
+
+    ckptio__vec tensors; /* wtensor */
+    ckptio__vec chunks;  /* ckptio__mchunk */
+    ckptio__vec next;    /* uint64_t, parallel to chunks */
+    ckptio__vec dims;    /* uint64_t */
+    ckptio__vec csums;   /* uint64_t */
+    ckptio__vec meta;    /* wmeta */
+    ckptio__strmap names;
+    arena_block *arena;
+
+    double t_open;
+    ckptio_stats stats;
+};
+
+/* ---- small helpers ---- */
+
+static const char *arena_dup(ckptio_writer *w, const char *s, size_t len)
+{
+    arena_block *b = w->arena;
+    if (!b || b->cap - b->used < len + 1) {
+        size_t cap = CKPTIO__MAX((size_t)1 << 20, len + 1);
+        arena_block *nb = malloc(sizeof *nb + cap);
+        if (!nb) return NULL;
+        nb->prev = b;
+        nb->used = 0;
+        nb->cap = cap;
+        w->arena = b = nb;
+    }
+    char *p = b->data + b->used;
+    memcpy(p, s, len);
+    p[len] = 0;
+    b->used += len + 1;
+    return p;
+}
+
+static int poison(ckptio_writer *w, int code)
+{
+    if (w->state == W_OPEN) {
+        w->state = W_FAILED;
+        w->err = code;
+    }
+    return code;
+}
+
+static int check_usable(ckptio_writer *w)
+{
+    if (w->state == W_FAILED)
+        return ckptio__fail(&w->msg, w->err,
+                            "writer for '%s' failed earlier (%s); close it and save again",
+                            w->path, ckptio_strerror(w->err));
+    if (w->state != W_OPEN)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE,
+                            "writer for '%s' was already committed; open a new writer", w->path);
+    return 0;
+}
+
+static void fmt_dims(char *buf, size_t len, const uint64_t *d, uint32_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (uint32_t i = 0; i < n && used + 24 < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%llu", i ? "," : "",
+                                 (unsigned long long)d[i]);
+    if (n == 0) snprintf(buf, len, "scalar");
+}
+
+static void hash_blocks(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t *out)
+{
+    uint64_t B = w->cfg.csum_block;
+    for (uint64_t i = 0, k = 0; i < n; i += B, k++) out[k] = ckptio__hash(src + i, CKPTIO__MIN(B, n - i));
+}
+
+/* Write one chunk's bytes at `off`; records its block checksums into csum_out. */
+static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t off,
+                       uint64_t *csum_out)
+{
+    CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
+    if (ckptio__sink_can_place(&w->sink, src, n)) {
+        CKPTIO__TRY(ckptio__sink_write_in_place(&w->sink, src, n));
+        /* Hashing overlaps the writes just submitted. */
+        if (csum_out) hash_blocks(w, src, n, csum_out);
+        return 0;
+    }
+    /* Copy and hash block by block so each block is hashed while still in cache. */
+    uint64_t B = w->cfg.csum_block;
+    for (uint64_t i = 0, k = 0; i < n; i += B, k++) {
+        uint64_t len = CKPTIO__MIN(B, n - i);
+        CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
+        if (csum_out) csum_out[k] = ckptio__hash(src + i, len);
+    }
+    return 0;
+}
+
+/* ---- open ---- */
+
+static int split_path(ckptio_writer *w, const char *path)
+{
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    w->path = strndup(path, len);
+    if (!w->path) return -ENOMEM;
+    char *slash = strrchr(w->path, '/');
+    w->parent = ckptio__parent_dir(w->path);
+    if (!w->parent) return -ENOMEM;
+    const char *base = slash ? slash + 1 : w->path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "'%s' does not name a checkpoint directory; give a path like "
+                            "ckpt/step-1000",
+                            path);
+    return 0;
+}
+
+/* A path may be replaced only if it is a committed checkpoint or an empty directory, so that
+ * `overwrite` can never destroy something that is not ours. */
+static int check_existing(ckptio_writer *w)
+{
+    struct stat st;
+    if (lstat(w->path, &st) < 0) {
+        if (errno == ENOENT) return 0;
+        return ckptio__fail(&w->msg, -errno, "cannot inspect '%s'", w->path);
+    }
+    if (!w->cfg.overwrite)
+        return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
+                            "'%s' already exists; pass overwrite to replace it, or choose "
+                            "another path",
+                            w->path);
+    if (!S_ISDIR(st.st_mode))
+        return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
+                            "'%s' exists and is not a directory; refusing to replace it",
+                            w->path);
+    char mpath[PATH_MAX];
+    if (snprintf(mpath, sizeof mpath, "%s/manifest", w->path) >= (int)sizeof mpath)
+        return ckptio__fail(&w->msg, -ENAMETOOLONG, "path '%s' is too long", w->path);
+    if (access(mpath, F_OK) == 0) return 0;
+    if (rmdir(w->path) == 0 || errno == ENOENT) return 0; /* was empty */
+    return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
+                        "'%s' exists and is not a ckptio checkpoint (no manifest); refusing to "
+                        "replace it",
+                        w->path);
+}
+
+static int make_tmp(ckptio_writer *w)
+{
+    size_t len = strlen(w->path) + 64;
+    w->tmp_path = malloc(len);
+    if (!w->tmp_path) return -ENOMEM;
+    for (int tries = 0; tries < 1000; tries++) {
+        unsigned n = ckptio__tmp_id();
+        snprintf(w->tmp_path, len, "%s.tmp-%d.%u", w->path, (int)getpid(), n);
+        if (mkdir(w->tmp_path, 0755) == 0) goto made;
+        if (errno != EEXIST)
+            return ckptio__fail(&w->msg, -errno, "cannot create directory '%s' (is '%s' writable?)",
+                                w->tmp_path, w->parent);
+    }
+    return ckptio__fail(&w->msg, -EEXIST, "cannot find a free temporary name next to '%s'",
+                        w->path);
+made:
+    w->tmp_fd = open(w->tmp_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (w->tmp_fd < 0) return ckptio__fail(&w->msg, -errno, "cannot open '%s'", w->tmp_path);
+    if (mkdirat(w->tmp_fd, "data", 0755) < 0)
+        return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", w->tmp_path);
+    int direct = 0;
+    int rc = ckptio__file_open(w->tmp_fd, DATA_FILE, CKPTIO__F_WRITE, w->cfg.direct, &w->fd,
+                               &direct);
+    if (rc < 0)
+        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", w->tmp_path,
+                            DATA_FILE,
+                            rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
+                                          : "");
+    if (asprintf(&w->data_label, "%s/%s", w->tmp_path, DATA_FILE) < 0) {
+        w->data_label = NULL;
+        return -ENOMEM;
+    }
+    return ckptio__sink_init(&w->sink, w->fd, direct, w->cfg.backend, w->cfg.depth,
+                             w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
+                             &w->msg);
+}
+
+int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p)
+{
+    if (!out || !path || !*path) {
+        if (out) *out = NULL;
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_open: out and path are required");
+    }
+    *out = NULL;
+    ckptio_writer *w = calloc(1, sizeof *w);
+    if (!w) return ckptio__fail(NULL, -ENOMEM, "out of memory opening a writer for '%s'", path);
+    w->fd = w->tmp_fd = -1;
+    w->t_open = ckptio__now();
+    ckptio__vec_init(&w->tensors, sizeof(wtensor));
+    ckptio__vec_init(&w->chunks, sizeof(ckptio__mchunk));
+    ckptio__vec_init(&w->next, sizeof(uint64_t));
+    ckptio__vec_init(&w->dims, sizeof(uint64_t));
+    ckptio__vec_init(&w->csums, sizeof(uint64_t));
+    ckptio__vec_init(&w->meta, sizeof(wmeta));
+    ckptio__strmap_init(&w->names);
+    int rc;
+    CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
+    CKPTIO__CHECK(split_path(w, path));
+    CKPTIO__CHECK(check_existing(w));
+    CKPTIO__CHECK(make_tmp(w));
+    ckptio__stats_backend(w->stats.backend, w->cfg.backend, ckptio__engine_name(w->sink.eng));
+    w->stats.direct = w->sink.direct;
+    w->stats.alignment = w->sink.off_align;
+    *out = w;
+    return 0;
+out:
+    if (rc == -ENOMEM && !w->msg.text[0]) ckptio__fail(&w->msg, rc, "out of memory");
+    {
+        char keep[CKPTIO__MSG_LEN];
+        memcpy(keep, w->msg.text, sizeof keep);
+        ckptio_writer_close(w);
+        ckptio__fail(NULL, rc, "%s", keep[0] ? keep : "cannot open writer");
+    }
+    return rc;
+}
+
+/* ---- add ---- */
+
+static bool boxes_overlap(const uint64_t *ao, const uint64_t *as, const uint64_t *bo,
+                          const uint64_t *bs, uint32_t ndim)
+{
+    for (uint32_t i = 0; i < ndim; i++)
+        if (ao[i] >= bo[i] + bs[i] || bo[i] >= ao[i] + as[i]) return false;
+    return true;
+}
+
+static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_len, int dtype,
+                              uint32_t ndim, const uint64_t *shape, uint64_t *index)
+{
+    uint64_t idx;
+    if (ckptio__strmap_get(&w->names, name, name_len, &idx)) {
+        wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, idx);
+        const uint64_t *gs = CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims);
+        if (t->dtype != (uint32_t)dtype || t->ndim != ndim ||
+            (ndim && memcmp(gs, shape, ndim * sizeof *shape))) {
+            char a[256], b[256];
+            fmt_dims(a, sizeof a, gs, t->ndim);
+            fmt_dims(b, sizeof b, shape, ndim);
+            return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
+                                "tensor '%s': this chunk says %s [%s] but an earlier chunk said "
+                                "%s [%s]; every chunk must give the same dtype and global shape",
+                                name, ckptio_dtype_name(dtype), b, ckptio_dtype_name((int)t->dtype),
+                                a);
+        }
+        *index = idx;
+        return 0;
+    }
+    const char *stored = arena_dup(w, name, name_len);
+    CKPTIO__RET_IF(!stored, -ENOMEM);
+    int64_t d = ckptio__vec_push(&w->dims, shape, ndim);
+    CKPTIO__TRY(d);
+    wtensor t = {.name = stored, .name_len = (uint32_t)name_len, .dtype = (uint32_t)dtype,
+                 .ndim = ndim, .dims = (uint64_t)d, .head = UINT64_MAX, .tail = UINT64_MAX};
+    int64_t ti = ckptio__vec_push(&w->tensors, &t, 1);
+    CKPTIO__TRY(ti);
+    idx = (uint64_t)ti;
+    int rc = ckptio__strmap_put(&w->names, stored, name_len, &idx);
+    if (rc < 0) {
+        w->tensors.len--;
+        return rc;
+    }
+    *index = idx;
+    return 0;
+}
+
+int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                      const uint64_t *shape, const uint64_t *chunk_offset,
+                      const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
+{
+    if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_add: writer is NULL");
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    if (!name) return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "ckptio_writer_add: name is NULL");
+    size_t name_len = strlen(name);
+    if (!ckptio__valid_name(name, name_len, CKPTIO_MAX_NAME))
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "tensor name '%.64s' is not valid: names are 1..%d bytes of UTF-8",
+                            name, CKPTIO_MAX_NAME);
+    size_t esize = ckptio_dtype_size(dtype);
+    if (!esize)
+        return ckptio__fail(&w->msg, CKPTIO_E_DTYPE, "tensor '%s': unknown dtype %d", name, dtype);
+    if (ndim > CKPTIO_MAX_NDIM)
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT, "tensor '%s' has %u dimensions; at most %d",
+                            name, ndim, CKPTIO_MAX_NDIM);
+    if (ndim && !shape)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "tensor '%s': shape is NULL", name);
+    static const uint64_t zeros[CKPTIO_MAX_NDIM];
+    const uint64_t *co = chunk_offset ? chunk_offset : zeros;
+    const uint64_t *cs = chunk_shape ? chunk_shape : shape;
+    uint64_t tvol, cvol, cbytes;
+    if (!ckptio__volume(shape, ndim, esize, &tvol) || !ckptio__volume(cs, ndim, esize, &cbytes))
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT, "tensor '%s': size overflows 64 bits", name);
+    for (uint32_t i = 0; i < ndim; i++) {
+        uint64_t end;
+        if (!ckptio__add(co[i], cs[i], &end) || end > shape[i]) {
+            char a[256], b[256], c[256];
+            fmt_dims(a, sizeof a, co, ndim);
+            fmt_dims(b, sizeof b, cs, ndim);
+            fmt_dims(c, sizeof c, shape, ndim);
+            return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
+                                "tensor '%s': chunk at offset [%s] of shape [%s] lies outside "
+                                "the tensor's shape [%s]",
+                                name, a, b, c);
+        }
+    }
+    if (cbytes != nbytes)
+        return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
+                            "tensor '%s': %llu bytes given but the chunk holds %llu (%s × %llu "
+                            "elements)",
+                            name, (unsigned long long)nbytes, (unsigned long long)cbytes,
+                            ckptio_dtype_name(dtype), (unsigned long long)(cbytes / esize));
+    cvol = cbytes / esize;
+    tvol /= esize;
+    if (nbytes && !data)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "tensor '%s': data is NULL", name);
+    if (tvol == 0 && (chunk_shape && memcmp(cs, shape, ndim * sizeof *cs)))
+        return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
+                            "tensor '%s' is empty: give it as one chunk covering its whole shape",
+                            name);
+    if (tvol != 0 && cvol == 0)
+        return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
+                            "tensor '%s': an empty chunk of a non-empty tensor", name);
+
+    uint64_t ti = 0;
+    CKPTIO__TRY(find_or_add_tensor(w, name, name_len, dtype, ndim, shape, &ti));
+    wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, ti);
+    for (uint64_t c = t->head; c != UINT64_MAX; c = *CKPTIO__VEC_AT(&w->next, uint64_t, c)) {
+        const ckptio__mchunk *mc = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, c);
+        const uint64_t *d = CKPTIO__VEC_AT(&w->dims, uint64_t, mc->dims);
+        if (tvol == 0 || boxes_overlap(d, d + ndim, co, cs, ndim)) {
+            char a[256], b[256];
+            fmt_dims(a, sizeof a, co, ndim);
+            fmt_dims(b, sizeof b, cs, ndim);
+            return ckptio__fail(&w->msg, CKPTIO_E_DUPLICATE,
+                                "tensor '%s': chunk at offset [%s] shape [%s] overlaps a chunk "
+                                "already added (duplicate tensor name?)",
+                                name, a, b);
+        }
+    }
+
+    /* Record the chunk, then stream its bytes. */
+    uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
+    uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN : CKPTIO__SMALL_ALIGN;
+    uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
+    int64_t di = ckptio__vec_push(&w->dims, co, ndim);
+    int64_t di2 = di >= 0 ? ckptio__vec_push(&w->dims, cs, ndim) : di;
+    int64_t ci = di2 >= 0 ? ckptio__vec_push(&w->csums, NULL, n_csums) : di2;
+    if (ci < 0) /* the tensor may already be in the name map: out of memory is fatal */
+        return poison(w, ckptio__fail(&w->msg, -ENOMEM, "out of memory adding tensor '%s'", name));
+    ckptio__mchunk mc = {.dims = (uint64_t)di, .file_off = off, .stored_len = nbytes,
+                         .raw_len = nbytes, .csums = (uint64_t)ci, .n_csums = n_csums,
+                         .file = 0, .codec = CKPTIO__CODEC_NONE, .tensor = (uint32_t)ti};
+    int64_t chunk = ckptio__vec_push(&w->chunks, &mc, 1);
+    uint64_t none = UINT64_MAX;
+    if (chunk < 0 || ckptio__vec_push(&w->next, &none, 1) < 0)
+        return poison(w, ckptio__fail(&w->msg, -ENOMEM, "out of memory adding tensor '%s'", name));
+    t = CKPTIO__VEC_AT(&w->tensors, wtensor, ti);
+    if (t->tail == UINT64_MAX) t->head = (uint64_t)chunk;
+    else *CKPTIO__VEC_AT(&w->next, uint64_t, t->tail) = (uint64_t)chunk;
+    t->tail = (uint64_t)chunk;
+    t->n_chunks++;
+    t->covered += cvol;
+    w->stats.bytes += nbytes;
+    if (!nbytes) return 0;
+    uint64_t *csum = n_csums ? CKPTIO__VEC_AT(&w->csums, uint64_t, ci) : NULL;
+    int rc = write_chunk(w, data, nbytes, off, csum);
+    if (rc < 0) {
+        char why[CKPTIO__MSG_LEN];
+        memcpy(why, w->msg.text, sizeof why);
+        ckptio__fail(&w->msg, rc, "saving tensor '%s': %s", name, why[0] ? why : "write failed");
+        return poison(w, rc);
+    }
+    return 0;
+}
+
+int ckptio_writer_set_meta(ckptio_writer *w, const char *key, const void *value, size_t len)
+{
+    if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_set_meta: writer is NULL");
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    if (!key || !ckptio__valid_name(key, strlen(key), CKPTIO_MAX_NAME))
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "metadata key is not valid: keys are 1..%d bytes of UTF-8",
+                            CKPTIO_MAX_NAME);
+    if (len > CKPTIO_MAX_META_VALUE)
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT, "metadata '%s': value of %zu bytes exceeds %u",
+                            key, len, CKPTIO_MAX_META_VALUE);
+    if (len && !value)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "metadata '%s': value is NULL", key);
+    uint8_t *v = malloc(len ? len : 1);
+    CKPTIO__RET_IF(!v, -ENOMEM);
+    if (len) memcpy(v, value, len);
+    size_t klen = strlen(key);
+    for (size_t i = 0; i < w->meta.len; i++) {
+        wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
+        if (m->key_len == klen && !memcmp(m->key, key, klen)) {
+            free(m->val);
+            m->val = v;
+            m->val_len = len;
+            return 0;
+        }
+    }
+    wmeta m = {.key = strdup(key), .key_len = klen, .val = v, .val_len = len};
+    if (!m.key || ckptio__vec_push(&w->meta, &m, 1) < 0) {
+        free(m.key);
+        free(v);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+int ckptio_writer_flush(ckptio_writer *w)
+{
+    if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_flush: writer is NULL");
+    CKPTIO__TRY(check_usable(w));
+    int rc = ckptio__sink_drain(&w->sink);
+    return rc < 0 ? poison(w, rc) : 0;
+}
+
+/* ---- commit ---- */
+
+typedef struct name_ref {
+    const char *s;
+    size_t len;
+    size_t index;
+} name_ref;
+
+static int cmp_name(const void *a, const void *b)
+{
+    const name_ref *x = a, *y = b;
+    int c = memcmp(x->s, y->s, CKPTIO__MIN(x->len, y->len));
+    if (c) return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+static int push_str(ckptio__vec *strtab, const void *s, size_t len, uint64_t *off)
+{
+    int64_t at = ckptio__vec_push(strtab, s, len);
+    CKPTIO__TRY(at);
+    char nul = 0;
+    CKPTIO__TRY(ckptio__vec_push(strtab, &nul, 1));
+    *off = (uint64_t)at;
+    return 0;
+}
+
+/* Build the manifest (tensors sorted by name, their chunks contiguous) and encode it. */
+static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, uint64_t *len)
+{
+    int rc = 0;
+    size_t nt = w->tensors.len, nm = w->meta.len;
+    name_ref *order = malloc((nt + nm + 1) * sizeof *order);
+    ckptio__mtensor *mt = malloc((nt + 1) * sizeof *mt);
+    ckptio__mchunk *mc = malloc((w->chunks.len + 1) * sizeof *mc);
+    ckptio__mmeta *mm = malloc((nm + 1) * sizeof *mm);
+    ckptio__vec strtab;
+    ckptio__vec_init(&strtab, 1);
+    *buf = NULL;
+    CKPTIO__GOTO_IF(!order || !mt || !mc || !mm, -ENOMEM);
+    for (size_t i = 0; i < nt; i++) {
+        const wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, i);
+        order[i] = (name_ref){t->name, t->name_len, i};
+    }
+    qsort(order, nt, sizeof *order, cmp_name);
+    uint64_t nc = 0;
+    for (size_t i = 0; i < nt; i++) {
+        const wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, order[i].index);
+        uint64_t volume;
+        ckptio__volume(CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims), t->ndim, 1, &volume);
+        if (t->covered != volume) {
+            rc = ckptio__fail(&w->msg, CKPTIO_E_INCOMPLETE,
+                              "tensor '%s': its chunks cover %llu of %llu elements; add the "
+                              "missing chunks before commit",
+                              t->name, (unsigned long long)t->covered,
+                              (unsigned long long)volume);
+            goto out;
+        }
+        mt[i] = (ckptio__mtensor){.name_len = t->name_len, .dtype = t->dtype, .ndim = t->ndim,
+                                  .dims = t->dims, .chunk0 = nc, .n_chunks = t->n_chunks};
+        CKPTIO__CHECK(push_str(&strtab, t->name, t->name_len, &mt[i].name));
+        for (uint64_t c = t->head; c != UINT64_MAX; c = *CKPTIO__VEC_AT(&w->next, uint64_t, c)) {
+            mc[nc] = *CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, c);
+            mc[nc++].tensor = (uint32_t)i;
+        }
+    }
+    for (size_t i = 0; i < nm; i++) {
+        const wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
+        order[i] = (name_ref){m->key, m->key_len, i};
+    }
+    qsort(order, nm, sizeof *order, cmp_name);
+    for (size_t i = 0; i < nm; i++) {
+        const wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, order[i].index);
+        mm[i] = (ckptio__mmeta){.key_len = (uint32_t)m->key_len, .val_len = m->val_len};
+        CKPTIO__CHECK(push_str(&strtab, m->key, m->key_len, &mm[i].key));
+        CKPTIO__CHECK(push_str(&strtab, m->val, m->val_len, &mm[i].val));
+    }
+    ckptio__mfile file = {.name_len = (uint32_t)strlen(DATA_FILE), .size = file_size};
+    CKPTIO__CHECK(push_str(&strtab, DATA_FILE, strlen(DATA_FILE), &file.name));
+
+    ckptio__manifest m = {
+        .version = CKPTIO_FORMAT_VERSION,
+        .csum_algo = w->cfg.checksums ? CKPTIO__CSUM_XXH3_64 : CKPTIO__CSUM_NONE,
+        .csum_block = w->cfg.csum_block,
+        .n_files = 1, .n_tensors = nt, .n_chunks = nc, .n_meta = nm,
+        .n_dims = w->dims.len, .n_csums = w->csums.len, .strtab_len = strtab.len,
+        .files = &file, .tensors = mt, .chunks = mc, .meta = mm,
+        .dims = w->dims.items, .csums = w->csums.items, .strtab = strtab.items,
+    };
+    char err[512];
+    rc = ckptio__manifest_validate(&m, err, sizeof err);
+    if (rc < 0) {
+        /* The writer checked every input already, so this is a bug in ckptio itself. */
+        ckptio__fail(&w->msg, rc, "internal error: the manifest built for '%s' is invalid: %s",
+                     w->path, err);
+        goto out;
+    }
+    CKPTIO__CHECK(ckptio__manifest_encoded_size(&m, len));
+    *buf = malloc(*len ? *len : 1);
+    CKPTIO__GOTO_IF(!*buf, -ENOMEM);
+    CKPTIO__CHECK(ckptio__manifest_encode(&m, *buf, *len));
+out:
+    if (rc < 0) {
+        free(*buf);
+        *buf = NULL;
+    }
+    free(order);
+    free(mt);
+    free(mc);
+    free(mm);
+    ckptio__vec_free(&strtab);
+    return rc;
+}
+
+static int write_all(int fd, const uint8_t *p, uint64_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, CKPTIO__MIN(n, (uint64_t)1 << 30));
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        p += k;
+        n -= (uint64_t)k;
+    }
+    return 0;
+}
+
+static int write_manifest(ckptio_writer *w, const uint8_t *buf, uint64_t len)
+{
+    int fd = openat(w->tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return ckptio__fail(&w->msg, -errno, "cannot create '%s/manifest'", w->tmp_path);
+    int rc = write_all(fd, buf, len);
+    if (rc == 0 && w->cfg.fsync) rc = ckptio__fsync(fd);
+    if (close(fd) < 0 && rc == 0) rc = -errno;
+    if (rc < 0)
+        return ckptio__fail(&w->msg, rc, "writing '%s/manifest' failed%s", w->tmp_path,
+                            rc == -ENOSPC ? ": the device is full" : "");
+    return 0;
+}
+
+/* Move the finished temp dir into place. Replacement swaps the two directories atomically, so
+ * `path` always names a complete checkpoint, old or new. */
+static int publish(ckptio_writer *w)
+{
+    if (renameat2(AT_FDCWD, w->tmp_path, AT_FDCWD, w->path, RENAME_NOREPLACE) == 0) return 0;
+    int e = errno;
+    if (e != EEXIST && e != ENOTEMPTY && e != EINVAL)
+        return ckptio__fail(&w->msg, -e, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
+    if (e == EINVAL) {
+        /* No RENAME_NOREPLACE on this file system: check, then plain rename. */
+        if (access(w->path, F_OK) != 0 && rename(w->tmp_path, w->path) == 0) return 0;
+    }
+    if (!w->cfg.overwrite)
+        return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
+                            "'%s' appeared while saving (another writer?); the new checkpoint "
+                            "was not published",
+                            w->path);
+    int rc = check_existing(w);
+    if (rc < 0) return rc;
+    if (access(w->path, F_OK) != 0) {
+        if (rename(w->tmp_path, w->path) == 0) return 0;
+        return ckptio__fail(&w->msg, -errno, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
+    }
+    if (renameat2(AT_FDCWD, w->tmp_path, AT_FDCWD, w->path, RENAME_EXCHANGE) == 0) {
+        /* tmp_path now holds the old checkpoint: it goes once the swap is durable. */
+        if (w->cfg.fsync) ckptio__fsync_path(w->parent);
+        ckptio__remove_tree(w->tmp_path);
+        return 0;
+    }
+    if (errno != EINVAL)
+        return ckptio__fail(&w->msg, -errno, "cannot swap '%s' into '%s'", w->tmp_path, w->path);
+    /* No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+     * leaves it at <path>.old-*, complete and loadable. */
+    char old[PATH_MAX];
+    snprintf(old, sizeof old, "%s.old-%d.%u", w->path, (int)getpid(),
+             ckptio__tmp_id());
+    if (rename(w->path, old) < 0)
+        return ckptio__fail(&w->msg, -errno, "cannot move '%s' aside", w->path);
+    if (rename(w->tmp_path, w->path) < 0) {
+        int err = -errno;
+        if (rename(old, w->path) < 0) {} /* put the old one back; nothing else to try */
+        return ckptio__fail(&w->msg, err, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
+    }
+    if (w->cfg.fsync) ckptio__fsync_path(w->parent);
+    ckptio__remove_tree(old);
+    return 0;
+}
+
+int ckptio_writer_commit(ckptio_writer *w)
+{
+    if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_commit: writer is NULL");
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    uint8_t *man = NULL;
+    uint64_t man_len = 0;
+    int rc;
+    CKPTIO__CHECK(ckptio__sink_finish(&w->sink));
+    w->stats.io_bytes = w->sink.io_bytes;
+    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0) {
+        ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                     w->data_label);
+        goto out;
+    }
+    close(w->fd);
+    w->fd = -1;
+    CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len));
+    CKPTIO__CHECK(write_manifest(w, man, man_len));
+    /* The directory entries (data/, manifest) must be durable before the rename exposes them. */
+    if (w->cfg.fsync) {
+        char data_dir[PATH_MAX];
+        snprintf(data_dir, sizeof data_dir, "%s/data", w->tmp_path);
+        if ((rc = ckptio__fsync_path(data_dir)) < 0 || (rc = ckptio__fsync(w->tmp_fd)) < 0) {
+            ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", w->tmp_path);
+            goto out;
+        }
+    }
+    CKPTIO__CHECK(publish(w));
+    if (w->cfg.fsync && (rc = ckptio__fsync_path(w->parent)) < 0) {
+        /* Renamed but maybe not durable: report it; the checkpoint itself is complete. */
+        ckptio__fail(&w->msg, rc, "fsync of '%s' after publishing '%s' failed", w->parent,
+                     w->path);
+        w->state = W_COMMITTED;
+        goto out;
+    }
+    w->state = W_COMMITTED;
+    w->stats.seconds = ckptio__now() - w->t_open;
+    w->stats.gbps = w->stats.seconds > 0 ? (double)w->stats.bytes / w->stats.seconds / 1e9 : 0;
+    rc = 0;
+out:
+    free(man);
+    if (rc < 0 && w->state == W_OPEN) {
+        if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "committing '%s' failed", w->path);
+        poison(w, rc);
+    }
+    return rc;
+}
+
+void ckptio_writer_close(ckptio_writer *w)
+{
+    if (!w) return;
+    ckptio__sink_fini(&w->sink);
+    if (w->fd >= 0) close(w->fd);
+    if (w->tmp_fd >= 0) close(w->tmp_fd);
+    if (w->state != W_COMMITTED && w->tmp_path) ckptio__remove_tree(w->tmp_path);
+    free(w->data_label);
+    for (size_t i = 0; i < w->meta.len; i++) {
+        wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
+        free(m->key);
+        free(m->val);
+    }
+    ckptio__vec_free(&w->meta);
+    ckptio__vec_free(&w->tensors);
+    ckptio__vec_free(&w->chunks);
+    ckptio__vec_free(&w->next);
+    ckptio__vec_free(&w->dims);
+    ckptio__vec_free(&w->csums);
+    ckptio__strmap_free(&w->names);
+    while (w->arena) {
+        arena_block *p = w->arena->prev;
+        free(w->arena);
+        w->arena = p;
+    }
+    free(w->path);
+    free(w->tmp_path);
+    free(w->parent);
+    free(w);
+}
+
+int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out)
+{
+    if (!w || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_stats: NULL argument");
+    *out = w->stats;
+    out->tensors = w->tensors.len;
+    if (w->state != W_COMMITTED) {
+        out->seconds = ckptio__now() - w->t_open;
+        out->gbps = out->seconds > 0 ? (double)out->bytes / out->seconds / 1e9 : 0;
+    }
+    return 0;
+}
+
+const char *ckptio_writer_errmsg(const ckptio_writer *w)
+{
+    return w ? w->msg.text : "";
+}

@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tests of the `ckptio` command: exit codes, inspect, verify, doctor and bench output. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#ifndef CKPTIO_EXE
+#error "tests/meson.build defines CKPTIO_EXE, the path of the ckptio command"
+#endif
+
+/* Run `ckptio ARGS` with stdout to out.txt and stderr to err.txt (or both to out.txt when
+ * `merge`); returns the exit status and leaves the captured text in *out (malloc'd). */
+static int cli(char **out, int merge, const char *args)
+{
+    int st = merge ? t_sh("'%s' %s > out.txt 2>&1", CKPTIO_EXE, args)
+                   : t_sh("'%s' %s > out.txt 2> err.txt", CKPTIO_EXE, args);
+    unsigned char *text = NULL;
+    long n = t_read_file("out.txt", &text);
+    if (n < 0) return -1;
+    char *s = realloc(text, (size_t)n + 1);
+    if (!s) return -1;
+    s[n] = 0;
+    free(*out);
+    *out = s;
+    /* Echo to the test log, so a failing check shows what the command said. */
+    fprintf(stderr, "$ ckptio %s -> %d\n%s\n", args, st, s);
+    return st;
+}
+
+static int have_python(void)
+{
+    return t_sh("command -v python3 > /dev/null 2>&1") == 0;
+}
+
+/* layer.weight f32 [64,256] (64 KiB), layer.bias bf16 [256], emb f32 [8,16] in two chunks,
+ * step i64 0-d; metadata step="1000", blob=3 binary bytes, quote needs JSON escapes. */
+static int make_ckpt(const char *path)
+{
+    const size_t wbytes = 64 * 256 * 4;
+    float *wt = t_alloc(wbytes);
+    uint16_t bias[256];
+    float emb[8 * 16];
+    int64_t step = 1000;
+    CHECK(wt);
+    t_fill(wt, wbytes, 1);
+    t_fill(bias, sizeof bias, 2);
+    t_fill(emb, sizeof emb, 3);
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, path, NULL));
+    uint64_t ws[2] = {64, 256}, bs[1] = {256}, es[2] = {8, 16}, half[2] = {4, 16};
+    uint64_t top[2] = {0, 0}, bottom[2] = {4, 0};
+    CHECK_OK(ckptio_writer_add(w, "layer.weight", CKPTIO_DT_F32, 2, ws, NULL, NULL, wt, wbytes));
+    CHECK_OK(ckptio_writer_add(w, "layer.bias", CKPTIO_DT_BF16, 1, bs, NULL, NULL, bias,
+                               sizeof bias));
+    CHECK_OK(ckptio_writer_add(w, "emb", CKPTIO_DT_F32, 2, es, top, half, emb, sizeof emb / 2));
+    CHECK_OK(ckptio_writer_add(w, "emb", CKPTIO_DT_F32, 2, es, bottom, half, emb + 64,
+                               sizeof emb / 2));
+    CHECK_OK(ckptio_writer_add(w, "step", CKPTIO_DT_I64, 0, NULL, NULL, NULL, &step, 8));
+    CHECK_OK(ckptio_writer_set_meta(w, "step", "1000", 4));
+    CHECK_OK(ckptio_writer_set_meta(w, "blob", "\x00\x01\x02", 3));
+    CHECK_OK(ckptio_writer_set_meta(w, "quote", "a\"b\nc", 5));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    t_free(wt, wbytes);
+    return 0;
+}
+
+static int test_cli_usage(void)
+{
+    char *o = NULL;
+    CHECK(cli(&o, 1, "") == 2 && t_contains(o, "usage"));
+    CHECK(cli(&o, 1, "frobnicate") == 2 && t_contains(o, "usage") && t_contains(o, "frobnicate"));
+    CHECK(cli(&o, 1, "--frob") == 2 && t_contains(o, "usage"));
+    CHECK(cli(&o, 1, "inspect --bogus .") == 2 && t_contains(o, "--bogus"));
+    CHECK(cli(&o, 1, "inspect") == 2 && t_contains(o, "usage"));
+    CHECK(cli(&o, 1, "verify a b") == 2);
+    CHECK(cli(&o, 1, "doctor --nope") == 2);
+    CHECK(cli(&o, 1, "bench --frob") == 2 && t_contains(o, "usage"));
+    CHECK(cli(&o, 1, "bench --size lots") == 2);
+    CHECK(cli(&o, 1, "bench --runs 0") == 2);
+    CHECK(cli(&o, 1, "bench --dir") == 2);
+    CHECK(cli(&o, 0, "--version") == 0 && t_contains(o, ckptio_version_string()));
+    CHECK(cli(&o, 0, "help") == 0 && t_contains(o, "inspect") && t_contains(o, "bench"));
+    free(o);
+    return 0;
+}
+
+static int test_cli_inspect(void)
+{
+    if (make_ckpt("ck")) return 1;
+    char *o = NULL;
+    CHECK(cli(&o, 0, "inspect ck") == 0);
+    CHECK(t_contains(o, "layer.weight") && t_contains(o, "layer.bias") && t_contains(o, "emb"));
+    CHECK(t_contains(o, "bf16") && t_contains(o, "i64") && t_contains(o, "[64, 256]"));
+    CHECK(t_contains(o, "65536"));             /* stored bytes of layer.weight */
+    CHECK(t_contains(o, "4 tensors, 5 chunks")); /* emb is two chunks */
+    CHECK(t_contains(o, "step = 1000") && t_contains(o, "blob = <3 bytes>"));
+    CHECK(t_contains(o, "quote = a\"b\\nc"));
+    free(o);
+    return 0;
+}
+
+static int test_cli_inspect_json(void)
+{
+    if (make_ckpt("ck")) return 1;
+    char *o = NULL;
+    CHECK(cli(&o, 0, "inspect --json ck") == 0);
+    size_t n = strlen(o);
+    CHECK(n > 2 && o[0] == '{' && o[n - 1] == '\n' && o[n - 2] == '}');
+    CHECK(t_contains(o, "\"name\": \"layer.weight\", \"dtype\": \"f32\", \"shape\": [64, 256]"));
+    CHECK(t_contains(o, "\"name\": \"step\", \"dtype\": \"i64\", \"shape\": []"));
+    CHECK(t_contains(o, "\"num_tensors\": 4") && t_contains(o, "\"num_chunks\": 5"));
+    CHECK(t_contains(o, "\"stored_bytes\": 65536"));
+    CHECK(t_contains(o, "{\"key\": \"quote\", \"bytes\": 5, \"value\": \"a\\\"b\\nc\"}"));
+    CHECK(t_contains(o, "{\"key\": \"blob\", \"bytes\": 3, \"value\": null}"));
+    CHECK(t_contains(o, "{\"key\": \"step\", \"bytes\": 4, \"value\": \"1000\"}"));
+    if (have_python())
+        CHECK(t_sh("python3 -c 'import json; d = json.load(open(\"out.txt\")); "
+                   "assert d[\"num_tensors\"] == 4 and len(d[\"tensors\"]) == 4; "
+                   "e = [t for t in d[\"tensors\"] if t[\"name\"] == \"emb\"][0]; "
+                   "assert e[\"num_chunks\"] == 2 and len(e[\"chunks\"]) == 2; "
+                   "assert {m[\"key\"]: m[\"value\"] for m in d[\"metadata\"]}[\"quote\"] == "
+                   "\"a\\\"b\\nc\"'") == 0);
+    free(o);
+    return 0;
+}
+
+static int test_cli_verify(void)
+{
+    if (make_ckpt("ck")) return 1;
+    char *o = NULL;
+    CHECK(cli(&o, 0, "verify ck") == 0 && t_contains(o, "OK") && t_contains(o, "GB/s"));
+    free(o);
+    return 0;
+}
+
+/* Flip one byte inside layer.weight's stored bytes: verify must fail and name file and tensor. */
+static int test_cli_verify_corrupt(void)
+{
+    if (make_ckpt("ck")) return 1;
+    ckptio_reader *r = NULL;
+    CHECK_OK(ckptio_reader_open(&r, "ck", NULL));
+    int64_t ti = ckptio_reader_find(r, "layer.weight");
+    CHECK_OK(ti);
+    ckptio_chunk_info ci;
+    CHECK_OK(ckptio_reader_chunk(r, (size_t)ti, 0, &ci));
+    char file[4096], base[4096];
+    snprintf(file, sizeof file, "ck/%s", ci.file);
+    const char *slash = strrchr(ci.file, '/');
+    snprintf(base, sizeof base, "%s", slash ? slash + 1 : ci.file);
+    uint64_t off = ci.file_offset + 1000;
+    CHECK(ci.stored_bytes > 1000);
+    ckptio_reader_close(r);
+
+    int fd = open(file, O_RDWR);
+    CHECK(fd >= 0);
+    unsigned char byte;
+    CHECK(pread(fd, &byte, 1, (off_t)off) == 1);
+    byte ^= 0x40;
+    CHECK(pwrite(fd, &byte, 1, (off_t)off) == 1);
+    CHECK(fsync(fd) == 0);
+    close(fd);
+    char *o = NULL;
+    CHECK(cli(&o, 1, "verify ck") == 1);
+    CHECK(t_contains(o, base) && t_contains(o, "layer.weight"));
+    CHECK(t_contains(o, "1 of 5 chunks damaged"));
+    free(o);
+    return 0;
+}
+
+static int test_cli_not_checkpoint(void)
+{
+    CHECK(mkdir("half", 0755) == 0 && mkdir("half/data", 0755) == 0);
+    CHECK(t_write_file("half/data/000000.ckd", "xxxx", 4) == 0);
+    char *o = NULL;
+    CHECK(cli(&o, 1, "verify half") == 1 && t_contains(o, "not a committed checkpoint"));
+    CHECK(cli(&o, 1, "inspect half") == 1 && t_contains(o, "not a committed checkpoint"));
+    CHECK(cli(&o, 1, "verify missing-dir") == 1 && t_contains(o, "missing-dir"));
+    free(o);
+    return 0;
+}
+
+static int test_cli_doctor(void)
+{
+    char *o = NULL;
+    CHECK(cli(&o, 0, "doctor .") == 0);
+    CHECK(t_contains(o, "io_uring") && t_contains(o, "O_DIRECT") && t_contains(o, "alignment"));
+    CHECK(t_contains(o, ckptio_version_string()) && t_contains(o, "free space"));
+    CHECK(cli(&o, 1, "doctor no-such-dir") == 1);
+    free(o);
+    /* The scratch file doctor writes to probe O_DIRECT must be gone. */
+    CHECK(t_sh("ls -A | grep -q ckptio-doctor") != 0);
+    return 0;
+}
+
+static int test_cli_describe_system(void)
+{
+    char big[16384], small[16];
+    int n = ckptio_describe_system(t_dir(), big, sizeof big);
+    CHECK(n > 0 && (size_t)n < sizeof big && strlen(big) == (size_t)n);
+    memset(small, 'x', sizeof small);
+    int m = ckptio_describe_system(t_dir(), small, sizeof small);
+    CHECK(m >= n - 64 && m > (int)sizeof small); /* free space may change the text slightly */
+    CHECK(strlen(small) == sizeof small - 1 && !strncmp(small, big, sizeof small - 1));
+    CHECK(ckptio_describe_system(NULL, NULL, 0) > 0);
+    return 0;
+}
+
+static int test_cli_bench(void)
+{
+    char *o = NULL;
+    int st = cli(&o, 0, "bench --size 64M --runs 1 --json --dir bd");
+    unsigned char *err = NULL;
+    long nerr = t_read_file("err.txt", &err);
+    if (nerr > 0) fprintf(stderr, "stderr:\n%.*s\n", (int)nerr, (const char *)err);
+    CHECK(st == 0);
+    /* stderr is not a terminal here, so no progress line may appear. */
+    CHECK(nerr == 0);
+    free(err);
+    size_t n = strlen(o);
+    CHECK(n > 2 && o[0] == '{' && o[n - 1] == '\n' && o[n - 2] == '}');
+    CHECK(strchr(o + 1, '{') == NULL); /* exactly one flat object */
+    static const char *const keys[] = {
+        "raw_write_gbps", "raw_read_gbps", "save_gbps",  "load_gbps",          "save_fraction",
+        "load_fraction",  "bytes",         "tensors",    "backend",            "direct",
+        "peak_extra_mib", "tiny_tensors",  "tiny_save_seconds", "tiny_load_seconds"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "\"%s\": ", keys[i]);
+        if (!t_contains(o, k)) fprintf(stderr, "missing key %s\n", keys[i]);
+        CHECK(t_contains(o, k));
+    }
+    CHECK(t_contains(o, "\"tiny_tensors\": 100000"));
+    if (have_python())
+        CHECK(t_sh("python3 -c 'import json; d = json.load(open(\"out.txt\")); "
+                   "assert abs(d[\"bytes\"] - 64 * 2**20) < 2**20, d[\"bytes\"]; "
+                   "assert d[\"tensors\"] > 1000 and d[\"save_gbps\"] > 0 and "
+                   "d[\"load_gbps\"] > 0 and d[\"raw_write_gbps\"] > 0; "
+                   "assert abs(d[\"save_fraction\"] - d[\"save_gbps\"] / "
+                   "d[\"raw_write_gbps\"]) < 1e-3'") == 0);
+    struct stat sb;
+    CHECK(stat("bd", &sb) < 0); /* cleaned up without --keep */
+    free(o);
+    return 0;
+}
+
+const ckptio_test tests_cli[] = {
+    {"cli_usage", test_cli_usage, 0, 0},
+    {"cli_inspect", test_cli_inspect, 0, 0},
+    {"cli_inspect_json", test_cli_inspect_json, 0, 0},
+    {"cli_verify", test_cli_verify, T_PER_BACKEND, 0},
+    {"cli_verify_corrupt", test_cli_verify_corrupt, T_PER_BACKEND, 0},
+    {"cli_not_checkpoint", test_cli_not_checkpoint, 0, 0},
+    {"cli_doctor", test_cli_doctor, 0, 0},
+    {"cli_describe_system", test_cli_describe_system, 0, 0},
+    {"cli_bench", test_cli_bench, 0, 600},
+    {0, 0, 0, 0},
+};
