@@ -132,9 +132,16 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
 {
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
     if (ckptio__sink_can_place(&w->sink, src, n)) {
-        CKPTIO__TRY(ckptio__sink_write_in_place(&w->sink, src, n));
-        /* Hashing overlaps the writes just submitted. */
-        if (csum_out) hash_blocks(w, src, n, csum_out);
+        /* One request at a time, hashing each while the ones before it are in flight. */
+        uint64_t step = w->cfg.request, B = w->cfg.csum_block;
+        for (uint64_t i = 0; i < n; i += step) {
+            uint64_t len = CKPTIO__MIN(step, n - i);
+            if (ckptio__sink_can_place(&w->sink, src + i, len))
+                CKPTIO__TRY(ckptio__sink_write_in_place(&w->sink, src + i, len));
+            else
+                CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
+            if (csum_out) hash_blocks(w, src + i, len, csum_out + i / B);
+        }
         return 0;
     }
     /* Copy and hash block by block so each block is hashed while still in cache. */

@@ -51,9 +51,12 @@ static void human_bytes(char *b, size_t n, uint64_t v)
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     double x = (double)v;
     unsigned u = 0;
-    while (x >= 1024.0 && u + 1 < sizeof unit / sizeof unit[0]) x /= 1024.0, u++;
-    if (u == 0) snprintf(b, n, "%llu B", (unsigned long long)v);
-    else snprintf(b, n, "%.1f %s", x, unit[u]);
+    while (x >= 1024.0 && u + 1 < sizeof unit / sizeof unit[0])
+        x /= 1024.0, u++;
+    if (u == 0)
+        snprintf(b, n, "%llu B", (unsigned long long)v);
+    else
+        snprintf(b, n, "%.1f %s", x, unit[u]);
 }
 
 /* statfs f_type values from linux/magic.h and the file systems' own headers (some, like
@@ -64,16 +67,16 @@ static const char *fs_name(unsigned long magic)
         unsigned long magic;
         const char *name;
     } names[] = {
-        {0xEF53, "ext4/ext3/ext2"},  {0x58465342, "xfs"},        {0x9123683E, "btrfs"},
-        {0x01021994, "tmpfs"},       {0x858458F6, "ramfs"},      {0x6969, "nfs"},
-        {0x794C7630, "overlay"},     {0x65735546, "fuse"},       {0x2FC12FC1, "zfs"},
-        {0xF2F52010, "f2fs"},        {0xFF534D42, "cifs"},       {0xFE534D42, "smb2"},
-        {0x0BD00BD0, "lustre"},      {0x47504653, "gpfs"},       {0x01021997, "9p"},
-        {0x00C36400, "ceph"},        {0x5346414F, "afs"},        {0x73717368, "squashfs"},
-        {0x4D44, "vfat"},            {0x2011BAB0, "exfat"},      {0x5346544E, "ntfs"},
-        {0x62656572, "sysfs"},       {0x9FA0, "proc"},           {0x19830326, "beegfs"},
-        {0xA501FCF5, "vxfs"},        {0xCA451A4E, "bcachefs"},   {0x6E667364, "nfsd"},
-        {0x7461636F, "ocfs2"},       {0x01161970, "gfs2"},       {0x13661366, "balloon"},
+        {0xEF53, "ext4/ext3/ext2"}, {0x58465342, "xfs"},      {0x9123683E, "btrfs"},
+        {0x01021994, "tmpfs"},      {0x858458F6, "ramfs"},    {0x6969, "nfs"},
+        {0x794C7630, "overlay"},    {0x65735546, "fuse"},     {0x2FC12FC1, "zfs"},
+        {0xF2F52010, "f2fs"},       {0xFF534D42, "cifs"},     {0xFE534D42, "smb2"},
+        {0x0BD00BD0, "lustre"},     {0x47504653, "gpfs"},     {0x01021997, "9p"},
+        {0x00C36400, "ceph"},       {0x5346414F, "afs"},      {0x73717368, "squashfs"},
+        {0x4D44, "vfat"},           {0x2011BAB0, "exfat"},    {0x5346544E, "ntfs"},
+        {0x62656572, "sysfs"},      {0x9FA0, "proc"},         {0x19830326, "beegfs"},
+        {0xA501FCF5, "vxfs"},       {0xCA451A4E, "bcachefs"}, {0x6E667364, "nfsd"},
+        {0x7461636F, "ocfs2"},      {0x01161970, "gfs2"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (names[i].magic == magic) return names[i].name;
@@ -119,7 +122,7 @@ static void describe_io_uring(out *o)
 }
 
 /* The mount that holds `path`: the longest mount point in mountinfo that prefixes it. */
-static void describe_mount(out *o, const char *path, dev_t *dev_out)
+static void describe_mount(out *o, const char *path, dev_t *dev_out, char *type, size_t tlen)
 {
     FILE *f = fopen("/proc/self/mountinfo", "r");
     if (!f) return;
@@ -143,6 +146,7 @@ static void describe_mount(out *o, const char *path, dev_t *dev_out)
     const char *dash = strstr(best_line, " - ");
     if (dash && sscanf(dash + 3, "%255s %4095s", fstype, source) < 1) fstype[0] = 0;
     put(o, "  mount: %s on %s type %s (%s)\n", source, mnt, fstype, opts);
+    snprintf(type, tlen, "%s", fstype);
     *dev_out = makedev(maj, min);
 }
 
@@ -154,7 +158,8 @@ static bool read_sys(const char *path, char *buf, size_t n)
     fclose(f);
     if (ok) {
         size_t n2 = strcspn(buf, "\n");
-        while (n2 > 0 && buf[n2 - 1] == ' ') n2--;
+        while (n2 > 0 && buf[n2 - 1] == ' ')
+            n2--;
         buf[n2] = 0;
     }
     return ok;
@@ -177,8 +182,8 @@ static void describe_block(out *o, dev_t dev)
     if (!read_sys(p, maxkb, sizeof maxkb)) strcpy(maxkb, "?");
     snprintf(p, sizeof p, "%s/queue/scheduler", base);
     read_sys(p, sched, sizeof sched);
-    put(o, "  block device %u:%u: %s, logical block %s B, largest request %s KiB%s%s\n",
-        major(dev), minor(dev), rot[0] == '1' ? "rotational" : "non-rotational", lbs, maxkb,
+    put(o, "  block device %u:%u: %s, logical block %s B, largest request %s KiB%s%s\n", major(dev),
+        minor(dev), rot[0] == '1' ? "rotational" : "non-rotational", lbs, maxkb,
         sched[0] ? ", scheduler " : "", sched);
 }
 
@@ -196,8 +201,10 @@ static void describe_direct(out *o, const char *dir)
     int fd = -1, direct = 0;
     int rc = ckptio__file_open(dfd, name, CKPTIO__F_WRITE, CKPTIO_AUTO, &fd, &direct);
     if (rc < 0) {
-        put(o, "  O_DIRECT: unknown (cannot create a test file %s/%s: %s; check that the "
-               "directory is writable)\n", dir, name, ckptio_strerror(rc));
+        put(o,
+            "  O_DIRECT: unknown (cannot create a test file %s/%s: %s; check that the "
+            "directory is writable)\n",
+            dir, name, ckptio_strerror(rc));
         close(dfd);
         return;
     }
@@ -208,17 +215,19 @@ static void describe_direct(out *o, const char *dir)
     ssize_t n = -1;
     int werr = ENOMEM;
     if (buf) {
-        for (size_t i = 0; i < blk; i++) buf[i] = (unsigned char)(i * 131u + 7u);
+        for (size_t i = 0; i < blk; i++)
+            buf[i] = (unsigned char)(i * 131u + 7u);
         n = pwrite(fd, buf, blk, 0);
         werr = n < 0 ? errno : 0;
         if (n == (ssize_t)blk && fdatasync(fd) < 0) werr = errno, n = -1;
     }
     if (direct && n == (ssize_t)blk) {
-        put(o, "  O_DIRECT: works (a %zu-byte aligned write went straight to the device)\n", blk);
+        put(o, "  O_DIRECT: works (an aligned %zu-byte O_DIRECT write succeeded)\n", blk);
     } else if (direct) {
-        put(o, "  O_DIRECT: the file system accepted O_DIRECT but an aligned %zu-byte write "
-               "failed (%s); force buffered I/O with CKPTIO_IO=buffered\n", blk,
-            n < 0 ? errno_name(werr) : "short write");
+        put(o,
+            "  O_DIRECT: the file system accepted O_DIRECT but an aligned %zu-byte write "
+            "failed (%s); force buffered I/O with CKPTIO_IO=buffered\n",
+            blk, n < 0 ? errno_name(werr) : "short write");
     } else {
         /* AUTO dropped O_DIRECT silently; ask for it outright to learn the refusal's errno. */
         char name2[80];
@@ -229,10 +238,11 @@ static void describe_direct(out *o, const char *dir)
             close(fd2);
             unlinkat(dfd, name2, 0);
         }
-        put(o, "  O_DIRECT: refused by this file system (%s); ckptio uses buffered I/O plus "
-               "fsync here\n", rc2 < 0 ? ckptio_errname(rc2) : "dropped");
-        if (n != (ssize_t)blk)
-            put(o, "  buffered test write failed too: %s\n", strerror(werr));
+        put(o,
+            "  O_DIRECT: refused by this file system (%s); ckptio uses buffered I/O plus "
+            "fsync here\n",
+            rc2 < 0 ? ckptio_errname(rc2) : "dropped");
+        if (n != (ssize_t)blk) put(o, "  buffered test write failed too: %s\n", strerror(werr));
     }
     put(o, "  direct-I/O alignment: memory %u B, file offset %u B\n", mem_align, off_align);
     if (buf) ckptio__unmap(buf, blk);
@@ -255,14 +265,23 @@ static void describe_dir(out *o, const char *dir)
         put(o, "  not a directory\n");
         return;
     }
+    /* Render the mount line into a scratch buffer first: its type (ext4 rather than the
+     * ext2/3/4 magic they share) names the file system, which is printed before it. */
+    char mount_line[1024] = "", mtype[64] = "";
+    out mo = {mount_line, sizeof mount_line, 0};
+    dev_t dev = 0;
+    describe_mount(&mo, shown, &dev, mtype, sizeof mtype);
     struct statfs sfs;
     if (statfs(dir, &sfs) == 0) {
         const char *fs = fs_name((unsigned long)sfs.f_type);
-        if (fs) put(o, "  file system: %s\n", fs);
-        else put(o, "  file system: unknown (statfs magic 0x%lx)\n", (unsigned long)sfs.f_type);
+        if (mtype[0] && fs && !strstr(fs, mtype))
+            put(o, "  file system: %s (statfs: %s)\n", mtype, fs);
+        else if (mtype[0] || fs)
+            put(o, "  file system: %s\n", mtype[0] ? mtype : fs);
+        else
+            put(o, "  file system: unknown (statfs magic 0x%lx)\n", (unsigned long)sfs.f_type);
     }
-    dev_t dev = 0;
-    describe_mount(o, shown, &dev);
+    put(o, "%s", mount_line);
     if (dev && major(dev) != 0) describe_block(o, dev);
     describe_direct(o, dir);
     struct statvfs sv;
@@ -294,21 +313,26 @@ int ckptio_describe_system(const char *dir, char *buf, size_t len)
     const char *be_name = be == CKPTIO_BACKEND_IO_URING   ? "io_uring"
                           : be == CKPTIO_BACKEND_PSYNC    ? "psync"
                           : be == CKPTIO_BACKEND_BUFFERED ? "buffered"
-                          : NULL;
+                                                          : NULL;
     if (be == CKPTIO_BACKEND_AUTO || !be_name)
         be_name = (CKPTIO_HAVE_IO_URING && ckptio__io_uring_available()) ? "io_uring" : "psync";
     if (env && *env) {
         if (be < 0)
-            put(&o, "CKPTIO_IO=%s: not a backend (use io_uring, psync or buffered); opening a "
-                    "writer or reader will fail\n", env);
-        else put(&o, "CKPTIO_IO=%s: forces the %s backend\n", env, be_name);
+            put(&o,
+                "CKPTIO_IO=%s: not a backend (use io_uring, psync or buffered); opening a "
+                "writer or reader will fail\n",
+                env);
+        else
+            put(&o, "CKPTIO_IO=%s: forces the %s backend\n", env, be_name);
     } else {
         put(&o, "CKPTIO_IO: not set; AUTO picks %s\n", be_name);
     }
     struct rlimit rl;
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-        if (rl.rlim_cur == RLIM_INFINITY) put(&o, "locked-memory limit: unlimited\n");
-        else put(&o, "locked-memory limit: %llu KiB\n", (unsigned long long)rl.rlim_cur / 1024);
+        if (rl.rlim_cur == RLIM_INFINITY)
+            put(&o, "locked-memory limit: unlimited\n");
+        else
+            put(&o, "locked-memory limit: %llu KiB\n", (unsigned long long)rl.rlim_cur / 1024);
     }
     put(&o, "optional: zstd %s, MPI %s\n", CKPTIO_HAVE_ZSTD ? "yes" : "no",
         CKPTIO_HAVE_MPI ? "yes" : "no");

@@ -1212,6 +1212,8 @@ static const rtensor rtensors[] = {
     {"r8.c128", CKPTIO_DT_C128, 3, {3, 4, 1000}, {{0}}},
     {"r9.bool", CKPTIO_DT_BOOL, 2, {100, 100}, {{0}}},
     {"r10.i16", CKPTIO_DT_I16, 3, {64, 33, 17}, {{16, 16, 16, 16}, {11, 11, 11}, {17}}},
+    /* chunks of more than one checksum block, read in strided runs */
+    {"r11.f32", CKPTIO_DT_F32, 2, {512, 2048}, {{300, 212}, {1000, 1048}}},
 };
 enum { NRT = sizeof rtensors / sizeof rtensors[0] };
 
@@ -1371,7 +1373,7 @@ static int test_regions(void)
     }
 
     /* one region per call */
-    unsigned char *exp = malloc(2 * MiB + 64);
+    unsigned char *exp = malloc(4 * MiB + 64);
     CHECK(exp);
     int nreads = 0;
     for (int t = 0; t < NRT; t++) {
@@ -1435,24 +1437,40 @@ static int test_regions(void)
     }
     unsigned char *arena = t_alloc(arena_len);
     CHECK(arena);
-    memset(arena, GUARD_BYTE, arena_len);
     for (int i = 0; i < NB; i++) reg[i].dst = arena + bpos[i];
-    double t0 = mono();
-    CHECK_OK(ckptio_reader_read(r, reg, NB));
-    printf("%d single reads, one call of %d regions in %.3f s\n", nreads, NB, mono() - t0);
-    for (int i = 0; i < NB; i++) {
-        const rtensor *rt = &rtensors[bt[i]];
-        size_t esz = ckptio_dtype_size(rt->dtype);
-        uint64_t n = reg[i].capacity;
-        extract(exp, ref[bt[i]], rt->shape, boff[i], bshp[i], rt->ndim, esz);
-        CHECKF(!memcmp(arena + bpos[i], exp, n), "batched region %d of %s differs", i,
-               rt->name);
-        memset(arena + bpos[i], GUARD_BYTE, n);
+    /* the batch once with default params, once through a tiny staging pool (many requests
+     * per run, runs cut across requests) */
+    ckptio_params tiny;
+    ckptio_params_init(&tiny);
+    tiny.staging_bytes = 256 * KiB;
+    tiny.request_bytes = 64 * KiB;
+    tiny.queue_depth = 2;
+    for (int pass = 0; pass < 2; pass++) {
+        ckptio_reader *rr = r;
+        if (pass == 1) CHECK_OK(ckptio_reader_open(&rr, t_path("ck"), &tiny));
+        memset(arena, GUARD_BYTE, arena_len);
+        double t0 = mono();
+        CHECK_OK(ckptio_reader_read(rr, reg, NB));
+        printf("%s: one call of %d regions (%llu bytes) in %.3f s\n",
+               pass ? "tiny staging" : "defaults", NB, (unsigned long long)arena_len,
+               mono() - t0);
+        for (int i = 0; i < NB; i++) {
+            const rtensor *rt = &rtensors[bt[i]];
+            size_t esz = ckptio_dtype_size(rt->dtype);
+            uint64_t n = reg[i].capacity;
+            extract(exp, ref[bt[i]], rt->shape, boff[i], bshp[i], rt->ndim, esz);
+            CHECKF(!memcmp(arena + bpos[i], exp, n), "pass %d: batched region %d of %s differs",
+                   pass, i, rt->name);
+            memset(arena + bpos[i], GUARD_BYTE, n);
+        }
+        for (uint64_t k = 0; k < arena_len; k++)
+            CHECKF(arena[k] == GUARD_BYTE,
+                   "pass %d: batched read wrote outside its regions at arena %llu", pass,
+                   (unsigned long long)k);
+        CHECK_OK(ckptio_reader_verify(rr, NULL));
+        if (pass == 1) ckptio_reader_close(rr);
     }
-    for (uint64_t k = 0; k < arena_len; k++)
-        CHECKF(arena[k] == GUARD_BYTE, "batched read wrote outside its regions at arena %llu",
-               (unsigned long long)k);
-    CHECK_OK(ckptio_reader_verify(r, NULL));
+    printf("%d single reads\n", nreads);
     ckptio_reader_close(r);
     t_free(arena, arena_len);
     for (size_t i = 0; i < nc; i++) free(ch[i].data);
@@ -1574,6 +1592,56 @@ static int test_corrupt_flip(void)
         CHECK_OK(ckptio_reader_verify(r, &bad));
         CHECK(bad == 0);
         if (load_cmp(r, names[t], data[t], nbs[t])) return 1;
+        ckptio_reader_close(r);
+    }
+    /* two damaged blocks of one chunk count once; a second damaged chunk counts too */
+    {
+        char file[512], path[1024], f2[512], p2[1024];
+        uint64_t foff = 0, flen = 0, soff = 0, slen = 0;
+        ckptio_reader *r = NULL;
+        CHECK_OK(ckptio_reader_open(&r, t_path("ck"), NULL));
+        CHECK_OK(locate(r, "big", file, sizeof file, path, sizeof path, &foff, &flen));
+        CHECK_OK(locate(r, "small", f2, sizeof f2, p2, sizeof p2, &soff, &slen));
+        CHECK(flip_byte(path, foff + 1, 0x01) == 0 && flip_byte(path, foff + flen - 2, 0x01) == 0);
+        uint64_t bad = 0;
+        CHECK_FAIL(ckptio_reader_verify(r, &bad), CKPTIO_E_CHECKSUM, "big");
+        CHECKF(bad == 1, "two damaged blocks of one chunk: bad_chunks %llu", (unsigned long long)bad);
+        CHECK(flip_byte(p2, soff + 3, 0x01) == 0);
+        CHECK_FAIL(ckptio_reader_verify(r, &bad), CKPTIO_E_CHECKSUM, NULL);
+        CHECKF(bad == 2, "two damaged chunks: bad_chunks %llu", (unsigned long long)bad);
+        CHECK(flip_byte(path, foff + 1, 0x01) == 0 && flip_byte(path, foff + flen - 2, 0x01) == 0);
+        CHECK(flip_byte(p2, soff + 3, 0x01) == 0);
+        CHECK_OK(ckptio_reader_verify(r, &bad));
+        CHECK(bad == 0);
+
+        /* bytes of a data file that belong to no chunk (alignment padding) are not data:
+         * damaging them breaks nothing */
+        struct {
+            uint64_t off, len;
+        } ext[3];
+        for (int i = 0; i < 3; i++) {
+            CHECK_OK(locate(r, names[i], f2, sizeof f2, p2, sizeof p2, &ext[i].off, &ext[i].len));
+            CHECK(!strcmp(f2, file));
+        }
+        long long fsize = file_size(path);
+        uint64_t gap = UINT64_MAX;
+        for (uint64_t x = 0; x < (uint64_t)fsize && gap == UINT64_MAX; x++) {
+            int inside = 0;
+            for (int i = 0; i < 3; i++) inside |= x >= ext[i].off && x < ext[i].off + ext[i].len;
+            if (!inside) gap = x;
+            else /* skip to the end of the extent holding x */
+                for (int i = 0; i < 3; i++)
+                    if (x >= ext[i].off && x < ext[i].off + ext[i].len) x = ext[i].off + ext[i].len - 1;
+        }
+        if (gap != UINT64_MAX) {
+            CHECK(flip_byte(path, gap, 0xFF) == 0);
+            CHECK_OK(ckptio_reader_verify(r, &bad));
+            for (int i = 0; i < 3; i++)
+                if (load_cmp(r, names[i], data[i], nbs[i])) return 1;
+            CHECK(flip_byte(path, gap, 0xFF) == 0);
+        } else {
+            printf("no padding between extents: padding check skipped\n");
+        }
         ckptio_reader_close(r);
     }
     t_free(buf, round_up(nbs[0], PAGE));

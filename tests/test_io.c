@@ -47,7 +47,8 @@ static int count_fds(void)
     DIR *d = opendir("/proc/self/fd");
     if (!d) return -1;
     int n = 0;
-    while (readdir(d)) n++;
+    while (readdir(d))
+        n++;
     closedir(d);
     return n;
 }
@@ -62,7 +63,7 @@ static int open_engine(ckptio__engine **e, unsigned depth, unsigned threads)
         return T_SKIP;
     }
     CHECK_OK(ckptio__engine_open(e, be, depth, threads));
-    const char *want = be == CKPTIO_BACKEND_IO_URING ? "io_uring"
+    const char *want = be == CKPTIO_BACKEND_IO_URING                               ? "io_uring"
                        : be == CKPTIO_BACKEND_AUTO && ckptio__io_uring_available() ? "io_uring"
                                                                                    : "psync";
     CHECK(!strcmp(ckptio__engine_name(*e), want));
@@ -135,8 +136,8 @@ static int test_roundtrip(void)
     unsigned n = 0, busy = 0;
     for (uint64_t off = 0; off < total; n++) {
         uint64_t len = CKPTIO__MIN(((n * 5) % 8 + 1) * MiB, total - off);
-        reqs[n] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = src + off, .off = off,
-                                .len = len};
+        reqs[n] = (ckptio__req){
+            .fd = fd, .op = CKPTIO__OP_WRITE, .buf = src + off, .off = off, .len = len};
         off += len;
     }
     CHECK_OK(run_all(e, reqs, n, &busy));
@@ -153,8 +154,12 @@ static int test_roundtrip(void)
     if (rc) return rc;
     n = 0;
     for (uint64_t off = 0; off < total; off += 2 * MiB, n++)
-        reqs[n] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_READ, .buf = dst + off, .off = off,
-                                .len = 2 * MiB, .user_u64 = n};
+        reqs[n] = (ckptio__req){.fd = fd,
+                                .op = CKPTIO__OP_READ,
+                                .buf = dst + off,
+                                .off = off,
+                                .len = 2 * MiB,
+                                .user_u64 = n};
     busy = 0;
     CHECK_OK(run_all(e, reqs, n, &busy));
     CHECK(busy > 0);
@@ -185,23 +190,25 @@ static int test_stress(void)
     for (unsigned i = 0; i < N; i++) {
         /* Out of order on purpose: a permutation of the blocks. */
         uint64_t blk = (i * 2654435761u) % N;
-        reqs[i] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = src + blk * SZ,
-                                .off = blk * SZ, .len = SZ};
-        reqs[N + i] = (ckptio__req){.fd = rfd, .op = CKPTIO__OP_READ, .buf = dst + blk * SZ,
-                                    .off = blk * SZ, .len = SZ};
+        reqs[i] = (ckptio__req){
+            .fd = fd, .op = CKPTIO__OP_WRITE, .buf = src + blk * SZ, .off = blk * SZ, .len = SZ};
+        reqs[N + i] = (ckptio__req){
+            .fd = rfd, .op = CKPTIO__OP_READ, .buf = dst + blk * SZ, .off = blk * SZ, .len = SZ};
     }
     for (int pass = 0; pass < 2; pass++) {
         unsigned next = 0, done = 0, seed = 12345;
         ckptio__req *out[8];
         while (done < N) {
-            while (next < N && ckptio__engine_submit(e, &reqs[pass * N + next]) == 0) next++;
+            while (next < N && ckptio__engine_submit(e, &reqs[pass * N + next]) == 0)
+                next++;
             seed = seed * 1103515245u + 12345u;
             unsigned min = (seed >> 16) % 3, max = 1 + (seed >> 8) % 8; /* min 0: collect */
             unsigned before = e->inflight;
             int k = ckptio__engine_reap(e, out, max, min);
             CHECK(k >= 0 && (unsigned)k <= max && e->inflight == before - (unsigned)k);
             CHECK((unsigned)k >= CKPTIO__MIN(min, CKPTIO__MIN(max, before)));
-            for (int i = 0; i < k; i++) CHECK(out[i]->res == SZ);
+            for (int i = 0; i < k; i++)
+                CHECK(out[i]->res == SZ);
             done += (unsigned)k;
         }
     }
@@ -240,7 +247,10 @@ static int test_eof(void)
     } cases[] = {{0, 16384, 10000}, {8192, 8192, 10000 - 8192}, {16384, 4096, 0}, {0, 0, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memset(buf, 0, 16384);
-        ckptio__req r = {.fd = fd, .op = CKPTIO__OP_READ, .buf = buf, .off = cases[i].off,
+        ckptio__req r = {.fd = fd,
+                         .op = CKPTIO__OP_READ,
+                         .buf = buf,
+                         .off = cases[i].off,
                          .len = cases[i].len},
                     *got;
         CHECK_OK(ckptio__engine_submit(e, &r));
@@ -344,9 +354,13 @@ static int test_busy(void)
     CHECK(fd >= 0);
     ckptio__req r[4], *out[8];
     for (int i = 0; i < 4; i++)
-        r[i] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = buf + i * 4096,
-                             .off = (uint64_t)i * 4096, .len = 4096};
-    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__engine_submit(e, &r[i]));
+        r[i] = (ckptio__req){.fd = fd,
+                             .op = CKPTIO__OP_WRITE,
+                             .buf = buf + i * 4096,
+                             .off = (uint64_t)i * 4096,
+                             .len = 4096};
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(ckptio__engine_submit(e, &r[i]));
     CHECK_ERR(ckptio__engine_submit(e, &r[3]), -EBUSY);
     int got = ckptio__engine_reap(e, out, 8, 0);
     CHECK(got >= 0 && got <= 3);
@@ -377,12 +391,13 @@ static int test_close_pending(void)
     CHECK_OK(ckptio__file_open(AT_FDCWD, "c", CKPTIO__F_WRITE, run_direct(), &fd, &direct));
     static ckptio__req r[N];
     for (unsigned i = 0; i < N; i++) {
-        r[i] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = buf + i * MiB,
-                             .off = i * MiB, .len = MiB};
+        r[i] = (ckptio__req){
+            .fd = fd, .op = CKPTIO__OP_WRITE, .buf = buf + i * MiB, .off = i * MiB, .len = MiB};
         CHECK_OK(ckptio__engine_submit(e, &r[i]));
     }
     ckptio__engine_close(e);
-    for (unsigned i = 0; i < N; i++) CHECK(r[i].res == (int64_t)MiB);
+    for (unsigned i = 0; i < N; i++)
+        CHECK(r[i].res == (int64_t)MiB);
     close(fd);
     unsigned char *back;
     CHECK(t_read_file("c", &back) == (long)(N * MiB));
@@ -400,10 +415,14 @@ static int test_env(void)
     static const struct {
         const char *v;
         int want;
-    } cases[] = {{"io_uring", CKPTIO_BACKEND_IO_URING}, {"psync", CKPTIO_BACKEND_PSYNC},
-                 {"buffered", CKPTIO_BACKEND_BUFFERED}, {"auto", CKPTIO_BACKEND_AUTO},
-                 {"", CKPTIO_BACKEND_PSYNC},           {"bogus", CKPTIO_E_USAGE},
-                 {"IO_URING", CKPTIO_E_USAGE},         {"psync ", CKPTIO_E_USAGE}};
+    } cases[] = {{"io_uring", CKPTIO_BACKEND_IO_URING},
+                 {"psync", CKPTIO_BACKEND_PSYNC},
+                 {"buffered", CKPTIO_BACKEND_BUFFERED},
+                 {"auto", CKPTIO_BACKEND_AUTO},
+                 {"", CKPTIO_BACKEND_PSYNC},
+                 {"bogus", CKPTIO_E_USAGE},
+                 {"IO_URING", CKPTIO_E_USAGE},
+                 {"psync ", CKPTIO_E_USAGE}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         setenv("CKPTIO_IO", cases[i].v, 1);
         CHECK_ERR(ckptio__backend_from_env(CKPTIO_BACKEND_PSYNC), cases[i].want);
@@ -455,8 +474,7 @@ static int check_direct_rules(int dirfd, const char *name)
     CHECK(direct == !refused);
     close(fd);
     if (refused) {
-        CHECK_ERR(ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_ON, &fd, &direct),
-                  -EINVAL);
+        CHECK_ERR(ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_ON, &fd, &direct), -EINVAL);
         CHECK(fd == -1);
     }
     CHECK_OK(ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_OFF, &fd, &direct));
@@ -573,10 +591,11 @@ static int opens(int dirfd, const char *name)
 
 static int check_beneath(int d)
 {
-    static const char *const bad[] = {"../x",    "/etc/passwd", "a/../../x", "out",
-                                      "rel",     "a/../../d/f", "fifo",      "a/out2",
-                                      "nothere", "",            ".."};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECK(refused(d, bad[i]));
+    static const char *const bad[] = {"../x",        "/etc/passwd", "a/../../x", "out",     "rel",
+                                      "a/../../d/f", "fifo",        "a/out2",    "nothere", "",
+                                      ".."};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(refused(d, bad[i]));
     CHECK(opens(d, "f") && opens(d, "a/g") && opens(d, "./a//g"));
     return 0;
 }
@@ -666,8 +685,7 @@ static int test_write_exclusive(void)
     struct stat st;
     CHECK(fstat(fd, &st) == 0 && (st.st_mode & 0777) == (0644 & ~(unsigned)umask(022)));
     close(fd);
-    CHECK_ERR(ckptio__file_open(AT_FDCWD, "e", CKPTIO__F_WRITE, CKPTIO_OFF, &fd, &direct),
-              -EEXIST);
+    CHECK_ERR(ckptio__file_open(AT_FDCWD, "e", CKPTIO__F_WRITE, CKPTIO_OFF, &fd, &direct), -EEXIST);
     CHECK_ERR(ckptio__file_open(AT_FDCWD, "e", 3, CKPTIO_OFF, &fd, &direct), CKPTIO_E_USAGE);
     CHECK_ERR(ckptio__file_open(AT_FDCWD, "e", CKPTIO__F_READ, 5, &fd, &direct), CKPTIO_E_USAGE);
     CHECK_OK(ckptio__file_open(AT_FDCWD, "e", CKPTIO__F_READ, CKPTIO_AUTO, &fd, &direct));
@@ -690,19 +708,24 @@ static int test_pool(void)
         b[i] = ckptio__pool_get(&p);
         CHECK(b[i] && (uintptr_t)b[i] % 4096 == 0);
         memset(b[i], i + 1, p.buf_size); /* whole buffer usable (ASan watches) */
-        for (int j = 0; j < i; j++) CHECK(b[i] != b[j]);
+        for (int j = 0; j < i; j++)
+            CHECK(b[i] != b[j]);
     }
     CHECK(ckptio__pool_get(&p) == NULL && p.nfree == 0);
-    for (int i = 0; i < 4; i++) CHECK(b[i][0] == i + 1 && b[i][p.buf_size - 1] == i + 1);
+    for (int i = 0; i < 4; i++)
+        CHECK(b[i][0] == i + 1 && b[i][p.buf_size - 1] == i + 1);
     ckptio__pool_put(&p, b[2]);
     ckptio__pool_put(&p, NULL);
     CHECK(ckptio__pool_get(&p) == b[2]);
-    for (int i = 0; i < 4; i++) ckptio__pool_put(&p, b[i]);
+    for (int i = 0; i < 4; i++)
+        ckptio__pool_put(&p, b[i]);
     CHECK(p.nfree == 4);
     for (int round = 0; round < 3; round++) { /* reuse: the same buffers come back */
-        for (int i = 0; i < 4; i++) b[i] = ckptio__pool_get(&p);
+        for (int i = 0; i < 4; i++)
+            b[i] = ckptio__pool_get(&p);
         CHECK(ckptio__pool_get(&p) == NULL);
-        for (int i = 0; i < 4; i++) ckptio__pool_put(&p, b[i]);
+        for (int i = 0; i < 4; i++)
+            ckptio__pool_put(&p, b[i]);
     }
     ckptio__pool_fini(&p);
     CHECK(p.base == NULL && p.count == 0);

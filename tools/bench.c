@@ -37,11 +37,11 @@
  * 16 deep, 16 MiB reads 8 deep, 128 MiB in flight either way. */
 enum { RAW_WRITE_DEPTH = 16, RAW_READ_DEPTH = 8 };
 #define RAW_WRITE_REQ (8 * MIB)
-#define RAW_READ_REQ (16 * MIB)
-#define RAW_ARENA (128 * MIB)
+#define RAW_READ_REQ  (16 * MIB)
+#define RAW_ARENA     (128 * MIB)
 #define RAW_MIN_BYTES (2 * GIB)
-#define LAYERS 48
-#define LARGE_TENSOR MIB
+#define LAYERS        48
+#define LARGE_TENSOR  MIB
 
 typedef struct tensor {
     const char *name;
@@ -121,10 +121,10 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 /* ------------------------------------------------------------------------------------------ */
 
 /* Names live in one growing arena and are fixed up to pointers once it stops moving. */
-static int add_tensor(bench *b, int dtype, uint32_t ndim, uint64_t d0, uint64_t d1,
-                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static int add_tensor(bench *b, int dtype, uint32_t ndim, uint64_t d0, uint64_t d1,
-                      const char *fmt, ...)
+static int add_tensor(bench *b, int dtype, uint32_t ndim, uint64_t d0, uint64_t d1, const char *fmt,
+                      ...) __attribute__((format(printf, 6, 7)));
+static int add_tensor(bench *b, int dtype, uint32_t ndim, uint64_t d0, uint64_t d1, const char *fmt,
+                      ...)
 {
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 1024;
@@ -151,7 +151,8 @@ static int add_tensor(bench *b, int dtype, uint32_t ndim, uint64_t d0, uint64_t 
     t->ndim = ndim;
     t->shape[0] = d0, t->shape[1] = d1;
     t->nbytes = ckptio_dtype_size(dtype);
-    for (uint32_t i = 0; i < ndim; i++) t->nbytes *= t->shape[i];
+    for (uint32_t i = 0; i < ndim; i++)
+        t->nbytes *= t->shape[i];
     b->bytes += t->nbytes;
     return 0;
 }
@@ -188,7 +189,8 @@ static int add_param(bench *b, const char *name, uint64_t rows, uint64_t cols, p
 static int plan_state(bench *b)
 {
     uint64_t target = b->size, h = 8;
-    while (LAYERS * layer_bytes(h + 8) <= target / 100 * 85) h += 8;
+    while (LAYERS * layer_bytes(h + 8) <= target / 100 * 85)
+        h += 8;
     if (h >= 256) h = h / 64 * 64; /* matrix sizes a real model would use */
     uint64_t fixed = LAYERS * layer_bytes(h) + 2 * param_bytes(h) + 4;
     uint64_t vocab = target > fixed ? (target - fixed) / (10 * h) : 8;
@@ -235,7 +237,8 @@ static int plan_state(bench *b)
     free(list);
     free(pnames);
     if (rc < 0) return rc;
-    for (size_t i = 0; i < b->n; i++) b->t[i].name = b->names + (uintptr_t)b->t[i].name;
+    for (size_t i = 0; i < b->n; i++)
+        b->t[i].name = b->names + (uintptr_t)b->t[i].name;
     return 0;
 }
 
@@ -270,8 +273,10 @@ static void *fill_main(void *arg)
     fill_job *j = arg;
     for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
         piece *pc = &j->pieces[i];
-        if (pc->seed) fill_random(pc->p, pc->len, pc->seed);
-        else memset(pc->p, 0, pc->len);
+        if (pc->seed)
+            fill_random(pc->p, pc->len, pc->seed);
+        else
+            memset(pc->p, 0, pc->len);
     }
     return NULL;
 }
@@ -288,7 +293,8 @@ static int fill_parallel(piece *pieces, size_t n)
     for (; started < nt; started++)
         if (pthread_create(&th[started], NULL, fill_main, &j) != 0) break;
     fill_main(&j);
-    for (unsigned i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
     return 0;
 }
 
@@ -308,7 +314,8 @@ static int alloc_state(bench *b)
         b->dst_len += t->cap;
         if (t->nbytes >= LARGE_TENSOR) b->n_large++;
     }
-    b->dst_arena = mmap(NULL, b->dst_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    b->dst_arena =
+        mmap(NULL, b->dst_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (b->dst_arena == MAP_FAILED) {
         b->dst_arena = NULL;
         return -ENOMEM;
@@ -338,7 +345,8 @@ static int alloc_state(bench *b)
         }
     }
     for (uint64_t o = 0; o < b->dst_len; o += 64 * MIB)
-        pieces[np++] = (piece){b->dst_arena + o, b->dst_len - o < 64 * MIB ? b->dst_len - o : 64 * MIB, 0};
+        pieces[np++] =
+            (piece){b->dst_arena + o, b->dst_len - o < 64 * MIB ? b->dst_len - o : 64 * MIB, 0};
     for (uint64_t o = 0; o < RAW_ARENA; o += 64 * MIB)
         pieces[np++] = (piece){b->raw_buf + o, 64 * MIB, 0xC0FFEEull + o};
     fill_parallel(pieces, np);
@@ -348,7 +356,8 @@ static int alloc_state(bench *b)
 
 static void free_state(bench *b)
 {
-    for (size_t i = 0; i < b->n; i++) free(b->t[i].data);
+    for (size_t i = 0; i < b->n; i++)
+        free(b->t[i].data);
     if (b->dst_arena) munmap(b->dst_arena, b->dst_len);
     if (b->raw_buf) munmap(b->raw_buf, RAW_ARENA);
     free(b->regions);
@@ -507,7 +516,8 @@ static int raw_threads(raw_io *io)
         if (pthread_create(&th[started], NULL, raw_thread, &args[started]) != 0) break;
     }
     if (!started) return -EAGAIN;
-    for (unsigned i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
     return -atomic_load(&io->err);
 }
 
@@ -520,7 +530,8 @@ static int raw_uring(raw_io *io)
     if (rc < 0) return rc;
     uint64_t s_off[32], s_len[32], s_pos[32];
     unsigned free_slots[32], nfree = 0, retry[32], nretry = 0, inflight = 0;
-    for (unsigned i = 0; i < io->depth; i++) free_slots[nfree++] = io->depth - 1 - i;
+    for (unsigned i = 0; i < io->depth; i++)
+        free_slots[nfree++] = io->depth - 1 - i;
     uint64_t next = 0, done = 0;
     rc = 0;
     while ((next < io->bytes || inflight) && rc == 0) {
@@ -543,8 +554,10 @@ static int raw_uring(raw_io *io)
             unsigned char *p = io->buf + (size_t)s * io->req + s_pos[s];
             unsigned len = (unsigned)(s_len[s] - s_pos[s]);
             uint64_t off = s_off[s] + s_pos[s];
-            if (io->write) io_uring_prep_write(sqe, io->fd, p, len, off);
-            else io_uring_prep_read(sqe, io->fd, p, len, off);
+            if (io->write)
+                io_uring_prep_write(sqe, io->fd, p, len, off);
+            else
+                io_uring_prep_read(sqe, io->fd, p, len, off);
             io_uring_sqe_set_data(sqe, (void *)(uintptr_t)s);
             inflight++;
         }
@@ -616,8 +629,11 @@ static int raw_open(const char *path, bool write, int *direct)
 
 static int raw_run(bench *b, unsigned run)
 {
-    raw_io io = {.write = true, .bytes = b->raw_bytes, .req = RAW_WRITE_REQ,
-                 .depth = RAW_WRITE_DEPTH, .buf = b->raw_buf};
+    raw_io io = {.write = true,
+                 .bytes = b->raw_bytes,
+                 .req = RAW_WRITE_REQ,
+                 .depth = RAW_WRITE_DEPTH,
+                 .buf = b->raw_buf};
     int direct = 0;
     cli_progress_begin(b->raw_bytes, "run %u/%u: raw write", run + 1, b->runs);
     double t0 = cli_now();
@@ -650,8 +666,11 @@ static int raw_run(bench *b, unsigned run)
     b->raw_w.v[b->raw_w.n++] = (double)b->raw_bytes / (t1 - t0) / 1e9;
 
     evict(b->raw);
-    raw_io rio = {.write = false, .bytes = b->raw_bytes, .req = RAW_READ_REQ,
-                  .depth = RAW_READ_DEPTH, .buf = b->raw_buf};
+    raw_io rio = {.write = false,
+                  .bytes = b->raw_bytes,
+                  .req = RAW_READ_REQ,
+                  .depth = RAW_READ_DEPTH,
+                  .buf = b->raw_buf};
     cli_progress_begin(b->raw_bytes, "run %u/%u: raw read", run + 1, b->runs);
     t0 = cli_now();
     rio.fd = raw_open(b->raw, false, &direct);
@@ -688,7 +707,8 @@ static double save_all(const char *path, const tensor *ts, size_t n, const char 
     p.overwrite = CKPTIO_ON;
     ckptio_writer *w = NULL;
     uint64_t total = 0, done = 0;
-    for (size_t i = 0; i < n; i++) total += ts[i].nbytes;
+    for (size_t i = 0; i < n; i++)
+        total += ts[i].nbytes;
     cli_progress_begin(total, "%s", label);
     double t0 = cli_now();
     int rc = ckptio_writer_open(&w, path, &p);
@@ -701,7 +721,8 @@ static double save_all(const char *path, const tensor *ts, size_t n, const char 
         rc = ckptio_writer_add(w, t->name, t->dtype, t->ndim, t->shape, NULL, NULL, t->data,
                                t->nbytes);
         if (rc < 0) {
-            bench_fail("saving tensor '%s' to %s failed: %s", t->name, path, ckptio_writer_errmsg(w));
+            bench_fail("saving tensor '%s' to %s failed: %s", t->name, path,
+                       ckptio_writer_errmsg(w));
             ckptio_writer_close(w);
             return -1;
         }
@@ -739,8 +760,8 @@ static void locate(ckptio_reader *r, const char *name, char *out, size_t n)
 
 /* Load every tensor with one read call; returns seconds from open to the read's end, or < 0.
  * With `check`, compares the loaded bytes with the saved ones afterwards (not timed). */
-static double load_all(const char *path, const tensor *ts, const ckptio_region *regions,
-                       size_t n, const char *label, bool check, ckptio_stats *st)
+static double load_all(const char *path, const tensor *ts, const ckptio_region *regions, size_t n,
+                       const char *label, bool check, ckptio_stats *st)
 {
     /* One library call does the work, so the progress line can only show that time passes. */
     cli_progress_begin(0, "%s", label);
@@ -764,7 +785,8 @@ static double load_all(const char *path, const tensor *ts, const ckptio_region *
         const tensor *t = &ts[i];
         if (!memcmp(t->data, t->dst, t->nbytes)) continue;
         uint64_t k = 0;
-        while (k < t->nbytes && t->data[k] == t->dst[k]) k++;
+        while (k < t->nbytes && t->data[k] == t->dst[k])
+            k++;
         char where[PATH_MAX + 96];
         locate(r, t->name, where, sizeof where);
         bench_fail("tensor '%s' loaded from %s (%s) differs from what was saved, first at byte "
@@ -814,7 +836,7 @@ static int tiny_run(bench *b)
     size_t n = (size_t)b->tiny;
     tensor *ts = calloc(n, sizeof *ts);
     ckptio_region *regs = calloc(n, sizeof *regs);
-    char *names = malloc(n * 24);
+    char *names = malloc(n * 32);
     uint64_t x = 0x5DEECE66Dull, len = 0;
     uint32_t *elems = malloc(n * sizeof *elems);
     if (!ts || !regs || !names || !elems) {
@@ -837,8 +859,8 @@ static int tiny_run(bench *b)
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
         tensor *t = &ts[i];
-        snprintf(names + i * 24, 24, "tiny.%06zu", i);
-        t->name = names + i * 24;
+        snprintf(names + i * 32, 32, "tiny.%06zu", i);
+        t->name = names + i * 32;
         t->dtype = CKPTIO_DT_F32;
         t->ndim = 1;
         t->shape[0] = elems[i];
@@ -849,7 +871,8 @@ static int tiny_run(bench *b)
         off += align_up(t->nbytes, 64);
     }
     b->tiny_bytes = 0;
-    for (size_t i = 0; i < n; i++) b->tiny_bytes += ts[i].nbytes;
+    for (size_t i = 0; i < n; i++)
+        b->tiny_bytes += ts[i].nbytes;
     remove_tree(b->tinydir);
     settle(b->dir);
     ckptio_stats st;
@@ -892,7 +915,8 @@ static void json_series(const char *key, const series *s)
     stats(s, &m, &lo, &hi);
     printf("  \"%s\": %.4f, \"%s_min\": %.4f, \"%s_max\": %.4f, \"%s_runs\": [", key, m, key, lo,
            key, hi, key);
-    for (unsigned i = 0; i < s->n; i++) printf("%s%.4f", i ? ", " : "", s->v[i]);
+    for (unsigned i = 0; i < s->n; i++)
+        printf("%s%.4f", i ? ", " : "", s->v[i]);
     printf("],\n");
 }
 
@@ -973,12 +997,15 @@ static void report_text(const bench *b)
     double sm, lm, lo, hi;
     stats(&b->save_s, &sm, &lo, &hi);
     stats(&b->load_s, &lm, &lo, &hi);
-    printf("\nsave: open to durable commit, median %.2f s; load: open to last byte, median %.2f s\n",
-           sm, lm);
+    printf(
+        "\nsave: open to durable commit, median %.2f s; load: open to last byte, median %.2f s\n",
+        sm, lm);
     printf("loaded bytes match the saved state; peak memory beyond state and destinations: "
-           "%.1f MiB\n", b->peak_extra_mib);
+           "%.1f MiB\n",
+           b->peak_extra_mib);
     if (b->tiny)
-        printf("tiny tensors: %" PRIu64 " of 1-64 f32 elements: save %.3f s (durable), load %.3f s\n",
+        printf("tiny tensors: %" PRIu64
+               " of 1-64 f32 elements: save %.3f s (durable), load %.3f s\n",
                b->tiny, b->tiny_save_s, b->tiny_load_s);
 }
 
@@ -1012,7 +1039,8 @@ static int parse_args(bench *b, int argc, char **argv)
         } else if (!strcmp(a, "--size")) {
             if (cli_parse_size(val, &b->size) < 0 || b->size < MIB)
                 return cli_usage_error("bench: --size '%s' is not a size of at least 1M "
-                                       "(e.g. 512M, 4G)", val);
+                                       "(e.g. 512M, 4G)",
+                                       val);
         } else if (!strcmp(a, "--runs") || !strcmp(a, "--tiny")) {
             char *end;
             errno = 0;
@@ -1022,8 +1050,10 @@ static int parse_args(bench *b, int argc, char **argv)
                 (!runs && v > 10000000))
                 return cli_usage_error("bench: %s '%s' is not a number in %s", a, val,
                                        runs ? "1..64" : "0..10000000");
-            if (runs) b->runs = (unsigned)v;
-            else b->tiny = v;
+            if (runs)
+                b->runs = (unsigned)v;
+            else
+                b->tiny = v;
         } else {
             return cli_usage_error("bench: unknown option '%s'", a);
         }
@@ -1037,7 +1067,8 @@ static int setup_dir(bench *b)
         b->made_dir = true;
     } else if (errno != EEXIST) {
         return bench_fail("cannot create the bench directory %s: %s (create its parent or pass "
-                          "--dir)", b->dir, strerror(errno));
+                          "--dir)",
+                          b->dir, strerror(errno));
     } else {
         struct stat st;
         if (stat(b->dir, &st) < 0 || !S_ISDIR(st.st_mode))
@@ -1072,7 +1103,8 @@ static int run_bench(bench *b)
         cli_human(hb, sizeof hb, (double)need_mem);
         cli_human(hn, sizeof hn, (double)avail);
         return bench_fail("--size needs about %s of memory (the state, its load destinations "
-                          "and I/O buffers) but %s is available; pass a smaller --size", hb, hn);
+                          "and I/O buffers) but %s is available; pass a smaller --size",
+                          hb, hn);
     }
     struct statvfs sv;
     uint64_t state_disk = b->bytes + (uint64_t)b->n * 4096 + 64 * MIB;
@@ -1081,7 +1113,8 @@ static int run_bench(bench *b)
         cli_human(hb, sizeof hb, (double)need_disk);
         cli_human(hn, sizeof hn, (double)sv.f_bavail * (double)sv.f_frsize);
         return bench_fail("%s has %s free but the bench needs about %s; pass a smaller --size "
-                          "or another --dir", b->dir, hn, hb);
+                          "or another --dir",
+                          b->dir, hn, hb);
     }
 
     cli_progress_begin(0, "generating the state");
@@ -1096,7 +1129,8 @@ static int run_bench(bench *b)
     int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
     if (fd >= 0) {
         /* "5" resets VmHWM to the current RSS (Linux >= 4.0). */
-        if (write(fd, "5", 1) < 0) {}
+        if (write(fd, "5", 1) < 0) {
+        }
         close(fd);
     }
 
@@ -1109,8 +1143,10 @@ static int run_bench(bench *b)
     if (!b->keep) remove_tree(b->ckpt);
     if (b->tiny && (interrupted || tiny_run(b) != CLI_OK)) return CLI_FAIL;
     if (interrupted) return CLI_FAIL;
-    if (b->json) report_json(b);
-    else report_text(b);
+    if (b->json)
+        report_json(b);
+    else
+        report_text(b);
     return fflush(stdout) == 0 ? CLI_OK : bench_fail("writing the report: %s", strerror(errno));
 }
 

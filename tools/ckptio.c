@@ -77,9 +77,12 @@ void cli_human(char *buf, size_t n, double bytes)
 {
     static const char *const unit[] = {"B", "kB", "MB", "GB", "TB", "PB"};
     unsigned u = 0;
-    while (bytes >= 1000.0 && u + 1 < sizeof unit / sizeof unit[0]) bytes /= 1000.0, u++;
-    if (u == 0) snprintf(buf, n, "%.0f B", bytes);
-    else snprintf(buf, n, "%.2f %s", bytes, unit[u]);
+    while (bytes >= 1000.0 && u + 1 < sizeof unit / sizeof unit[0])
+        bytes /= 1000.0, u++;
+    if (u == 0)
+        snprintf(buf, n, "%.0f B", bytes);
+    else
+        snprintf(buf, n, "%.2f %s", bytes, unit[u]);
 }
 
 int cli_parse_size(const char *s, uint64_t *out)
@@ -91,14 +94,29 @@ int cli_parse_size(const char *s, uint64_t *out)
     if (errno || end == s || !(v >= 0) || !isfinite(v)) return -1;
     double mul = 1;
     switch (*end) {
-    case 'k': case 'K': mul = 1024.0, end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024, end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mul = 1024.0, end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1024.0 * 1024, end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1024.0 * 1024 * 1024, end++;
+        break;
+    case 't':
+    case 'T':
+        mul = 1024.0 * 1024 * 1024 * 1024, end++;
+        break;
+    default:
+        break;
     }
-    if (mul > 1 && (!strcmp(end, "iB") || !strcmp(end, "ib"))) end += 2;
-    else if (*end == 'B' || *end == 'b') end++;
+    if (mul > 1 && (!strcmp(end, "iB") || !strcmp(end, "ib")))
+        end += 2;
+    else if (*end == 'B' || *end == 'b')
+        end++;
     if (*end) return -1;
     v *= mul;
     if (v >= 18e18) return -1;
@@ -113,10 +131,14 @@ static size_t utf8_len(const unsigned char *p, size_t n)
     if (c < 0x80) return 1;
     size_t k;
     uint32_t cp, min;
-    if ((c & 0xE0) == 0xC0) k = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) k = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) k = 4, cp = c & 0x07, min = 0x10000;
-    else return 0;
+    if ((c & 0xE0) == 0xC0)
+        k = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+        k = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+        k = 4, cp = c & 0x07, min = 0x10000;
+    else
+        return 0;
     if (k > n) return 0;
     for (size_t i = 1; i < k; i++) {
         if ((p[i] & 0xC0) != 0x80) return 0;
@@ -144,11 +166,16 @@ void cli_json_str(FILE *f, const char *s, size_t n)
     for (size_t i = 0; i < n;) {
         unsigned c = p[i];
         size_t k = utf8_len(p + i, n - i);
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c < 0x20 || c == 0x7f || k == 0) fprintf(f, "\\u%04x", c);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c < 0x20 || c == 0x7f || k == 0)
+            fprintf(f, "\\u%04x", c);
         else {
             fwrite(p + i, 1, k, f);
             i += k;
@@ -164,11 +191,16 @@ static void text_escaped(FILE *f, const unsigned char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         unsigned c = p[i];
-        if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c == '\\') fputs("\\\\", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
-        else fputc((int)c, f);
+        if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c == '\\')
+            fputs("\\\\", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc((int)c, f);
     }
 }
 
@@ -285,7 +317,8 @@ static void shape_str(char *b, size_t n, uint32_t ndim, const uint64_t *shape)
 static void json_u64_array(FILE *f, uint32_t n, const uint64_t *v)
 {
     fputc('[', f);
-    for (uint32_t i = 0; i < n; i++) fprintf(f, "%s%" PRIu64, i ? ", " : "", v[i]);
+    for (uint32_t i = 0; i < n; i++)
+        fprintf(f, "%s%" PRIu64, i ? ", " : "", v[i]);
     fputc(']', f);
 }
 
@@ -299,8 +332,9 @@ static ckptio_reader *open_or_explain(const char *cmd, const char *dir, int *rc_
     const char *msg = ckptio_last_error();
     fprintf(stderr, "ckptio %s: %s\n", cmd, *msg ? msg : ckptio_strerror(rc));
     if (rc == CKPTIO_E_NOT_CHECKPOINT && !strstr(msg, "not a committed checkpoint"))
-        fprintf(stderr, "ckptio %s: %s is not a committed checkpoint: it has no manifest (an "
-                        "unfinished or failed save leaves such a directory); nothing to %s.\n",
+        fprintf(stderr,
+                "ckptio %s: %s is not a committed checkpoint: it has no manifest (an "
+                "unfinished or failed save leaves such a directory); nothing to %s.\n",
                 cmd, dir, cmd);
     return NULL;
 }
@@ -316,15 +350,17 @@ static int inspect_json(ckptio_reader *r, const char *dir)
     for (size_t i = 0; i < nt; i++) {
         ckptio_tensor_info ti;
         int rc = ckptio_reader_tensor(r, i, &ti);
-        if (rc < 0) return cli_fail("inspect", "%s: tensor #%zu: %s", dir, i, ckptio_reader_errmsg(r));
+        if (rc < 0)
+            return cli_fail("inspect", "%s: tensor #%zu: %s", dir, i, ckptio_reader_errmsg(r));
         bytes += ti.nbytes, stored += ti.stored_bytes, chunks += ti.num_chunks;
         fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
         cli_json_str(f, ti.name, strlen(ti.name));
         const char *dt = ckptio_dtype_name(ti.dtype);
         fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", dt ? dt : "unknown");
         json_u64_array(f, ti.ndim, ti.shape);
-        fprintf(f, ", \"nbytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64
-                   ", \"num_chunks\": %" PRIu64 ", \"chunks\": [",
+        fprintf(f,
+                ", \"nbytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64 ", \"num_chunks\": %" PRIu64
+                ", \"chunks\": [",
                 ti.nbytes, ti.stored_bytes, ti.num_chunks);
         for (uint64_t c = 0; c < ti.num_chunks; c++) {
             ckptio_chunk_info ci;
@@ -338,14 +374,16 @@ static int inspect_json(ckptio_reader *r, const char *dir)
             json_u64_array(f, ti.ndim, ci.shape);
             fputs(", \"file\": ", f);
             cli_json_str(f, ci.file, strlen(ci.file));
-            fprintf(f, ", \"file_offset\": %" PRIu64 ", \"stored_bytes\": %" PRIu64
-                       ", \"nbytes\": %" PRIu64 "}",
+            fprintf(f,
+                    ", \"file_offset\": %" PRIu64 ", \"stored_bytes\": %" PRIu64
+                    ", \"nbytes\": %" PRIu64 "}",
                     ci.file_offset, ci.stored_bytes, ci.nbytes);
         }
         fputs("]}", f);
     }
-    fprintf(f, "%s], \"num_tensors\": %zu, \"num_chunks\": %" PRIu64 ", \"bytes\": %" PRIu64
-               ", \"stored_bytes\": %" PRIu64 ", \"metadata\": [",
+    fprintf(f,
+            "%s], \"num_tensors\": %zu, \"num_chunks\": %" PRIu64 ", \"bytes\": %" PRIu64
+            ", \"stored_bytes\": %" PRIu64 ", \"metadata\": [",
             nt ? "\n" : "", nt, chunks, bytes, stored);
     size_t nm = ckptio_reader_num_meta(r);
     for (size_t i = 0; i < nm; i++) {
@@ -353,13 +391,16 @@ static int inspect_json(ckptio_reader *r, const char *dir)
         const void *val;
         size_t len;
         if (ckptio_reader_meta(r, i, &key, &val, &len) < 0)
-            return cli_fail("inspect", "%s: metadata entry #%zu: %s", dir, i, ckptio_reader_errmsg(r));
+            return cli_fail("inspect", "%s: metadata entry #%zu: %s", dir, i,
+                            ckptio_reader_errmsg(r));
         fputs(i ? ",\n  {\"key\": " : "\n  {\"key\": ", f);
         cli_json_str(f, key, strlen(key));
         fprintf(f, ", \"bytes\": %zu, \"value\": ", len);
         /* Binary values have no faithful JSON string form; their length is what we can show. */
-        if (cli_is_text(val, len)) cli_json_str(f, val, len);
-        else fputs("null", f);
+        if (cli_is_text(val, len))
+            cli_json_str(f, val, len);
+        else
+            fputs("null", f);
         fputc('}', f);
     }
     fprintf(f, "%s]}\n", nm ? "\n" : "");
@@ -391,14 +432,15 @@ static int inspect_text(ckptio_reader *r, const char *dir)
         bytes += ti.nbytes, stored += ti.stored_bytes, chunks += ti.num_chunks;
         shape_str(shape, sizeof shape, ti.ndim, ti.shape);
         const char *dt = ckptio_dtype_name(ti.dtype);
-        printf("%-*s  %-9s  %-*s  %6" PRIu64 "  %14" PRIu64 "\n", wname, ti.name,
-               dt ? dt : "?", wshape, shape, ti.num_chunks, ti.stored_bytes);
+        printf("%-*s  %-9s  %-*s  %6" PRIu64 "  %14" PRIu64 "\n", wname, ti.name, dt ? dt : "?",
+               wshape, shape, ti.num_chunks, ti.stored_bytes);
     }
     char hb[32], hs[32];
     cli_human(hb, sizeof hb, (double)bytes);
     cli_human(hs, sizeof hs, (double)stored);
     printf("\ntotal: %zu tensors, %" PRIu64 " chunks, %" PRIu64 " bytes (%s), stored %" PRIu64
-           " bytes (%s)\n", nt, chunks, bytes, hb, stored, hs);
+           " bytes (%s)\n",
+           nt, chunks, bytes, hb, stored, hs);
     size_t nm = ckptio_reader_num_meta(r);
     printf("metadata: %zu %s\n", nm, nm == 1 ? "entry" : "entries");
     for (size_t i = 0; i < nm; i++) {
@@ -406,7 +448,8 @@ static int inspect_text(ckptio_reader *r, const char *dir)
         const void *val;
         size_t len;
         if (ckptio_reader_meta(r, i, &key, &val, &len) < 0)
-            return cli_fail("inspect", "%s: metadata entry #%zu: %s", dir, i, ckptio_reader_errmsg(r));
+            return cli_fail("inspect", "%s: metadata entry #%zu: %s", dir, i,
+                            ckptio_reader_errmsg(r));
         fputs("  ", stdout);
         text_escaped(stdout, (const unsigned char *)key, strlen(key));
         fputs(" = ", stdout);
@@ -415,7 +458,8 @@ static int inspect_text(ckptio_reader *r, const char *dir)
         } else if (len > 200) {
             /* Cut at a UTF-8 boundary so the line stays valid text. */
             size_t cut = 200;
-            while (cut > 0 && (((const unsigned char *)val)[cut] & 0xC0) == 0x80) cut--;
+            while (cut > 0 && (((const unsigned char *)val)[cut] & 0xC0) == 0x80)
+                cut--;
             text_escaped(stdout, val, cut);
             printf("... (%zu bytes)\n", len);
         } else {
@@ -423,7 +467,8 @@ static int inspect_text(ckptio_reader *r, const char *dir)
             fputc('\n', stdout);
         }
     }
-    return fflush(stdout) == 0 ? CLI_OK : cli_fail("inspect", "writing the output: %s", strerror(errno));
+    return fflush(stdout) == 0 ? CLI_OK
+                               : cli_fail("inspect", "writing the output: %s", strerror(errno));
 }
 
 static int cmd_inspect(int argc, char **argv)
@@ -432,12 +477,18 @@ static int cmd_inspect(int argc, char **argv)
     bool json = false, opts = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (opts && !strcmp(a, "--json")) json = true;
-        else if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h"))) return cli_usage(stdout), CLI_OK;
-        else if (opts && !strcmp(a, "--")) opts = false;
-        else if (opts && a[0] == '-' && a[1]) return cli_usage_error("inspect: unknown option '%s'", a);
-        else if (dir) return cli_usage_error("inspect: more than one directory ('%s', '%s')", dir, a);
-        else dir = a;
+        if (opts && !strcmp(a, "--json"))
+            json = true;
+        else if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
+            return cli_usage(stdout), CLI_OK;
+        else if (opts && !strcmp(a, "--"))
+            opts = false;
+        else if (opts && a[0] == '-' && a[1])
+            return cli_usage_error("inspect: unknown option '%s'", a);
+        else if (dir)
+            return cli_usage_error("inspect: more than one directory ('%s', '%s')", dir, a);
+        else
+            dir = a;
     }
     if (!dir) return cli_usage_error("inspect: which checkpoint? (ckptio inspect DIR)");
     int rc;
@@ -458,11 +509,16 @@ static int cmd_verify(int argc, char **argv)
     bool opts = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h"))) return cli_usage(stdout), CLI_OK;
-        else if (opts && !strcmp(a, "--")) opts = false;
-        else if (opts && a[0] == '-' && a[1]) return cli_usage_error("verify: unknown option '%s'", a);
-        else if (dir) return cli_usage_error("verify: more than one directory ('%s', '%s')", dir, a);
-        else dir = a;
+        if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
+            return cli_usage(stdout), CLI_OK;
+        else if (opts && !strcmp(a, "--"))
+            opts = false;
+        else if (opts && a[0] == '-' && a[1])
+            return cli_usage_error("verify: unknown option '%s'", a);
+        else if (dir)
+            return cli_usage_error("verify: more than one directory ('%s', '%s')", dir, a);
+        else
+            dir = a;
     }
     if (!dir) return cli_usage_error("verify: which checkpoint? (ckptio verify DIR)");
     double t0 = cli_now();
@@ -473,7 +529,8 @@ static int cmd_verify(int argc, char **argv)
     uint64_t stored = 0, chunks = 0;
     for (size_t i = 0; i < nt; i++) {
         ckptio_tensor_info ti;
-        if (ckptio_reader_tensor(r, i, &ti) >= 0) stored += ti.stored_bytes, chunks += ti.num_chunks;
+        if (ckptio_reader_tensor(r, i, &ti) >= 0)
+            stored += ti.stored_bytes, chunks += ti.num_chunks;
     }
     /* One library call does the work, so the progress line can only show that time passes. */
     cli_progress_begin(0, "verifying %s (%" PRIu64 " stored bytes)", dir, stored);
@@ -489,8 +546,7 @@ static int cmd_verify(int argc, char **argv)
                    "Restore the checkpoint from another copy or save it again.\n",
                    dir, bad, chunks);
         else
-            printf("%s: could not read the checkpoint to the end (%s).\n", dir,
-                   ckptio_errname(rc));
+            printf("%s: could not read the checkpoint to the end (%s).\n", dir, ckptio_errname(rc));
         ckptio_reader_close(r);
         fflush(stdout);
         return CLI_FAIL;
@@ -514,11 +570,16 @@ static int cmd_doctor(int argc, char **argv)
     bool opts = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h"))) return cli_usage(stdout), CLI_OK;
-        else if (opts && !strcmp(a, "--")) opts = false;
-        else if (opts && a[0] == '-' && a[1]) return cli_usage_error("doctor: unknown option '%s'", a);
-        else if (dir) return cli_usage_error("doctor: more than one directory ('%s', '%s')", dir, a);
-        else dir = a;
+        if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
+            return cli_usage(stdout), CLI_OK;
+        else if (opts && !strcmp(a, "--"))
+            opts = false;
+        else if (opts && a[0] == '-' && a[1])
+            return cli_usage_error("doctor: unknown option '%s'", a);
+        else if (dir)
+            return cli_usage_error("doctor: more than one directory ('%s', '%s')", dir, a);
+        else
+            dir = a;
     }
     char small[4096];
     int n = ckptio_describe_system(dir, small, sizeof small);

@@ -132,6 +132,18 @@ static const uint64_t *dims_at(const ckptio__manifest *m, uint64_t i)
     return m->dims ? m->dims + i : none;
 }
 
+/* Elements of a shape; false on overflow. A zero dimension makes it 0 whatever the others are,
+ * so an empty [2^40, 2^40, 0] is not mistaken for an overflow. */
+static bool volume(const uint64_t *dims, uint32_t ndim, uint64_t *out)
+{
+    for (uint32_t d = 0; d < ndim; d++)
+        if (dims[d] == 0) {
+            *out = 0;
+            return true;
+        }
+    return ckptio__volume(dims, ndim, 1, out);
+}
+
 static bool in_range(uint64_t start, uint64_t n, uint64_t limit)
 {
     return start <= limit && n <= limit - start;
@@ -431,7 +443,7 @@ static int check_tensor(vctx *v, uint64_t ti)
                     U(t->dims), U(m->n_dims));
     const uint64_t *tshape = dims_at(m, t->dims);
     uint64_t tvol, tbytes;
-    if (!ckptio__volume(tshape, ndim, 1, &tvol) || !ckptio__mul(tvol, esize, &tbytes))
+    if (!volume(tshape, ndim, &tvol) || !ckptio__mul(tvol, esize, &tbytes))
         return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                     "tensor '%.*s': size of shape %s overflows 64 bits", TNAME(t),
                     fmt_dims(b1, sizeof b1, tshape, ndim));
@@ -463,8 +475,8 @@ static int check_tensor(vctx *v, uint64_t ti)
                             fmt_dims(b2, sizeof b2, shp, ndim),
                             fmt_dims(b3, sizeof b3, tshape, ndim));
         }
-        uint64_t vol = 1;
-        for (uint32_t d = 0; d < ndim; d++) vol *= shp[d]; /* <= tvol: the box is inside */
+        uint64_t vol;
+        (void)volume(shp, ndim, &vol); /* cannot overflow: the box lies inside the tensor */
         if (tvol == 0) {
             bool whole = true;
             for (uint32_t d = 0; d < ndim; d++) whole = whole && off[d] == 0 && shp[d] == tshape[d];

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The engine front: picks a backend, bounds the requests in flight and reads the CKPTIO_IO override. */
+/* The engine front: picks a backend, bounds requests in flight, reads the CKPTIO_IO override. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -12,9 +12,9 @@
 #include <liburing.h>
 #endif
 
-#define ENGINE_DEFAULT_DEPTH 16u
+#define ENGINE_DEFAULT_DEPTH   16u
 #define ENGINE_DEFAULT_THREADS 4u
-#define ENGINE_MAX_DEPTH 4096u /* io_uring's largest SQ ring is 32768; keep well below */
+#define ENGINE_MAX_DEPTH       4096u /* io_uring's largest SQ ring is 32768; keep well below */
 
 static pthread_once_t uring_once = PTHREAD_ONCE_INIT;
 static bool uring_ok;
@@ -124,8 +124,7 @@ int ckptio__engine_submit(ckptio__engine *e, ckptio__req *r)
     CKPTIO__RET_IF(!e || !r, CKPTIO_E_USAGE);
     CKPTIO__RET_IF(r->op != CKPTIO__OP_READ && r->op != CKPTIO__OP_WRITE, CKPTIO_E_USAGE);
     CKPTIO__RET_IF(r->len && !r->buf, CKPTIO_E_USAGE);
-    CKPTIO__RET_IF(r->off > (uint64_t)INT64_MAX || r->len > (uint64_t)INT64_MAX - r->off,
-                   -EINVAL);
+    CKPTIO__RET_IF(r->off > (uint64_t)INT64_MAX || r->len > (uint64_t)INT64_MAX - r->off, -EINVAL);
     /* Completed-but-unreaped requests still count: the caller owns at most `depth` slots. */
     CKPTIO__RET_IF(e->inflight >= e->depth, -EBUSY);
     r->res = 0;

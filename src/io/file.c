@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Opening data files (O_DIRECT where allowed, reads confined beneath a directory), alignment, fsync. */
+/* Data files: opening (O_DIRECT where allowed, reads kept beneath a dir), alignment, fsync. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,7 +12,7 @@
 #include "engine.h"
 
 #define DIO_DEFAULT_ALIGN 4096u
-#define DIO_MIN_ALIGN 512u
+#define DIO_MIN_ALIGN     512u
 
 /* Without openat2 (Linux < 5.6, or a seccomp filter that hides it): walk the name one
  * component at a time with O_NOFOLLOW, refusing absolute names and "..". Stricter than
@@ -57,7 +57,8 @@ static int open_beneath(int dirfd, const char *name, int oflags)
         .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
     };
     long fd;
-    do fd = syscall(SYS_openat2, dirfd, name, &how, sizeof how);
+    do
+        fd = syscall(SYS_openat2, dirfd, name, &how, sizeof how);
     while (fd < 0 && errno == EINTR);
     if (fd >= 0) return (int)fd;
     /* Old container seccomp profiles answer unknown syscalls with EPERM, newer with ENOSYS. */
@@ -87,7 +88,8 @@ int ckptio__file_open(int dirfd, const char *name, int flags, int want_direct, i
         CKPTIO__GOTO_IF(fstat(fd, &st) < 0, -errno);
         CKPTIO__GOTO_IF(!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode), -EINVAL);
     } else {
-        do fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        do
+            fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         while (fd < 0 && errno == EINTR);
         CKPTIO__GOTO_IF(fd < 0, -errno);
     }
@@ -100,18 +102,19 @@ int ckptio__file_open(int dirfd, const char *name, int flags, int want_direct, i
     fl &= ~O_NONBLOCK; /* io_uring would turn O_NONBLOCK into -EAGAIN completions */
     CKPTIO__GOTO_IF(fcntl(fd, F_SETFL, fl) < 0, -errno);
     if (want_direct != CKPTIO_OFF) {
-        if (fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) direct = 1;
-        else if (errno != EINVAL || want_direct == CKPTIO_ON) {
-            rc = -errno;
-            if (flags == CKPTIO__F_WRITE) unlinkat(dirfd, name, 0); /* we created it */
-            goto out;
-        }
+        if (fcntl(fd, F_SETFL, fl | O_DIRECT) == 0)
+            direct = 1;
+        else
+            CKPTIO__GOTO_IF(errno != EINVAL || want_direct == CKPTIO_ON, -errno);
     }
     *fd_out = fd;
     if (direct_out) *direct_out = direct;
     return 0;
 out:
-    if (fd >= 0) close(fd);
+    if (fd >= 0) {
+        close(fd);
+        if (flags == CKPTIO__F_WRITE) unlinkat(dirfd, name, 0); /* O_EXCL: we created it */
+    }
     return rc;
 }
 

@@ -31,7 +31,8 @@ int ckptio__pool_init(ckptio__pool *p, unsigned count, size_t buf_size)
     p->buf_size = (size_t)sz;
     p->count = count;
     /* Stacked so that the lowest buffer comes out first. */
-    for (unsigned i = 0; i < count; i++) p->free_list[i] = count - 1 - i;
+    for (unsigned i = 0; i < count; i++)
+        p->free_list[i] = count - 1 - i;
     p->nfree = count;
     return 0;
 }

@@ -30,8 +30,10 @@ typedef struct psync_state {
 static void list_push(req_list *l, ckptio__req *r)
 {
     r->next_ = NULL;
-    if (l->tail) l->tail->next_ = r;
-    else l->head = r;
+    if (l->tail)
+        l->tail->next_ = r;
+    else
+        l->head = r;
     l->tail = r;
 }
 
@@ -100,7 +102,8 @@ static void psync_fini(ckptio__engine *e)
     st->stop = true;
     pthread_cond_broadcast(&st->work);
     pthread_mutex_unlock(&st->lock);
-    for (unsigned i = 0; i < st->nthreads; i++) pthread_join(st->threads[i], NULL);
+    for (unsigned i = 0; i < st->nthreads; i++)
+        pthread_join(st->threads[i], NULL);
     pthread_cond_destroy(&st->finished);
     pthread_cond_destroy(&st->work);
     pthread_mutex_destroy(&st->lock);
@@ -155,7 +158,8 @@ static int psync_reap(ckptio__engine *e, ckptio__req **out, unsigned max, unsign
     psync_state *st = e->impl;
     unsigned n = 0;
     pthread_mutex_lock(&st->lock);
-    while (st->ncq < min) pthread_cond_wait(&st->finished, &st->lock);
+    while (st->ncq < min)
+        pthread_cond_wait(&st->finished, &st->lock);
     while (n < max && st->cq.head) {
         out[n++] = list_pop(&st->cq);
         st->ncq--;

@@ -2,6 +2,7 @@
 /* The sequential write ring shared by the checkpoint writer and the single-file writer. */
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -64,8 +65,25 @@ int ckptio__sink_drain(ckptio__sink *s)
     return first ? first : s->err;
 }
 
+/* Space is reserved ahead of the writes in large steps: ext4 serializes O_DIRECT writes that
+ * extend a file but runs writes inside its allocated size in parallel. Commit cuts the file to
+ * its true length. Where fallocate is unsupported or the device is nearly full, writes simply
+ * extend the file as they go. */
+#define RESERVE_STEP (256ull << 20)
+
+static void reserve(ckptio__sink *s, uint64_t end)
+{
+    if (s->reserved == UINT64_MAX || end <= s->reserved) return;
+    uint64_t want = ckptio__align_up(end, RESERVE_STEP);
+    if (fallocate(s->fd, 0, (off_t)s->reserved, (off_t)(want - s->reserved)) == 0)
+        s->reserved = want;
+    else
+        s->reserved = UINT64_MAX; /* EOPNOTSUPP, ENOSPC...: stop trying */
+}
+
 static int submit(ckptio__sink *s, void *buf, uint64_t off, uint64_t len, uint8_t *staging)
 {
+    if (s->direct) reserve(s, off + len);
     while (!s->n_free) CKPTIO__TRY(reap(s, 1));
     ckptio__sink_slot *slot = &s->slots[s->free_slots[--s->n_free]];
     slot->staging = staging;

@@ -26,6 +26,7 @@ typedef struct ckptio__sink {
     uint64_t cursor;   /* logical end of the file */
     uint64_t sent_end; /* end of the furthest range submitted */
     uint64_t io_bytes; /* bytes submitted, padding included */
+    uint64_t reserved; /* file space allocated ahead of the writes (0: not possible here) */
     int err;
     ckptio__engine *eng;
     ckptio__pool pool;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The io_uring backend: one ring per engine, one SQE per request at a time, remainders resubmitted. */
+/* The io_uring backend: one ring per engine, one SQE per request at a time, remainders resent. */
 #include "ckptio_config.h"
 
 #if CKPTIO_HAVE_IO_URING
@@ -26,8 +26,10 @@ typedef struct uring_state {
 static void list_push(req_list *l, ckptio__req *r)
 {
     r->next_ = NULL;
-    if (l->tail) l->tail->next_ = r;
-    else l->head = r;
+    if (l->tail)
+        l->tail->next_ = r;
+    else
+        l->head = r;
     l->tail = r;
 }
 
@@ -51,8 +53,10 @@ static bool prep(uring_state *st, ckptio__req *r)
     uint64_t left = r->len - r->done_;
     unsigned n = (unsigned)CKPTIO__MIN(left, (uint64_t)URING_MAX_CHUNK);
     uint8_t *p = (uint8_t *)r->buf + r->done_;
-    if (r->op == CKPTIO__OP_READ) io_uring_prep_read(sqe, r->fd, p, n, r->off + r->done_);
-    else io_uring_prep_write(sqe, r->fd, p, n, r->off + r->done_);
+    if (r->op == CKPTIO__OP_READ)
+        io_uring_prep_read(sqe, r->fd, p, n, r->off + r->done_);
+    else
+        io_uring_prep_write(sqe, r->fd, p, n, r->off + r->done_);
     io_uring_sqe_set_data(sqe, r);
     return true;
 }
@@ -86,12 +90,16 @@ static void harvest(uring_state *st)
         ckptio__req *r = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
         seen++;
-        if (res == -EINTR || res == -EAGAIN) list_push(&st->retry, r);
-        else if (res < 0) complete(st, r, res);
+        if (res == -EINTR || res == -EAGAIN)
+            list_push(&st->retry, r);
+        else if (res < 0)
+            complete(st, r, res);
         else if (res == 0) /* reads: end of file; a write that moves nothing would loop forever */
             complete(st, r, r->op == CKPTIO__OP_READ ? (int64_t)r->done_ : -EIO);
-        else if ((r->done_ += (uint64_t)res) >= r->len) complete(st, r, (int64_t)r->len);
-        else list_push(&st->retry, r);
+        else if ((r->done_ += (uint64_t)res) >= r->len)
+            complete(st, r, (int64_t)r->len);
+        else
+            list_push(&st->retry, r);
     }
     io_uring_cq_advance(&st->ring, seen);
 }
@@ -139,7 +147,8 @@ static int uring_reap(ckptio__engine *e, ckptio__req **out, unsigned max, unsign
             list_pop(&st->retry);
         int rc = flush(st);
         if (rc < 0 && n == 0) return rc;
-        while (n < max && st->done.head) out[n++] = list_pop(&st->done);
+        while (n < max && st->done.head)
+            out[n++] = list_pop(&st->done);
         if (n >= min || rc < 0) return (int)n;
         rc = io_uring_submit_and_wait(&st->ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)

@@ -1,0 +1,89 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio: save and load training state (numpy, PyTorch, JAX) at the storage device's speed.
+
+>>> import numpy as np, ckptio, tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "step-1000")
+>>> stats = ckptio.save({"w": np.ones((4, 4), np.float32), "step": 1000}, path)
+>>> state = ckptio.load(path)
+>>> state["step"], state["w"].dtype
+(1000, dtype('float32'))
+
+``ckptio.torch.save`` / ``ckptio.torch.load`` are drop-ins for torch.save / torch.load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import (
+    CheckpointError,
+    CheckpointExists,
+    CheckpointIOError,
+    CheckpointNotFound,
+    ChecksumMismatch,
+    CorruptCheckpoint,
+    DuplicateTensor,
+    IncompleteTensor,
+    Interrupted,
+    InvalidRequest,
+    LimitExceeded,
+    NotACheckpoint,
+    ShapeMismatch,
+    TensorNotFound,
+    Unsupported,
+    UnsupportedDtype,
+    UnsupportedFormat,
+)
+from . import _core
+from ._load import Reader, TensorInfo, last_load_stats, load, open
+from ._options import IO_OPTIONS, Stats
+from ._save import save
+
+__version__: str = "0.1.0"
+#: The version of the linked C library and the newest on-disk format it reads and writes.
+library_version: str = _core.version
+format_version: int = _core.format_version
+
+__all__ = [
+    "save",
+    "load",
+    "open",
+    "Reader",
+    "TensorInfo",
+    "Stats",
+    "IO_OPTIONS",
+    "last_load_stats",
+    "describe_system",
+    "CheckpointError",
+    "CheckpointExists",
+    "CheckpointIOError",
+    "CheckpointNotFound",
+    "ChecksumMismatch",
+    "CorruptCheckpoint",
+    "DuplicateTensor",
+    "IncompleteTensor",
+    "Interrupted",
+    "InvalidRequest",
+    "LimitExceeded",
+    "NotACheckpoint",
+    "ShapeMismatch",
+    "TensorNotFound",
+    "Unsupported",
+    "UnsupportedDtype",
+    "UnsupportedFormat",
+]
+
+
+def describe_system(directory: str | None = None) -> str:
+    """What this build and system offer (backends, io_uring, O_DIRECT for ``directory``), as
+    ``ckptio doctor`` prints it."""
+    return str(_core.describe_system(directory) if directory else _core.describe_system())
+
+
+def __getattr__(name: str) -> Any:
+    # ckptio.torch is imported on first use, so `import ckptio` never imports torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'ckptio' has no attribute {name!r}")

@@ -1,0 +1,1290 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ckptio._core: the thin, private CPython binding of include/ckptio.h that the Python API sits on. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CKPTIO_EXPERIMENTAL
+#define CKPTIO_EXPERIMENTAL
+#endif
+#include "ckptio.h"
+
+/* ckptio._errors._from_code(code, name, message) -> exception instance; set at import. */
+static PyObject *g_from_code;
+
+/* Raise the ckptio.CheckpointError subclass for `code` carrying `msg` (the C context message). */
+static PyObject *raise_code(int code, const char *msg)
+{
+    if (!msg || !msg[0]) msg = ckptio_strerror(code);
+    PyObject *exc = PyObject_CallFunction(g_from_code, "iss", code, ckptio_errname(code), msg);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* The parameters tuple built by ckptio._io.params(): fixed order, private to this package. */
+static int parse_params(PyObject *t, ckptio_params *p)
+{
+    ckptio_params_init(p);
+    if (t == NULL || t == Py_None) return 0;
+    unsigned long long threads, depth, staging, request;
+    int backend, direct, fsync_, checksums, overwrite;
+    if (!PyArg_ParseTuple(t, "KKKKiiiii;params must be a 9-tuple", &threads, &depth, &staging,
+                          &request, &backend, &direct, &fsync_, &checksums, &overwrite))
+        return -1;
+    p->io_threads = (uint32_t)threads;
+    p->queue_depth = (uint32_t)depth;
+    p->staging_bytes = staging;
+    p->request_bytes = request;
+    p->backend = backend;
+    p->direct = direct;
+    p->fsync = fsync_;
+    p->checksums = checksums;
+    p->overwrite = overwrite;
+    return 0;
+}
+
+static PyObject *stats_tuple(const ckptio_stats *s)
+{
+    return Py_BuildValue("KKKddsNI", (unsigned long long)s->bytes,
+                         (unsigned long long)s->io_bytes, (unsigned long long)s->tensors,
+                         s->seconds, s->gbps, s->backend, PyBool_FromLong(s->direct),
+                         (unsigned)s->alignment);
+}
+
+/* A tuple of ints -> uint64 dims; returns ndim or -1 with an exception set. */
+static int parse_dims(PyObject *seq, uint64_t *out, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > CKPTIO_MAX_NDIM) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; ckptio allows at most %d", what, n,
+                     CKPTIO_MAX_NDIM);
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[i] = v;
+    }
+    Py_DECREF(fast);
+    return (int)n;
+}
+
+static PyObject *dims_tuple(const uint64_t *d, uint32_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(d[i]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Buffer: page-aligned, writable, uninitialized memory that loads land in without a copy.     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t exports;
+} BufferObject;
+
+static PyTypeObject Buffer_Type;
+
+static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"nbytes", NULL};
+    Py_ssize_t n;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Buffer", kwlist, &n)) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "Buffer size %zd is negative", n);
+    BufferObject *self = (BufferObject *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    size_t align = ckptio_alignment();
+    size_t cap = ((size_t)n + align - 1) / align * align;
+    void *p = NULL;
+    if (posix_memalign(&p, align, cap ? cap : align) != 0) {
+        Py_DECREF(self);
+        return PyErr_Format(PyExc_MemoryError, "cannot allocate %zd aligned bytes", n);
+    }
+    self->data = p;
+    self->len = n;
+    return (PyObject *)self;
+}
+
+static void Buffer_dealloc(BufferObject *self)
+{
+    free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Buffer_getbuffer(BufferObject *self, Py_buffer *view, int flags)
+{
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 0, flags) < 0) return -1;
+    self->exports++;
+    return 0;
+}
+
+static void Buffer_releasebuffer(BufferObject *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+static PyBufferProcs Buffer_as_buffer = {
+    .bf_getbuffer = (getbufferproc)Buffer_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)Buffer_releasebuffer,
+};
+
+static Py_ssize_t Buffer_length(BufferObject *self) { return self->len; }
+
+static PySequenceMethods Buffer_as_sequence = {.sq_length = (lenfunc)Buffer_length};
+
+static PyObject *Buffer_address(BufferObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromVoidPtr(self->data);
+}
+
+static PyGetSetDef Buffer_getset[] = {
+    {"address", (getter)Buffer_address, NULL, "address of the first byte (page-aligned)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Buffer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ckptio._core.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_as_buffer = &Buffer_as_buffer,
+    .tp_as_sequence = &Buffer_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Buffer(nbytes): uninitialized memory aligned to ckptio_alignment(), capacity "
+              "rounded up to it.",
+    .tp_new = Buffer_new,
+    .tp_getset = Buffer_getset,
+};
+
+/* Destination of a read: a Buffer (fast path) or any writable buffer, plus an offset. Fills
+ * *ptr and *avail (bytes from ptr to the end); holds `view` if one was taken. */
+static int get_dst(PyObject *obj, Py_ssize_t off, Py_buffer *view, int *have_view, char **ptr,
+                   Py_ssize_t *avail)
+{
+    char *base;
+    Py_ssize_t len;
+    *have_view = 0;
+    if (Py_IS_TYPE(obj, &Buffer_Type)) {
+        base = ((BufferObject *)obj)->data;
+        len = ((BufferObject *)obj)->len;
+        /* A Buffer's memory extends to the next alignment boundary: usable as scratch. */
+        size_t a = ckptio_alignment();
+        len = (Py_ssize_t)(((size_t)len + a - 1) / a * a);
+    } else {
+        if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+        *have_view = 1;
+        base = view->buf;
+        len = view->len;
+    }
+    if (off < 0 || off > len) {
+        if (*have_view) PyBuffer_Release(view);
+        *have_view = 0;
+        PyErr_Format(PyExc_ValueError, "destination offset %zd outside a buffer of %zd bytes", off,
+                     len);
+        return -1;
+    }
+    *ptr = base + off;
+    *avail = len - off;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Writer                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    ckptio_writer *w;
+    int busy;
+    /* Buffers handed to ckptio_writer_add stay exported (and their owners alive) until the
+     * writer is closed: the header lets the library write aligned ones in place until commit. */
+    Py_buffer *views;
+    size_t n_views, cap_views;
+} WriterObject;
+
+static int busy_enter(int *busy, const char *what)
+{
+    if (*busy) {
+        PyErr_Format(PyExc_RuntimeError, "%s is in use by another thread", what);
+        return -1;
+    }
+    *busy = 1;
+    return 0;
+}
+
+static int writer_check(WriterObject *self)
+{
+    if (!self->w) {
+        PyErr_SetString(PyExc_ValueError, "writer is closed");
+        return -1;
+    }
+    return busy_enter(&self->busy, "this writer");
+}
+
+static void writer_release_views(WriterObject *self)
+{
+    for (size_t i = 0; i < self->n_views; i++) PyBuffer_Release(&self->views[i]);
+    PyMem_Free(self->views);
+    self->views = NULL;
+    self->n_views = self->cap_views = 0;
+}
+
+static void writer_close(WriterObject *self)
+{
+    ckptio_writer *w = self->w;
+    self->w = NULL;
+    if (w) {
+        Py_BEGIN_ALLOW_THREADS
+        ckptio_writer_close(w);
+        Py_END_ALLOW_THREADS
+    }
+    writer_release_views(self);
+}
+
+static int Writer_init(WriterObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "params", NULL};
+    PyObject *path_obj = NULL, *params = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O:Writer", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &params))
+        return -1;
+    ckptio_params p;
+    if (parse_params(params, &p) < 0) {
+        Py_DECREF(path_obj);
+        return -1;
+    }
+    if (self->w) writer_close(self);
+    const char *path = PyBytes_AS_STRING(path_obj);
+    ckptio_writer *w = NULL;
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_writer_open(&w, path, &p);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc < 0) {
+        raise_code(rc, msg);
+        return -1;
+    }
+    self->w = w;
+    return 0;
+}
+
+static void Writer_dealloc(WriterObject *self)
+{
+    writer_close(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int writer_fail(WriterObject *self, int rc)
+{
+    raise_code(rc, ckptio_writer_errmsg(self->w));
+    return -1;
+}
+
+/* One parsed add(): everything the C call needs, so the GIL can be released around it. */
+typedef struct {
+    const char *name;
+    int dtype;
+    int ndim;
+    int has_off, has_cshape;
+    uint64_t shape[CKPTIO_MAX_NDIM], off[CKPTIO_MAX_NDIM], cshape[CKPTIO_MAX_NDIM];
+    const void *data;
+    uint64_t nbytes;
+} add_item;
+
+static int views_reserve(WriterObject *self, size_t more)
+{
+    if (self->n_views + more <= self->cap_views) return 0;
+    size_t cap = self->cap_views ? self->cap_views * 2 : 64;
+    while (cap < self->n_views + more) cap *= 2;
+    Py_buffer *v = PyMem_Realloc(self->views, cap * sizeof *v);
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->views = v;
+    self->cap_views = cap;
+    return 0;
+}
+
+/* Parse (name, dtype, shape, data[, offset, chunk_shape]) into *it, exporting data's buffer
+ * into the writer's view list. */
+static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
+{
+    if (!PyTuple_Check(tup) || (PyTuple_GET_SIZE(tup) != 4 && PyTuple_GET_SIZE(tup) != 6)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "add: expected (name, dtype, shape, data[, offset, chunk_shape])");
+        return -1;
+    }
+    PyObject *name = PyTuple_GET_ITEM(tup, 0);
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "add: name must be a str");
+        return -1;
+    }
+    it->name = PyUnicode_AsUTF8(name);
+    if (!it->name) return -1;
+    it->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(tup, 1));
+    if (it->dtype == -1 && PyErr_Occurred()) return -1;
+    if ((it->ndim = parse_dims(PyTuple_GET_ITEM(tup, 2), it->shape, "shape")) < 0) return -1;
+    it->has_off = it->has_cshape = 0;
+    if (PyTuple_GET_SIZE(tup) == 6) {
+        PyObject *o = PyTuple_GET_ITEM(tup, 4), *c = PyTuple_GET_ITEM(tup, 5);
+        if (o != Py_None) {
+            int n = parse_dims(o, it->off, "chunk offset");
+            if (n < 0) return -1;
+            if (n != it->ndim) {
+                PyErr_Format(PyExc_ValueError, "tensor '%s': chunk offset has %d dims, shape %d",
+                             it->name, n, it->ndim);
+                return -1;
+            }
+            it->has_off = 1;
+        }
+        if (c != Py_None) {
+            int n = parse_dims(c, it->cshape, "chunk shape");
+            if (n < 0) return -1;
+            if (n != it->ndim) {
+                PyErr_Format(PyExc_ValueError, "tensor '%s': chunk shape has %d dims, shape %d",
+                             it->name, n, it->ndim);
+                return -1;
+            }
+            it->has_cshape = 1;
+        }
+    }
+    if (views_reserve(self, 1) < 0) return -1;
+    Py_buffer *v = &self->views[self->n_views];
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(tup, 3), v, PyBUF_C_CONTIGUOUS) < 0) {
+        /* Name the tensor: "a bytes-like object is required" alone says nothing. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_TypeError, "tensor '%s': data is not a C-contiguous buffer (%S)",
+                     it->name, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    self->n_views++;
+    it->data = v->buf;
+    it->nbytes = (uint64_t)v->len;
+    return 0;
+}
+
+static int do_add(ckptio_writer *w, const add_item *it)
+{
+    return ckptio_writer_add(w, it->name, it->dtype, (uint32_t)it->ndim, it->shape,
+                             it->has_off ? it->off : NULL, it->has_cshape ? it->cshape : NULL,
+                             it->data, it->nbytes);
+}
+
+static PyObject *Writer_add(WriterObject *self, PyObject *args)
+{
+    if (writer_check(self) < 0) return NULL;
+    add_item it;
+    int rc = 0;
+    if (parse_add(self, args, &it) < 0) goto out;
+    Py_BEGIN_ALLOW_THREADS
+    rc = do_add(self->w, &it);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) writer_fail(self, rc);
+out:
+    self->busy = 0;
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Items are added in groups with the GIL released once per group; between groups pending
+ * signals run, so Ctrl-C interrupts a long save within one group's time. */
+#define GROUP_ITEMS 512
+#define GROUP_BYTES (64ull << 20)
+
+static PyObject *Writer_add_many(WriterObject *self, PyObject *seq)
+{
+    if (writer_check(self) < 0) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "add_many expects a sequence of tuples");
+    add_item *group = NULL;
+    if (!fast) goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    group = PyMem_Malloc(sizeof *group * (size_t)(n < GROUP_ITEMS ? (n ? n : 1) : GROUP_ITEMS));
+    if (!group) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (views_reserve(self, (size_t)n) < 0) goto out;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t g = 0;
+        uint64_t bytes = 0;
+        while (i < n && g < GROUP_ITEMS && bytes < GROUP_BYTES) {
+            if (parse_add(self, items[i], &group[g]) < 0) goto out;
+            bytes += group[g].nbytes;
+            g++, i++;
+        }
+        int rc = 0;
+        Py_ssize_t done = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (; done < g; done++)
+            if ((rc = do_add(self->w, &group[done])) < 0) break;
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            writer_fail(self, rc);
+            goto out;
+        }
+        if (PyErr_CheckSignals() < 0) goto out;
+    }
+out:
+    PyMem_Free(group);
+    Py_XDECREF(fast);
+    self->busy = 0;
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_set_meta(WriterObject *self, PyObject *args)
+{
+    const char *key;
+    Py_buffer val;
+    if (!PyArg_ParseTuple(args, "sy*:set_meta", &key, &val)) return NULL;
+    if (writer_check(self) < 0) {
+        PyBuffer_Release(&val);
+        return NULL;
+    }
+    int rc = ckptio_writer_set_meta(self->w, key, val.buf, (size_t)val.len);
+    PyBuffer_Release(&val);
+    self->busy = 0;
+    if (rc < 0) {
+        writer_fail(self, rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_flush(WriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (writer_check(self) < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_writer_flush(self->w);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) {
+        writer_fail(self, rc);
+        return NULL;
+    }
+    writer_release_views(self); /* the header lets the caller reuse them now */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_commit(WriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (writer_check(self) < 0) return NULL;
+    int rc;
+    ckptio_stats st;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_writer_commit(self->w);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) {
+        writer_fail(self, rc);
+        return NULL;
+    }
+    ckptio_writer_stats(self->w, &st);
+    /* The data is on the device: the sources may go now. */
+    writer_release_views(self);
+    return stats_tuple(&st);
+}
+
+static PyObject *Writer_stats(WriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->w) return PyErr_Format(PyExc_ValueError, "writer is closed");
+    ckptio_stats st;
+    ckptio_writer_stats(self->w, &st);
+    return stats_tuple(&st);
+}
+
+static PyObject *Writer_close(WriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (busy_enter(&self->busy, "this writer") < 0) return NULL;
+    writer_close(self);
+    self->busy = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(self);
+}
+
+static PyObject *Writer_exit(WriterObject *self, PyObject *args)
+{
+    (void)args;
+    return Writer_close(self, NULL);
+}
+
+static PyObject *Writer_closed(WriterObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->w == NULL);
+}
+
+static PyMethodDef Writer_methods[] = {
+    {"add", (PyCFunction)Writer_add, METH_VARARGS,
+     "add(name, dtype, shape, data[, offset, chunk_shape]): add one tensor or chunk"},
+    {"add_many", (PyCFunction)Writer_add_many, METH_O,
+     "add_many(items): add() for each tuple, releasing the GIL once per group"},
+    {"set_meta", (PyCFunction)Writer_set_meta, METH_VARARGS, "set_meta(key, value: bytes)"},
+    {"flush", (PyCFunction)Writer_flush, METH_NOARGS, "wait until added buffers may be reused, and release them"},
+    {"commit", (PyCFunction)Writer_commit, METH_NOARGS, "make durable and visible; stats tuple"},
+    {"stats", (PyCFunction)Writer_stats, METH_NOARGS, "stats tuple so far"},
+    {"close", (PyCFunction)Writer_close, METH_NOARGS, "release; aborts without a commit"},
+    {"__enter__", (PyCFunction)Writer_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Writer_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Writer_getset[] = {
+    {"closed", (getter)Writer_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Writer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ckptio._core.Writer",
+    .tp_basicsize = sizeof(WriterObject),
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Writer(path, params=None): a checkpoint being written (ckptio_writer).",
+    .tp_methods = Writer_methods,
+    .tp_getset = Writer_getset,
+    .tp_init = (initproc)Writer_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reader                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    ckptio_reader *r;
+    int busy;
+} ReaderObject;
+
+static int reader_check(ReaderObject *self, int exclusive)
+{
+    if (!self->r) {
+        PyErr_SetString(PyExc_ValueError, "reader is closed");
+        return -1;
+    }
+    return exclusive ? busy_enter(&self->busy, "this reader") : 0;
+}
+
+static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "params", NULL};
+    PyObject *path_obj = NULL, *params = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O:Reader", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &params))
+        return -1;
+    ckptio_params p;
+    if (parse_params(params, &p) < 0) {
+        Py_DECREF(path_obj);
+        return -1;
+    }
+    const char *path = PyBytes_AS_STRING(path_obj);
+    ckptio_reader *r = NULL;
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_reader_open(&r, path, &p);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc < 0) {
+        raise_code(rc, msg);
+        return -1;
+    }
+    if (self->r) ckptio_reader_close(self->r);
+    self->r = r;
+    return 0;
+}
+
+static void Reader_dealloc(ReaderObject *self)
+{
+    ckptio_reader_close(self->r);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* [(name, dtype, shape, nbytes, num_chunks), ...] in name order. */
+static PyObject *Reader_tensors(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (reader_check(self, 0) < 0) return NULL;
+    size_t n = ckptio_reader_num_tensors(self->r);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        ckptio_tensor_info ti;
+        int rc = ckptio_reader_tensor(self->r, i, &ti);
+        if (rc < 0) {
+            Py_DECREF(list);
+            return raise_code(rc, ckptio_reader_errmsg(self->r));
+        }
+        PyObject *shape = dims_tuple(ti.shape, ti.ndim);
+        PyObject *t = shape ? Py_BuildValue("siNKK", ti.name, ti.dtype, shape,
+                                            (unsigned long long)ti.nbytes,
+                                            (unsigned long long)ti.num_chunks)
+                            : NULL;
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
+}
+
+static PyObject *Reader_find(ReaderObject *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:find", &name)) return NULL;
+    if (reader_check(self, 0) < 0) return NULL;
+    int64_t i = ckptio_reader_find(self->r, name);
+    return PyLong_FromLongLong(i < 0 ? -1 : i);
+}
+
+/* [(offset, shape, file, file_offset, stored_bytes, nbytes), ...] of tensor `index`. */
+static PyObject *Reader_chunks(ReaderObject *self, PyObject *args)
+{
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "n:chunks", &index)) return NULL;
+    if (reader_check(self, 0) < 0) return NULL;
+    ckptio_tensor_info ti;
+    int rc = index < 0 ? CKPTIO_E_NOT_FOUND : ckptio_reader_tensor(self->r, (size_t)index, &ti);
+    if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
+    PyObject *list = PyList_New((Py_ssize_t)ti.num_chunks);
+    if (!list) return NULL;
+    for (uint64_t c = 0; c < ti.num_chunks; c++) {
+        ckptio_chunk_info ci;
+        rc = ckptio_reader_chunk(self->r, (size_t)index, (size_t)c, &ci);
+        if (rc < 0) {
+            Py_DECREF(list);
+            return raise_code(rc, ckptio_reader_errmsg(self->r));
+        }
+        PyObject *o = dims_tuple(ci.offset, ti.ndim), *s = dims_tuple(ci.shape, ti.ndim);
+        PyObject *t = (o && s) ? Py_BuildValue("NNsKKK", o, s, ci.file,
+                                               (unsigned long long)ci.file_offset,
+                                               (unsigned long long)ci.stored_bytes,
+                                               (unsigned long long)ci.nbytes)
+                               : NULL;
+        if (!t) {
+            if (!(o && s)) {
+                Py_XDECREF(o);
+                Py_XDECREF(s);
+            }
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)c, t);
+    }
+    return list;
+}
+
+static PyObject *Reader_meta(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (reader_check(self, 0) < 0) return NULL;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    size_t n = ckptio_reader_num_meta(self->r);
+    for (size_t i = 0; i < n; i++) {
+        const char *key;
+        const void *val;
+        size_t len;
+        int rc = ckptio_reader_meta(self->r, i, &key, &val, &len);
+        if (rc < 0) {
+            Py_DECREF(d);
+            return raise_code(rc, ckptio_reader_errmsg(self->r));
+        }
+        PyObject *v = PyBytes_FromStringAndSize(val, (Py_ssize_t)len);
+        if (!v || PyDict_SetItemString(d, key, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *Reader_get_meta(ReaderObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get_meta", &key)) return NULL;
+    if (reader_check(self, 0) < 0) return NULL;
+    const void *val;
+    size_t len;
+    int rc = ckptio_reader_get_meta(self->r, key, &val, &len);
+    if (rc == CKPTIO_E_NOT_FOUND) Py_RETURN_NONE;
+    if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
+    return PyBytes_FromStringAndSize(val, (Py_ssize_t)len);
+}
+
+/* read([(tensor_index, offset|None, shape|None, dst, dst_offset, capacity), ...]): one
+ * ckptio_reader_read call for all regions, with the GIL released. */
+static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
+{
+    if (reader_check(self, 1) < 0) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "read expects a sequence of regions");
+    ckptio_region *regs = NULL;
+    uint64_t *dims = NULL;
+    Py_buffer *views = NULL;
+    size_t n_views = 0;
+    if (!fast) goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    size_t nr = (size_t)(n ? n : 1);
+    regs = PyMem_Calloc(nr, sizeof *regs);
+    views = PyMem_Calloc(nr, sizeof *views);
+    /* Offsets and shapes: allocated as needed in one array of 2 * ndim per region. */
+    size_t n_dims = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = items[i];
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 6) {
+            PyErr_SetString(PyExc_TypeError,
+                            "read: region must be (index, offset, shape, dst, dst_offset, capacity)");
+            goto out;
+        }
+        if (PyTuple_GET_ITEM(t, 1) != Py_None || PyTuple_GET_ITEM(t, 2) != Py_None)
+            n_dims += 2 * CKPTIO_MAX_NDIM;
+    }
+    dims = PyMem_Malloc(sizeof *dims * (n_dims ? n_dims : 1));
+    if (!regs || !views || !dims) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    size_t used = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = items[i];
+        ckptio_region *rg = &regs[i];
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0));
+        if (index == -1 && PyErr_Occurred()) goto out;
+        if (index < 0) {
+            PyErr_SetString(PyExc_ValueError, "read: tensor index is negative");
+            goto out;
+        }
+        rg->name = NULL;
+        rg->tensor = (size_t)index;
+        PyObject *o = PyTuple_GET_ITEM(t, 1), *s = PyTuple_GET_ITEM(t, 2);
+        if (o != Py_None) {
+            if (parse_dims(o, dims + used, "region offset") < 0) goto out;
+            rg->offset = dims + used;
+            used += CKPTIO_MAX_NDIM;
+        }
+        if (s != Py_None) {
+            if (parse_dims(s, dims + used, "region shape") < 0) goto out;
+            rg->shape = dims + used;
+            used += CKPTIO_MAX_NDIM;
+        }
+        Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
+        if (off == -1 && PyErr_Occurred()) goto out;
+        unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 5));
+        if (cap == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        char *ptr;
+        Py_ssize_t avail;
+        int have_view;
+        if (get_dst(PyTuple_GET_ITEM(t, 3), off, &views[n_views], &have_view, &ptr, &avail) < 0)
+            goto out;
+        if (have_view) n_views++;
+        if (cap > (unsigned long long)avail) {
+            PyErr_Format(PyExc_ValueError,
+                         "read: capacity %llu exceeds the %zd bytes left in the destination", cap,
+                         avail);
+            goto out;
+        }
+        rg->dst = ptr;
+        rg->capacity = cap;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_reader_read(self->r, regs, (size_t)n);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) raise_code(rc, ckptio_reader_errmsg(self->r));
+out:
+    for (size_t i = 0; i < n_views; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(regs);
+    PyMem_Free(dims);
+    Py_XDECREF(fast);
+    self->busy = 0;
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_verify(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (reader_check(self, 1) < 0) return NULL;
+    uint64_t bad = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_reader_verify(self->r, &bad);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
+    return PyLong_FromUnsignedLongLong(bad);
+}
+
+static PyObject *Reader_stats(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (reader_check(self, 0) < 0) return NULL;
+    ckptio_stats st;
+    ckptio_reader_stats(self->r, &st);
+    return stats_tuple(&st);
+}
+
+static PyObject *Reader_close(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (busy_enter(&self->busy, "this reader") < 0) return NULL;
+    ckptio_reader *r = self->r;
+    self->r = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ckptio_reader_close(r);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_exit(ReaderObject *self, PyObject *args)
+{
+    (void)args;
+    return Reader_close(self, NULL);
+}
+
+static PyObject *Reader_closed(ReaderObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->r == NULL);
+}
+
+static PyObject *Reader_path(ReaderObject *self, void *closure)
+{
+    (void)closure;
+    if (reader_check(self, 0) < 0) return NULL;
+    return PyUnicode_DecodeFSDefault(ckptio_reader_path(self->r));
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"tensors", (PyCFunction)Reader_tensors, METH_NOARGS,
+     "[(name, dtype, shape, nbytes, num_chunks)] in name order"},
+    {"find", (PyCFunction)Reader_find, METH_VARARGS, "find(name) -> index or -1"},
+    {"chunks", (PyCFunction)Reader_chunks, METH_VARARGS,
+     "chunks(index) -> [(offset, shape, file, file_offset, stored_bytes, nbytes)]"},
+    {"meta", (PyCFunction)Reader_meta, METH_NOARGS, "all metadata as {key: bytes}"},
+    {"get_meta", (PyCFunction)Reader_get_meta, METH_VARARGS, "get_meta(key) -> bytes or None"},
+    {"read", (PyCFunction)Reader_read, METH_O,
+     "read([(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
+    {"verify", (PyCFunction)Reader_verify, METH_NOARGS, "check every checksum"},
+    {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "stats tuple"},
+    {"close", (PyCFunction)Reader_close, METH_NOARGS, "release the reader"},
+    {"__enter__", (PyCFunction)Writer_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Reader_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Reader_getset[] = {
+    {"closed", (getter)Reader_closed, NULL, "True once closed", NULL},
+    {"path", (getter)Reader_path, NULL, "the checkpoint directory", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Reader_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ckptio._core.Reader",
+    .tp_basicsize = sizeof(ReaderObject),
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reader(path, params=None): a committed checkpoint open for reading.",
+    .tp_methods = Reader_methods,
+    .tp_getset = Reader_getset,
+    .tp_init = (initproc)Reader_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* FileWriter: a binary file object over ckptio_file_writer (for torch.save's zip archive)    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    ckptio_file_writer *f;
+    int busy;
+} FileWriterObject;
+
+static int fw_check(FileWriterObject *self)
+{
+    if (!self->f) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on closed file");
+        return -1;
+    }
+    return busy_enter(&self->busy, "this file");
+}
+
+static int FileWriter_init(FileWriterObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "params", NULL};
+    PyObject *path_obj = NULL, *params = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O:FileWriter", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &params))
+        return -1;
+    ckptio_params p;
+    if (parse_params(params, &p) < 0) {
+        Py_DECREF(path_obj);
+        return -1;
+    }
+    const char *path = PyBytes_AS_STRING(path_obj);
+    ckptio_file_writer *f = NULL;
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_file_writer_open(&f, path, &p);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc < 0) {
+        raise_code(rc, msg);
+        return -1;
+    }
+    if (self->f) ckptio_file_writer_close(self->f);
+    self->f = f;
+    return 0;
+}
+
+static void FileWriter_dealloc(FileWriterObject *self)
+{
+    ckptio_file_writer_close(self->f);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *FileWriter_write(FileWriterObject *self, PyObject *arg)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (fw_check(self) < 0) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    int rc;
+    /* Small writes (zip headers) are not worth a GIL round trip. */
+    if (v.len < 65536) {
+        rc = ckptio_file_writer_write(self->f, v.buf, (size_t)v.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ckptio_file_writer_write(self->f, v.buf, (size_t)v.len);
+        Py_END_ALLOW_THREADS
+    }
+    Py_ssize_t len = v.len;
+    PyBuffer_Release(&v);
+    self->busy = 0;
+    if (rc < 0) return raise_code(rc, ckptio_file_writer_errmsg(self->f));
+    if (len >= (64 << 20) && PyErr_CheckSignals() < 0) return NULL;
+    return PyLong_FromSsize_t(len);
+}
+
+static PyObject *FileWriter_tell(FileWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->f) return PyErr_Format(PyExc_ValueError, "I/O operation on closed file");
+    return PyLong_FromUnsignedLongLong(ckptio_file_writer_tell(self->f));
+}
+
+static PyObject *FileWriter_flush(FileWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->f) return PyErr_Format(PyExc_ValueError, "I/O operation on closed file");
+    Py_RETURN_NONE; /* durability is commit's job */
+}
+
+static PyObject *FileWriter_commit(FileWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (fw_check(self) < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_file_writer_commit(self->f);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) return raise_code(rc, ckptio_file_writer_errmsg(self->f));
+    ckptio_stats st;
+    ckptio_file_writer_stats(self->f, &st);
+    return stats_tuple(&st);
+}
+
+static PyObject *FileWriter_close(FileWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (busy_enter(&self->busy, "this file") < 0) return NULL;
+    ckptio_file_writer *f = self->f;
+    self->f = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ckptio_file_writer_close(f);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *FileWriter_exit(FileWriterObject *self, PyObject *args)
+{
+    (void)args;
+    return FileWriter_close(self, NULL);
+}
+
+static PyObject *ret_true(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *ret_false(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *FileWriter_closed(FileWriterObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->f == NULL);
+}
+
+static PyMethodDef FileWriter_methods[] = {
+    {"write", (PyCFunction)FileWriter_write, METH_O,
+     "write(b): append bytes (copied before returning); returns len(b)"},
+    {"tell", (PyCFunction)FileWriter_tell, METH_NOARGS, "bytes written so far"},
+    {"flush", (PyCFunction)FileWriter_flush, METH_NOARGS, "no-op: commit() makes the file durable"},
+    {"commit", (PyCFunction)FileWriter_commit, METH_NOARGS,
+     "make the file durable and visible at its path; stats tuple"},
+    {"close", (PyCFunction)FileWriter_close, METH_NOARGS, "release; without commit, discard"},
+    {"writable", (PyCFunction)ret_true, METH_NOARGS, NULL},
+    {"readable", (PyCFunction)ret_false, METH_NOARGS, NULL},
+    {"seekable", (PyCFunction)ret_false, METH_NOARGS, NULL},
+    {"__enter__", (PyCFunction)Writer_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)FileWriter_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef FileWriter_getset[] = {
+    {"closed", (getter)FileWriter_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FileWriter_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ckptio._core.FileWriter",
+    .tp_basicsize = sizeof(FileWriterObject),
+    .tp_dealloc = (destructor)FileWriter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "FileWriter(path, params=None): a write-only binary file committed atomically.",
+    .tp_methods = FileWriter_methods,
+    .tp_getset = FileWriter_getset,
+    .tp_init = (initproc)FileWriter_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Module functions                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* file_read(path, [(file_offset, length, dst, dst_offset)], params) -> stats tuple */
+static PyObject *mod_file_read(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *seq, *params = Py_None, *result = NULL, *fast = NULL;
+    ckptio_range *ranges = NULL;
+    Py_buffer *views = NULL;
+    size_t n_views = 0;
+    if (!PyArg_ParseTuple(args, "O&O|O:file_read", PyUnicode_FSConverter, &path_obj, &seq,
+                          &params))
+        return NULL;
+    ckptio_params p;
+    if (parse_params(params, &p) < 0) goto out;
+    fast = PySequence_Fast(seq, "file_read expects a sequence of ranges");
+    if (!fast) goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    ranges = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ranges);
+    views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
+    if (!ranges || !views) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long off, len;
+        PyObject *dst;
+        Py_ssize_t doff;
+        if (!PyArg_ParseTuple(items[i], "KKOn;range must be (offset, length, dst, dst_offset)",
+                              &off, &len, &dst, &doff))
+            goto out;
+        char *ptr;
+        Py_ssize_t avail;
+        int have_view;
+        if (get_dst(dst, doff, &views[n_views], &have_view, &ptr, &avail) < 0) goto out;
+        if (have_view) n_views++;
+        if (len > (unsigned long long)avail) {
+            PyErr_Format(PyExc_ValueError, "file_read: %llu bytes do not fit in %zd", len, avail);
+            goto out;
+        }
+        ranges[i] = (ckptio_range){.offset = off, .len = len, .dst = ptr};
+    }
+    ckptio_stats st;
+    memset(&st, 0, sizeof st);
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_file_read(PyBytes_AS_STRING(path_obj), ranges, (size_t)n, &p, &st);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        raise_code(rc, msg);
+        goto out;
+    }
+    result = stats_tuple(&st);
+out:
+    for (size_t i = 0; i < n_views; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(ranges);
+    Py_XDECREF(fast);
+    Py_XDECREF(path_obj);
+    return result;
+}
+
+static PyObject *mod_describe_system(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *dir_obj = NULL;
+    if (!PyArg_ParseTuple(args, "|O&:describe_system", PyUnicode_FSConverter, &dir_obj))
+        return NULL;
+    const char *dir = dir_obj ? PyBytes_AS_STRING(dir_obj) : NULL;
+    char small[4096];
+    int need;
+    Py_BEGIN_ALLOW_THREADS
+    need = ckptio_describe_system(dir, small, sizeof small);
+    Py_END_ALLOW_THREADS
+    PyObject *res;
+    if (need < (int)sizeof small) {
+        res = PyUnicode_FromString(small);
+    } else {
+        char *big = PyMem_Malloc((size_t)need + 1);
+        if (!big) {
+            Py_XDECREF(dir_obj);
+            return PyErr_NoMemory();
+        }
+        ckptio_describe_system(dir, big, (size_t)need + 1);
+        res = PyUnicode_FromString(big);
+        PyMem_Free(big);
+    }
+    Py_XDECREF(dir_obj);
+    return res;
+}
+
+static PyObject *mod_strerror(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    int code = (int)PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    return Py_BuildValue("ss", ckptio_errname(code), ckptio_strerror(code));
+}
+
+static PyObject *mod_dtypes(PyObject *mod, PyObject *unused)
+{
+    (void)mod, (void)unused;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+#define X(name, value, text, size)                                                             \
+    do {                                                                                       \
+        PyObject *v = Py_BuildValue("(ii)", value, (int)ckptio_dtype_size(value));             \
+        if (!v || PyDict_SetItemString(d, text, v) < 0) {                                      \
+            Py_XDECREF(v);                                                                     \
+            Py_DECREF(d);                                                                      \
+            return NULL;                                                                       \
+        }                                                                                      \
+        Py_DECREF(v);                                                                          \
+    } while (0);
+    CKPTIO_DTYPE_TABLE(X)
+#undef X
+    return d;
+}
+
+static PyMethodDef module_methods[] = {
+    {"file_read", mod_file_read, METH_VARARGS,
+     "file_read(path, [(offset, length, dst, dst_offset)], params=None) -> stats tuple"},
+    {"describe_system", mod_describe_system, METH_VARARGS, "describe_system(dir=None) -> str"},
+    {"strerror", mod_strerror, METH_O, "strerror(code) -> (name, description)"},
+    {"dtypes", mod_dtypes, METH_NOARGS, "{name: (code, itemsize)} of the library's dtypes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, .m_name = "ckptio._core",
+    .m_doc = "Private binding of libckptio; use the ckptio package instead.",
+    .m_size = -1, .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    PyObject *errors = PyImport_ImportModule("ckptio._errors");
+    if (!errors) return NULL;
+    g_from_code = PyObject_GetAttrString(errors, "_from_code");
+    Py_DECREF(errors);
+    if (!g_from_code) return NULL;
+    if (PyType_Ready(&Buffer_Type) < 0 || PyType_Ready(&Writer_Type) < 0 ||
+        PyType_Ready(&Reader_Type) < 0 || PyType_Ready(&FileWriter_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&Buffer_Type) < 0 ||
+        PyModule_AddObjectRef(m, "Writer", (PyObject *)&Writer_Type) < 0 ||
+        PyModule_AddObjectRef(m, "Reader", (PyObject *)&Reader_Type) < 0 ||
+        PyModule_AddObjectRef(m, "FileWriter", (PyObject *)&FileWriter_Type) < 0 ||
+        PyModule_AddStringConstant(m, "version", ckptio_version_string()) < 0 ||
+        PyModule_AddIntConstant(m, "format_version", (long)ckptio_format_version()) < 0 ||
+        PyModule_AddIntConstant(m, "alignment", (long)ckptio_alignment()) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_NDIM", CKPTIO_MAX_NDIM) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_NAME", CKPTIO_MAX_NAME) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

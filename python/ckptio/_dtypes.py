@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Dtype tables: ckptio's on-disk dtype codes and their numpy, ml_dtypes and torch equivalents."""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+# The on-disk codes of include/ckptio.h (CKPTIO_DTYPE_TABLE); they never change.
+BOOL, U8, I8, U16, I16, U32, I32, U64, I64 = 1, 2, 3, 4, 5, 6, 7, 8, 9
+F16, BF16, F32, F64, C64, C128, F8_E4M3FN, F8_E5M2, BYTES = 10, 11, 12, 13, 14, 15, 16, 17, 18
+
+NAMES = {
+    BOOL: "bool", U8: "u8", I8: "i8", U16: "u16", I16: "i16", U32: "u32", I32: "i32",
+    U64: "u64", I64: "i64", F16: "f16", BF16: "bf16", F32: "f32", F64: "f64", C64: "c64",
+    C128: "c128", F8_E4M3FN: "f8_e4m3fn", F8_E5M2: "f8_e5m2", BYTES: "bytes",
+}  # fmt: skip
+
+ITEMSIZE = {
+    BOOL: 1, U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, U64: 8, I64: 8, F16: 2, BF16: 2,
+    F32: 4, F64: 8, C64: 8, C128: 16, F8_E4M3FN: 1, F8_E5M2: 1, BYTES: 1,
+}  # fmt: skip
+
+# An unsigned integer dtype of each element size: how bytes are viewed when no better fits.
+_RAW_NP = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+           8: np.dtype(np.uint64)}  # fmt: skip
+
+
+def ml_dtypes() -> Any:
+    """The ml_dtypes module, or None when it is not installed."""
+    try:
+        import ml_dtypes as m
+    except ImportError:  # pragma: no cover - ml_dtypes comes with jax and our requirements
+        return None
+    return m
+
+
+@cache
+def np_to_code() -> dict[np.dtype[Any], int]:
+    """numpy dtype (native byte order) -> ckptio code, for the dtypes stored as themselves."""
+    table: dict[np.dtype[Any], int] = {
+        np.dtype(np.bool_): BOOL, np.dtype(np.uint8): U8, np.dtype(np.int8): I8,
+        np.dtype(np.uint16): U16, np.dtype(np.int16): I16, np.dtype(np.uint32): U32,
+        np.dtype(np.int32): I32, np.dtype(np.uint64): U64, np.dtype(np.int64): I64,
+        np.dtype(np.float16): F16, np.dtype(np.float32): F32, np.dtype(np.float64): F64,
+        np.dtype(np.complex64): C64, np.dtype(np.complex128): C128,
+    }  # fmt: skip
+    m = ml_dtypes()
+    if m is not None:
+        table[np.dtype(m.bfloat16)] = BF16
+        table[np.dtype(m.float8_e4m3fn)] = F8_E4M3FN
+        table[np.dtype(m.float8_e5m2)] = F8_E5M2
+    return table
+
+
+@cache
+def code_to_np() -> dict[int, np.dtype[Any]]:
+    """ckptio code -> numpy dtype (bf16 and float8 need ml_dtypes; without it they are absent)."""
+    table = {code: dt for dt, code in np_to_code().items()}
+    table[BYTES] = np.dtype(np.uint8)
+    return table
+
+
+def np_dtype_name(dt: np.dtype[Any]) -> str:
+    """A name np_dtype_from_name() turns back into ``dt`` (for dtypes stored as raw bytes)."""
+    m = ml_dtypes()
+    if m is not None and dt.kind == "V" and dt.names is None and hasattr(m, dt.name):
+        return "ml_dtypes:" + dt.name
+    return dt.str
+
+
+def np_dtype_from_name(name: str) -> np.dtype[Any]:
+    if name.startswith("ml_dtypes:"):
+        m = ml_dtypes()
+        if m is None:
+            raise TypeError(f"dtype {name[10:]} needs the ml_dtypes package")
+        return np.dtype(getattr(m, name[10:]))
+    return np.dtype(name)
+
+
+def np_for_code(code: int, torch_name: str | None = None) -> np.dtype[Any]:
+    """The numpy dtype to load a tensor stored as ``code`` (saved from torch as ``torch_name``)."""
+    if torch_name is not None and code == BYTES:
+        m = ml_dtypes()
+        base = torch_name.removeprefix("torch.")
+        if m is not None and hasattr(m, base):
+            return np.dtype(getattr(m, base))
+        raise TypeError(f"torch.{base} has no numpy equivalent; load it with framework='torch'")
+    dt = code_to_np().get(code)
+    if dt is None:
+        raise TypeError(f"dtype {NAMES.get(code, code)} needs the ml_dtypes package")
+    return dt
+
+
+def raw_np(itemsize: int) -> np.dtype[Any]:
+    return _RAW_NP[itemsize]
+
+
+# ---- torch ----
+
+
+@cache
+def torch_tables() -> tuple[dict[Any, int], dict[int, Any], dict[Any, Any]]:
+    """(torch dtype -> code, code -> torch dtype, torch dtype -> same-size integer view dtype
+    for dtypes numpy cannot hold)."""
+    torch = sys.modules["torch"]
+    to_code = {
+        torch.bool: BOOL, torch.uint8: U8, torch.int8: I8, torch.int16: I16,
+        torch.int32: I32, torch.int64: I64, torch.float16: F16, torch.bfloat16: BF16,
+        torch.float32: F32, torch.float64: F64, torch.complex64: C64, torch.complex128: C128,
+    }  # fmt: skip
+    for name, code in (("uint16", U16), ("uint32", U32), ("uint64", U64),
+                       ("float8_e4m3fn", F8_E4M3FN), ("float8_e5m2", F8_E5M2)):  # fmt: skip
+        if hasattr(torch, name):
+            to_code[getattr(torch, name)] = code
+    from_code = {code: dt for dt, code in to_code.items()}
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    numpy_ok = {
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    }  # fmt: skip
+    for name in ("uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            numpy_ok.add(getattr(torch, name))
+    view_as: dict[Any, Any] = {}
+    for name in dir(torch):
+        dt = getattr(torch, name)
+        if isinstance(dt, torch.dtype) and dt not in numpy_ok and dt.itemsize in ints:
+            view_as[dt] = ints[dt.itemsize]
+    return to_code, from_code, view_as
+
+
+def torch_dtype_from_name(name: str) -> Any:
+    torch = sys.modules["torch"]
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise TypeError(f"this torch has no dtype {name}")
+    return dt
+
+
+def torch_for_np(dt: np.dtype[Any]) -> Any:
+    """The torch dtype holding numpy dtype ``dt``, or None."""
+    to_code, from_code, _ = torch_tables()
+    code = np_to_code().get(dt)
+    if code is not None:
+        return from_code.get(code)
+    m = ml_dtypes()
+    if m is not None and dt.kind == "V":
+        return getattr(sys.modules["torch"], dt.name, None)
+    return None

@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The exceptions ckptio raises, one class per family of libckptio error codes."""
+
+from __future__ import annotations
+
+import errno as _errno
+
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpoint",
+    "ChecksumMismatch",
+    "CheckpointExists",
+    "NotACheckpoint",
+    "TensorNotFound",
+    "UnsupportedFormat",
+    "UnsupportedDtype",
+    "ShapeMismatch",
+    "DuplicateTensor",
+    "IncompleteTensor",
+    "LimitExceeded",
+    "InvalidRequest",
+    "Unsupported",
+    "Interrupted",
+    "CheckpointIOError",
+    "CheckpointNotFound",
+]
+
+
+class CheckpointError(Exception):
+    """Base class of every error ckptio reports.
+
+    ``code`` is the libckptio return code (negative: ``-errno`` or a ``CKPTIO_E_*`` value),
+    ``name`` its symbolic name, and ``str(e)`` the library's message, which names the path and,
+    where one is involved, the tensor.
+
+    >>> import ckptio
+    >>> try:
+    ...     ckptio.open("/nonexistent/ckpt")
+    ... except ckptio.CheckpointError as e:
+    ...     print(type(e).__name__, e.name)
+    CheckpointNotFound ENOENT
+    """
+
+    code: int = 0
+    name: str = ""
+
+    def __init__(self, message: str, code: int = 0, name: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """The manifest or the data is damaged (CKPTIO_E_CORRUPT)."""
+
+
+class ChecksumMismatch(CorruptCheckpoint):
+    """Stored bytes do not match their checksum (CKPTIO_E_CHECKSUM)."""
+
+
+class CheckpointExists(CheckpointError, FileExistsError):
+    """The destination exists and ``overwrite`` was not given (CKPTIO_E_EXISTS)."""
+
+
+class NotACheckpoint(CheckpointError):
+    """The path is not a committed checkpoint, e.g. an unfinished save (CKPTIO_E_NOT_CHECKPOINT)."""
+
+
+class TensorNotFound(CheckpointError, KeyError):
+    """No tensor or key by that name (CKPTIO_E_NOT_FOUND)."""
+
+
+class UnsupportedFormat(CheckpointError):
+    """The checkpoint uses a newer on-disk format (CKPTIO_E_FORMAT)."""
+
+
+class UnsupportedDtype(CheckpointError, TypeError):
+    """A dtype ckptio cannot store or a framework cannot represent (CKPTIO_E_DTYPE)."""
+
+
+class ShapeMismatch(CheckpointError, ValueError):
+    """Shapes, offsets, regions or buffer sizes disagree (CKPTIO_E_SHAPE/_RANGE/_BUFFER)."""
+
+
+class DuplicateTensor(CheckpointError, ValueError):
+    """Two tensors with one name, or overlapping chunks (CKPTIO_E_DUPLICATE)."""
+
+
+class IncompleteTensor(CheckpointError, ValueError):
+    """A tensor's chunks do not cover it (CKPTIO_E_INCOMPLETE)."""
+
+
+class LimitExceeded(CheckpointError, ValueError):
+    """A size or count beyond the format's limits (CKPTIO_E_LIMIT)."""
+
+
+class InvalidRequest(CheckpointError, ValueError):
+    """An invalid argument or call (CKPTIO_E_USAGE, CKPTIO_E_STATE)."""
+
+
+class Unsupported(CheckpointError):
+    """A feature this build or system lacks (CKPTIO_E_UNSUPPORTED)."""
+
+
+class Interrupted(CheckpointError):
+    """The operation was cancelled (CKPTIO_E_INTERRUPTED)."""
+
+
+class CheckpointIOError(CheckpointError, OSError):
+    """A system error (``-errno``); ``errno`` is set as for OSError."""
+
+    def __init__(self, message: str, code: int = 0, name: str = "") -> None:
+        OSError.__init__(self, -code if code < 0 else code, message)
+        self.code = code
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class CheckpointNotFound(CheckpointIOError, FileNotFoundError):
+    """The path does not exist (ENOENT)."""
+
+
+_BY_CODE: dict[int, type[CheckpointError]] = {
+    -4001: InvalidRequest,
+    -4002: InvalidRequest,
+    -4003: UnsupportedDtype,
+    -4004: ShapeMismatch,
+    -4005: DuplicateTensor,
+    -4006: IncompleteTensor,
+    -4007: CheckpointExists,
+    -4008: NotACheckpoint,
+    -4009: TensorNotFound,
+    -4010: ShapeMismatch,
+    -4011: ShapeMismatch,
+    -4012: UnsupportedFormat,
+    -4013: CorruptCheckpoint,
+    -4014: ChecksumMismatch,
+    -4015: LimitExceeded,
+    -4016: Unsupported,
+    -4017: Interrupted,
+}
+
+
+def _from_code(code: int, name: str, message: str) -> CheckpointError:
+    """Build the exception for a libckptio return code (called by ckptio._core)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        if code == -_errno.ENOENT:
+            cls = CheckpointNotFound
+        elif code == -_errno.EEXIST:
+            return CheckpointExists(message, code, name)
+        else:
+            cls = CheckpointIOError
+    return cls(message, code, name)

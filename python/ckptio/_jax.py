@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""JAX support: shards of jax.Array as chunks on save, per-device regions and sharding on load."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
+
+
+def jax() -> Any:
+    import jax as j
+
+    return j
+
+
+def is_array(obj: Any) -> bool:
+    j = sys.modules.get("jax")
+    return j is not None and isinstance(obj, j.Array)
+
+
+def is_abstract(obj: Any) -> bool:
+    j = sys.modules.get("jax")
+    return j is not None and isinstance(obj, j.ShapeDtypeStruct)
+
+
+def index_box(index: tuple[Any, ...], shape: tuple[int, ...]) -> Box:
+    """(offset, shape) of a shard index (a tuple of slices with step 1) in a global shape."""
+    off, size = [], []
+    for sl, dim in zip(index, shape):
+        start, stop, step = sl.indices(dim)
+        if step != 1:
+            raise ValueError(f"shard index {index} has a step; ckptio stores boxes")
+        off.append(start)
+        size.append(max(stop - start, 0))
+    for dim in shape[len(index) :]:
+        off.append(0)
+        size.append(dim)
+    return tuple(off), tuple(size)
+
+
+def describe_sharding(s: Any) -> dict[str, Any]:
+    """A JSON description of a sharding, enough to rebuild it on the same devices."""
+    j = jax()
+    if isinstance(s, j.sharding.NamedSharding):
+        mesh = s.mesh
+        spec = []
+        for p in s.spec:
+            spec.append(list(p) if isinstance(p, tuple) else p)
+        return {
+            "kind": "named",
+            "axes": list(mesh.axis_names),
+            "shape": list(mesh.devices.shape),
+            "devices": [int(d.id) for d in mesh.devices.flat],
+            "spec": spec,
+        }
+    if isinstance(s, j.sharding.SingleDeviceSharding):
+        (dev,) = s.device_set
+        return {"kind": "single", "device": int(dev.id)}
+    return {"kind": type(s).__name__}
+
+
+def rebuild_sharding(desc: dict[str, Any] | None) -> Any:
+    """The sharding ``desc`` describes if this process has its devices, else None."""
+    if not desc:
+        return None
+    j = jax()
+    by_id = {d.id: d for d in j.devices()}
+    kind = desc.get("kind")
+    try:
+        if kind == "named":
+            devs = np.array([by_id[i] for i in desc["devices"]], dtype=object)
+            mesh = j.sharding.Mesh(devs.reshape(desc["shape"]), tuple(desc["axes"]))
+            spec = [tuple(p) if isinstance(p, list) else p for p in desc["spec"]]
+            return j.sharding.NamedSharding(mesh, j.sharding.PartitionSpec(*spec))
+        if kind == "single":
+            return j.sharding.SingleDeviceSharding(by_id[desc["device"]])
+    except (KeyError, ValueError):
+        return None
+    return None
+
+
+def default_sharding(device: Any = None) -> Any:
+    j = jax()
+    if device is None:
+        device = j.devices()[0]
+    return j.sharding.SingleDeviceSharding(device)
+
+
+def save_chunks(x: Any, name: str) -> tuple[np.dtype[Any], list[tuple[Box | None, np.ndarray]]]:
+    """The distinct shards of jax.Array ``x`` as (box or None for the whole array, host view)."""
+    if not x.is_fully_addressable:
+        raise ValueError(
+            f"jax array '{name}' is not fully addressable: multi-process saves need the "
+            "distributed API"
+        )
+    try:
+        dt = np.dtype(x.dtype)
+    except TypeError:
+        raise TypeError(
+            f"jax array '{name}' has dtype {x.dtype}, which has no fixed byte layout "
+            "(for PRNG keys, save jax.random.key_data(key))"
+        ) from None
+    shape = tuple(x.shape)
+    out: list[tuple[Box | None, np.ndarray]] = []
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        host = np.asarray(shard.data)  # no copy on CPU devices
+        box = index_box(shard.index, shape)
+        out.append((None if box[1] == shape else box, host))
+    return dt, out
+
+
+def plan_devices(sharding: Any, shape: tuple[int, ...]) -> list[tuple[Box, list[Any]]]:
+    """For each distinct box of ``shape`` under ``sharding``: (box, devices needing it)."""
+    groups: dict[Box, list[Any]] = {}
+    for dev, index in sharding.addressable_devices_indices_map(shape).items():
+        groups.setdefault(index_box(index, shape), []).append(dev)
+    return list(groups.items())
+
+
+def assemble(
+    shape: tuple[int, ...], sharding: Any, pieces: list[tuple[list[Any], np.ndarray]]
+) -> Any:
+    """A jax.Array from host pieces, each put on the devices that hold that box."""
+    j = jax()
+    arrays = []
+    for devices, host in pieces:
+        for dev in devices:
+            # On CPU devices an aligned host buffer is adopted without a copy.
+            arrays.append(j.device_put(host, dev))
+    return j.make_array_from_single_device_arrays(shape, sharding, arrays)

@@ -1,0 +1,734 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio.load and ckptio.open: plan every destination, read them in one batch, rebuild the tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from . import _core, _dtypes, _jax
+from ._errors import ShapeMismatch, TensorNotFound
+from ._options import Stats, params
+from ._tree import (
+    TREE_KEY,
+    Node,
+    decode_value,
+    find,
+    flatten,
+    iter_leaves,
+    leaf_name,
+    parse_document,
+    unflatten,
+)
+
+__all__ = ["load", "open", "Reader", "TensorInfo"]
+
+PathLike = str | os.PathLike[str]
+Region = Any  # a slice, an int, Ellipsis, or a tuple of them (np.s_[...])
+
+_FRAMEWORKS = ("numpy", "torch", "jax")
+_ALIGN: int = _core.alignment
+# Tensors smaller than this share slabs of memory instead of taking a page each.
+_SMALL = 4096
+_SLAB = 4 << 20
+
+
+def _round_up(n: int, a: int = _ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+class TensorInfo:
+    """What the checkpoint holds for one tensor: dtype name, shape, bytes, chunks."""
+
+    __slots__ = ("name", "index", "code", "shape", "nbytes", "num_chunks")
+
+    def __init__(
+        self, name: str, index: int, code: int, shape: tuple[int, ...], nbytes: int, chunks: int
+    ) -> None:
+        self.name = name
+        self.index = index
+        self.code = code
+        self.shape = shape
+        self.nbytes = nbytes
+        self.num_chunks = chunks
+
+    @property
+    def dtype(self) -> str:
+        """ckptio's dtype name ("f32", "bf16", ...)."""
+        return _dtypes.NAMES.get(self.code, str(self.code))
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorInfo({self.name!r}, dtype={self.dtype}, shape={self.shape}, "
+            f"nbytes={self.nbytes}, chunks={self.num_chunks})"
+        )
+
+
+class _Target:
+    """How one tensor leaf is to be built: framework, dtype, placement, box."""
+
+    __slots__ = ("kind", "np_dtype", "torch_dtype", "device", "sharding", "cast", "box")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.np_dtype: np.dtype[Any] | None = None
+        self.torch_dtype: Any = None
+        self.device: Any = None  # torch device
+        self.sharding: Any = None  # jax sharding
+        self.cast: Any = None  # dtype to convert to after reading
+        self.box: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # region of the tensor
+
+
+class _Piece:
+    """One region to read: where it lands once allocated."""
+
+    __slots__ = ("index", "offset", "shape", "nbytes", "buf", "at")
+
+    def __init__(
+        self, index: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, nbytes: int
+    ) -> None:
+        self.index = index
+        self.offset = offset
+        self.shape = shape
+        self.nbytes = nbytes
+        self.buf: Any = None
+        self.at = 0
+
+
+def _read_pieces(r: Any, pieces: list[_Piece]) -> None:
+    """Allocate aligned destinations for ``pieces`` and fill them in one batched read."""
+    regions = []
+    slab: Any = None
+    slab_used = slab_size = 0
+    for p in pieces:
+        n = p.nbytes
+        if n >= _SMALL:
+            # Its own page-aligned memory, capacity rounded up: the read lands in place.
+            p.buf = _core.Buffer(n)
+            p.at = 0
+            cap = _round_up(n)
+        else:
+            at = (slab_used + 63) & ~63
+            if slab is None or at + n > slab_size:
+                slab_size = max(_SLAB, n)
+                slab = _core.Buffer(slab_size)
+                at = 0
+            p.buf, p.at = slab, at
+            slab_used = at + n
+            cap = n
+        regions.append((p.index, p.offset, p.shape, p.buf, p.at, cap))
+    if regions:
+        r.read(regions)
+
+
+def _np_view(p: _Piece, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+    count = 1
+    for d in shape:
+        count *= d
+    if count == 0:
+        return np.empty(shape, dtype)
+    return np.frombuffer(p.buf, dtype=dtype, count=count, offset=p.at).reshape(shape)
+
+
+def _torch_view(p: _Piece, dtype: Any, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    count = 1
+    for d in shape:
+        count *= d
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(p.buf, dtype=dtype, count=count, offset=p.at).view(shape)
+
+
+def _region_box(
+    region: Region, shape: tuple[int, ...], name: str
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]:
+    """(offset, shape) of the box a numpy-style index covers, and the index within that box."""
+    if region is None:
+        return (0,) * len(shape), shape, ()
+    idx = region if isinstance(region, tuple) else (region,)
+    if any(i is Ellipsis for i in idx):
+        k = idx.index(Ellipsis)
+        fill = len(shape) - (len(idx) - 1)
+        idx = idx[:k] + (slice(None),) * fill + idx[k + 1 :]
+    if len(idx) > len(shape):
+        raise IndexError(f"tensor '{name}' has {len(shape)} dimensions; got {len(idx)} indices")
+    off, size, inner = [], [], []
+    for dim, i in zip(shape, idx):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(dim)
+            if step < 0:
+                raise ValueError("read(): negative steps are not supported; read and flip")
+            n = len(range(start, stop, step))
+            if n == 0:
+                off.append(min(start, dim))
+                size.append(0)
+                inner.append(slice(None))
+            else:
+                last = start + (n - 1) * step
+                off.append(start)
+                size.append(last + 1 - start)
+                inner.append(slice(None, None, step) if step != 1 else slice(None))
+        else:
+            j = int(i)  # an integer index drops the dimension
+            if j < -dim or j >= dim:
+                raise IndexError(f"index {j} is out of bounds for dimension of size {dim}")
+            j %= dim
+            off.append(j)
+            size.append(1)
+            inner.append(0)
+    for dim in shape[len(idx) :]:
+        off.append(0)
+        size.append(dim)
+        inner.append(slice(None))
+    return tuple(off), tuple(size), tuple(inner)
+
+
+class Reader:
+    """A committed checkpoint open for reading: ``ckptio.open(path)``.
+
+    ``keys()`` lists every leaf's key path; ``r[key]`` loads one leaf (or a subtree);
+    ``r.read(key, region)`` reads part of a tensor; ``r.metadata`` holds the user metadata;
+    ``r.load(...)`` is ckptio.load on this reader. Use it as a context manager.
+
+    >>> import numpy as np, ckptio, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+    >>> _ = ckptio.save({"w": np.arange(12.0).reshape(3, 4)}, path, metadata={"step": "5"})
+    >>> with ckptio.open(path) as r:
+    ...     print(r.keys(), r.metadata, r.read("w", np.s_[1:, 2]))
+    ['w'] {'step': '5'} [ 6. 10.]
+    """
+
+    def __init__(self, path: PathLike, **io_options: Any) -> None:
+        self._r = _core.Reader(os.fspath(path), params(io_options))
+        self._infos: dict[str, TensorInfo] | None = None
+        self._root: Node | None = None
+        self._nodes: dict[str, Node] | None = None
+        self._has_tree = False
+
+    # ---- context ----
+    def close(self) -> None:
+        self._r.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def path(self) -> str:
+        return str(self._r.path)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._r.closed)
+
+    # ---- what is inside ----
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every stored tensor by name (the names are the leaves' key paths)."""
+        if self._infos is None:
+            self._infos = {
+                t[0]: TensorInfo(t[0], i, t[1], t[2], t[3], t[4])
+                for i, t in enumerate(self._r.tensors())
+            }
+        return self._infos
+
+    def _tree(self) -> Node:
+        if self._root is None:
+            raw = self._r.get_meta(TREE_KEY)
+            if raw is not None:
+                self._root = parse_document(json.loads(raw))
+                self._has_tree = True
+            else:
+                # Written without the Python layer: a flat dict of numpy arrays by name.
+                names = list(self.tensors())
+                self._root = {
+                    "t": "dict",
+                    "k": names,
+                    "v": [{"t": "tensor", "f": "numpy"} for _ in names],
+                }
+        return self._root
+
+    def _tensor_nodes(self) -> dict[str, Node]:
+        if self._nodes is None:
+            self._nodes = {
+                leaf_name(p): n for p, n in iter_leaves(self._tree()) if n["t"] == "tensor"
+            }
+        return self._nodes
+
+    def keys(self) -> list[str]:
+        """The key path of every leaf (tensors and plain values), in tree order."""
+        return [p if p else "." for p, _ in iter_leaves(self._tree())]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and find(self._tree(), key) is not None
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The user metadata given to save (str -> str)."""
+        return {
+            k: v.decode("utf-8", "replace")
+            for k, v in self._r.meta().items()
+            if not k.startswith("ckptio.")
+        }
+
+    def info(self, key: str) -> TensorInfo:
+        """The stored tensor behind leaf ``key``."""
+        found = find(self._tree(), key)
+        if found is None or found[1]["t"] != "tensor":
+            raise self._not_found(key)
+        name = found[1].get("alias", leaf_name(found[0]))
+        return self.tensors()[name]
+
+    def _not_found(self, key: str) -> TensorNotFound:
+        return TensorNotFound(
+            f"{self.path}: no tensor or key {key!r} (keys are paths like 'model.layers.0.weight')",
+            -4009,
+            "CKPTIO_E_NOT_FOUND",
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        found = find(self._tree(), key)
+        if found is None:
+            raise self._not_found(key)
+        path, node = found
+        if node["t"] == "tensor":
+            return self._build({path: (node, None)})[path]
+        if node["t"] in ("dict", "odict", "list", "tuple"):
+            return self._subtree(path, node)
+        return decode_value(node)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except TensorNotFound:
+            return default
+
+    def _subtree(self, path: str, node: Node) -> Any:
+        wanted: dict[str, tuple[Node, _Target | None]] = {}
+        for p, n in iter_leaves(node, path):
+            if n["t"] == "tensor":
+                wanted[p] = (n, None)
+        built = self._build(wanted)
+        return unflatten(node, lambda p, n: built[p], base=path)
+
+    def verify(self) -> None:
+        """Read every stored byte and check every checksum; raises CorruptCheckpoint if any
+        is damaged (the message names the first damaged file, tensor and offset)."""
+        self._r.verify()
+
+    def stats(self) -> Stats:
+        t = self._r.stats()
+        return Stats._from_core(t, t[3])
+
+    # ---- reading ----
+    def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:
+        """Read part of tensor ``key``: ``region`` is a numpy-style index of slices (step >= 1)
+        and ints, e.g. ``np.s_[10:20, :]``; only the bytes of that box are read.
+
+        Returns an array of the kind the tensor was saved from (numpy, torch, jax) unless
+        ``framework`` says otherwise.
+        """
+        found = find(self._tree(), key)
+        if found is None or found[1]["t"] != "tensor":
+            raise self._not_found(key)
+        path, node = found
+        info = self.info(key)
+        real = self._tensor_nodes().get(info.name, node)
+        shape = self._elem_shape(real, info)
+        off, size, inner = _region_box(region, shape, info.name)
+        tgt = self._target(real, info, None, framework, None)
+        tgt.box = (off, size)
+        if tgt.kind == "jax":
+            tgt.sharding = _jax.default_sharding()
+        obj = self._build({path: (node, tgt)})[path]
+        return obj[inner] if inner else obj
+
+    def load(
+        self,
+        *,
+        like: Any = None,
+        keys: Iterable[str] | None = None,
+        device: Any = None,
+        framework: str | None = None,
+    ) -> Any:
+        """ckptio.load on this reader (see ckptio.load)."""
+        if framework is not None and framework not in _FRAMEWORKS:
+            raise ValueError(f"framework must be one of {', '.join(_FRAMEWORKS)} or None")
+        root = self._tree()
+        if like is not None:
+            if keys is not None:
+                raise ValueError("pass like= or keys=, not both: like= already selects the keys")
+            return self._load_like(like, device, framework)
+        keyset = None
+        if keys is not None:
+            if isinstance(keys, str):
+                keys = [keys]
+            keyset = {"" if k == "." else k for k in keys}
+        wanted: dict[str, tuple[Node, _Target | None]] = {}
+        order: list[str] = []
+
+        def collect(path: str, node: Node) -> Any:
+            wanted[path] = (node, None)
+            order.append(path)
+            return path
+
+        # Two passes over the structure: first learn which leaves are wanted, then build.
+        unflatten(root, collect, keyset)
+        built = self._build(wanted, device=device, framework=framework)
+        return unflatten(root, lambda p, n: built[p], keyset)
+
+    def _load_like(self, like: Any, device: Any, framework: str | None) -> Any:
+        like_root, like_leaves = flatten(like, classify=_classify_like)
+        targets = {
+            (name if name != "." else ""): obj for name, obj, _ in like_leaves
+        }  # path -> like leaf
+        wanted: dict[str, tuple[Node, _Target | None]] = {}
+        saved: dict[str, Node] = {}
+        for path, _lnode in iter_leaves(like_root):
+            found = find(self._tree(), path if path else ".")
+            if found is None or found[1]["t"] in ("dict", "odict", "list", "tuple"):
+                raise self._not_found(path if path else ".")
+            saved[path] = found[1]
+            if found[1]["t"] == "tensor":
+                tgt = None
+                if path in targets:
+                    node = found[1]
+                    info = self.info(path if path else ".")
+                    real = self._tensor_nodes().get(info.name, node)
+                    tgt = self._target(real, info, targets[path], framework, device)
+                wanted[path] = (found[1], tgt)
+        built = self._build(wanted, device=device, framework=framework)
+
+        def leaf(path: str, node: Node) -> Any:
+            if path in built:
+                return built[path]
+            return decode_value(saved[path])
+
+        return unflatten(like_root, leaf, value=leaf)
+
+    # ---- planning ----
+    @staticmethod
+    def _elem_shape(node: Node, info: TensorInfo) -> tuple[int, ...]:
+        """The tensor's shape as the user sees it (raw-byte dtypes carry one more dim)."""
+        if info.code == _dtypes.BYTES and "dtype" in node:
+            return info.shape[:-1]
+        return info.shape
+
+    def _target(
+        self,
+        node: Node,
+        info: TensorInfo,
+        like: Any,
+        framework: str | None,
+        device: Any,
+    ) -> _Target:
+        saved = node.get("f", "numpy")
+        name = info.name
+        if like is not None:
+            kind, want_dtype, want_shape = _like_spec(like)
+        else:
+            kind, want_dtype, want_shape = framework or saved, None, None
+        tgt = _Target(kind)
+        shape = self._elem_shape(node, info)
+        if want_shape is not None and tuple(want_shape) != shape:
+            raise ShapeMismatch(
+                f"{self.path}: tensor '{name}' has shape {shape} but like= asks for "
+                f"{tuple(want_shape)}",
+                -4004,
+                "CKPTIO_E_SHAPE",
+            )
+        if kind == "torch":
+            tgt.torch_dtype = _torch_dtype(node, info)
+            if want_dtype is not None and want_dtype != tgt.torch_dtype:
+                tgt.cast = want_dtype
+            if like is not None:
+                tgt.device = like.device
+            elif device is not None and not _is_jax_device(device):
+                tgt.device = device
+        else:
+            tgt.np_dtype = _np_dtype(node, info)
+            if want_dtype is not None and np.dtype(want_dtype) != tgt.np_dtype:
+                tgt.cast = np.dtype(want_dtype)
+            if kind == "jax":
+                if like is not None:
+                    tgt.sharding = getattr(like, "sharding", None) or _jax.default_sharding()
+                elif _is_jax_device(device):
+                    tgt.sharding = (
+                        device
+                        if not hasattr(device, "platform")
+                        else _jax.default_sharding(device)
+                    )
+                else:
+                    tgt.sharding = None
+                    if saved == "jax":
+                        tgt.sharding = _jax.rebuild_sharding(node.get("sharding"))
+                    if tgt.sharding is None:
+                        tgt.sharding = _jax.default_sharding()
+        return tgt
+
+    def _build(
+        self,
+        wanted: dict[str, tuple[Node, _Target | None]],
+        *,
+        device: Any = None,
+        framework: str | None = None,
+    ) -> dict[str, Any]:
+        """Read and build every wanted tensor leaf (path -> (node, target or None)) with one
+        batched read."""
+        infos = self.tensors()
+        nodes = self._tensor_nodes() if any("alias" in n for n, _ in wanted.values()) else {}
+        # Tensors by (name, target signature): aliases and repeats share one read.
+        plans: dict[tuple[Any, ...], tuple[str, Node, TensorInfo, _Target, list[_Piece]]] = {}
+        leaf_plan: dict[str, tuple[tuple[Any, ...], Node]] = {}
+        pieces: list[_Piece] = []
+        for path, (node, tgt) in wanted.items():
+            name = node.get("alias", leaf_name(path))
+            real = nodes.get(name, node) if "alias" in node else node
+            info = infos.get(name)
+            if info is None:
+                raise TensorNotFound(
+                    f"{self.path}: tensor '{name}' is in the tree but not in the checkpoint",
+                    -4009,
+                    "CKPTIO_E_NOT_FOUND",
+                )
+            if tgt is None:
+                tgt = self._target(real, info, None, framework, device)
+            sig = (
+                name,
+                tgt.kind,
+                tgt.np_dtype,
+                tgt.torch_dtype,
+                str(tgt.device),
+                id(tgt.sharding),
+                tgt.cast,
+                tgt.box,
+            )
+            leaf_plan[path] = (sig, node)
+            if sig in plans:
+                continue
+            ps = self._plan(real, info, tgt)
+            pieces.extend(ps)
+            plans[sig] = (name, real, info, tgt, ps)
+        _read_pieces(self._r, pieces)
+        objs = {sig: self._make(*plan) for sig, plan in plans.items()}
+        out: dict[str, Any] = {}
+        for path, (sig, node) in leaf_plan.items():
+            base = objs[sig]
+            if "alias" not in node:
+                out[path] = base
+            elif node.get("same"):
+                out[path] = base
+            else:
+                out[path] = _alias_view(base, node, sig[1])
+        return out
+
+    def _plan(self, node: Node, info: TensorInfo, tgt: _Target) -> list[_Piece]:
+        raw = info.code == _dtypes.BYTES and "dtype" in node
+        item = info.shape[-1] if raw else _dtypes.ITEMSIZE[info.code]
+        full = self._elem_shape(node, info)
+
+        def piece(box: tuple[tuple[int, ...], tuple[int, ...]] | None) -> _Piece:
+            if box is None or box[1] == full and not any(box[0]):
+                n = info.nbytes
+                return _Piece(info.index, None, None, n)
+            off, shape = box
+            n = item
+            for d in shape:
+                n *= d
+            if raw:
+                off, shape = off + (0,), shape + (item,)
+            return _Piece(info.index, off, shape, n)
+
+        if tgt.kind == "jax" and tgt.box is None:
+            groups = _jax.plan_devices(tgt.sharding, full)
+            ps = []
+            for box, _devices in groups:
+                ps.append(piece(box))
+            return ps
+        return [piece(tgt.box)]
+
+    def _make(
+        self, name: str, node: Node, info: TensorInfo, tgt: _Target, pieces: list[_Piece]
+    ) -> Any:
+        full = self._elem_shape(node, info)
+        if tgt.kind == "torch":
+            shape = tgt.box[1] if tgt.box else full
+            t = _torch_view(pieces[0], tgt.torch_dtype, shape)
+            if tgt.cast is not None:
+                t = t.to(tgt.cast)
+            if tgt.device is not None and str(tgt.device) != "cpu":
+                t = t.to(tgt.device)
+            if node.get("param"):
+                import torch
+
+                return torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
+            if node.get("grad"):
+                t.requires_grad_(True)
+            return t
+        assert tgt.np_dtype is not None
+        if tgt.kind == "numpy":
+            shape = tgt.box[1] if tgt.box else full
+            a = _np_view(pieces[0], tgt.np_dtype, shape)
+            if tgt.cast is not None:
+                a = a.astype(tgt.cast)
+            if node.get("scalar") and tgt.box is None:
+                return a[()]
+            return a
+        # jax
+        if tgt.box is not None:
+            a = _np_view(pieces[0], tgt.np_dtype, tgt.box[1])
+            if tgt.cast is not None:
+                a = a.astype(tgt.cast)
+            return _jax.jax().device_put(a, tgt.sharding)
+        groups = _jax.plan_devices(tgt.sharding, full)
+        parts = []
+        for (box, devices), p in zip(groups, pieces):
+            a = _np_view(p, tgt.np_dtype, box[1])
+            if tgt.cast is not None:
+                a = a.astype(tgt.cast)
+            parts.append((devices, a))
+        return _jax.assemble(full, tgt.sharding, parts)
+
+
+def _alias_view(base: Any, node: Node, kind: str) -> Any:
+    """A second object sharing ``base``'s memory, for a tied tensor."""
+    if kind == "torch":
+        import torch
+
+        t = base.detach()
+        if node.get("param"):
+            return torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
+        if node.get("grad"):
+            t.requires_grad_(True)
+        return t
+    if kind == "numpy" and isinstance(base, np.ndarray):
+        return base.view()
+    return base
+
+
+def _is_jax_device(obj: Any) -> bool:
+    j = sys.modules.get("jax")
+    return j is not None and isinstance(obj, (j.Device, j.sharding.Sharding))
+
+
+def _classify_like(obj: Any, path: str) -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return "torch"
+    if _jax.is_array(obj) or _jax.is_abstract(obj):
+        return "jax"
+    return None
+
+
+def _like_spec(like: Any) -> tuple[str, Any, tuple[int, ...]]:
+    """(framework, dtype, shape) a like= leaf asks for."""
+    if isinstance(like, (np.ndarray, np.generic)):
+        return "numpy", like.dtype, tuple(like.shape)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        return "torch", like.dtype, tuple(like.shape)
+    return "jax", np.dtype(like.dtype), tuple(like.shape)
+
+
+def _np_dtype(node: Node, info: TensorInfo) -> np.dtype[Any]:
+    name = node.get("dtype")
+    if info.code == _dtypes.BYTES and name is not None:
+        if node.get("f") == "torch":
+            return _dtypes.np_for_code(_dtypes.BYTES, name)
+        return _dtypes.np_dtype_from_name(name)
+    if node.get("f") == "torch" and name is not None and info.code != _dtypes.BYTES:
+        return _dtypes.np_for_code(info.code)
+    return _dtypes.np_for_code(info.code)
+
+
+def _torch_dtype(node: Node, info: TensorInfo) -> Any:
+    name = node.get("dtype")
+    if node.get("f") == "torch" and name is not None:
+        return _dtypes.torch_dtype_from_name(name)
+    if info.code == _dtypes.BYTES and name is not None:
+        dt = _dtypes.torch_for_np(_dtypes.np_dtype_from_name(name))
+        if dt is None:
+            raise TypeError(f"tensor '{info.name}': numpy dtype {name} has no torch equivalent")
+        return dt
+    import torch  # noqa: F401  (the tables need it imported)
+
+    dt = _dtypes.torch_tables()[1].get(info.code)
+    if dt is None:
+        raise TypeError(f"tensor '{info.name}': dtype {info.dtype} has no torch equivalent")
+    return dt
+
+
+def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's name
+    """Open the checkpoint at ``path`` for reading; see Reader.
+
+    >>> import numpy as np, ckptio, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+    >>> _ = ckptio.save({"a": {"b": np.zeros(3)}, "lr": 0.1}, path)
+    >>> with ckptio.open(path) as r:
+    ...     print(r.keys(), r["lr"], r["a.b"].shape)
+    ['a.b', 'lr'] 0.1 (3,)
+    """
+    return Reader(path, **io_options)
+
+
+def load(
+    path: PathLike,
+    *,
+    like: Any = None,
+    keys: Iterable[str] | None = None,
+    device: Any = None,
+    framework: str | None = None,
+    **io_options: Any,
+) -> Any:
+    """Load the tree saved at ``path``.
+
+    Each tensor comes back as the kind it was saved from (numpy, torch, jax) unless
+    ``framework`` ("numpy", "torch" or "jax") or ``like`` says otherwise. Each one is read
+    straight into its own page-aligned memory, all in one batched read; tied tensors come
+    back sharing memory.
+
+    ``keys``: key paths to load ("model.layers.0.weight"); a path of a subtree loads all of
+    it. Dicts keep only the selected keys; lists and tuples only the selected elements.
+    ``like``: a tree of arrays, tensors or jax.ShapeDtypeStruct (with a sharding): the result
+    has like's structure and each leaf like's kind, dtype, device or sharding (a jax array is
+    read per device, only the box each device holds: any saved sharding loads into any other).
+    ``device``: a torch device for torch tensors ("cpu", "cuda:0"; the GPU is reached through
+    a host copy), or a jax Device or Sharding for jax arrays.
+    ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
+
+    >>> import numpy as np, ckptio, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+    >>> _ = ckptio.save({"layers": [{"w": np.ones(2)}, {"w": np.zeros(2)}], "step": 3}, path)
+    >>> ckptio.load(path, keys=["layers.1"])
+    {'layers': [{'w': array([0., 0.])}]}
+    """
+    t0 = time.perf_counter()
+    with Reader(path, **io_options) as r:
+        out = r.load(like=like, keys=keys, device=device, framework=framework)
+        global _last_stats
+        st = r._r.stats()
+    _last_stats = Stats._from_core(st, time.perf_counter() - t0)
+    return out
+
+
+_last_stats: Stats | None = None
+
+
+def last_load_stats() -> Stats | None:
+    """Stats of the most recent ckptio.load in this process (bytes, seconds, gbps, ...)."""
+    return _last_stats

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""I/O options (backend, O_DIRECT, fsync, ...) turned into the parameter tuple ckptio._core takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["IO_OPTIONS", "params", "Stats"]
+
+_BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2, "buffered": 3}
+_AUTO, _OFF, _ON = -1, 0, 1
+
+#: Keyword arguments accepted by ckptio.save / ckptio.load / ckptio.open as I/O options.
+IO_OPTIONS = (
+    "backend",
+    "direct",
+    "fsync",
+    "checksums",
+    "queue_depth",
+    "io_threads",
+    "staging_bytes",
+    "request_bytes",
+)
+
+
+def _switch(name: str, value: Any, auto_ok: bool) -> int:
+    if value is None or (isinstance(value, str) and value == "auto"):
+        if not auto_ok:
+            raise ValueError(f"{name} must be True or False")
+        return _AUTO
+    if isinstance(value, bool):
+        return _ON if value else _OFF
+    raise TypeError(f"{name} must be True, False{' or None (auto)' if auto_ok else ''}")
+
+
+def _count(name: str, value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def params(options: dict[str, Any], *, overwrite: bool = False) -> tuple[int, ...]:
+    """Validate ``options`` (names from IO_OPTIONS) and build ckptio._core's parameter tuple.
+
+    backend: "auto" (io_uring where the kernel allows, else a pread/pwrite pool), "io_uring",
+    "psync" or "buffered"; direct: None (O_DIRECT where the file system allows), True, False;
+    fsync, checksums: bools (default True); queue_depth, io_threads, staging_bytes,
+    request_bytes: ints, 0 = the library's default.
+    """
+    unknown = set(options) - set(IO_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown I/O option(s) {', '.join(sorted(unknown))}; known: {', '.join(IO_OPTIONS)}"
+        )
+    backend = options.get("backend", "auto")
+    if backend is None:
+        backend = "auto"
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+    return (
+        _count("io_threads", options.get("io_threads")),
+        _count("queue_depth", options.get("queue_depth")),
+        _count("staging_bytes", options.get("staging_bytes")),
+        _count("request_bytes", options.get("request_bytes")),
+        _BACKENDS[backend],
+        _switch("direct", options.get("direct"), True),
+        _switch("fsync", options.get("fsync", True), False),
+        _switch("checksums", options.get("checksums", True), False),
+        _ON if overwrite else _OFF,
+    )
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one save or load did.
+
+    ``bytes``: tensor bytes moved; ``seconds``: wall time of the whole Python call (flattening,
+    I/O and commit); ``gbps``: bytes / seconds / 1e9; ``backend``: the I/O path that ran
+    ("io_uring", "psync" or "buffered"); ``direct``: whether O_DIRECT was used;
+    ``io_seconds``: the library's own time from open to commit (or last read); ``tensors``:
+    tensors (or chunks) written, or regions read.
+    """
+
+    bytes: int
+    seconds: float
+    gbps: float
+    backend: str
+    direct: bool
+    tensors: int = 0
+    io_bytes: int = 0
+    io_seconds: float = 0.0
+
+    @classmethod
+    def _from_core(cls, t: tuple[Any, ...], seconds: float) -> Stats:
+        nbytes, io_bytes, tensors, io_seconds, _gbps, backend, direct, _align = t
+        return cls(
+            bytes=nbytes,
+            seconds=seconds,
+            gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0,
+            backend=backend,
+            direct=bool(direct),
+            tensors=tensors,
+            io_bytes=io_bytes,
+            io_seconds=io_seconds,
+        )

@@ -1,0 +1,309 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Trees: flattening nested dicts/lists/tuples into key paths and the JSON "ckptio.tree" spec.
+
+A tree is any nesting of dict (str or int keys), OrderedDict, list and tuple whose leaves are
+tensors (numpy arrays and scalars, torch tensors, jax arrays) or plain values (int, float, bool,
+str, None, bytes, complex). Each leaf has a key path: the keys and indices from the root joined
+with "." ("model.layers.0.weight"). A tensor is stored under its key path ("." for a tree that
+is a single tensor). Key paths must be unique: {"a.b": x, "a": {"b": y}} is refused, since
+both leaves would be "a.b".
+
+The structure and the plain values are stored as JSON in the metadata entry "ckptio.tree",
+never pickled: floats exactly (float.hex, including nan and inf), bools apart from ints, dict
+key types kept (int keys come back as ints).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ._errors import TensorNotFound
+
+TREE_KEY = "ckptio.tree"
+TREE_VERSION = 1
+
+Node = dict[str, Any]
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def leaf_name(path: str) -> str:
+    """The tensor name a leaf at ``path`` is stored under."""
+    return path if path else "."
+
+
+def _key_str(key: Any, path: str) -> str:
+    tp = type(key)
+    if tp is str:
+        return key  # type: ignore[no-any-return]
+    if tp is int:
+        return str(key)
+    where = f" at '{path}'" if path else ""
+    raise TypeError(
+        f"dict key {key!r}{where} has type {tp.__name__}: ckptio trees take str or int keys"
+    )
+
+
+def _encode_value(obj: Any, path: str) -> Node | None:
+    """JSON node of a plain value, or None if ``obj`` is not one."""
+    tp = type(obj)
+    if tp is bool:
+        return {"t": "bool", "v": obj}
+    if tp is int:
+        return {"t": "int", "v": obj}
+    if tp is float:
+        return {"t": "float", "v": obj.hex()}
+    if tp is str:
+        return {"t": "str", "v": obj}
+    if obj is None:
+        return {"t": "none"}
+    if tp is bytes:
+        return {"t": "bytes", "v": base64.b64encode(obj).decode("ascii")}
+    if tp is complex:
+        return {"t": "complex", "v": [obj.real.hex(), obj.imag.hex()]}
+    return None
+
+
+def decode_value(node: Node) -> Any:
+    """The plain value of a non-tensor leaf node."""
+    t = node["t"]
+    if t == "torch.Size":
+        import torch
+
+        return torch.Size(node["v"])
+    if t in ("int", "bool", "str"):
+        return node["v"]
+    if t == "float":
+        return float.fromhex(node["v"])
+    if t == "none":
+        return None
+    if t == "bytes":
+        return base64.b64decode(node["v"])
+    if t == "complex":
+        return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
+    raise ValueError(f"unknown value node {t!r} in the checkpoint's tree")
+
+
+def encode_plain(obj: Any) -> Node:
+    """Encode a tree of plain values only (no tensors), e.g. OrderedDict._metadata."""
+    node, _ = flatten(obj, _plain_only=True)
+    return node
+
+
+def flatten(
+    tree: Any,
+    *,
+    classify: Callable[[Any, str], str | None] | None = None,
+    _plain_only: bool = False,
+) -> tuple[Node, list[tuple[str, Any, Node]]]:
+    """Flatten ``tree`` into (spec root node, [(tensor name, leaf, node)]).
+
+    ``classify(obj, path)`` names the framework of a tensor leaf ("numpy", "torch", "jax") or
+    returns None for an object ckptio cannot store (a TypeError naming the path follows).
+    numpy arrays are recognised without it.
+    """
+    tensors: list[tuple[str, Any, Node]] = []
+    names: set[str] = set()
+    ndarray = np.ndarray
+
+    def claim(path: str) -> str:
+        name = leaf_name(path)
+        if _plain_only:
+            return name
+        if name in names:
+            raise ValueError(
+                f"two leaves have the key path '{name}' (a dict key containing '.' collides "
+                "with a nested path); rename one of the keys"
+            )
+        names.add(name)
+        return name
+
+    def visit(obj: Any, path: str) -> Node:
+        tp = type(obj)
+        if tp is ndarray and not _plain_only:
+            node: Node = {"t": "tensor", "f": "numpy"}
+            tensors.append((claim(path), obj, node))
+            return node
+        if tp is dict or tp is OrderedDict:
+            keys = list(obj.keys())
+            prefix = path + "." if path else ""
+            children = [visit(obj[k], prefix + _key_str(k, path)) for k in keys]
+            if tp is dict:
+                return {"t": "dict", "k": keys, "v": children}
+            node = {"t": "odict", "k": keys, "v": children}
+            meta = getattr(obj, "_metadata", None)
+            if meta is not None:  # torch's state_dict() keeps module versions here
+                node["m"] = encode_plain(meta)
+            return node
+        if tp is list or tp is tuple:
+            prefix = path + "." if path else ""
+            children = [visit(v, prefix + str(i)) for i, v in enumerate(obj)]
+            return {"t": "list" if tp is list else "tuple", "v": children}
+        value = _encode_value(obj, path)
+        if value is not None:
+            claim(path)
+            return value
+        where = f"'{path}'" if path else "the root"
+        if _plain_only:
+            raise TypeError(f"cannot store {tp.__module__}.{tp.__qualname__} at {where}")
+        kind = "numpy" if isinstance(obj, (np.ndarray, np.generic)) else None
+        if kind is None and classify is not None:
+            kind = classify(obj, path)
+        if kind is None:
+            if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+                hint = "; convert the namedtuple with ._asdict()"
+            elif isinstance(obj, (dict, list, tuple)):
+                hint = f"; convert the {tp.__name__} subclass to a plain dict/list/tuple"
+            else:
+                hint = " (ckptio never pickles; store tensors and plain values)"
+            raise TypeError(f"cannot store {tp.__module__}.{tp.__qualname__} at {where}{hint}")
+        if kind == "torch.Size":
+            claim(path)
+            return {"t": "torch.Size", "v": [int(d) for d in obj]}
+        node = {"t": "tensor", "f": kind}
+        tensors.append((claim(path), obj, node))
+        return node
+
+    root = visit(tree, "")
+    return root, tensors
+
+
+def make_document(root: Node) -> dict[str, Any]:
+    return {"format": TREE_KEY, "version": TREE_VERSION, "root": root}
+
+
+def parse_document(doc: Any) -> Node:
+    if not isinstance(doc, dict) or doc.get("format") != TREE_KEY or "root" not in doc:
+        raise ValueError("metadata 'ckptio.tree' is not a ckptio tree")
+    if int(doc.get("version", 0)) > TREE_VERSION:
+        raise ValueError(
+            f"the checkpoint's tree is version {doc['version']}; this ckptio reads up to "
+            f"{TREE_VERSION}: upgrade ckptio"
+        )
+    return doc["root"]  # type: ignore[no-any-return]
+
+
+def iter_leaves(root: Node, path: str = "") -> Iterator[tuple[str, Node]]:
+    """(key path, node) of every leaf, tensors and values, in tree order."""
+    stack: list[tuple[str, Node]] = [(path, root)]
+    while stack:
+        p, node = stack.pop()
+        t = node["t"]
+        if t in ("dict", "odict"):
+            prefix = p + "." if p else ""
+            stack.extend(
+                (prefix + str(k), v) for k, v in reversed(list(zip(node["k"], node["v"])))
+            )
+        elif t in ("list", "tuple"):
+            prefix = p + "." if p else ""
+            stack.extend((prefix + str(i), v) for i, v in reversed(list(enumerate(node["v"]))))
+        else:
+            yield p, node
+
+
+def find(root: Node, key: str) -> tuple[str, Node] | None:
+    """The node at key path ``key`` (a leaf or a container), or None."""
+    if key == "" or key == ".":
+        return "", root
+    node = root
+    path = ""
+    rest = key
+    while True:
+        t = node["t"]
+        if t in ("dict", "odict"):
+            children = zip((str(k) for k in node["k"]), node["v"])
+        elif t in ("list", "tuple"):
+            children = zip((str(i) for i in range(len(node["v"]))), node["v"])
+        else:
+            return None
+        # Keys may contain "."; try every child whose key is a prefix of what is left.
+        for k, child in children:
+            if rest == k:
+                return (path + "." + k if path else k), child
+            if rest.startswith(k + "."):
+                found = find(child, rest[len(k) + 1 :])
+                if found is not None:
+                    sub, n = found
+                    full = path + "." + k if path else k
+                    return (full + "." + sub if sub else full), n
+        return None
+
+
+def unflatten(
+    root: Node,
+    leaf: Callable[[str, Node], Any],
+    keys: set[str] | None = None,
+    *,
+    base: str = "",
+    value: Callable[[str, Node], Any] | None = None,
+) -> Any:
+    """Rebuild the tree; ``leaf(path, node)`` makes each tensor leaf.
+
+    ``base`` is the key path of ``root``; ``value(path, node)``, if given, makes the
+    non-tensor leaves too. With ``keys``, only leaves whose path is in ``keys`` or below one of them are kept:
+    dicts drop the other keys, lists and tuples the other elements (so their indices shift).
+    Raises TensorNotFound naming keys that matched nothing.
+    """
+    matched: set[str] = set()
+
+    def visit(node: Node, path: str, selected: bool) -> Any:
+        if not selected and keys is not None and path in keys:
+            selected = True
+            matched.add(path)
+        t = node["t"]
+        if t in ("dict", "odict"):
+            prefix = path + "." if path else ""
+            out: dict[Any, Any] = {} if t == "dict" else OrderedDict()
+            for k, v in zip(node["k"], node["v"]):
+                val = visit(v, prefix + str(k), selected)
+                if val is not MISSING:
+                    out[k] = val
+            if t == "odict" and "m" in node:
+                out._metadata = unflatten(node["m"], _no_tensor)  # type: ignore[attr-defined]
+            if not out and not selected:
+                return MISSING
+            return out
+        if t in ("list", "tuple"):
+            prefix = path + "." if path else ""
+            items = [visit(v, prefix + str(i), selected) for i, v in enumerate(node["v"])]
+            items = [v for v in items if v is not MISSING]
+            if not items and not selected:
+                return MISSING
+            return items if t == "list" else tuple(items)
+        if not selected:
+            return MISSING
+        if t == "tensor":
+            return leaf(path, node)
+        if value is not None:
+            return value(path, node)
+        return decode_value(node)
+
+    result = visit(root, base, keys is None)
+    if keys is not None:
+        missing = keys - matched
+        if missing:
+            raise TensorNotFound(
+                "no key path "
+                + ", ".join(repr(k) for k in sorted(missing))
+                + " in the checkpoint (keys are paths like 'model.layers.0.weight')",
+                -4009,
+                "CKPTIO_E_NOT_FOUND",
+            )
+    if result is MISSING:
+        return {}
+    return result
+
+
+def _no_tensor(path: str, node: Node) -> Any:
+    raise ValueError(f"unexpected tensor at {path!r}")
