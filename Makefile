@@ -4,10 +4,13 @@
 BUILD ?= build
 MESON ?= meson
 BENCH_ARGS ?=
+VENV ?= .venv
+PYBUILD ?= build-py
+VENV_STAMP := $(VENV)/.ckptio-installed
 
-.PHONY: all build deps test test-c test-install test-sanitize bench clean
+.PHONY: all build deps venv test test-c test-install test-python test-sanitize bench clean
 
-all: build
+all: build venv
 
 deps:
 	@./deps/install.sh
@@ -17,6 +20,18 @@ $(BUILD)/build.ninja: | deps
 
 build: deps $(BUILD)/build.ninja
 	@$(MESON) compile -C $(BUILD) >/dev/null || $(MESON) compile -C $(BUILD)
+
+# .venv/: the packages of deps/requirements.txt and ckptio itself, installed editable (its C
+# extension is rebuilt in $(PYBUILD)/ on import whenever a C source changed).
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): deps/requirements.txt pyproject.toml python/meson.build | deps
+	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
+	@$(VENV)/bin/pip install -q -r deps/requirements.txt >$(VENV)/pip.log 2>&1 \
+		|| { cat $(VENV)/pip.log; exit 1; }
+	@$(VENV)/bin/pip install -q --no-build-isolation -e . --config-settings=build-dir=$(PYBUILD) \
+		>>$(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	@touch $@
 
 test-c: build
 	$(BUILD)/tests/ckptio-tests
@@ -33,10 +48,15 @@ test-sanitize: deps
 	@$(MESON) compile -C $(BUILD)-tsan >/dev/null
 	TSAN_OPTIONS=halt_on_error=1 $(BUILD)-tsan/tests/ckptio-tests
 
+test-python: venv
+	$(VENV)/bin/python -m pytest -q tests/python
+
+# C tests, then the install check, then pytest (in this order, also under make -j).
 test: test-c test-install
+	@$(MAKE) --no-print-directory test-python
 
 bench: build
 	$(BUILD)/tools/ckptio bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(PYBUILD) $(VENV_STAMP)

@@ -29,7 +29,8 @@ static bool str_in(const ckptio__manifest *m, uint64_t off, uint64_t len)
 static void check_indices(const ckptio__manifest *m)
 {
     uint64_t sink = 0, chunks = 0;
-    for (uint64_t i = 0; i < m->n_files; i++) REQUIRE(str_in(m, m->files[i].name, m->files[i].name_len));
+    for (uint64_t i = 0; i < m->n_files; i++)
+        REQUIRE(str_in(m, m->files[i].name, m->files[i].name_len));
     for (uint64_t i = 0; i < m->n_tensors; i++) {
         const ckptio__mtensor *t = &m->tensors[i];
         REQUIRE(str_in(m, t->name, t->name_len));

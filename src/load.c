@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The reader: plans the byte ranges a set of regions needs, reads them in bulk, verifies. */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -381,7 +382,9 @@ static int push_seg(plan *pl, const seg *s)
 static uint64_t staged_span(const ckptio_reader *r, bool verify)
 {
     uint64_t span = r->buf_size - 2 * 4096;
-    return verify ? ckptio__align_down(span, r->m->csum_block) : span;
+    span = verify ? ckptio__align_down(span, r->m->csum_block) : span;
+    assert(span > 0); /* buf_size >= 2 blocks (start_engine), so every cut makes progress */
+    return span;
 }
 
 /* Cut chunk bytes [a, b) into staged segments. */
@@ -418,7 +421,9 @@ static int plan_single_run(ckptio_reader *r, plan *pl, const piece *p, seg proto
                                   (uintptr_t)d % f->mem_align == 0));
     if (!direct) return plan_staged(r, pl, proto, S, E);
     /* Requests of cfg.request bytes (a multiple of the block); the tail may need care. */
-    uint64_t step = ckptio__align_down(r->cfg.request, verify ? B : 4096);
+    /* A request may be smaller than the checkpoint's checksum block: never below one block. */
+    uint64_t step = CKPTIO__MAX(ckptio__align_down(r->cfg.request, verify ? B : 4096),
+                                verify ? B : 4096);
     for (uint64_t x = s; x < e;) {
         uint64_t y = CKPTIO__MIN(e, x + step), len = y - x;
         if (f->direct && len % f->off_align) {
@@ -733,7 +738,7 @@ static int execute(ckptio_reader *r, plan *pl)
     seg *segs = pl->segs.items;
     size_t n = pl->segs.len, next = 0;
     int first = 0;
-    qsort(segs, n, sizeof *segs, cmp_seg);
+    if (n > 1) qsort(segs, n, sizeof *segs, cmp_seg);
     while ((next < n && !first) || r->eng->inflight) {
         while (next < n && !first && r->n_free_slots) {
             const seg *s = &segs[next];

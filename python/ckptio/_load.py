@@ -24,6 +24,7 @@ from ._tree import (
     iter_leaves,
     leaf_name,
     parse_document,
+    pause_gc,
     unflatten,
 )
 
@@ -101,39 +102,51 @@ class _Piece:
         self.at = 0
 
 
-def _read_pieces(r: Any, pieces: list[_Piece]) -> None:
-    """Allocate aligned destinations for ``pieces`` and fill them in one batched read."""
-    regions = []
-    slab: Any = None
-    slab_used = slab_size = 0
-    for p in pieces:
-        n = p.nbytes
+class _Alloc:
+    """Destinations for one batched read: tensors of 4 KiB or more get their own page-aligned
+    memory with capacity rounded up to the alignment (the read lands in place, no copy);
+    smaller ones share 64-byte-aligned slabs."""
+
+    __slots__ = ("regions", "slab", "used", "size")
+
+    def __init__(self) -> None:
+        self.regions: list[tuple[Any, ...]] = []
+        self.slab: Any = None
+        self.used = 0
+        self.size = 0
+
+    def place(
+        self,
+        index: int,
+        offset: tuple[int, ...] | None,
+        shape: tuple[int, ...] | None,
+        n: int,
+    ) -> tuple[Any, int]:
         if n >= _SMALL:
-            # Its own page-aligned memory, capacity rounded up: the read lands in place.
-            p.buf = _core.Buffer(n)
-            p.at = 0
-            cap = _round_up(n)
-        else:
-            at = (slab_used + 63) & ~63
-            if slab is None or at + n > slab_size:
-                slab_size = max(_SLAB, n)
-                slab = _core.Buffer(slab_size)
-                at = 0
-            p.buf, p.at = slab, at
-            slab_used = at + n
-            cap = n
-        regions.append((p.index, p.offset, p.shape, p.buf, p.at, cap))
-    if regions:
-        r.read(regions)
+            buf = _core.Buffer(n)
+            self.regions.append((index, offset, shape, buf, 0, _round_up(n)))
+            return buf, 0
+        if n == 0:
+            return None, 0
+        at = (self.used + 63) & ~63
+        if self.slab is None or at + n > self.size:
+            self.slab = _core.Buffer(_SLAB)
+            self.size = _SLAB
+            at = 0
+        self.used = at + n
+        self.regions.append((index, offset, shape, self.slab, at, n))
+        return self.slab, at
+
+    def read(self, r: Any) -> None:
+        if self.regions:
+            r.read(self.regions)
+        self.regions = []
 
 
 def _np_view(p: _Piece, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-    count = 1
-    for d in shape:
-        count *= d
-    if count == 0:
+    if p.buf is None:
         return np.empty(shape, dtype)
-    return np.frombuffer(p.buf, dtype=dtype, count=count, offset=p.at).reshape(shape)
+    return np.ndarray(shape, dtype, p.buf, p.at)
 
 
 def _torch_view(p: _Piece, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -142,7 +155,7 @@ def _torch_view(p: _Piece, dtype: Any, shape: tuple[int, ...]) -> Any:
     count = 1
     for d in shape:
         count *= d
-    if count == 0:
+    if count == 0 or p.buf is None:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(p.buf, dtype=dtype, count=count, offset=p.at).view(shape)
 
@@ -208,7 +221,7 @@ class Reader:
 
     def __init__(self, path: PathLike, **io_options: Any) -> None:
         self._r = _core.Reader(os.fspath(path), params(io_options))
-        self._infos: dict[str, TensorInfo] | None = None
+        self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
         self._has_tree = False
@@ -232,14 +245,27 @@ class Reader:
         return bool(self._r.closed)
 
     # ---- what is inside ----
-    def tensors(self) -> dict[str, TensorInfo]:
-        """Every stored tensor by name (the names are the leaves' key paths)."""
+    def _raw(self) -> dict[str, tuple[int, int, tuple[int, ...], int, int]]:
+        """name -> (index, dtype code, shape, nbytes, chunks), straight from the manifest."""
         if self._infos is None:
             self._infos = {
-                t[0]: TensorInfo(t[0], i, t[1], t[2], t[3], t[4])
-                for i, t in enumerate(self._r.tensors())
+                t[0]: (i, t[1], t[2], t[3], t[4]) for i, t in enumerate(self._r.tensors())
             }
         return self._infos
+
+    def _info(self, name: str) -> TensorInfo:
+        t = self._raw().get(name)
+        if t is None:
+            raise TensorNotFound(
+                f"{self.path}: tensor '{name}' is in the tree but not in the checkpoint",
+                -4009,
+                "CKPTIO_E_NOT_FOUND",
+            )
+        return TensorInfo(name, *t)
+
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every stored tensor by name (the names are the leaves' key paths)."""
+        return {name: TensorInfo(name, *t) for name, t in self._raw().items()}
 
     def _tree(self) -> Node:
         if self._root is None:
@@ -249,7 +275,7 @@ class Reader:
                 self._has_tree = True
             else:
                 # Written without the Python layer: a flat dict of numpy arrays by name.
-                names = list(self.tensors())
+                names = list(self._raw())
                 self._root = {
                     "t": "dict",
                     "k": names,
@@ -292,7 +318,7 @@ class Reader:
         if found is None or found[1]["t"] != "tensor":
             raise self._not_found(key)
         name = found[1].get("alias", leaf_name(found[0]))
-        return self.tensors()[name]
+        return self._info(name)
 
     def _not_found(self, key: str) -> TensorNotFound:
         return TensorNotFound(
@@ -380,15 +406,16 @@ class Reader:
                 keys = [keys]
             keyset = {"" if k == "." else k for k in keys}
         wanted: dict[str, tuple[Node, _Target | None]] = {}
-        order: list[str] = []
+        if keyset is None:
+            for p, n in iter_leaves(root):
+                if n["t"] == "tensor":
+                    wanted[p] = (n, None)
+        else:
 
-        def collect(path: str, node: Node) -> Any:
-            wanted[path] = (node, None)
-            order.append(path)
-            return path
+            def collect(path: str, node: Node) -> None:
+                wanted[path] = (node, None)
 
-        # Two passes over the structure: first learn which leaves are wanted, then build.
-        unflatten(root, collect, keyset)
+            unflatten(root, collect, keyset)  # learns which leaves the keys select
         built = self._build(wanted, device=device, framework=framework)
         return unflatten(root, lambda p, n: built[p], keyset)
 
@@ -490,22 +517,40 @@ class Reader:
     ) -> dict[str, Any]:
         """Read and build every wanted tensor leaf (path -> (node, target or None)) with one
         batched read."""
-        infos = self.tensors()
-        nodes = self._tensor_nodes() if any("alias" in n for n, _ in wanted.values()) else {}
-        # Tensors by (name, target signature): aliases and repeats share one read.
+        raw = self._raw()
+        alloc = _Alloc()
+        place = alloc.place
+        out: dict[str, Any] = {}
+        # Fast path: plain numpy leaves loaded as numpy (big flat state dicts).
+        simple: dict[str, tuple[Any, int, np.dtype[Any], tuple[int, ...]]] = {}
+        simple_leaves: list[tuple[str, str, bool]] = []  # (path, tensor name, needs a view)
+        code_np = _dtypes.code_to_np()
+        numpy_ok = framework is None or framework == "numpy"
+        # General path: tensors by (name, target signature); aliases and repeats share a read.
         plans: dict[tuple[Any, ...], tuple[str, Node, TensorInfo, _Target, list[_Piece]]] = {}
         leaf_plan: dict[str, tuple[tuple[Any, ...], Node]] = {}
-        pieces: list[_Piece] = []
+        nodes: dict[str, Node] | None = None
         for path, (node, tgt) in wanted.items():
-            name = node.get("alias", leaf_name(path))
-            real = nodes.get(name, node) if "alias" in node else node
-            info = infos.get(name)
-            if info is None:
-                raise TensorNotFound(
-                    f"{self.path}: tensor '{name}' is in the tree but not in the checkpoint",
-                    -4009,
-                    "CKPTIO_E_NOT_FOUND",
-                )
+            alias = node.get("alias")
+            if alias is None:
+                name = path or "."
+                real = node
+            else:
+                if nodes is None:
+                    nodes = self._tensor_nodes()
+                name = alias
+                real = nodes.get(name, node)
+            if tgt is None and numpy_ok and len(real) == 2 and real["f"] == "numpy":
+                if name not in simple:
+                    t = raw.get(name)
+                    npdt = code_np.get(t[1]) if t is not None else None
+                    if t is not None and npdt is not None:
+                        buf, at = place(t[0], None, None, t[3])
+                        simple[name] = (buf, at, npdt, t[2])
+                if name in simple:
+                    simple_leaves.append((path, name, alias is not None and not node.get("same")))
+                    continue
+            info = self._info(name)
             if tgt is None:
                 tgt = self._target(real, info, None, framework, device)
             sig = (
@@ -522,16 +567,21 @@ class Reader:
             if sig in plans:
                 continue
             ps = self._plan(real, info, tgt)
-            pieces.extend(ps)
+            for p in ps:
+                p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
             plans[sig] = (name, real, info, tgt, ps)
-        _read_pieces(self._r, pieces)
+        alloc.read(self._r)
+        ndarray = np.ndarray
+        arrays = {
+            name: ndarray(shape, npdt, buf, at) if buf is not None else np.empty(shape, npdt)
+            for name, (buf, at, npdt, shape) in simple.items()
+        }
+        for path, name, view in simple_leaves:
+            out[path] = arrays[name].view() if view else arrays[name]
         objs = {sig: self._make(*plan) for sig, plan in plans.items()}
-        out: dict[str, Any] = {}
         for path, (sig, node) in leaf_plan.items():
             base = objs[sig]
-            if "alias" not in node:
-                out[path] = base
-            elif node.get("same"):
+            if "alias" not in node or node.get("same"):
                 out[path] = base
             else:
                 out[path] = _alias_view(base, node, sig[1])
@@ -718,7 +768,7 @@ def load(
     {'layers': [{'w': array([0., 0.])}]}
     """
     t0 = time.perf_counter()
-    with Reader(path, **io_options) as r:
+    with Reader(path, **io_options) as r, pause_gc():
         out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()

@@ -7,14 +7,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from . import _core, _dtypes, _jax
 from ._options import Stats, params
-from ._tree import TREE_KEY, Node, flatten, make_document
+from ._tree import NUMPY_LEAF, TREE_KEY, Node, flatten, make_document, pause_gc
 
 __all__ = ["save", "RESERVED_PREFIX"]
 
@@ -45,14 +45,19 @@ def _numpy_item(name: str, arr: np.ndarray, node: Node) -> tuple[Any, ...]:
     dt = arr.dtype
     if dt.byteorder not in "=|" and dt.newbyteorder("=") in _dtypes.np_to_code():
         arr = arr.astype(dt.newbyteorder("="))
-        return (name, _dtypes.np_to_code()[arr.dtype], arr.shape, np.ascontiguousarray(arr))
+        return (name, _dtypes.np_to_code()[arr.dtype], arr.shape, _contiguous(arr))
     if dt.hasobject or dt.names is not None or dt.subdtype is not None or dt.itemsize == 0:
         raise _dtypes_error(name, dt)
     # Stored as raw bytes with a trailing dimension of the item size; the tree keeps the dtype.
     node["dtype"] = _dtypes.np_dtype_name(dt)
-    arr = np.ascontiguousarray(arr)
+    arr = _contiguous(arr)
     raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
     return (name, _dtypes.BYTES, arr.shape + (dt.itemsize,), raw)
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _dtypes_error(name: str, dt: Any) -> TypeError:
@@ -183,73 +188,83 @@ def save(
     t0 = time.perf_counter()
     p = params(io_options, overwrite=overwrite)
     meta = _meta_items(metadata)
-    root, leaves = flatten(tree, classify=_classify)
-    doc = None  # the tree is encoded after the leaves: adapters add details to their nodes
     np_codes = _dtypes.np_to_code()
-    ndarray = np.ndarray
-    torch_state: _Torch | None = None
+    items: list[tuple[Any, ...]] = []
+    add = items.append
     seen_np: dict[int, str] = {}
-    with _core.Writer(os.fspath(path), p) as w:
-        items: list[tuple[Any, ...]] = []
-        transient = 0
-        for name, obj, node in leaves:
-            kind = node["f"]
-            if kind == "numpy":
-                prev = seen_np.get(id(obj))
-                if prev is not None:
-                    node["alias"] = prev
-                    node["same"] = True
-                    continue
-                seen_np[id(obj)] = name
-                if type(obj) is not ndarray:
+
+    def on_array(name: str, arr: np.ndarray) -> Node | int:
+        prev = seen_np.setdefault(id(arr), name)
+        if prev is not name:
+            return {"t": "tensor", "f": "numpy", "alias": prev, "same": True}
+        code = np_codes.get(arr.dtype)
+        if code is None:
+            node: Node = {"t": "tensor", "f": "numpy"}
+            add(_numpy_item(name, arr, node))
+            return node
+        add((name, code, arr.shape, arr if arr.flags.c_contiguous else arr.copy(order="C")))
+        return NUMPY_LEAF
+
+    with pause_gc():
+        root, leaves = flatten(
+            tree, classify=_classify, on_array=on_array, fast=(np_codes, items, seen_np)
+        )
+        torch_state: _Torch | None = None
+        with _core.Writer(os.fspath(path), p) as w:
+            transient = 0
+            for name, obj, node in leaves:
+                kind = node["f"]
+                if kind == "numpy":  # scalars and ndarray subclasses
                     if isinstance(obj, np.generic):
                         node["scalar"] = True
-                    elif isinstance(obj, np.ma.MaskedArray) or isinstance(obj, np.matrix):
+                    elif isinstance(obj, (np.ma.MaskedArray, np.matrix)):
                         raise TypeError(
                             f"cannot store {type(obj).__name__} '{name}': convert it to a "
                             "plain array"
                         )
-                    obj = np.asarray(obj)
-                code = np_codes.get(obj.dtype)
-                if code is None:
-                    items.append(_numpy_item(name, obj, node))
-                elif obj.flags.c_contiguous:
-                    items.append((name, code, obj.shape, obj))
-                else:
-                    items.append((name, code, obj.shape, np.ascontiguousarray(obj)))
-            elif kind == "torch":
-                if torch_state is None:
-                    torch_state = _Torch()
-                item, copied = torch_state.item(name, obj, node)
-                if item is not None:
-                    items.append(item)
-                transient += copied
-            else:  # jax
-                dt, chunks = _jax.save_chunks(obj, name)
-                node["sharding"] = _jax.describe_sharding(obj.sharding)
-                code = np_codes.get(dt)
-                shape = tuple(obj.shape)
-                for box, host in chunks:
-                    if code is None:
-                        node["dtype"] = _dtypes.np_dtype_name(dt)
-                        raw = host.reshape(-1).view(np.uint8) if host.size else host.view(np.uint8)
-                        off = box[0] + (0,) if box else None
-                        cs = box[1] + (dt.itemsize,) if box else None
-                        items.append((name, _dtypes.BYTES, shape + (dt.itemsize,), raw, off, cs))
-                    elif box is None:
-                        items.append((name, code, shape, host))
-                    else:
-                        items.append((name, code, shape, host, box[0], box[1]))
-            if transient >= _TRANSIENT_BATCH:
-                w.add_many(items)
-                w.flush()  # the host copies may go now
-                items.clear()
-                transient = 0
-        w.add_many(items)
-        del items
-        doc = json.dumps(make_document(root), separators=(",", ":"))
-        w.set_meta(TREE_KEY, doc.encode())
-        for k, v in meta:
-            w.set_meta(k, v)
-        st = w.commit()
+                    done = on_array(name, np.asarray(obj))
+                    if done != NUMPY_LEAF:
+                        node.update(done)
+                elif kind == "torch":
+                    if torch_state is None:
+                        torch_state = _Torch()
+                    item, copied = torch_state.item(name, obj, node)
+                    if item is not None:
+                        add(item)
+                    transient += copied
+                else:  # jax
+                    _jax_items(name, obj, node, np_codes, add)
+                if transient >= _TRANSIENT_BATCH:
+                    w.add_many(items)
+                    w.flush()  # the host copies may go now
+                    items.clear()
+                    transient = 0
+            w.add_many(items)
+            items.clear()
+            doc = json.dumps(make_document(root), separators=(",", ":"))
+            w.set_meta(TREE_KEY, doc.encode())
+            for k, v in meta:
+                w.set_meta(k, v)
+            st = w.commit()
     return Stats._from_core(st, time.perf_counter() - t0)
+
+
+def _jax_items(
+    name: str, obj: Any, node: Node, np_codes: dict[Any, int], add: Callable[[Any], None]
+) -> None:
+    dt, chunks = _jax.save_chunks(obj, name)
+    node["sharding"] = _jax.describe_sharding(obj.sharding)
+    code = np_codes.get(dt)
+    shape = tuple(obj.shape)
+    for box, host in chunks:
+        if code is None:
+            # Stored as raw bytes with a trailing dimension of the item size.
+            node["dtype"] = _dtypes.np_dtype_name(dt)
+            raw = host.reshape(-1).view(np.uint8) if host.size else np.empty(0, np.uint8)
+            off = box[0] + (0,) if box else None
+            cs = box[1] + (dt.itemsize,) if box else None
+            add((name, _dtypes.BYTES, shape + (dt.itemsize,), raw, off, cs))
+        elif box is None:
+            add((name, code, shape, host))
+        else:
+            add((name, code, shape, host, box[0], box[1]))

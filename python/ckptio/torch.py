@@ -67,8 +67,18 @@ def save(
     from torch.utils.serialization import config
 
     with _core.FileWriter(os.fspath(f), p) as fw:
-        with config.patch({"save.storage_alignment": STORAGE_ALIGNMENT}):
-            _torch.save(obj, fw, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+        try:
+            with config.patch({"save.storage_alignment": STORAGE_ALIGNMENT}):
+                _torch.save(obj, fw, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+        except BaseException as e:
+            # After Ctrl-C in write(), torch's own cleanup fails too and hides the
+            # KeyboardInterrupt behind a RuntimeError: raise the interrupt itself.
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, KeyboardInterrupt):
+                cause = cause.__context__
+            if cause is not None and cause is not e:
+                raise cause from None
+            raise
         st = fw.commit()
     return Stats._from_core(st, time.perf_counter() - t0)
 

@@ -138,6 +138,7 @@ void ckptio__vec_init(ckptio__vec *v, size_t isize)
 
 int64_t ckptio__vec_push(ckptio__vec *v, const void *src, size_t n)
 {
+    if (n == 0) return (int64_t)v->len;
     if (v->len + n > v->cap) {
         size_t cap = v->cap ? v->cap : 16;
         while (cap < v->len + n) {

@@ -301,11 +301,13 @@ static int check_files(vctx *v)
                         "file %llu: name is not a relative path of [A-Za-z0-9._-] components "
                         "without '.', '..' or empty ones",
                         U(i));
+        /* Readers hand sizes and offsets to pread as off_t. */
         if (f->size >= MAX_FILE_SIZE)
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "file '%.*s': size %llu is too large",
                         FNAME(f), U(f->size));
     }
     if (m->n_files < 2) return 0;
+    /* Two records for one file would let extents overlap unseen: sort names to find twins. */
     named *ns = malloc(m->n_files * sizeof *ns);
     if (!ns) return -ENOMEM;
     for (uint64_t i = 0; i < m->n_files; i++)
@@ -314,8 +316,9 @@ static int check_files(vctx *v)
     int rc = 0;
     for (uint64_t i = 1; i < m->n_files; i++) {
         if (name_cmp(ns[i - 1].s, ns[i - 1].len, ns[i].s, ns[i].len) == 0) {
-            rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "files %llu and %llu are both named '%.*s'",
-                      U(ns[i - 1].idx), U(ns[i].idx), (int)ns[i].len, ns[i].s);
+            rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                      "files %llu and %llu are both named '%.*s'", U(ns[i - 1].idx),
+                      U(ns[i].idx), (int)ns[i].len, ns[i].s);
             break;
         }
     }
@@ -477,6 +480,8 @@ static int check_tensor(vctx *v, uint64_t ti)
         }
         uint64_t vol;
         (void)volume(shp, ndim, &vol); /* cannot overflow: the box lies inside the tensor */
+        /* One canonical form for empty tensors (a single whole chunk, no bytes), so readers
+         * never meet zero-volume chunks anywhere else. */
         if (tvol == 0) {
             bool whole = true;
             for (uint32_t d = 0; d < ndim; d++) whole = whole && off[d] == 0 && shp[d] == tshape[d];
@@ -498,6 +503,8 @@ static int check_tensor(vctx *v, uint64_t ti)
                         "bytes",
                         TNAME(t), U(k), U(c->raw_len), fmt_dims(b1, sizeof b1, shp, ndim),
                         ckptio_dtype_name((int)t->dtype), U(vol * esize));
+        /* v1 has no codecs: a new one needs a new major version, so any other value here is
+         * damage, not something newer. */
         if (c->codec != CKPTIO__CODEC_NONE)
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                         "tensor '%.*s': chunk %llu: unknown codec %u", TNAME(t), U(k), c->codec);
@@ -511,6 +518,8 @@ static int check_tensor(vctx *v, uint64_t ti)
                         "tensor '%.*s': chunk %llu names file %u of %llu", TNAME(t), U(k), c->file,
                         U(m->n_files));
         const ckptio__mfile *f = &m->files[c->file];
+        /* 4096 lets O_DIRECT and GPUDirect read large chunks in place; small ones only need to
+         * start on a cache line, so tiny tensors do not each waste a page. */
         uint64_t align = c->stored_len >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN
                                                                 : CKPTIO__SMALL_ALIGN;
         if (c->file_off & (align - 1))
@@ -518,6 +527,8 @@ static int check_tensor(vctx *v, uint64_t ti)
                         "tensor '%.*s': chunk %llu: offset %llu in file '%.*s' is not a multiple "
                         "of %llu",
                         TNAME(t), U(k), U(c->file_off), FNAME(f), U(align));
+        /* The recorded size bounds every extent, so a reader that checks a file's length once
+         * can trust each read to stay inside it. */
         if (!in_range(c->file_off, c->stored_len, f->size))
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                         "tensor '%.*s': chunk %llu: bytes %llu..+%llu lie past the end of file "
@@ -538,6 +549,8 @@ static int check_tensor(vctx *v, uint64_t ti)
         /* Saturates only when chunks overlap, which check_disjoint then reports. */
         if (!ckptio__add(covered, vol, &covered)) covered = UINT64_MAX;
     }
+    /* Inside + disjoint + volumes summing to the tensor's = an exact tiling; one chunk needs no
+     * sweep, which keeps the common case O(ndim). */
     if (t->n_chunks > 1) CKPTIO__TRY(check_disjoint(v, t));
     if (covered != tvol && tvol != 0)
         return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
@@ -612,7 +625,8 @@ static int check_extents(vctx *v)
         uint64_t ka = 0, kb = 0;
         const ckptio__mtensor *ta = owner(m, s[i - 1].chunk, &ka), *tb = owner(m, s[i].chunk, &kb);
         if (!ta || !tb) {
-            rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "file '%.*s': extents overlap", FNAME(f));
+            rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "file '%.*s': extents overlap",
+                      FNAME(f));
             break;
         }
         rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
@@ -679,6 +693,7 @@ int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errle
     if (m->version != V_MAJOR)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u is not %u",
                     m->version, V_MAJOR);
+    /* Limits first: everything after allocates or loops in proportion to these counts. */
     if (m->n_files > CKPTIO__MAX_FILES || m->n_tensors > CKPTIO__MAX_TENSORS ||
         m->n_chunks > CKPTIO__MAX_CHUNKS || m->n_meta > CKPTIO__MAX_META)
         return fail(err, errlen, CKPTIO_E_LIMIT,
@@ -699,6 +714,8 @@ int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errle
                     "checksum block of %llu bytes is not a power of two between 4096 and 2^30",
                     U(m->csum_block));
 
+    /* Files before tensors (chunks name them), tensors before the partition and extent checks
+     * (which quote tensor names, so those must be known to be valid strings). */
     vctx v = {.m = m, .err = err, .errlen = errlen};
     int rc = 0;
     CKPTIO__CHECK(check_files(&v));
@@ -722,6 +739,7 @@ typedef struct layout {
 
 static int plan(const ckptio__manifest *m, layout *l)
 {
+    /* m's indices must be in range (validated); the sums are checked anyway, being cheap. */
     uint64_t chunks = 0, dims = 0, csums = 0, str = 0, t, total = HDR_V1;
     bool ok = true;
     for (uint64_t i = 0; i < m->n_files; i++) str += (uint64_t)m->files[i].name_len + 1;
@@ -779,6 +797,7 @@ static uint8_t *put_str(uint8_t *p, const char *s, uint64_t len)
 
 int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t len)
 {
+    /* Trusts m (the writer validated it); recomputing the plan costs one pass over tensors. */
     layout l;
     CKPTIO__TRY(plan(m, &l));
     CKPTIO__RET_IF(len < l.total, CKPTIO_E_USAGE);
@@ -853,6 +872,7 @@ int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t le
     const uint64_t counts[7] = {m->n_files, m->n_tensors, l.n_chunks, m->n_meta,
                                 l.n_dims,   l.n_csums,    l.strtab_len};
     for (int i = 0; i < 7; i++) put64(h + H_COUNTS + 8 * i, counts[i]);
+    /* Last, as it covers every other header byte, body checksum included. */
     put64(h + H_SUM_V1, ckptio__hash(h, H_SUM_V1));
     return 0;
 }
@@ -921,6 +941,8 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest header size %u is invalid", hsize);
     if (hsize > len)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest truncated at %llu bytes", U(len));
+    /* The header checksum comes before any field past the version is trusted; the body's
+     * before any record is parsed, so a torn write is reported as such, not as a bad record. */
     uint64_t want = get64(buf + hsize - 8), got = ckptio__hash(buf, hsize - 8);
     if (want != got)
         return fail(err, errlen, CKPTIO_E_CORRUPT,
@@ -938,6 +960,7 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
         return fail(err, errlen, CKPTIO_E_CORRUPT,
                     "manifest body checksum mismatch (stored %016llx, computed %016llx)", U(want),
                     U(got));
+    /* Reserved bits must be zero so that a future major version cannot be misread by us. */
     if (get32(buf + H_FLAGS) != 0 || get64(buf + H_RESERVED) != 0 ||
         get64(buf + H_RESERVED + 8) != 0)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest header: reserved fields are not zero");
@@ -984,6 +1007,7 @@ int ckptio__manifest_decode(const uint8_t *buf, uint64_t len, ckptio__manifest *
 
     uint64_t total = arena_size(n);
     if (total > SIZE_MAX) return fail(err, errlen, -ENOMEM, "manifest too large for memory");
+    /* One allocation for the struct and all arrays: a single free, and no partial states. */
     uint8_t *arena = malloc((size_t)total);
     if (!arena) return fail(err, errlen, -ENOMEM, "out of memory decoding the manifest");
     ckptio__manifest *m = (ckptio__manifest *)arena;
@@ -1023,6 +1047,7 @@ int ckptio__manifest_decode(const uint8_t *buf, uint64_t len, ckptio__manifest *
                              f->name_len));
     }
     p = sec[C_TENSORS];
+    /* Chunks follow their tensors in order, so one pass assigns every implicit index. */
     const uint8_t *pc = sec[C_CHUNKS];
     for (uint64_t i = 0; i < n[C_TENSORS]; i++, p += REC_TENSOR) {
         ckptio__mtensor *t = &m->tensors[i];
@@ -1081,6 +1106,7 @@ int ckptio__manifest_decode(const uint8_t *buf, uint64_t len, ckptio__manifest *
                         fail(err, errlen, CKPTIO_E_CORRUPT,
                              "manifest declares %llu %s but its records use %llu",
                              U(n[which[i]]), count_name[which[i]], U(used[i])));
+    /* Same order on disk as in memory, so these three sections are plain copies. */
     get_u64s(m->dims, sec[C_DIMS], n[C_DIMS]);
     get_u64s(m->csums, sec[C_CSUMS], n[C_CSUMS]);
     if (n[C_STRTAB]) memcpy(m->strtab, sec[C_STRTAB], n[C_STRTAB]);

@@ -14,6 +14,10 @@
  *  - tensors sorted by name (bytewise), names unique and valid UTF-8 without NUL;
  *  - tensor t's chunks are chunks[t.chunk0 .. t.chunk0 + t.n_chunks), each of t's dtype,
  *    inside t's shape, pairwise disjoint, volumes summing to t's volume (so they tile it);
+ *    the tensors' ranges partition chunks[] (in any order; decode lays them out in order);
+ *  - a tensor of volume 0 has exactly one chunk, covering its shape at offset 0, with
+ *    stored_len 0 and file_off 0; every other chunk has volume >= 1;
+ *  - every chunk's file index is valid, an empty chunk's included;
  *  - chunk extents lie inside their file's recorded size, start 64-aligned, start
  *    4096-aligned when stored_len >= 4096, and never overlap one another within a file;
  *  - n_csums of a chunk = ceil(stored_len / csum_block) (0 when checksums are off or the chunk
@@ -64,7 +68,7 @@ typedef struct ckptio__mchunk {
     uint64_t n_csums;
     uint32_t file;       /* index into files[] */
     uint32_t codec;      /* CKPTIO__CODEC_* */
-    uint32_t tensor;     /* owning tensor (redundant, filled by decode/validate) */
+    uint32_t tensor;     /* owning tensor (redundant, not stored: filled by decode) */
     uint32_t reserved;
 } ckptio__mchunk;
 
@@ -79,7 +83,8 @@ typedef struct ckptio__mmeta {
 typedef struct ckptio__manifest {
     uint32_t version;    /* format version (1) */
     uint32_t csum_algo;  /* CKPTIO__CSUM_* */
-    uint64_t csum_block; /* bytes per checksum block, power of two multiple of 4096 */
+    uint64_t csum_block; /* bytes per checksum block, power of two multiple of 4096 (may be 0
+                          * when csum_algo is NONE) */
     uint64_t n_files, n_tensors, n_chunks, n_meta, n_dims, n_csums, strtab_len;
     ckptio__mfile *files;
     ckptio__mtensor *tensors;
@@ -93,7 +98,7 @@ typedef struct ckptio__manifest {
 
 /* Check every invariant above; on failure return CKPTIO_E_CORRUPT (or CKPTIO_E_LIMIT) and put
  * a one-line reason naming the tensor or file into err. Used by decode and, before encoding,
- * by the writer. */
+ * by the writer. Allocates scratch (-ENOMEM possible); O(n log n). */
 CKPTIO__HIDDEN int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errlen);
 
 /* Exact encoded size of m. */
