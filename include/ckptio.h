@@ -144,8 +144,8 @@ enum ckptio_switch { CKPTIO_AUTO = -1, CKPTIO_OFF = 0, CKPTIO_ON = 1 };
  * for users who need to force a path). */
 typedef struct ckptio_params {
     uint32_t size;          /* sizeof(ckptio_params), set by ckptio_params_init */
-    uint32_t io_threads;    /* psync pool threads; 0 = default (4) */
-    uint32_t queue_depth;   /* I/O requests in flight; 0 = default (16) */
+    uint32_t io_threads;    /* psync pool threads; 0 = default (16) */
+    uint32_t queue_depth;   /* I/O requests in flight; 0 = default (64) */
     uint32_t reserved0;
     uint64_t staging_bytes; /* staging pool size; 0 = default (64 MiB). Fixed for the handle. */
     uint64_t request_bytes; /* size of one I/O request; 0 = default (8 MiB) */

@@ -13,8 +13,8 @@
 #include "internal.h"
 #include "io/engine.h"
 
-#define DEFAULT_DEPTH 16u
-#define DEFAULT_THREADS 4u
+#define DEFAULT_DEPTH 64u
+#define DEFAULT_THREADS 16u
 #define DEFAULT_REQUEST (8ull << 20)
 #define DEFAULT_STAGING (64ull << 20)
 #define CSUM_BLOCK (1ull << 20)

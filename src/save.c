@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/hasher.h"
 #include "format/manifest.h"
 #include "internal.h"
 #include "io/engine.h"
@@ -29,6 +30,16 @@ typedef struct wtensor {
     uint64_t n_chunks;
     uint64_t covered;    /* sum of chunk volumes, elements */
 } wtensor;
+
+/* Checksums of a large chunk, computed by the hasher into `buf`, copied into csums[at] once
+ * the hasher is idle (csums may move while it works). */
+typedef struct pending_csums {
+    uint64_t at, n;
+    uint64_t *buf;
+} pending_csums;
+
+/* Chunks at least this large are hashed on the hasher thread. */
+#define ASYNC_HASH_MIN (1u << 20)
 
 typedef struct wmeta {
     char *key;
@@ -54,6 +65,8 @@ struct ckptio_writer {
     int fd;     /* the data file */
     char *data_label; /* its path, for messages */
     ckptio__sink sink;
+    ckptio__hasher *hasher; /* started with the first large chunk */
+    ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
 
     ckptio__vec tensors; /* wtensor */
     ckptio__vec chunks;  /* ckptio__mchunk */
@@ -126,30 +139,56 @@ static void hash_blocks(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64
     for (uint64_t i = 0, k = 0; i < n; i += B, k++) out[k] = ckptio__hash(src + i, CKPTIO__MIN(B, n - i));
 }
 
-/* Write one chunk's bytes at `off`; records its block checksums into csum_out. */
-static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t off,
-                       uint64_t *csum_out)
+/* Wait for the hasher and move its results into place. */
+static void settle_hashes(ckptio_writer *w)
 {
+    if (!w->pending.len) return;
+    ckptio__hasher_wait(w->hasher);
+    for (size_t i = 0; i < w->pending.len; i++) {
+        pending_csums *p = CKPTIO__VEC_AT(&w->pending, pending_csums, i);
+        memcpy(CKPTIO__VEC_AT(&w->csums, uint64_t, p->at), p->buf, p->n * sizeof *p->buf);
+        free(p->buf);
+    }
+    w->pending.len = 0;
+}
+
+/* Write one chunk's bytes at `off`; its block checksums go to csums[csum_at...]. Large chunks
+ * are hashed by the hasher thread from the caller's memory while this thread copies and
+ * submits, which the buffer lifetime rule (valid until flush or commit) allows. */
+static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t off,
+                       uint64_t csum_at, uint64_t n_csums)
+{
+    uint64_t B = w->cfg.csum_block;
+    bool async = n_csums && n >= ASYNC_HASH_MIN;
+    if (async) {
+        if (!w->hasher) CKPTIO__TRY(ckptio__hasher_start(&w->hasher, B));
+        pending_csums p = {.at = csum_at, .n = n_csums, .buf = malloc(n_csums * sizeof(uint64_t))};
+        if (!p.buf || ckptio__vec_push(&w->pending, &p, 1) < 0) {
+            free(p.buf);
+            return -ENOMEM;
+        }
+        CKPTIO__TRY(ckptio__hasher_push(w->hasher, src, n, p.buf));
+    }
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
     if (ckptio__sink_can_place(&w->sink, src, n)) {
-        /* One request at a time, hashing each while the ones before it are in flight. */
-        uint64_t step = w->cfg.request, B = w->cfg.csum_block;
+        uint64_t step = w->cfg.request;
         for (uint64_t i = 0; i < n; i += step) {
             uint64_t len = CKPTIO__MIN(step, n - i);
             if (ckptio__sink_can_place(&w->sink, src + i, len))
                 CKPTIO__TRY(ckptio__sink_write_in_place(&w->sink, src + i, len));
             else
                 CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
-            if (csum_out) hash_blocks(w, src + i, len, csum_out + i / B);
+            if (n_csums && !async)
+                hash_blocks(w, src + i, len, CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + i / B));
         }
         return 0;
     }
-    /* Copy and hash block by block so each block is hashed while still in cache. */
-    uint64_t B = w->cfg.csum_block;
+    /* Small chunks: copy and hash block by block, each block hashed while still in cache. */
     for (uint64_t i = 0, k = 0; i < n; i += B, k++) {
         uint64_t len = CKPTIO__MIN(B, n - i);
         CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
-        if (csum_out) csum_out[k] = ckptio__hash(src + i, len);
+        if (n_csums && !async)
+            *CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + k) = ckptio__hash(src + i, len);
     }
     return 0;
 }
@@ -257,6 +296,7 @@ int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_param
     ckptio__vec_init(&w->dims, sizeof(uint64_t));
     ckptio__vec_init(&w->csums, sizeof(uint64_t));
     ckptio__vec_init(&w->meta, sizeof(wmeta));
+    ckptio__vec_init(&w->pending, sizeof(pending_csums));
     ckptio__strmap_init(&w->names);
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
@@ -427,9 +467,9 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     t->covered += cvol;
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
-    uint64_t *csum = n_csums ? CKPTIO__VEC_AT(&w->csums, uint64_t, ci) : NULL;
-    int rc = write_chunk(w, data, nbytes, off, csum);
+    int rc = write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
     if (rc < 0) {
+        settle_hashes(w); /* nothing may still read the caller's buffer once we fail */
         char why[CKPTIO__MSG_LEN];
         memcpy(why, w->msg.text, sizeof why);
         ckptio__fail(&w->msg, rc, "saving tensor '%s': %s", name, why[0] ? why : "write failed");
@@ -479,6 +519,7 @@ int ckptio_writer_flush(ckptio_writer *w)
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_flush: writer is NULL");
     CKPTIO__TRY(check_usable(w));
     int rc = ckptio__sink_drain(&w->sink);
+    settle_hashes(w);
     return rc < 0 ? poison(w, rc) : 0;
 }
 
@@ -678,6 +719,7 @@ int ckptio_writer_commit(ckptio_writer *w)
     uint8_t *man = NULL;
     uint64_t man_len = 0;
     int rc;
+    settle_hashes(w); /* first: whatever happens next, the hasher is done with the caller's memory */
     CKPTIO__CHECK(ckptio__sink_finish(&w->sink));
     w->stats.io_bytes = w->sink.io_bytes;
     if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0) {
@@ -723,6 +765,9 @@ void ckptio_writer_close(ckptio_writer *w)
 {
     if (!w) return;
     ckptio__sink_fini(&w->sink);
+    settle_hashes(w);
+    ckptio__hasher_stop(w->hasher);
+    ckptio__vec_free(&w->pending);
     if (w->fd >= 0) close(w->fd);
     if (w->tmp_fd >= 0) close(w->tmp_fd);
     if (w->state != W_COMMITTED && w->tmp_path) ckptio__remove_tree(w->tmp_path);

@@ -88,11 +88,6 @@ void ckptio__unmap(void *p, size_t len)
     if (p) munmap(p, len);
 }
 
-uint64_t ckptio__hash(const void *p, size_t len)
-{
-    return XXH3_64bits(p, len);
-}
-
 double ckptio__now(void)
 {
     struct timespec ts;

@@ -85,23 +85,24 @@ def main() -> None:
     os.makedirs(a.dir, exist_ok=True)
     cmd = ckptio_cmd()
 
-    print(f"C path: {cmd} bench --size {a.size} --runs {a.runs} --tiny {a.tiny}", flush=True)
-    cb = c_bench(cmd, os.path.join(a.dir, "c"), a.size, a.runs, a.tiny)
-    c_save, c_load = cb["save_gbps"], cb["load_gbps"]
-    print(f"  raw write {cb['raw_write_gbps']:.2f} GB/s, raw read {cb['raw_read_gbps']:.2f} GB/s")
-    print(f"  ckptio save {c_save:.2f} GB/s  load {c_load:.2f} GB/s  (runs: save "
-          f"{cb['save_gbps_runs']}, load {cb['load_gbps_runs']})")
-    print(f"  tiny: save {cb['tiny_save_seconds']:.3f} s, load {cb['tiny_load_seconds']:.3f} s")
-
-    kept = [p for p in os.listdir(os.path.join(a.dir, "c")) if os.path.isfile(os.path.join(a.dir, "c", p, "manifest"))]
-    src = os.path.join(a.dir, "c", sorted(kept)[0])
-    state = ckptio.load(src)  # the same tensors the C bench wrote, as numpy arrays
-    nbytes = sum(v.nbytes for v in state.values())
-    print(f"Python: {len(state)} tensors, {nbytes / 1e9:.2f} GB (from {src})", flush=True)
-
+    # Rounds alternate the C bench and the Python layer, so both see the same disk weather.
+    c_saves, c_loads, saves, loads, raw_w, raw_r = [], [], [], [], [], []
+    shares: list[tuple[float, float]] = []
+    state: dict[str, np.ndarray] | None = None
+    nbytes = 0
     path = os.path.join(a.dir, "py")
-    saves, loads = [], []
-    for _ in range(a.runs):
+    for rnd in range(a.runs):
+        cb = c_bench(cmd, os.path.join(a.dir, "c"), a.size, 1, 0)
+        c_saves.append(cb["save_gbps"])
+        c_loads.append(cb["load_gbps"])
+        raw_w.append(cb["raw_write_gbps"])
+        raw_r.append(cb["raw_read_gbps"])
+        if state is None:
+            cdir = os.path.join(a.dir, "c")
+            kept = [p for p in os.listdir(cdir) if os.path.isfile(os.path.join(cdir, p, "manifest"))]
+            state = ckptio.load(os.path.join(cdir, sorted(kept)[0]))  # the C bench's tensors
+            nbytes = sum(v.nbytes for v in state.values())
+            print(f"state: {len(state)} tensors, {nbytes / 1e9:.2f} GB (the C bench's own)")
         shutil.rmtree(path, ignore_errors=True)
         st = ckptio.save(state, path)
         saves.append(st.gbps)
@@ -109,25 +110,41 @@ def main() -> None:
         t = time.perf_counter()
         out = ckptio.load(path)
         loads.append(nbytes / (time.perf_counter() - t) / 1e9)
+        ls = ckptio.last_load_stats()
+        assert ls is not None
+        # The Python layer's own share of the wall time (the rest is the C library's calls).
+        shares.append((1 - st.io_seconds / st.seconds, 1 - ls.io_seconds / ls.seconds))
         del out
-    print(f"  ckptio.save {median(saves):.2f} GB/s  ckptio.load {median(loads):.2f} GB/s  "
-          f"(runs: save {[round(x, 3) for x in saves]}, load {[round(x, 3) for x in loads]})")
-    print(f"  Python / C: save {median(saves) / c_save:.3f}, load {median(loads) / c_load:.3f}")
+        print(f"round {rnd + 1}: raw write {raw_w[-1]:.2f} read {raw_r[-1]:.2f} | C save "
+              f"{c_saves[-1]:.2f} load {c_loads[-1]:.2f} | Python save {saves[-1]:.2f} load "
+              f"{loads[-1]:.2f} GB/s; Python's share of the wall time: save "
+              f"{shares[-1][0]:.2%}, load {shares[-1][1]:.2%}", flush=True)
+    print(f"median GB/s: C save {median(c_saves):.2f} load {median(c_loads):.2f}; Python save "
+          f"{median(saves):.2f} load {median(loads):.2f}")
+    print(f"Python / C (medians): save {median(saves) / median(c_saves):.3f}, load "
+          f"{median(loads) / median(c_loads):.3f}; per round: save "
+          f"{[round(p / c, 3) for p, c in zip(saves, c_saves)]}, load "
+          f"{[round(p / c, 3) for p, c in zip(loads, c_loads)]}")
+    assert state is not None
 
     # Peak memory of a load in a fresh process: one copy of each tensor, no staging copies.
     evict(path)
+    # VmHWM, not ru_maxrss: the latter carries the parent's peak across exec.
     probe = (
-        "import resource, ckptio, sys\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "import ckptio, sys\n"
+        "def hwm():\n"
+        "    s = open('/proc/self/status').read()\n"
+        "    return int(s.split('VmHWM:')[1].split()[0]) * 1024\n"
+        "base = hwm()\n"
         "out = ckptio.load(sys.argv[1])\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "print(base * 1024, peak * 1024, sum(v.nbytes for v in out.values()))\n"
+        "print(base, hwm(), sum(v.nbytes for v in out.values()))\n"
     )
     base, peak, held = map(int, subprocess.check_output([sys.executable, "-c", probe, path]).split())
     print(f"  load peak RSS growth {(peak - base) / 1e9:.3f} GB for {held / 1e9:.3f} GB of tensors "
           f"(ratio {(peak - base) / held:.3f})")
 
     # Tiny tensors: the C figure is 100,000 f32 tensors of 1..64 elements.
+    cb = c_bench(cmd, os.path.join(a.dir, "c"), "16M", 1, a.tiny)
     rng = np.random.default_rng(0)
     tiny = {f"tiny.{i:06d}": rng.standard_normal(1 + (i * 7919) % 64).astype(np.float32) for i in range(a.tiny)}
     tpath = os.path.join(a.dir, "tiny")

@@ -116,10 +116,16 @@ def test_io_error_is_an_oserror(tmp_path: pathlib.Path) -> None:
         os.chmod(ro, 0o700)
 
 
-def test_parent_missing(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(ckptio.CheckpointError) as e:
-        ckptio.save({"a": np.zeros(1)}, tmp_path / "no" / "such" / "dir")
-    assert "no/such" in str(e.value)
+def test_parent_directories_are_created(tmp_path: pathlib.Path) -> None:
+    ckptio.save({"a": np.zeros(1)}, tmp_path / "no" / "such" / "dir")
+    assert ckptio.load(tmp_path / "no" / "such" / "dir")["a"].tolist() == [0.0]
+
+
+def test_parent_is_a_file(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises((ckptio.CheckpointError, OSError)) as e:
+        ckptio.save({"a": np.zeros(1)}, tmp_path / "file" / "ckpt")
+    assert "file" in str(e.value)
 
 
 def test_error_attributes() -> None:

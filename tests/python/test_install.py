@@ -38,3 +38,8 @@ def test_wheel_contents(tmp_path: pathlib.Path) -> None:
     zipfile.ZipFile(wheel).extract(ext, out)
     needed = subprocess.run(["readelf", "-d", str(out / ext)], capture_output=True, text=True).stdout
     assert "libckptio" not in needed
+
+
+def test_python_m_ckptio_runs_the_command() -> None:
+    res = subprocess.run([sys.executable, "-m", "ckptio", "--version"], capture_output=True, text=True)
+    assert res.returncode == 0 and "ckptio" in res.stdout, res.stderr

@@ -359,3 +359,37 @@ def test_zero_dim_arrays_keep_zero_dims(ckpt: pathlib.Path) -> None:
     for k, v in tree.items():
         assert isinstance(out[k], np.ndarray) and out[k].shape == (), k
         assert out[k] == v, k
+
+
+def test_mixed_flat_dict(ckpt: pathlib.Path) -> None:
+    """Every kind of entry side by side in one dict (the saver's C fast path and its fallbacks)."""
+    a = np.arange(10.0)
+    tree = {
+        "a": a,
+        "same": a,  # alias, in the same dict
+        "strided": np.arange(20)[::2],  # not contiguous: copied by Python
+        "date": np.array(["2001-01-01"], dtype="datetime64[D]"),  # raw bytes
+        7: np.ones(2),  # int key
+        "": np.zeros(1),  # empty key
+        "bf16": np.ones(3, ml_dtypes.bfloat16),
+        "sub": {"x": a, "y": np.float64(2.0)},
+        "v": 1.5,
+    }
+    st = ckptio.save(tree, ckpt)
+    out = ckptio.load(ckpt)
+    assert list(out) == list(tree)
+    assert out["same"] is out["a"] and out["sub"]["x"] is out["a"]
+    assert st.bytes == sum(np.asarray(v).nbytes for k, v in tree.items() if k not in ("same", "sub", "v")) + 8
+    for k in ("strided", "date", 7, "", "bf16"):
+        assert out[k].dtype == tree[k].dtype and np.array_equal(out[k], tree[k]), k
+    with ckptio.open(ckpt) as r:
+        assert r.keys() == ["a", "same", "strided", "date", "7", ".", "bf16", "sub.x", "sub.y", "v"]
+
+
+def test_keys_prefix_inside_dotted_dict_keys(ckpt: pathlib.Path) -> None:
+    tree = {"m.l.0.w": np.zeros(1), "m.l.0.b": np.ones(1), "m.l.1.w": np.full(1, 2.0)}
+    ckptio.save(tree, ckpt)
+    assert list(ckptio.load(ckpt, keys=["m.l.0"])) == ["m.l.0.w", "m.l.0.b"]
+    assert list(ckptio.load(ckpt, keys=["m"])) == list(tree)
+    with pytest.raises(ckptio.TensorNotFound):
+        ckptio.load(ckpt, keys=["m.l.2"])

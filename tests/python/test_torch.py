@@ -286,3 +286,12 @@ def test_torch_load_legacy_format(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "old.pt"
     torch.save({"x": torch.arange(3)}, path, _use_new_zipfile_serialization=False)
     assert torch.equal(ckptio.torch.load(path)["x"], torch.arange(3))
+
+
+def test_torch_save_without_crc(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "fast.pt"
+    obj = {"w": torch.randn(1000, 100)}
+    ckptio.torch.save(obj, path, crc32=False)
+    assert torch.equal(torch.load(path, weights_only=True)["w"], obj["w"])
+    assert torch.equal(ckptio.torch.load(path)["w"], obj["w"])
+    assert torch.serialization.get_crc32_options()  # the global setting is left alone

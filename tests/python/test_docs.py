@@ -1,0 +1,43 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The examples in doc/python.md and in the docstrings run as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_readme_examples_run() -> None:
+    text = (ROOT / "doc" / "python.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 5
+    shutil.rmtree("/tmp/ckptio-doc", ignore_errors=True)
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the JAX example sets it itself
+    try:
+        for i, code in enumerate(blocks):
+            res = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+            )
+            assert res.returncode == 0, f"example {i + 1} failed:\n{code}\n{res.stderr}"
+    finally:
+        shutil.rmtree("/tmp/ckptio-doc", ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "module", ["ckptio", "ckptio._save", "ckptio._load", "ckptio._errors", "ckptio.torch"]
+)
+def test_docstring_examples(module: str) -> None:
+    mod = importlib.import_module(module)
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
