@@ -499,13 +499,10 @@ static int cmd_inspect(int argc, char **argv)
     return ret;
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* verify                                                                                     */
-/* ------------------------------------------------------------------------------------------ */
-
-static int cmd_verify(int argc, char **argv)
+/* Parse the arguments of a command that takes at most one directory and no options.
+ * Returns -1 to go on, or the exit status to return (help printed, usage error). */
+static int one_dir_arg(int argc, char **argv, const char *cmd, const char **dir)
 {
-    const char *dir = NULL;
     bool opts = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -514,12 +511,24 @@ static int cmd_verify(int argc, char **argv)
         else if (opts && !strcmp(a, "--"))
             opts = false;
         else if (opts && a[0] == '-' && a[1])
-            return cli_usage_error("verify: unknown option '%s'", a);
-        else if (dir)
-            return cli_usage_error("verify: more than one directory ('%s', '%s')", dir, a);
+            return cli_usage_error("%s: unknown option '%s'", cmd, a);
+        else if (*dir)
+            return cli_usage_error("%s: more than one directory ('%s', '%s')", cmd, *dir, a);
         else
-            dir = a;
+            *dir = a;
     }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* verify                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static int cmd_verify(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int done = one_dir_arg(argc, argv, "verify", &dir);
+    if (done >= 0) return done;
     if (!dir) return cli_usage_error("verify: which checkpoint? (ckptio verify DIR)");
     double t0 = cli_now();
     int rc;
@@ -567,20 +576,8 @@ static int cmd_verify(int argc, char **argv)
 static int cmd_doctor(int argc, char **argv)
 {
     const char *dir = NULL;
-    bool opts = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
-            return cli_usage(stdout), CLI_OK;
-        else if (opts && !strcmp(a, "--"))
-            opts = false;
-        else if (opts && a[0] == '-' && a[1])
-            return cli_usage_error("doctor: unknown option '%s'", a);
-        else if (dir)
-            return cli_usage_error("doctor: more than one directory ('%s', '%s')", dir, a);
-        else
-            dir = a;
-    }
+    int done = one_dir_arg(argc, argv, "doctor", &dir);
+    if (done >= 0) return done;
     char small[4096];
     int n = ckptio_describe_system(dir, small, sizeof small);
     if (n < 0) return cli_fail("doctor", "%s", ckptio_strerror(n));

@@ -25,6 +25,30 @@ typedef struct ckptio__req {
     struct ckptio__req *next_;
 } ckptio__req;
 
+/* A FIFO of requests threaded through next_, for the backends' queues. */
+typedef struct ckptio__req_list {
+    ckptio__req *head, *tail;
+} ckptio__req_list;
+
+static inline void ckptio__list_push(ckptio__req_list *l, ckptio__req *r)
+{
+    r->next_ = NULL;
+    if (l->tail) l->tail->next_ = r;
+    else l->head = r;
+    l->tail = r;
+}
+
+static inline ckptio__req *ckptio__list_pop(ckptio__req_list *l)
+{
+    ckptio__req *r = l->head;
+    if (r) {
+        l->head = r->next_;
+        if (!l->head) l->tail = NULL;
+        r->next_ = NULL;
+    }
+    return r;
+}
+
 /* Backends. Each one is a table of functions (like SQLite's io_methods) so tests can wrap one
  * to inject faults. */
 typedef struct ckptio__engine ckptio__engine;

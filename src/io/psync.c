@@ -12,41 +12,16 @@
  * power of two keeps O_DIRECT remainders aligned. */
 #define PSYNC_MAX_CHUNK ((size_t)1 << 30)
 
-typedef struct req_list {
-    ckptio__req *head, *tail;
-} req_list;
-
 typedef struct psync_state {
     pthread_mutex_t lock;
     pthread_cond_t work;     /* signalled when sq gains a request or stop is set */
     pthread_cond_t finished; /* signalled when cq gains a request */
-    req_list sq, cq;         /* both guarded by lock; a request sits in at most one */
+    ckptio__req_list sq, cq; /* both guarded by lock; a request sits in at most one */
     unsigned ncq;
     bool stop;
     unsigned nthreads; /* threads started, joined in fini */
     pthread_t *threads;
 } psync_state;
-
-static void list_push(req_list *l, ckptio__req *r)
-{
-    r->next_ = NULL;
-    if (l->tail)
-        l->tail->next_ = r;
-    else
-        l->head = r;
-    l->tail = r;
-}
-
-static ckptio__req *list_pop(req_list *l)
-{
-    ckptio__req *r = l->head;
-    if (r) {
-        l->head = r->next_;
-        if (!l->head) l->tail = NULL;
-        r->next_ = NULL;
-    }
-    return r;
-}
 
 /* Move all of r, continuing short transfers; the result goes to r->res. */
 static void do_io(ckptio__req *r)
@@ -76,7 +51,7 @@ static void *worker(void *arg)
     psync_state *st = arg;
     pthread_mutex_lock(&st->lock);
     for (;;) {
-        ckptio__req *r = list_pop(&st->sq);
+        ckptio__req *r = ckptio__list_pop(&st->sq);
         if (!r) {
             /* Queued work is finished before stopping, so fini never strands a request. */
             if (st->stop) break;
@@ -86,7 +61,7 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&st->lock);
         do_io(r);
         pthread_mutex_lock(&st->lock);
-        list_push(&st->cq, r);
+        ckptio__list_push(&st->cq, r);
         st->ncq++;
         pthread_cond_signal(&st->finished);
     }
@@ -147,7 +122,7 @@ static int psync_submit(ckptio__engine *e, ckptio__req *r)
 {
     psync_state *st = e->impl;
     pthread_mutex_lock(&st->lock);
-    list_push(&st->sq, r);
+    ckptio__list_push(&st->sq, r);
     pthread_cond_signal(&st->work);
     pthread_mutex_unlock(&st->lock);
     return 0;
@@ -161,7 +136,7 @@ static int psync_reap(ckptio__engine *e, ckptio__req **out, unsigned max, unsign
     while (st->ncq < min)
         pthread_cond_wait(&st->finished, &st->lock);
     while (n < max && st->cq.head) {
-        out[n++] = list_pop(&st->cq);
+        out[n++] = ckptio__list_pop(&st->cq);
         st->ncq--;
     }
     pthread_mutex_unlock(&st->lock);

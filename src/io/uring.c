@@ -13,36 +13,11 @@
  * length is 32 bits. A power of two, so O_DIRECT remainders stay aligned. */
 #define URING_MAX_CHUNK (1u << 30)
 
-typedef struct req_list {
-    ckptio__req *head, *tail;
-} req_list;
-
 typedef struct uring_state {
     struct io_uring ring;
-    req_list done;  /* finished, waiting to be handed back by reap */
-    req_list retry; /* need another SQE: a short transfer's remainder, or EINTR/EAGAIN */
+    ckptio__req_list done;  /* finished, waiting to be handed back by reap */
+    ckptio__req_list retry; /* need another SQE: a short transfer's remainder, or EINTR/EAGAIN */
 } uring_state;
-
-static void list_push(req_list *l, ckptio__req *r)
-{
-    r->next_ = NULL;
-    if (l->tail)
-        l->tail->next_ = r;
-    else
-        l->head = r;
-    l->tail = r;
-}
-
-static ckptio__req *list_pop(req_list *l)
-{
-    ckptio__req *r = l->head;
-    if (r) {
-        l->head = r->next_;
-        if (!l->head) l->tail = NULL;
-        r->next_ = NULL;
-    }
-    return r;
-}
 
 /* Queue the SQE for what is left of r. False if the SQ ring is full, which cannot happen
  * while the engine keeps at most `depth` (<= SQ entries) requests and each holds one SQE. */
@@ -77,7 +52,7 @@ static int flush(uring_state *st)
 static void complete(uring_state *st, ckptio__req *r, int64_t res)
 {
     r->res = res;
-    list_push(&st->done, r);
+    ckptio__list_push(&st->done, r);
 }
 
 /* Sort every available CQE into done or retry. */
@@ -91,7 +66,7 @@ static void harvest(uring_state *st)
         int res = cqe->res;
         seen++;
         if (res == -EINTR || res == -EAGAIN)
-            list_push(&st->retry, r);
+            ckptio__list_push(&st->retry, r);
         else if (res < 0)
             complete(st, r, res);
         else if (res == 0) /* reads: end of file; a write that moves nothing would loop forever */
@@ -99,7 +74,7 @@ static void harvest(uring_state *st)
         else if ((r->done_ += (uint64_t)res) >= r->len)
             complete(st, r, (int64_t)r->len);
         else
-            list_push(&st->retry, r);
+            ckptio__list_push(&st->retry, r);
     }
     io_uring_cq_advance(&st->ring, seen);
 }
@@ -129,7 +104,7 @@ static int uring_submit(ckptio__engine *e, ckptio__req *r)
         complete(st, r, 0);
         return 0;
     }
-    if (!prep(st, r)) list_push(&st->retry, r);
+    if (!prep(st, r)) ckptio__list_push(&st->retry, r);
     /* Submitted now rather than batched at reap: the caller may spend a while filling the
      * next buffer, and the device should not idle meanwhile. A hard error is reported by
      * the next reap; the request stays queued. */
@@ -144,11 +119,11 @@ static int uring_reap(ckptio__engine *e, ckptio__req **out, unsigned max, unsign
     for (;;) {
         harvest(st);
         for (ckptio__req *r; st->retry.head && (r = st->retry.head, prep(st, r));)
-            list_pop(&st->retry);
+            ckptio__list_pop(&st->retry);
         int rc = flush(st);
         if (rc < 0 && n == 0) return rc;
         while (n < max && st->done.head)
-            out[n++] = list_pop(&st->done);
+            out[n++] = ckptio__list_pop(&st->done);
         if (n >= min || rc < 0) return (int)n;
         rc = io_uring_submit_and_wait(&st->ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)
