@@ -10,7 +10,15 @@ import sysconfig
 
 
 def main() -> int:
-    candidates = [os.path.join(sysconfig.get_path("scripts"), "ckptio"), shutil.which("ckptio")]
+    from . import _core
+
+    # Installed next to this Python, on PATH, or (editable installs) in the build directory.
+    build = os.path.dirname(os.path.dirname(os.path.abspath(_core.__file__)))
+    candidates = [
+        os.path.join(sysconfig.get_path("scripts"), "ckptio"),
+        shutil.which("ckptio"),
+        os.path.join(build, "tools", "ckptio"),
+    ]
     for exe in candidates:
         if exe and os.access(exe, os.X_OK):
             os.execv(exe, [exe, *sys.argv[1:]])

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 from typing import Any
 
@@ -23,11 +22,6 @@ ITEMSIZE = {
     BOOL: 1, U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, U64: 8, I64: 8, F16: 2, BF16: 2,
     F32: 4, F64: 8, C64: 8, C128: 16, F8_E4M3FN: 1, F8_E5M2: 1, BYTES: 1,
 }  # fmt: skip
-
-# An unsigned integer dtype of each element size: how bytes are viewed when no better fits.
-_RAW_NP = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
-           8: np.dtype(np.uint64)}  # fmt: skip
-
 
 def ml_dtypes() -> Any:
     """The ml_dtypes module, or None when it is not installed."""
@@ -59,7 +53,7 @@ def np_to_code() -> dict[np.dtype[Any], int]:
 @cache
 def code_to_np() -> dict[int, np.dtype[Any]]:
     """ckptio code -> numpy dtype (bf16 and float8 need ml_dtypes; without it they are absent)."""
-    table = {code: dt for dt, code in np_to_code().items()}
+    table: dict[int, np.dtype[Any]] = {code: dt for dt, code in np_to_code().items()}
     table[BYTES] = np.dtype(np.uint8)
     return table
 
@@ -95,10 +89,6 @@ def np_for_code(code: int, torch_name: str | None = None) -> np.dtype[Any]:
     return dt
 
 
-def raw_np(itemsize: int) -> np.dtype[Any]:
-    return _RAW_NP[itemsize]
-
-
 # ---- torch ----
 
 
@@ -106,7 +96,7 @@ def raw_np(itemsize: int) -> np.dtype[Any]:
 def torch_tables() -> tuple[dict[Any, int], dict[int, Any], dict[Any, Any]]:
     """(torch dtype -> code, code -> torch dtype, torch dtype -> same-size integer view dtype
     for dtypes numpy cannot hold)."""
-    torch = sys.modules["torch"]
+    import torch
     to_code = {
         torch.bool: BOOL, torch.uint8: U8, torch.int8: I8, torch.int16: I16,
         torch.int32: I32, torch.int64: I64, torch.float16: F16, torch.bfloat16: BF16,
@@ -134,7 +124,7 @@ def torch_tables() -> tuple[dict[Any, int], dict[int, Any], dict[Any, Any]]:
 
 
 def torch_dtype_from_name(name: str) -> Any:
-    torch = sys.modules["torch"]
+    import torch
     dt = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dt, torch.dtype):
         raise TypeError(f"this torch has no dtype {name}")
@@ -149,5 +139,7 @@ def torch_for_np(dt: np.dtype[Any]) -> Any:
         return from_code.get(code)
     m = ml_dtypes()
     if m is not None and dt.kind == "V":
-        return getattr(sys.modules["torch"], dt.name, None)
+        import torch
+
+        return getattr(torch, dt.name, None)
     return None

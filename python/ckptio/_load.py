@@ -173,7 +173,9 @@ def _region_box(
         idx = idx[:k] + (slice(None),) * fill + idx[k + 1 :]
     if len(idx) > len(shape):
         raise IndexError(f"tensor '{name}' has {len(shape)} dimensions; got {len(idx)} indices")
-    off, size, inner = [], [], []
+    off: list[int] = []
+    size: list[int] = []
+    inner: list[Any] = []
     for dim, i in zip(shape, idx):
         if isinstance(i, slice):
             start, stop, step = i.indices(dim)
@@ -715,8 +717,6 @@ def _torch_dtype(node: Node, info: TensorInfo) -> Any:
         if dt is None:
             raise TypeError(f"tensor '{info.name}': numpy dtype {name} has no torch equivalent")
         return dt
-    import torch  # noqa: F401  (the tables need it imported)
-
     dt = _dtypes.torch_tables()[1].get(info.code)
     if dt is None:
         raise TypeError(f"tensor '{info.name}': dtype {info.dtype} has no torch equivalent")

@@ -166,9 +166,9 @@ def save(
     torch tensors, jax arrays and plain values (int, float, bool, str, None, bytes, complex).
     Each tensor is written from its own memory (non-contiguous ones are made contiguous first;
     GPU tensors are copied to the host in batches). Nothing appears at ``path`` until the
-    checkpoint is complete and durable; an existing checkpoint is replaced only with
-    ``overwrite=True``, and stays intact if the new save fails. Ctrl-C aborts the save and
-    leaves no temporary directory behind.
+    checkpoint is complete and durable (missing parent directories are created); an existing
+    checkpoint is replaced only with ``overwrite=True``, and stays intact if the new save
+    fails. Ctrl-C aborts the save and leaves no temporary directory behind.
 
     ``metadata``: str -> str entries stored with the checkpoint (``Reader.metadata``).
     ``io_options``: backend ("auto", "io_uring", "psync", "buffered"), direct (None = O_DIRECT
@@ -188,13 +188,18 @@ def save(
     t0 = time.perf_counter()
     p = params(io_options, overwrite=overwrite)
     meta = _meta_items(metadata)
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)  # as checkpoint managers do: "ckpts/step-100"
     np_codes = _dtypes.np_to_code()
     items: list[tuple[Any, ...]] = []
     add = items.append
     seen_np: dict[int, str] = {}
 
-    def on_array(name: str, arr: np.ndarray) -> Node | int:
-        prev = seen_np.setdefault(id(arr), name)
+    def on_array(name: str, arr: np.ndarray, owner: Any = None) -> Node | int:
+        # Identity is that of the object in the tree (alive throughout), never a temporary's.
+        prev = seen_np.setdefault(id(arr if owner is None else owner), name)
         if prev is not name:
             return {"t": "tensor", "f": "numpy", "alias": prev, "same": True}
         code = np_codes.get(arr.dtype)
@@ -205,47 +210,54 @@ def save(
         add((name, code, arr.shape, arr if arr.flags.c_contiguous else arr.copy(order="C")))
         return NUMPY_LEAF
 
-    with pause_gc():
+    with pause_gc(), _core.Writer(path, p) as w:
+
+        def add_arrays(d: dict[Any, Any], prefix: str, names: set[str]) -> Any:
+            return w.add_arrays(d, prefix, np.ndarray, np_codes, names, seen_np)
+
         root, leaves = flatten(
-            tree, classify=_classify, on_array=on_array, fast=(np_codes, items, seen_np)
+            tree,
+            classify=_classify,
+            on_array=on_array,
+            fast=(np_codes, items, seen_np),
+            add_arrays=add_arrays,
         )
         torch_state: _Torch | None = None
-        with _core.Writer(os.fspath(path), p) as w:
-            transient = 0
-            for name, obj, node in leaves:
-                kind = node["f"]
-                if kind == "numpy":  # scalars and ndarray subclasses
-                    if isinstance(obj, np.generic):
-                        node["scalar"] = True
-                    elif isinstance(obj, (np.ma.MaskedArray, np.matrix)):
-                        raise TypeError(
-                            f"cannot store {type(obj).__name__} '{name}': convert it to a "
-                            "plain array"
-                        )
-                    done = on_array(name, np.asarray(obj))
-                    if done != NUMPY_LEAF:
-                        node.update(done)
-                elif kind == "torch":
-                    if torch_state is None:
-                        torch_state = _Torch()
-                    item, copied = torch_state.item(name, obj, node)
-                    if item is not None:
-                        add(item)
-                    transient += copied
-                else:  # jax
-                    _jax_items(name, obj, node, np_codes, add)
-                if transient >= _TRANSIENT_BATCH:
-                    w.add_many(items)
-                    w.flush()  # the host copies may go now
-                    items.clear()
-                    transient = 0
-            w.add_many(items)
-            items.clear()
-            doc = json.dumps(make_document(root), separators=(",", ":"))
-            w.set_meta(TREE_KEY, doc.encode())
-            for k, v in meta:
-                w.set_meta(k, v)
-            st = w.commit()
+        transient = 0
+        for name, obj, node in leaves:
+            kind = node["f"]
+            if kind == "numpy":  # scalars and ndarray subclasses
+                if isinstance(obj, np.generic):
+                    node["scalar"] = True
+                elif isinstance(obj, (np.ma.MaskedArray, np.matrix)):
+                    raise TypeError(
+                        f"cannot store {type(obj).__name__} '{name}': convert it to a "
+                        "plain array"
+                    )
+                done = on_array(name, np.asarray(obj), obj)
+                if isinstance(done, dict):
+                    node.update(done)
+            elif kind == "torch":
+                if torch_state is None:
+                    torch_state = _Torch()
+                item, copied = torch_state.item(name, obj, node)
+                if item is not None:
+                    add(item)
+                transient += copied
+            else:  # jax
+                _jax_items(name, obj, node, np_codes, add)
+            if transient >= _TRANSIENT_BATCH:
+                w.add_many(items)
+                w.flush()  # the host copies may go now
+                items.clear()
+                transient = 0
+        w.add_many(items)
+        items.clear()
+        doc = json.dumps(make_document(root), separators=(",", ":"))
+        w.set_meta(TREE_KEY, doc.encode())
+        for k, v in meta:
+            w.set_meta(k, v)
+        st = w.commit()
     return Stats._from_core(st, time.perf_counter() - t0)
 
 

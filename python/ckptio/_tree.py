@@ -121,6 +121,8 @@ def flatten(
     classify: Callable[[Any, str], str | None] | None = None,
     on_array: Callable[[str, np.ndarray], Node | int] | None = None,
     fast: tuple[dict[Any, int], list[tuple[Any, ...]], dict[int, str]] | None = None,
+    add_arrays: Callable[[dict[Any, Any], str, set[str]], tuple[list[Any], list[int]]]
+    | None = None,
     _plain_only: bool = False,
 ) -> tuple[Any, list[tuple[str, Any, Node]]]:
     """Flatten ``tree`` into (spec root node, [(tensor name, leaf, node)]).
@@ -132,6 +134,8 @@ def flatten(
     ``fast`` = (dtype codes, add() tuples, id -> name) lets dict values that are C-contiguous
     arrays of those dtypes skip even that call (saving 100,000 small arrays is bound by this
     loop): each becomes an add() tuple, or an alias node when the same array was seen before.
+    ``add_arrays(d, prefix, names)`` (the writer's C loop, see Writer.add_arrays in _core.c)
+    goes further: it adds such arrays itself and returns (children, indices left to Python).
     """
     tensors: list[tuple[str, Any, Node]] = []
     names: set[str] = set()
@@ -165,32 +169,38 @@ def flatten(
             prefix = path + "." if path else ""
             children: list[Any] = []
             append = children.append
-            for k in keys:
-                v = obj[k]
-                p = prefix + (k if type(k) is str else _key_str(k, path))
-                if type(v) is ndarray and fast is not None:
-                    code = codes.get(v.dtype)
-                    if code is not None and v.flags.c_contiguous:
+            if add_arrays is not None and not _plain_only:
+                children, todo = add_arrays(obj, prefix, names)
+                for i in todo:
+                    k = keys[i]
+                    children[i] = visit(obj[k], prefix + _key_str(k, path))
+            else:
+                for k in keys:
+                    v = obj[k]
+                    p = prefix + (k if type(k) is str else _key_str(k, path))
+                    if type(v) is ndarray and fast is not None:
+                        code = codes.get(v.dtype)
+                        if code is not None and v.flags.c_contiguous:
+                            if p and p not in names:
+                                names.add(p)
+                            else:
+                                p = claim(p)
+                            first = seen.setdefault(id(v), p)
+                            if first is p:
+                                add_item((p, code, v.shape, v))
+                                append(NUMPY_LEAF)
+                            else:
+                                append({"t": "tensor", "f": "numpy", "alias": first, "same": True})
+                            continue
+                    if on_array is not None and type(v) is ndarray:
+                        # The common case of big flat state dicts, kept short.
                         if p and p not in names:
                             names.add(p)
                         else:
                             p = claim(p)
-                        first = seen.setdefault(id(v), p)
-                        if first is p:
-                            add_item((p, code, v.shape, v))
-                            append(NUMPY_LEAF)
-                        else:
-                            append({"t": "tensor", "f": "numpy", "alias": first, "same": True})
-                        continue
-                if on_array is not None and type(v) is ndarray:
-                    # The common case of big flat state dicts, kept short.
-                    if p and p not in names:
-                        names.add(p)
+                        append(on_array(p, v))
                     else:
-                        p = claim(p)
-                    append(on_array(p, v))
-                else:
-                    append(visit(v, p))
+                        append(visit(v, p))
             if tp is dict:
                 return {"t": "dict", "k": keys, "v": children}
             node = {"t": "odict", "k": keys, "v": children}
@@ -374,7 +384,16 @@ def unflatten(
                 return MISSING
             return items if t == "list" else tuple(items)
         if not selected:
-            return MISSING
+            # A key may also name a prefix inside one leaf's path, e.g. "model.layers.0" in a
+            # flat dict keyed "model.layers.0.w" (checkpoints written without a tree).
+            i = path.find(".")
+            while i >= 0 and not selected:
+                if path[:i] in keys:  # type: ignore[operator]
+                    selected = True
+                    matched.add(path[:i])
+                i = path.find(".", i + 1)
+            if not selected:
+                return MISSING
         if t == "tensor":
             return leaf(path, node)
         if value is not None:

@@ -3,12 +3,14 @@
 
     .venv/bin/python tests/python/bench_python.py [--dir D] [--size 2G] [--runs 3] [--tiny 100000]
 
-1. `ckptio bench --keep` saves and loads its synthetic training state (bf16 weights, f32 Adam
-   moments) and reports the C path's GB/s; 2. the same state, loaded as numpy arrays, is saved
-   and loaded through ckptio.save / ckptio.load (timed from the call to its return, saves
-   durable, loads from a cold page cache); 3. peak memory of a load in a fresh process;
-   4. 100,000 tiny arrays through Python against the C figure; 5. ckptio.torch.save/load
-   against torch.save (+fsync) and torch.load on the same state as torch tensors.
+Rounds alternate `ckptio bench --runs 1` (the C path: its synthetic training state, bf16
+weights and f32 Adam moments) with ckptio.save / ckptio.load of the same tensors (loaded from
+the bench's kept checkpoint as numpy arrays), so both see the same disk weather. Saves are
+durable; loads start from a cold page cache; each Python figure is timed from the call to its
+return, and the Python layer's own share of that time (wall time minus the library's
+open-to-commit / open-to-last-read time) is printed too. Then: peak memory of a load in a fresh
+process, 100,000 tiny arrays against the C figure, and ckptio.torch.save/load against
+torch.save (+fsync) and torch.load on the same state as torch tensors.
 """
 
 from __future__ import annotations
