@@ -191,6 +191,13 @@ typedef struct ckptio_writer ckptio_writer;
  * (defaults). On success *out owns a handle that ckptio_writer_close() releases; on failure
  * *out is NULL and ckptio_last_error() says why. A writer is used by one thread at a time.
  *
+ * A save killed before its commit (SIGKILL, power loss) leaves only its temporary directory.
+ * Opening a writer for `path` removes such leftovers of the same name: the siblings named
+ * exactly `<name>.tmp-<pid>.<n>` whose process no longer exists (kill(pid, 0) gives ESRCH) and
+ * whose lock no live writer holds (a writer keeps flock(LOCK_EX) on its temporary directory).
+ * Nothing else is touched: not other names, not `<name>.old-*`, not symlinks; on file systems
+ * without flock (NFS) leftovers stay and may be deleted by hand once no save is running.
+ *
  * A rejected call (CKPTIO_E_USAGE, _DTYPE, _SHAPE, _DUPLICATE, _LIMIT) leaves the writer as it
  * was. An I/O failure (-ENOSPC, -EIO, ...) poisons it: every later call but close returns that
  * same error, and close removes the temporary directory. */

@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "io/engine.h"
 #include "io/sink.h"
+#include "io/vfs.h"
 
 enum { F_OPEN, F_COMMITTED, F_FAILED };
 
@@ -132,9 +133,9 @@ int ckptio_file_writer_commit(ckptio_file_writer *f)
     f->fd = -1;
     /* rename() replaces a file atomically; without overwrite, never clobber one that appeared
      * since open. */
-    if (f->cfg.overwrite) rc = rename(f->tmp_path, f->path);
+    if (f->cfg.overwrite) rc = CKPTIO__VFS->renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->path, 0);
     else {
-        rc = renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->path, RENAME_NOREPLACE);
+        rc = CKPTIO__VFS->renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->path, RENAME_NOREPLACE);
         if (rc < 0 && errno == EINVAL) { /* no RENAME_NOREPLACE here: link() never replaces */
             rc = link(f->tmp_path, f->path);
             if (rc == 0) unlink(f->tmp_path);

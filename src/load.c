@@ -12,6 +12,7 @@
 #include "format/manifest.h"
 #include "internal.h"
 #include "io/engine.h"
+#include "io/vfs.h"
 
 /* Staged segments closer than this are read as one request: reading the gap costs less than
  * another request. */
@@ -93,7 +94,7 @@ static const char *fname(const ckptio_reader *r, uint32_t file)
 
 static int read_manifest(ckptio_reader *r, uint8_t **buf, uint64_t *len)
 {
-    int fd = openat(r->dirfd, "manifest", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = ckptio__vfs_open(r->dirfd, "manifest", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (fd < 0) {
         if (errno == ENOENT)
             return ckptio__fail(&r->msg, CKPTIO_E_NOT_CHECKPOINT,
@@ -120,7 +121,7 @@ static int read_manifest(ckptio_reader *r, uint8_t **buf, uint64_t *len)
     *buf = malloc(*len ? *len : 1);
     CKPTIO__GOTO_IF(!*buf, -ENOMEM);
     for (uint64_t got = 0; got < *len;) {
-        ssize_t n = pread(fd, *buf + got, *len - got, (off_t)got);
+        ssize_t n = CKPTIO__VFS->pread(fd, *buf + got, *len - got, (off_t)got);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             rc = ckptio__fail(&r->msg, n < 0 ? -errno : CKPTIO_E_CORRUPT,

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include "internal.h"
 #include "io/engine.h"
 #include "io/sink.h"
+#include "io/vfs.h"
 
 #define DATA_FILE "data/000000.ckd"
 
@@ -242,6 +246,58 @@ static int check_existing(ckptio_writer *w)
                         w->path);
 }
 
+/* Whether `ent` is "<base>.tmp-<pid>.<n>" (decimal pid and n, nothing after); sets *pid. */
+static bool stale_name(const char *ent, const char *base, size_t blen, long *pid)
+{
+    if (strncmp(ent, base, blen) || strncmp(ent + blen, ".tmp-", 5)) return false;
+    const char *p = ent + blen + 5;
+    char *end;
+    if (*p < '1' || *p > '9') return false;
+    long v = strtol(p, &end, 10);
+    if (*end != '.' || end[1] < '0' || end[1] > '9') return false;
+    for (p = end + 1; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    *pid = v;
+    return v > 0 && v <= INT_MAX;
+}
+
+/* Remove the temporary directories that killed saves of this same name left behind. One is
+ * removed only if all hold: its name is exactly <name>.tmp-<pid>.<n>; it is a directory, not a
+ * symlink; <pid> is not ours and no such process exists (kill(pid, 0) gives ESRCH); and no
+ * one holds its lock (a live writer keeps flock(LOCK_EX) on its temp dir, which also covers a
+ * writer in another pid namespace on the same machine). Where the lock cannot be taken for any
+ * reason (NFS), it stays. Best effort: failures are ignored, the save goes on. */
+static void clean_stale(ckptio_writer *w)
+{
+    const char *slash = strrchr(w->path, '/');
+    const char *base = slash ? slash + 1 : w->path;
+    size_t blen = strlen(base);
+    int pfd = open(w->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0) return;
+    DIR *d = fdopendir(pfd);
+    if (!d) {
+        close(pfd);
+        return;
+    }
+    struct dirent *de;
+    long pid;
+    while ((de = readdir(d))) {
+        if (!stale_name(de->d_name, base, blen, &pid) || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            char *full = NULL;
+            if (asprintf(&full, "%s/%s", w->parent, de->d_name) >= 0) {
+                ckptio__remove_tree(full);
+                free(full);
+            }
+        }
+        close(fd); /* drops the lock, after the directory is gone */
+    }
+    closedir(d);
+}
+
 static int make_tmp(ckptio_writer *w)
 {
     size_t len = strlen(w->path) + 64;
@@ -250,7 +306,7 @@ static int make_tmp(ckptio_writer *w)
     for (int tries = 0; tries < 1000; tries++) {
         unsigned n = ckptio__tmp_id();
         snprintf(w->tmp_path, len, "%s.tmp-%d.%u", w->path, (int)getpid(), n);
-        if (mkdir(w->tmp_path, 0755) == 0) goto made;
+        if (CKPTIO__VFS->mkdirat(AT_FDCWD, w->tmp_path, 0755) == 0) goto made;
         if (errno != EEXIST)
             return ckptio__fail(&w->msg, -errno, "cannot create directory '%s' (is '%s' writable?)",
                                 w->tmp_path, w->parent);
@@ -258,9 +314,11 @@ static int make_tmp(ckptio_writer *w)
     return ckptio__fail(&w->msg, -EEXIST, "cannot find a free temporary name next to '%s'",
                         w->path);
 made:
-    w->tmp_fd = open(w->tmp_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    w->tmp_fd = ckptio__vfs_open(AT_FDCWD, w->tmp_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (w->tmp_fd < 0) return ckptio__fail(&w->msg, -errno, "cannot open '%s'", w->tmp_path);
-    if (mkdirat(w->tmp_fd, "data", 0755) < 0)
+    /* Held until close: tells clean_stale() in other processes that this save is alive. */
+    (void)flock(w->tmp_fd, LOCK_EX | LOCK_NB);
+    if (CKPTIO__VFS->mkdirat(w->tmp_fd, "data", 0755) < 0)
         return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", w->tmp_path);
     int direct = 0;
     int rc = ckptio__file_open(w->tmp_fd, DATA_FILE, CKPTIO__F_WRITE, w->cfg.direct, &w->fd,
@@ -302,6 +360,7 @@ int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_param
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
     CKPTIO__CHECK(split_path(w, path));
     CKPTIO__CHECK(check_existing(w));
+    clean_stale(w);
     CKPTIO__CHECK(make_tmp(w));
     ckptio__stats_backend(w->stats.backend, w->cfg.backend, ckptio__engine_name(w->sink.eng));
     w->stats.direct = w->sink.direct;
@@ -639,7 +698,7 @@ out:
 static int write_all(int fd, const uint8_t *p, uint64_t n)
 {
     while (n) {
-        ssize_t k = write(fd, p, CKPTIO__MIN(n, (uint64_t)1 << 30));
+        ssize_t k = CKPTIO__VFS->write(fd, p, CKPTIO__MIN(n, (uint64_t)1 << 30));
         if (k < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -652,7 +711,7 @@ static int write_all(int fd, const uint8_t *p, uint64_t n)
 
 static int write_manifest(ckptio_writer *w, const uint8_t *buf, uint64_t len)
 {
-    int fd = openat(w->tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = ckptio__vfs_open(w->tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return ckptio__fail(&w->msg, -errno, "cannot create '%s/manifest'", w->tmp_path);
     int rc = write_all(fd, buf, len);
     if (rc == 0 && w->cfg.fsync) rc = ckptio__fsync(fd);
@@ -663,17 +722,23 @@ static int write_manifest(ckptio_writer *w, const uint8_t *buf, uint64_t len)
     return 0;
 }
 
+/* rename through the vfs, both paths relative to the working directory. */
+static int ren(const char *from, const char *to, unsigned flags)
+{
+    return CKPTIO__VFS->renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
+}
+
 /* Move the finished temp dir into place. Replacement swaps the two directories atomically, so
  * `path` always names a complete checkpoint, old or new. */
 static int publish(ckptio_writer *w)
 {
-    if (renameat2(AT_FDCWD, w->tmp_path, AT_FDCWD, w->path, RENAME_NOREPLACE) == 0) return 0;
+    if (ren(w->tmp_path, w->path, RENAME_NOREPLACE) == 0) return 0;
     int e = errno;
     if (e != EEXIST && e != ENOTEMPTY && e != EINVAL)
         return ckptio__fail(&w->msg, -e, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
     if (e == EINVAL) {
         /* No RENAME_NOREPLACE on this file system: check, then plain rename. */
-        if (access(w->path, F_OK) != 0 && rename(w->tmp_path, w->path) == 0) return 0;
+        if (access(w->path, F_OK) != 0 && ren(w->tmp_path, w->path, 0) == 0) return 0;
     }
     if (!w->cfg.overwrite)
         return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
@@ -683,10 +748,10 @@ static int publish(ckptio_writer *w)
     int rc = check_existing(w);
     if (rc < 0) return rc;
     if (access(w->path, F_OK) != 0) {
-        if (rename(w->tmp_path, w->path) == 0) return 0;
+        if (ren(w->tmp_path, w->path, 0) == 0) return 0;
         return ckptio__fail(&w->msg, -errno, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
     }
-    if (renameat2(AT_FDCWD, w->tmp_path, AT_FDCWD, w->path, RENAME_EXCHANGE) == 0) {
+    if (ren(w->tmp_path, w->path, RENAME_EXCHANGE) == 0) {
         /* tmp_path now holds the old checkpoint: it goes once the swap is durable. */
         if (w->cfg.fsync) ckptio__fsync_path(w->parent);
         ckptio__remove_tree(w->tmp_path);
@@ -699,9 +764,9 @@ static int publish(ckptio_writer *w)
     char old[PATH_MAX];
     snprintf(old, sizeof old, "%s.old-%d.%u", w->path, (int)getpid(),
              ckptio__tmp_id());
-    if (rename(w->path, old) < 0)
+    if (ren(w->path, old, 0) < 0)
         return ckptio__fail(&w->msg, -errno, "cannot move '%s' aside", w->path);
-    if (rename(w->tmp_path, w->path) < 0) {
+    if (ren(w->tmp_path, w->path, 0) < 0) {
         int err = -errno;
         if (rename(old, w->path) < 0) {} /* put the old one back; nothing else to try */
         return ckptio__fail(&w->msg, err, "cannot rename '%s' to '%s'", w->tmp_path, w->path);

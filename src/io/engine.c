@@ -7,6 +7,7 @@
 
 #include "ckptio_config.h"
 #include "engine.h"
+#include "vfs.h"
 
 #if CKPTIO_HAVE_IO_URING
 #include <liburing.h>
@@ -130,6 +131,7 @@ int ckptio__engine_submit(ckptio__engine *e, ckptio__req *r)
     r->res = 0;
     r->done_ = 0;
     r->next_ = NULL;
+    if (CKPTIO__VFS->req_submit) CKPTIO__TRY(CKPTIO__VFS->req_submit(r));
     CKPTIO__TRY(e->ops->submit(e, r));
     e->inflight++;
     return 0;
@@ -143,5 +145,7 @@ int ckptio__engine_reap(ckptio__engine *e, ckptio__req **out, unsigned max, unsi
     if (max == 0 || e->inflight == 0) return 0;
     int n = e->ops->reap(e, out, max, min);
     if (n > 0) e->inflight -= (unsigned)n;
+    if (CKPTIO__VFS->req_done)
+        for (int i = 0; i < n; i++) CKPTIO__VFS->req_done(out[i]);
     return n;
 }

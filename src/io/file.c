@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "vfs.h"
 
 #define DIO_DEFAULT_ALIGN 4096u
 #define DIO_MIN_ALIGN     512u
@@ -89,7 +90,7 @@ int ckptio__file_open(int dirfd, const char *name, int flags, int want_direct, i
         CKPTIO__GOTO_IF(!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode), -EINVAL);
     } else {
         do
-            fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            fd = CKPTIO__VFS->openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         while (fd < 0 && errno == EINTR);
         CKPTIO__GOTO_IF(fd < 0, -errno);
     }
@@ -147,7 +148,7 @@ void ckptio__file_dio_align(int fd, uint32_t *mem_align, uint32_t *off_align)
 
 int ckptio__fsync(int fd)
 {
-    while (fsync(fd) < 0)
+    while (CKPTIO__VFS->fsync(fd) < 0)
         if (errno != EINTR) return -errno;
     return 0;
 }
@@ -155,7 +156,7 @@ int ckptio__fsync(int fd)
 int ckptio__fsync_path(const char *dir)
 {
     CKPTIO__RET_IF(!dir, CKPTIO_E_USAGE);
-    int fd = open(dir, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+    int fd = ckptio__vfs_open(AT_FDCWD, dir, O_DIRECTORY | O_RDONLY | O_CLOEXEC, 0);
     CKPTIO__RET_IF(fd < 0, -errno);
     int rc = ckptio__fsync(fd);
     close(fd);

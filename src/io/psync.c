@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "vfs.h"
 
 /* Same cap as the io_uring backend: the kernel moves at most ~2 GiB per call anyway, and a
  * power of two keeps O_DIRECT remainders aligned. */
@@ -30,8 +31,8 @@ static void do_io(ckptio__req *r)
     while (r->done_ < r->len) {
         size_t n = (size_t)CKPTIO__MIN(r->len - r->done_, (uint64_t)PSYNC_MAX_CHUNK);
         off_t off = (off_t)(r->off + r->done_);
-        ssize_t got = r->op == CKPTIO__OP_READ ? pread(r->fd, p + r->done_, n, off)
-                                               : pwrite(r->fd, p + r->done_, n, off);
+        ssize_t got = r->op == CKPTIO__OP_READ ? CKPTIO__VFS->pread(r->fd, p + r->done_, n, off)
+                                               : CKPTIO__VFS->pwrite(r->fd, p + r->done_, n, off);
         if (got < 0) {
             if (errno == EINTR || errno == EAGAIN) continue;
             r->res = -errno;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "sink.h"
+#include "vfs.h"
 
 static int poison(ckptio__sink *s, int code)
 {
@@ -75,7 +76,11 @@ static void reserve(ckptio__sink *s, uint64_t end)
 {
     if (s->reserved == UINT64_MAX || end <= s->reserved) return;
     uint64_t want = ckptio__align_up(end, RESERVE_STEP);
-    if (fallocate(s->fd, 0, (off_t)s->reserved, (off_t)(want - s->reserved)) == 0)
+    int rc;
+    do
+        rc = CKPTIO__VFS->fallocate(s->fd, 0, (off_t)s->reserved, (off_t)(want - s->reserved));
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0)
         s->reserved = want;
     else
         s->reserved = UINT64_MAX; /* EOPNOTSUPP, ENOSPC...: stop trying */
@@ -184,7 +189,11 @@ int ckptio__sink_finish(ckptio__sink *s)
     int d = ckptio__sink_drain(s);
     if (rc == 0) rc = d;
     if (rc < 0) return rc;
-    if (ftruncate(s->fd, (off_t)s->cursor) < 0) {
+    int t;
+    do /* ftruncate may be interrupted (signal while the file system blocks) */
+        t = CKPTIO__VFS->ftruncate(s->fd, (off_t)s->cursor);
+    while (t < 0 && errno == EINTR);
+    if (t < 0) {
         rc = -errno;
         ckptio__fail(s->msg, rc, "cannot set the length of '%s'", s->label);
         return poison(s, rc);
