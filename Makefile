@@ -72,8 +72,10 @@ test-python: venv
 test: test-c test-install
 	@$(MAKE) --no-print-directory test-python
 
-bench: build
-	$(BUILD)/tools/ckptio bench $(BENCH_ARGS)
+# The seed micro-benchmarks (bench/README.md): ckptio vs torch.save, np.save, safetensors and
+# Orbax, with the raw device figures of the same run (`ckptio bench --raw-only`).
+bench: build venv
+	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(PYBUILD) $(VENV_STAMP)

@@ -63,7 +63,7 @@ typedef struct bench {
     const char *dir;
     uint64_t size, tiny;
     unsigned runs;
-    bool json, keep;
+    bool json, keep, raw_only;
 
     bool made_dir;
     char ckpt[PATH_MAX], raw[PATH_MAX], tinydir[PATH_MAX];
@@ -1033,6 +1033,8 @@ static int parse_args(bench *b, int argc, char **argv)
             b->json = true;
         } else if (!strcmp(a, "--keep")) {
             b->keep = true;
+        } else if (!strcmp(a, "--raw-only")) {
+            b->raw_only = true;
         } else if (!strcmp(a, "--dir")) {
             if (!*val) return cli_usage_error("bench: --dir needs a directory");
             b->dir = val;
@@ -1091,9 +1093,48 @@ static void cleanup(bench *b)
     if (b->made_dir) rmdir(b->dir);
 }
 
+/* --raw-only: only the raw device measurement, on a --size file (for other benchmarks, such as
+ * bench/run.py, to set their figures against). */
+static int run_raw_only(bench *b)
+{
+    b->raw_bytes = align_up(b->size, RAW_READ_REQ);
+    struct statvfs sv;
+    if (statvfs(b->dir, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < b->raw_bytes)
+        return bench_fail("%s has too little free space for a --size file; pass a smaller --size",
+                          b->dir);
+    b->raw_buf = mmap(NULL, RAW_ARENA, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b->raw_buf == MAP_FAILED) {
+        b->raw_buf = NULL;
+        return bench_fail("out of memory allocating the I/O buffers");
+    }
+    piece pieces[RAW_ARENA / (64 * MIB)];
+    size_t np = 0;
+    for (uint64_t o = 0; o < RAW_ARENA; o += 64 * MIB)
+        pieces[np++] = (piece){b->raw_buf + o, 64 * MIB, 0xC0FFEEull + o};
+    fill_parallel(pieces, np);
+    for (unsigned run = 0; run < b->runs; run++)
+        if (interrupted || raw_run(b, run) != CLI_OK) return CLI_FAIL;
+    if (b->json) {
+        printf("{\n  \"raw_bytes\": %" PRIu64 ", \"raw_engine\": \"%s\", \"raw_direct\": %s,\n",
+               b->raw_bytes, b->raw_engine ? b->raw_engine : "", b->raw_direct ? "true" : "false");
+        json_series("raw_write_gbps", &b->raw_w);
+        json_series("raw_read_gbps", &b->raw_r);
+        printf("  \"runs\": %u\n}\n", b->runs);
+    } else {
+        double wm, rm, wlo, whi, rlo, rhi;
+        stats(&b->raw_w, &wm, &wlo, &whi);
+        stats(&b->raw_r, &rm, &rlo, &rhi);
+        printf("raw write %.2f GB/s (%.2f - %.2f), raw read %.2f GB/s (%.2f - %.2f); %s, "
+               "O_DIRECT %s\n",
+               wm, wlo, whi, rm, rlo, rhi, b->raw_engine, b->raw_direct ? "yes" : "no");
+    }
+    return fflush(stdout) == 0 ? CLI_OK : bench_fail("writing the report: %s", strerror(errno));
+}
+
 static int run_bench(bench *b)
 {
     char hb[32], hn[32];
+    if (b->raw_only) return run_raw_only(b);
     if (plan_state(b) < 0) return bench_fail("out of memory planning the state");
     b->raw_bytes = align_up(b->bytes > RAW_MIN_BYTES ? b->bytes : RAW_MIN_BYTES, RAW_READ_REQ);
 

@@ -1,0 +1,309 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`make bench`: ckptio's saves and loads side by side with torch.save, np.save, safetensors and Orbax, as fractions of the raw device bandwidth measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import mechanisms as M  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+
+
+def parse_size(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper().removesuffix("IB").removesuffix("B")
+    return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
+
+
+def human(n: int) -> str:
+    for u, f in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= f:
+            return f"{n / f:g} {u}"
+    return f"{n} B"
+
+
+def ckptio_cmd() -> str:
+    for c in (os.path.join(ROOT, "build", "tools", "ckptio"), os.path.join(sys.prefix, "bin", "ckptio")):
+        if os.access(c, os.X_OK):
+            return c
+    found = shutil.which("ckptio")
+    if not found:
+        raise SystemExit("bench: no ckptio command; run `make build` first")
+    return found
+
+
+def raw_measure(d: str, size: int) -> tuple[float, float, dict[str, Any]]:
+    """One raw O_DIRECT write (+fsync) and cold read of a ``size`` file in ``d``, by the C
+    `ckptio bench --raw-only` (io_uring, 8 MiB writes x16 in flight, 16 MiB reads x8)."""
+    out = subprocess.run(
+        [ckptio_cmd(), "bench", "--raw-only", "--json", "--runs", "1", "--size", str(size), "--dir", d],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    j = json.loads(out[out.index("{") :])
+    return j["raw_write_gbps"], j["raw_read_gbps"], j
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+class Progress:
+    """tqdm on a TTY (unless --quiet); silent otherwise (CI, pipes)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.bar: Any = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="step", leave=False, dynamic_ncols=True)
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(what[:60])
+
+    def done(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_benchmark(
+    name: str, ctx: M.Ctx, mechs: list[str], args: argparse.Namespace, raw: dict[str, list[float]],
+    prog: Progress,
+) -> dict[tuple[str, str, bool], list[float]]:  # fmt: skip
+    """``args.runs`` rounds; each: one raw measurement, then every mechanism (order rotated per
+    round, so each sees the same disk weather) saves, and each of its loads reads back cold."""
+    nbytes = M.state_bytes(ctx.state)
+    res: dict[tuple[str, str, bool], list[float]] = {}
+    base = os.path.join(args.dir, "data")
+    for r in range(args.runs):
+        prog.step(f"{name} run {r + 1}: raw")
+        w, rd, info = raw_measure(args.dir, args.raw_size)
+        raw["write"].append(w)
+        raw["read"].append(rd)
+        raw["engine"] = [info.get("raw_engine", "")]  # type: ignore[list-item]
+        prog.done()
+        order = mechs[r % len(mechs) :] + mechs[: r % len(mechs)]
+        for mn in order:
+            m = M.MECHANISMS[mn]
+            path = base + (".file" if m.target == "file" else "")
+            M.remove(path)
+            prog.step(f"{name} run {r + 1}: {M.SAVE_NAMES[mn]}")
+            if m.save_nofsync is not None:
+                t0 = time.perf_counter()
+                m.save_nofsync(ctx, path)
+                nofsync = time.perf_counter() - t0
+                M.make_durable(path)
+                M.remove(path)
+                M.make_durable(args.dir)
+            t0 = time.perf_counter()
+            m.save(ctx, path)
+            t1 = time.perf_counter()
+            M.make_durable(path)
+            t2 = time.perf_counter()
+            if m.save_nofsync is None:
+                nofsync = t1 - t0
+            res.setdefault((mn, "save", True), []).append(nbytes / (t2 - t0) / 1e9)
+            res.setdefault((mn, "save", False), []).append(nbytes / nofsync / 1e9)
+            prog.done()
+            for ln, load in m.loads.items():
+                prog.step(f"{name} run {r + 1}: {ln}")
+                M.evict(path)
+                gc.collect()
+                t0 = time.perf_counter()
+                out = load(ctx, path)
+                seen = M.touch(out, args.touch == "bytes")
+                t1 = time.perf_counter()
+                if seen < nbytes:
+                    raise SystemExit(f"bench: {ln} returned {seen} bytes of {nbytes}")
+                del out
+                gc.collect()
+                res.setdefault((ln, "load", True), []).append(nbytes / (t1 - t0) / 1e9)
+                prog.done()
+            M.remove(path)
+    return res
+
+
+def build_rows(name: str, nbytes: int, res: dict[tuple[str, str, bool], list[float]]) -> list[dict[str, Any]]:
+    rows = []
+    for (mech, op, durable), xs in res.items():
+        label = M.SAVE_NAMES.get(mech, mech) if op == "save" else mech
+        rows.append({
+            "benchmark": name, "mechanism": label, "op": op, "durable": durable, "cold": op == "load",
+            "bytes": nbytes, "gbps": round(med(xs), 4), "gbps_min": round(min(xs), 4),
+            "gbps_max": round(max(xs), 4), "runs": [round(x, 4) for x in xs],
+        })  # fmt: skip
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], raw_w: float, raw_r: float) -> None:
+    print(f"\nraw device: write {raw_w:.2f} GB/s, read {raw_r:.2f} GB/s (medians)")
+    print("saves: durable (fsync of files and directories) | without fsync; loads: cold cache, every page touched\n")
+    hdr = f"{'benchmark':22s} {'mechanism':27s} {'op':4s} {'GB/s':>6s} {'min - max':>13s} {'x torch':>8s} {'of raw':>7s}   {'no fsync':>8s}"
+    print(hdr)
+    print("-" * len(hdr))
+    for b in dict.fromkeys(r["benchmark"] for r in rows):
+        brows = [r for r in rows if r["benchmark"] == b]
+        ref = {
+            "save": next((r["gbps"] for r in brows if r["mechanism"] == "torch.save" and r["durable"]), 0),
+            "load": next((r["gbps"] for r in brows if r["mechanism"] == "torch.load"), 0),
+        }
+        for r in brows:
+            if r["op"] == "save" and not r["durable"]:
+                continue
+            nof = ""
+            if r["op"] == "save":
+                nf = next(x for x in brows if x["mechanism"] == r["mechanism"] and x["op"] == "save" and not x["durable"])
+                nof = f"{nf['gbps']:8.2f}"
+            raw = raw_w if r["op"] == "save" else raw_r
+            x = r["gbps"] / ref[r["op"]] if ref[r["op"]] else 0
+            mm = f"{r['gbps_min']:.2f} - {r['gbps_max']:.2f}"
+            print(f"{b:22s} {r['mechanism']:27s} {r['op']:4s} {r['gbps']:6.2f} {mm:>13s} "
+                  f"{x:7.2f}x {r['gbps'] / raw if raw else 0:7.2f}   {nof}")  # fmt: skip
+        print()
+
+
+def plot(rows: list[dict[str, Any]], raw_w: float, raw_r: float, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("save", True, "save (durable)", raw_w), ("save", False, "save (no fsync)", raw_w), ("load", True, "load (cold)", raw_r)]
+    benches = list(dict.fromkeys(r["benchmark"] for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (op, durable, title, raw) in zip(axes[0], panels):
+        sel = [r for r in rows if r["op"] == op and r["durable"] == durable]
+        mechs = list(dict.fromkeys(r["mechanism"] for r in sel))
+        w = 0.8 / max(1, len(mechs))
+        for i, m in enumerate(mechs):
+            ys, lo, hi = [], [], []
+            for b in benches:
+                r = next((r for r in sel if r["benchmark"] == b and r["mechanism"] == m), None)
+                ys.append(r["gbps"] if r else 0)
+                lo.append(r["gbps"] - r["gbps_min"] if r else 0)
+                hi.append(r["gbps_max"] - r["gbps"] if r else 0)
+            xs = [j + i * w for j in range(len(benches))]
+            ax.bar(xs, ys, w, yerr=[lo, hi], label=m, capsize=2)
+        ax.axhline(raw, color="k", linestyle="--", linewidth=1, label="raw device")
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(benches))], benches, fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel("GB/s (median, min-max)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data"), help="bench directory (removed afterwards)")
+    ap.add_argument("--tensor-sizes", default="256M,1G", help="save_tensor sizes, comma-separated ('' for none; the issue's full set: 256M,1G,4G)")
+    ap.add_argument("--model", default="1.3b", choices=[*M.MODELS, "none"], help="save_model config")
+    ap.add_argument("--optimizer", action="store_true", help="save_model with AdamW fp32 moments too")
+    ap.add_argument("--mechanisms", default=",".join(M.MECHANISMS), help=f"subset of {','.join(M.MECHANISMS)}")
+    ap.add_argument("--runs", type=int, default=3, help="runs per cell")
+    ap.add_argument("--model-runs", type=int, default=2, help="runs of the save_model cells (2 by default to keep `make bench` near 5 minutes; 3+ for the full method)")
+    ap.add_argument("--raw-size", type=parse_size, default=parse_size("1G"), help="file size of each raw device measurement")
+    ap.add_argument("--touch", choices=["pages", "bytes"], default="pages", help="touch one byte of every page (default) or every byte of what loads return")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where latest.json/png go ('' for nowhere)")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args()
+    mechs = [m for m in a.mechanisms.split(",") if m]
+    for m in mechs:
+        if m not in M.MECHANISMS:
+            ap.error(f"unknown mechanism {m!r}; known: {', '.join(M.MECHANISMS)}")
+    made = not os.path.exists(a.dir)
+    os.makedirs(a.dir, exist_ok=True)
+
+    plan: list[tuple[str, Any, int]] = []
+    for s in filter(None, a.tensor_sizes.split(",")):
+        plan.append((f"save_tensor {human(parse_size(s))}", lambda n=parse_size(s): M.tensor_state(n), a.runs))
+    if a.model != "none":
+        c = M.MODELS[a.model]
+        plan.append((f"save_model {a.model}" + ("+adamw" if a.optimizer else ""), lambda: M.model_state(c, a.optimizer), a.model_runs))
+
+    steps = sum(p[2] for p in plan) * (1 + sum(1 + len(M.MECHANISMS[m].loads) for m in mechs))
+    prog = Progress(steps, a.quiet)
+    raw: dict[str, list[float]] = {"write": [], "read": []}
+    rows: list[dict[str, Any]] = []
+    t_start = time.time()
+    try:
+        # Warm-up, untimed: imports, Orbax's checkpointer and JAX's first dispatch.
+        prog.step("warming up")
+        warm = M.Ctx(M.tensor_state(1 << 20))
+        warm_res = run_benchmark("warm-up", warm, mechs, argparse.Namespace(**{**vars(a), "runs": 1, "raw_size": 16 << 20}), {"write": [], "read": []}, Progress(0, True))
+        del warm, warm_res
+        for name, build, runs in plan:
+            prog.step(f"{name}: building the state")
+            ctx = M.Ctx(build())
+            nbytes = M.state_bytes(ctx.state)
+            res = run_benchmark(name, ctx, mechs, argparse.Namespace(**{**vars(a), "runs": runs}), raw, prog)
+            rows += build_rows(name, nbytes, res)
+            del ctx
+            gc.collect()
+    finally:
+        prog.close()
+        if made:
+            shutil.rmtree(a.dir, ignore_errors=True)
+        else:
+            M.remove(os.path.join(a.dir, "data"))
+            M.remove(os.path.join(a.dir, "data.file"))
+    raw_w, raw_r = med(raw["write"]), med(raw["read"])
+    print_table(rows, raw_w, raw_r)
+    elapsed = time.time() - t_start
+    print(f"{a.runs} runs per save_tensor cell, {a.model_runs} per save_model cell, mechanisms interleaved; {elapsed:.0f} s")
+    if a.out:
+        import torch
+
+        os.makedirs(a.out, exist_ok=True)
+        doc = {
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                        "dir": os.path.abspath(a.dir)},
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         **{p: _version(p) for p in ("ckptio", "numpy", "safetensors", "orbax-checkpoint", "jax")}},
+            "args": vars(a), "seconds": round(elapsed, 1), "raw_engine": (raw.get("engine") or [""])[0],
+            "raw_write_gbps": round(raw_w, 4), "raw_read_gbps": round(raw_r, 4),
+            "raw_write_runs": [round(x, 4) for x in raw["write"]], "raw_read_runs": [round(x, 4) for x in raw["read"]],
+            "rows": rows,
+        }  # fmt: skip
+        for r in rows:
+            r["raw_write_gbps"], r["raw_read_gbps"] = doc["raw_write_gbps"], doc["raw_read_gbps"]
+        text = json.dumps(doc, indent=1)
+        for fn in ("latest.json", time.strftime("%Y%m%d-%H%M%S") + ".json"):
+            with open(os.path.join(a.out, fn), "w") as f:
+                f.write(text + "\n")
+        plot(rows, raw_w, raw_r, os.path.join(a.out, "latest.png"))
+        print(f"results: {os.path.join(a.out, 'latest.json')}, latest.png")
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return ""
+
+
+if __name__ == "__main__":
+    main()
