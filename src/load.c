@@ -77,7 +77,6 @@ typedef struct plan {
     ckptio__vec pieces, segs, geo, iters;
     uint8_t *bad; /* verify: per chunk */
     uint64_t bad_chunks;
-    bool verify_only;
 } plan;
 
 static const char *tname(const ckptio_reader *r, uint64_t chunk)
@@ -232,12 +231,15 @@ static int open_file(ckptio_reader *r, uint32_t i)
                                &f->direct);
     if (rc < 0) {
         f->fd = -1;
+        if (r->raw_file) /* r->path is the foreign file itself, and missing is not corrupt */
+            return ckptio__fail(&r->msg, rc, "cannot open '%s'", r->path);
         return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
                             "cannot open data file '%s/%s'%s", r->path, fname(r, i),
                             rc == -ENOENT ? ": it is missing" : "");
     }
     struct stat st;
-    if (fstat(f->fd, &st) < 0) return ckptio__fail(&r->msg, -errno, "cannot stat '%s'", fname(r, i));
+    if (fstat(f->fd, &st) < 0)
+        return ckptio__fail(&r->msg, -errno, "cannot stat '%s/%s'", r->path, fname(r, i));
     f->size = (uint64_t)st.st_size;
     if (f->direct) ckptio__file_dio_align(f->fd, &f->mem_align, &f->off_align);
     else f->mem_align = f->off_align = 1;
@@ -852,7 +854,6 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     double t0 = ckptio__now();
     plan pl;
     plan_init(&pl);
-    pl.verify_only = true;
     int rc;
     char first_msg[CKPTIO__MSG_LEN] = "";
     int first = 0;

@@ -768,7 +768,12 @@ static int publish(ckptio_writer *w)
         return ckptio__fail(&w->msg, -errno, "cannot move '%s' aside", w->path);
     if (ren(w->tmp_path, w->path, 0) < 0) {
         int err = -errno;
-        if (rename(old, w->path) < 0) {} /* put the old one back; nothing else to try */
+        /* Put the old one back; if even that fails, say where it is so nothing is lost. */
+        if (ren(old, w->path, 0) < 0)
+            return ckptio__fail(&w->msg, err,
+                                "cannot rename '%s' to '%s', nor move the previous checkpoint "
+                                "back: it is intact at '%s'",
+                                w->tmp_path, w->path, old);
         return ckptio__fail(&w->msg, err, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
     }
     if (w->cfg.fsync) ckptio__fsync_path(w->parent);
