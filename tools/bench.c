@@ -25,6 +25,7 @@
 #include "ckptio.h"
 #include "ckptio_config.h"
 #include "cli.h"
+#include "commands.h"
 
 #if CKPTIO_HAVE_IO_URING
 #include <liburing.h>
@@ -1191,7 +1192,7 @@ static int run_bench(bench *b)
     return fflush(stdout) == 0 ? CLI_OK : bench_fail("writing the report: %s", strerror(errno));
 }
 
-int cli_bench(int argc, char **argv)
+int cmd_bench(int argc, char **argv)
 {
     bench *b = calloc(1, sizeof *b);
     if (!b) return cli_fail("bench", "out of memory");

@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Helpers shared by the `ckptio` command's subcommands: exit codes, JSON, sizes, progress. */
+/* Helpers shared by the `ckptio` command's subcommands: exit codes, arguments, JSON, sizes,
+ * progress (tools/cli.c, tools/progress.c). */
 #ifndef CKPTIO_CLI_H
 #define CKPTIO_CLI_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "ckptio.h"
 
 /* Exit codes of every subcommand. */
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
@@ -17,8 +20,12 @@ int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "ckptio <cmd>: <message>" to stderr; returns CLI_FAIL. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* `ckptio bench` (tools/bench.c). argv[0] is "bench". */
-int cli_bench(int argc, char **argv);
+/* Parse the arguments of a subcommand that takes at most one directory and no options (argv[0]
+ * is its name), storing the directory in *dir. Returns -1 to go on, or the exit status to
+ * return (help printed, usage error). */
+int cli_one_dir_arg(int argc, char **argv, const char *cmd, const char **dir);
+/* Open the checkpoint `dir` for `ckptio cmd`; on failure print why to stderr and return NULL. */
+ckptio_reader *cli_open_reader(const char *cmd, const char *dir);
 
 /* Monotonic seconds. */
 double cli_now(void);
