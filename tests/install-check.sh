@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Install the library into a scratch root, build the README's example against it through
-# pkg-config (as a user's program would), run it, and check that only ckptio_* is exported.
+# pkg-config (as a user's program would), run it, and check that only ckptio_* is exported and
+# that the header, the version script and the built library list the same functions.
 set -euo pipefail
 build="$1"
+"$(dirname "$0")/check-symbols.sh" "$build"
 root="$(cd "$build" && pwd)/install-check"
 rm -rf "$root"
 meson install -C "$build" --destdir "$root" >/dev/null
