@@ -248,7 +248,10 @@ def flatten(
         tensors.append((claim(path), obj, node))
         return node
 
-    root = visit(tree, "")
+    try:
+        root = visit(tree, "")
+    finally:
+        del visit  # it refers to itself: break the cycle so what it reached goes with the call
     return root, tensors
 
 
@@ -314,10 +317,13 @@ def iter_leaves(root: Node, path: str = "") -> Iterator[tuple[str, Node]]:
             else:
                 append((prefix + str(k), v))
 
-    if root["t"] in _CONTAINERS:
-        visit(root, path)
-    else:
-        append((path, root))
+    try:
+        if root["t"] in _CONTAINERS:
+            visit(root, path)
+        else:
+            append((path, root))
+    finally:
+        del visit  # see flatten()
     return iter(out)
 
 
@@ -410,7 +416,12 @@ def unflatten(
             return value(path, node)
         return decode_value(node)
 
-    result = visit(root, base, keys is None)
+    try:
+        result = visit(root, base, keys is None)
+    finally:
+        # visit refers to itself, and through `leaf` to every loaded tensor: without this the
+        # result stays in memory after the caller drops it, until the cycle collector runs.
+        del visit
     if keys is not None:
         missing = keys - matched
         if missing:
