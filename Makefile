@@ -22,8 +22,11 @@ build: deps $(BUILD)/build.ninja
 	@$(MESON) compile -C $(BUILD) >/dev/null || $(MESON) compile -C $(BUILD)
 
 # .venv/: the packages of deps/requirements.txt and ckptio itself, installed editable (its C
-# extension is rebuilt in $(PYBUILD)/ on import whenever a C source changed).
-venv: $(VENV_STAMP)
+# extension is rebuilt in $(PYBUILD)/ on import whenever a C source changed), and the ckptio
+# command: an editable install leaves it out of .venv/bin, so a link there names the one that
+# every `make` rebuilds in $(BUILD)/.
+venv: build $(VENV_STAMP)
+	@ln -sfn $(abspath $(BUILD))/tools/ckptio $(VENV)/bin/ckptio
 
 $(VENV_STAMP): deps/requirements.txt pyproject.toml python/meson.build | deps
 	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)

@@ -56,16 +56,19 @@ static PyObject *stats_tuple(const ckptio_stats *s)
                          PyBool_FromLong(s->direct), (unsigned)s->alignment);
 }
 
-/* A tuple of ints -> uint64 dims; returns ndim or -1 with an exception set. */
-static int parse_dims(PyObject *seq, uint64_t *out, const char *what)
+/* A tuple of ints -> uint64 dims of tensor `name`; returns ndim or -1 with an exception set.
+ * `out` holds CKPTIO_MAX_NDIM values: a longer tuple is a LimitExceeded naming the tensor. */
+static int parse_dims(PyObject *seq, uint64_t *out, const char *what, const char *name)
 {
     PyObject *fast = PySequence_Fast(seq, what);
     if (!fast) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     if (n > CKPTIO_MAX_NDIM) {
         Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; ckptio allows at most %d", what, n,
-                     CKPTIO_MAX_NDIM);
+        char msg[CKPTIO_MAX_NAME + 160];
+        snprintf(msg, sizeof msg, "tensor '%s': %s has %zd dimensions; ckptio allows at most %d",
+                 name, what, n, CKPTIO_MAX_NDIM);
+        raise_code(CKPTIO_E_LIMIT, msg);
         return -1;
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
@@ -357,12 +360,12 @@ static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
     if (!it->name) return -1;
     it->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(tup, 1));
     if (it->dtype == -1 && PyErr_Occurred()) return -1;
-    if ((it->ndim = parse_dims(PyTuple_GET_ITEM(tup, 2), it->shape, "shape")) < 0) return -1;
+    if ((it->ndim = parse_dims(PyTuple_GET_ITEM(tup, 2), it->shape, "shape", it->name)) < 0) return -1;
     it->has_off = it->has_cshape = 0;
     if (PyTuple_GET_SIZE(tup) == 6) {
         PyObject *o = PyTuple_GET_ITEM(tup, 4), *c = PyTuple_GET_ITEM(tup, 5);
         if (o != Py_None) {
-            int n = parse_dims(o, it->off, "chunk offset");
+            int n = parse_dims(o, it->off, "chunk offset", it->name);
             if (n < 0) return -1;
             if (n != it->ndim) {
                 PyErr_Format(PyExc_ValueError, "tensor '%s': chunk offset has %d dims, shape %d",
@@ -372,7 +375,7 @@ static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
             it->has_off = 1;
         }
         if (c != Py_None) {
-            int n = parse_dims(c, it->cshape, "chunk shape");
+            int n = parse_dims(c, it->cshape, "chunk shape", it->name);
             if (n < 0) return -1;
             if (n != it->ndim) {
                 PyErr_Format(PyExc_ValueError, "tensor '%s': chunk shape has %d dims, shape %d",
@@ -483,14 +486,18 @@ static int flush_group(WriterObject *self, add_item *group, Py_ssize_t g)
     return PyErr_CheckSignals();
 }
 
-/* add_arrays(d, prefix, ndarray, codes, names, seen) -> (children, todo): the saver's loop
+/* add_arrays(d, prefix, ndarray, codes, names, seen) -> (keys, values, children, todo): the
+ * saver's loop
  * over a dict, for the values that are numpy arrays (exact type `ndarray`) of a dtype in
  * `codes` exporting a C-contiguous buffer. Each such value at key path prefix + key is added
  * as a tensor of that name (children[i] = 0, the tree's plain-array leaf), or, if the same
  * array was added before under another path (`seen`: id -> path), becomes an alias node.
  * Every other entry — non-str keys, other values, paths already in `names` — is left to
  * Python: its index goes to `todo` and children[i] is None. Python would spend a microsecond
- * per array here; this keeps saving 100,000 small arrays close to the C library's speed. */
+ * per array here; this keeps saving 100,000 small arrays close to the C library's speed.
+ * The dict's keys and values are copied first, and returned: the GIL is released between
+ * groups, and another thread may change the dict meanwhile; children and todo refer to the
+ * copies, which Python uses in place of the dict. */
 static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
 {
     PyObject *d, *prefix, *ndarray, *codes, *names, *seen;
@@ -498,19 +505,29 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
                           &ndarray, &PyDict_Type, &codes, &PySet_Type, &names, &PyDict_Type, &seen))
         return NULL;
     if (writer_check(self) < 0) return NULL;
-    Py_ssize_t n = PyDict_Size(d), i = 0, pos = 0, g = 0;
+    /* An OrderedDict's own order, which Python's indices into `todo` refer to, is not the
+     * order of its underlying dict: ask it through the mapping protocol. */
+    int exact = PyDict_CheckExact(d);
+    PyObject *keys = exact ? PyDict_Keys(d) : PyMapping_Keys(d);
+    PyObject *vals = !keys ? NULL : exact ? PyDict_Values(d) : PyMapping_Values(d);
+    if (vals && PyList_GET_SIZE(vals) != PyList_GET_SIZE(keys)) {
+        PyErr_SetString(PyExc_RuntimeError, "add_arrays: the dict changed size while read");
+        Py_CLEAR(vals);
+    }
+    Py_ssize_t n = vals ? PyList_GET_SIZE(keys) : 0, g = 0;
     PyObject *children = PyList_New(n), *todo = PyList_New(0), *zero = PyLong_FromLong(0);
     PyObject *dtype_name = PyUnicode_InternFromString("dtype");
     add_item *group = PyMem_Malloc(sizeof *group * GROUP_ITEMS);
-    PyObject *key, *val, *result = NULL;
+    PyObject *result = NULL;
     uint64_t bytes = 0;
-    if (!children || !todo || !zero || !dtype_name || !group) {
+    if (!keys || !vals || !children || !todo || !zero || !dtype_name || !group) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto out;
     }
     if (views_reserve(self, (size_t)n) < 0) goto out;
     int plen = (int)PyUnicode_GET_LENGTH(prefix);
-    while (PyDict_Next(d, &pos, &key, &val)) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *val = PyList_GET_ITEM(vals, i);
         PyObject *child = NULL, *path = NULL, *dtype = NULL, *code, *first;
         if (!PyUnicode_CheckExact(key) || !Py_IS_TYPE(val, (PyTypeObject *)ndarray)) goto python;
         path = plen ? PyUnicode_Concat(prefix, key) : Py_NewRef(key);
@@ -528,6 +545,16 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
         if (PyObject_GetBuffer(val, v, PyBUF_C_CONTIGUOUS) < 0) {
             PyErr_Clear(); /* not C-contiguous: Python copies it */
             goto python;
+        }
+        if (v->ndim > CKPTIO_MAX_NDIM) { /* numpy allows up to 64 */
+            PyBuffer_Release(v);
+            PyObject *m = PyUnicode_FromFormat(
+                "tensor '%U' has %d dimensions; ckptio allows at most %d: reshape it", path,
+                v->ndim, CKPTIO_MAX_NDIM);
+            const char *msg = m ? PyUnicode_AsUTF8(m) : NULL;
+            if (msg) raise_code(CKPTIO_E_LIMIT, msg);
+            Py_XDECREF(m);
+            goto fail;
         }
         PyObject *id = PyLong_FromVoidPtr(val);
         first = id ? PyDict_SetDefault(seen, id, path) : NULL;
@@ -567,7 +594,6 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
         Py_DECREF(dtype);
         Py_DECREF(path);
         PyList_SET_ITEM(children, i, child);
-        i++;
         continue;
     python:
         Py_XDECREF(dtype);
@@ -579,7 +605,6 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
             if (rc < 0) goto out;
         }
         PyList_SET_ITEM(children, i, Py_NewRef(Py_None));
-        i++;
         continue;
     fail:
         Py_XDECREF(dtype);
@@ -587,9 +612,11 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
         goto out;
     }
     if (g && flush_group(self, group, g) < 0) goto out;
-    result = PyTuple_Pack(2, children, todo);
+    result = PyTuple_Pack(4, keys, vals, children, todo);
 out: /* on error `children` may hold NULLs past i: list_dealloc accepts them */
     PyMem_Free(group);
+    Py_XDECREF(keys);
+    Py_XDECREF(vals);
     Py_XDECREF(children);
     Py_XDECREF(todo);
     Py_XDECREF(zero);
@@ -696,7 +723,7 @@ static PyMethodDef Writer_methods[] = {
     {"add_many", (PyCFunction)Writer_add_many, METH_O,
      "add_many(items): add() for each tuple, releasing the GIL once per group"},
     {"add_arrays", (PyCFunction)Writer_add_arrays, METH_VARARGS,
-     "add_arrays(d, prefix, ndarray, codes, names, seen) -> (children, todo)"},
+     "add_arrays(d, prefix, ndarray, codes, names, seen) -> (keys, values, children, todo)"},
     {"set_meta", (PyCFunction)Writer_set_meta, METH_VARARGS, "set_meta(key, value: bytes)"},
     {"flush", (PyCFunction)Writer_flush, METH_NOARGS,
      "wait until added buffers may be reused, and release them"},
@@ -738,7 +765,7 @@ typedef struct {
 static int reader_check(ReaderObject *self, int exclusive)
 {
     if (!self->r) {
-        PyErr_SetString(PyExc_ValueError, "reader is closed");
+        raise_code(CKPTIO_E_STATE, "reader is closed");
         return -1;
     }
     return exclusive ? busy_enter(&self->busy, "this reader") : 0;
@@ -942,15 +969,34 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
         rg->name = NULL;
         rg->tensor = (size_t)index;
         PyObject *o = PyTuple_GET_ITEM(t, 1), *s = PyTuple_GET_ITEM(t, 2);
-        if (o != Py_None) {
-            if (parse_dims(o, dims + used, "region offset") < 0) goto out;
-            rg->offset = dims + used;
-            used += CKPTIO_MAX_NDIM;
-        }
-        if (s != Py_None) {
-            if (parse_dims(s, dims + used, "region shape") < 0) goto out;
-            rg->shape = dims + used;
-            used += CKPTIO_MAX_NDIM;
+        if (o != Py_None || s != Py_None) {
+            /* The library reads ndim values from each: a shorter tuple must not get there. */
+            ckptio_tensor_info ti;
+            int rc = ckptio_reader_tensor(self->r, (size_t)index, &ti);
+            if (rc < 0) {
+                raise_code(rc, ckptio_reader_errmsg(self->r));
+                goto out;
+            }
+            PyObject *dims_of[2] = {o, s};
+            const char *what[2] = {"region offset", "region shape"};
+            for (int k = 0; k < 2; k++) {
+                if (dims_of[k] == Py_None) continue;
+                int nd = parse_dims(dims_of[k], dims + used, what[k], ti.name);
+                if (nd < 0) goto out;
+                if ((uint32_t)nd != ti.ndim) {
+                    char msg[CKPTIO_MAX_NAME + 160];
+                    snprintf(msg, sizeof msg,
+                             "%s: tensor '%s' has %u dimensions; the %s has %d values",
+                             ckptio_reader_path(self->r), ti.name, ti.ndim, what[k], nd);
+                    raise_code(CKPTIO_E_SHAPE, msg);
+                    goto out;
+                }
+                if (k == 0)
+                    rg->offset = dims + used;
+                else
+                    rg->shape = dims + used;
+                used += CKPTIO_MAX_NDIM;
+            }
         }
         Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
         if (off == -1 && PyErr_Occurred()) goto out;
@@ -1378,12 +1424,34 @@ static PyObject *mod_dtypes(PyObject *mod, PyObject *unused)
     return d;
 }
 
+/* {"CKPTIO_E_USAGE": -4001, ...}: the library's error table, so Python never restates it. */
+static PyObject *mod_errors(PyObject *mod, PyObject *unused)
+{
+    (void)mod, (void)unused;
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+#define X(name, value, text)                                                                       \
+    do {                                                                                           \
+        PyObject *v = PyLong_FromLong(value);                                                      \
+        if (!v || PyDict_SetItemString(d, "CKPTIO_E_" #name, v) < 0) {                             \
+            Py_XDECREF(v);                                                                         \
+            Py_DECREF(d);                                                                          \
+            return NULL;                                                                           \
+        }                                                                                          \
+        Py_DECREF(v);                                                                              \
+    } while (0);
+    CKPTIO_ERROR_TABLE(X)
+#undef X
+    return d;
+}
+
 static PyMethodDef module_methods[] = {
     {"file_read", mod_file_read, METH_VARARGS,
      "file_read(path, [(offset, length, dst, dst_offset)], params=None) -> stats tuple"},
     {"describe_system", mod_describe_system, METH_VARARGS, "describe_system(dir=None) -> str"},
     {"strerror", mod_strerror, METH_O, "strerror(code) -> (name, description)"},
     {"dtypes", mod_dtypes, METH_NOARGS, "{name: (code, itemsize)} of the library's dtypes"},
+    {"errors", mod_errors, METH_NOARGS, "{name: code} of the library's CKPTIO_E_* codes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import DTYPE, error
+
 # The on-disk codes of include/ckptio.h (CKPTIO_DTYPE_TABLE); they never change.
 BOOL, U8, I8, U16, I16, U32, I32, U64, I64 = 1, 2, 3, 4, 5, 6, 7, 8, 9
 F16, BF16, F32, F64, C64, C128, F8_E4M3FN, F8_E5M2, BYTES = 10, 11, 12, 13, 14, 15, 16, 17, 18
@@ -70,7 +72,7 @@ def np_dtype_from_name(name: str) -> np.dtype[Any]:
     if name.startswith("ml_dtypes:"):
         m = ml_dtypes()
         if m is None:
-            raise TypeError(f"dtype {name[10:]} needs the ml_dtypes package")
+            raise error(DTYPE, f"dtype {name[10:]} needs the ml_dtypes package")
         return np.dtype(getattr(m, name[10:]))
     return np.dtype(name)
 
@@ -82,10 +84,10 @@ def np_for_code(code: int, torch_name: str | None = None) -> np.dtype[Any]:
         base = torch_name.removeprefix("torch.")
         if m is not None and hasattr(m, base):
             return np.dtype(getattr(m, base))
-        raise TypeError(f"torch.{base} has no numpy equivalent; load it with framework='torch'")
+        raise error(DTYPE, f"torch.{base} has no numpy equivalent; load it with framework='torch'")
     dt = code_to_np().get(code)
     if dt is None:
-        raise TypeError(f"dtype {NAMES.get(code, code)} needs the ml_dtypes package")
+        raise error(DTYPE, f"dtype {NAMES.get(code, code)} needs the ml_dtypes package")
     return dt
 
 
@@ -127,7 +129,7 @@ def torch_dtype_from_name(name: str) -> Any:
     import torch
     dt = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dt, torch.dtype):
-        raise TypeError(f"this torch has no dtype {name}")
+        raise error(DTYPE, f"this torch has no dtype {name}")
     return dt
 
 

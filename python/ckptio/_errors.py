@@ -15,10 +15,12 @@ __all__ = [
     "UnsupportedFormat",
     "UnsupportedDtype",
     "ShapeMismatch",
+    "RegionOutOfRange",
     "DuplicateTensor",
     "IncompleteTensor",
     "LimitExceeded",
     "InvalidRequest",
+    "InvalidType",
     "Unsupported",
     "Interrupted",
     "CheckpointIOError",
@@ -82,7 +84,11 @@ class UnsupportedDtype(CheckpointError, TypeError):
 
 
 class ShapeMismatch(CheckpointError, ValueError):
-    """Shapes, offsets, regions or buffer sizes disagree (CKPTIO_E_SHAPE/_RANGE/_BUFFER)."""
+    """Shapes, offsets, regions or buffer sizes disagree (CKPTIO_E_SHAPE/_BUFFER)."""
+
+
+class RegionOutOfRange(ShapeMismatch, IndexError):
+    """A region or index lies outside the tensor (CKPTIO_E_RANGE)."""
 
 
 class DuplicateTensor(CheckpointError, ValueError):
@@ -99,6 +105,10 @@ class LimitExceeded(CheckpointError, ValueError):
 
 class InvalidRequest(CheckpointError, ValueError):
     """An invalid argument or call (CKPTIO_E_USAGE, CKPTIO_E_STATE)."""
+
+
+class InvalidType(InvalidRequest, TypeError):
+    """An argument or a tree leaf of a type ckptio does not take (CKPTIO_E_USAGE)."""
 
 
 class Unsupported(CheckpointError):
@@ -125,30 +135,43 @@ class CheckpointNotFound(CheckpointIOError, FileNotFoundError):
     """The path does not exist (ENOENT)."""
 
 
-_BY_CODE: dict[int, type[CheckpointError]] = {
-    -4001: InvalidRequest,
-    -4002: InvalidRequest,
-    -4003: UnsupportedDtype,
-    -4004: ShapeMismatch,
-    -4005: DuplicateTensor,
-    -4006: IncompleteTensor,
-    -4007: CheckpointExists,
-    -4008: NotACheckpoint,
-    -4009: TensorNotFound,
-    -4010: ShapeMismatch,
-    -4011: ShapeMismatch,
-    -4012: UnsupportedFormat,
-    -4013: CorruptCheckpoint,
-    -4014: ChecksumMismatch,
-    -4015: LimitExceeded,
-    -4016: Unsupported,
-    -4017: Interrupted,
+# Names of the codes the Python layer raises itself.
+USAGE = "CKPTIO_E_USAGE"
+STATE = "CKPTIO_E_STATE"
+DTYPE = "CKPTIO_E_DTYPE"
+SHAPE = "CKPTIO_E_SHAPE"
+DUPLICATE = "CKPTIO_E_DUPLICATE"
+NOT_FOUND = "CKPTIO_E_NOT_FOUND"
+RANGE = "CKPTIO_E_RANGE"
+FORMAT = "CKPTIO_E_FORMAT"
+CORRUPT = "CKPTIO_E_CORRUPT"
+
+# The class of each libckptio error, by the code's name; the codes themselves come from the
+# library's own table (ckptio._core.errors()).
+_BY_NAME: dict[str, type[CheckpointError]] = {
+    "CKPTIO_E_USAGE": InvalidRequest,
+    "CKPTIO_E_STATE": InvalidRequest,
+    "CKPTIO_E_DTYPE": UnsupportedDtype,
+    "CKPTIO_E_SHAPE": ShapeMismatch,
+    "CKPTIO_E_DUPLICATE": DuplicateTensor,
+    "CKPTIO_E_INCOMPLETE": IncompleteTensor,
+    "CKPTIO_E_EXISTS": CheckpointExists,
+    "CKPTIO_E_NOT_CHECKPOINT": NotACheckpoint,
+    "CKPTIO_E_NOT_FOUND": TensorNotFound,
+    "CKPTIO_E_RANGE": RegionOutOfRange,
+    "CKPTIO_E_BUFFER": ShapeMismatch,
+    "CKPTIO_E_FORMAT": UnsupportedFormat,
+    "CKPTIO_E_CORRUPT": CorruptCheckpoint,
+    "CKPTIO_E_CHECKSUM": ChecksumMismatch,
+    "CKPTIO_E_LIMIT": LimitExceeded,
+    "CKPTIO_E_UNSUPPORTED": Unsupported,
+    "CKPTIO_E_INTERRUPTED": Interrupted,
 }
 
 
 def _from_code(code: int, name: str, message: str) -> CheckpointError:
     """Build the exception for a libckptio return code (called by ckptio._core)."""
-    cls = _BY_CODE.get(code)
+    cls = _BY_NAME.get(name)
     if cls is None:
         if code == -_errno.ENOENT:
             cls = CheckpointNotFound
@@ -157,3 +180,18 @@ def _from_code(code: int, name: str, message: str) -> CheckpointError:
         else:
             cls = CheckpointIOError
     return cls(message, code, name)
+
+
+def error(name: str, message: str, cls: type[CheckpointError] | None = None) -> CheckpointError:
+    """The exception for a request the Python layer refuses: ``name`` is the libckptio code's
+    name ("CKPTIO_E_USAGE"), whose value comes from the library's table; ``cls`` (default: the
+    code's class) may narrow it, e.g. InvalidType for a CKPTIO_E_USAGE about a type."""
+    global _codes
+    if _codes is None:
+        from . import _core  # imported late: _core imports this module as it loads
+
+        _codes = _core.errors()
+    return (cls or _BY_NAME[name])(message, _codes[name], name)
+
+
+_codes: dict[str, int] | None = None

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import DTYPE, USAGE, error
+
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
 
 
@@ -33,7 +35,7 @@ def index_box(index: tuple[Any, ...], shape: tuple[int, ...]) -> Box:
     for sl, dim in zip(index, shape):
         start, stop, step = sl.indices(dim)
         if step != 1:
-            raise ValueError(f"shard index {index} has a step; ckptio stores boxes")
+            raise error(USAGE, f"shard index {index} has a step; ckptio stores boxes")
         off.append(start)
         size.append(max(stop - start, 0))
     for dim in shape[len(index) :]:
@@ -93,16 +95,18 @@ def default_sharding(device: Any = None) -> Any:
 def save_chunks(x: Any, name: str) -> tuple[np.dtype[Any], list[tuple[Box | None, np.ndarray]]]:
     """The distinct shards of jax.Array ``x`` as (box or None for the whole array, host view)."""
     if not x.is_fully_addressable:
-        raise ValueError(
+        raise error(
+            USAGE,
             f"jax array '{name}' is not fully addressable: multi-process saves need the "
-            "distributed API"
+            "distributed API",
         )
     try:
         dt = np.dtype(x.dtype)
     except TypeError:
-        raise TypeError(
+        raise error(
+            DTYPE,
             f"jax array '{name}' has dtype {x.dtype}, which has no fixed byte layout "
-            "(for PRNG keys, save jax.random.key_data(key))"
+            "(for PRNG keys, save jax.random.key_data(key))",
         ) from None
     shape = tuple(x.shape)
     out: list[tuple[Box | None, np.ndarray]] = []

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, _dtypes, _jax
-from ._errors import ShapeMismatch, TensorNotFound
+from ._errors import DTYPE, NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
 from ._options import Stats, params
 from ._tree import (
     TREE_KEY,
@@ -172,7 +172,7 @@ def _region_box(
         fill = len(shape) - (len(idx) - 1)
         idx = idx[:k] + (slice(None),) * fill + idx[k + 1 :]
     if len(idx) > len(shape):
-        raise IndexError(f"tensor '{name}' has {len(shape)} dimensions; got {len(idx)} indices")
+        raise error(RANGE, f"tensor '{name}' has {len(shape)} dimensions; got {len(idx)} indices")
     off: list[int] = []
     size: list[int] = []
     inner: list[Any] = []
@@ -180,7 +180,7 @@ def _region_box(
         if isinstance(i, slice):
             start, stop, step = i.indices(dim)
             if step < 0:
-                raise ValueError("read(): negative steps are not supported; read and flip")
+                raise error(USAGE, "read(): negative steps are not supported; read and flip")
             n = len(range(start, stop, step))
             if n == 0:
                 off.append(min(start, dim))
@@ -193,9 +193,13 @@ def _region_box(
                 inner.append(slice(None, None, step) if step != 1 else slice(None))
         else:
             j = int(i)  # an integer index drops the dimension
-            if j < -dim or j >= dim:
-                raise IndexError(f"index {j} is out of bounds for dimension of size {dim}")
-            j %= dim
+            if j < -dim:
+                raise error(
+                    RANGE, f"tensor '{name}': index {j} is out of bounds for a dimension of {dim}"
+                )
+            if j < 0:
+                j += dim
+            # j >= dim: the library refuses the box, naming the file and tensor.
             off.append(j)
             size.append(1)
             inner.append(0)
@@ -247,8 +251,15 @@ class Reader:
         return bool(self._r.closed)
 
     # ---- what is inside ----
+    def _check_open(self) -> None:
+        # What the reader caches must not outlive it: after close() every call raises, as the
+        # ones that reach the library do.
+        if self._r.closed:
+            raise error(STATE, "reader is closed")
+
     def _raw(self) -> dict[str, tuple[int, int, tuple[int, ...], int, int]]:
         """name -> (index, dtype code, shape, nbytes, chunks), straight from the manifest."""
+        self._check_open()
         if self._infos is None:
             self._infos = {
                 t[0]: (i, t[1], t[2], t[3], t[4]) for i, t in enumerate(self._r.tensors())
@@ -258,10 +269,8 @@ class Reader:
     def _info(self, name: str) -> TensorInfo:
         t = self._raw().get(name)
         if t is None:
-            raise TensorNotFound(
-                f"{self.path}: tensor '{name}' is in the tree but not in the checkpoint",
-                -4009,
-                "CKPTIO_E_NOT_FOUND",
+            raise error(
+                NOT_FOUND, f"{self.path}: tensor '{name}' is in the tree but not in the checkpoint"
             )
         return TensorInfo(name, *t)
 
@@ -270,6 +279,7 @@ class Reader:
         return {name: TensorInfo(name, *t) for name, t in self._raw().items()}
 
     def _tree(self) -> Node:
+        self._check_open()
         if self._root is None:
             raw = self._r.get_meta(TREE_KEY)
             if raw is not None:
@@ -323,11 +333,12 @@ class Reader:
         return self._info(name)
 
     def _not_found(self, key: str) -> TensorNotFound:
-        return TensorNotFound(
+        e = error(
+            NOT_FOUND,
             f"{self.path}: no tensor or key {key!r} (keys are paths like 'model.layers.0.weight')",
-            -4009,
-            "CKPTIO_E_NOT_FOUND",
         )
+        assert isinstance(e, TensorNotFound)
+        return e
 
     def __getitem__(self, key: str) -> Any:
         found = find(self._tree(), key)
@@ -396,11 +407,13 @@ class Reader:
     ) -> Any:
         """ckptio.load on this reader (see ckptio.load)."""
         if framework is not None and framework not in _FRAMEWORKS:
-            raise ValueError(f"framework must be one of {', '.join(_FRAMEWORKS)} or None")
+            raise error(
+                USAGE, f"framework must be one of {', '.join(_FRAMEWORKS)} or None, got {framework!r}"
+            )
         root = self._tree()
         if like is not None:
             if keys is not None:
-                raise ValueError("pass like= or keys=, not both: like= already selects the keys")
+                raise error(USAGE, "pass like= or keys=, not both: like= already selects the keys")
             return self._load_like(like, device, framework)
         keyset = None
         if keys is not None:
@@ -475,11 +488,10 @@ class Reader:
         tgt = _Target(kind)
         shape = self._elem_shape(node, info)
         if want_shape is not None and tuple(want_shape) != shape:
-            raise ShapeMismatch(
+            raise error(
+                SHAPE,
                 f"{self.path}: tensor '{name}' has shape {shape} but like= asks for "
                 f"{tuple(want_shape)}",
-                -4004,
-                "CKPTIO_E_SHAPE",
             )
         if kind == "torch":
             tgt.torch_dtype = _torch_dtype(node, info)
@@ -715,11 +727,11 @@ def _torch_dtype(node: Node, info: TensorInfo) -> Any:
     if info.code == _dtypes.BYTES and name is not None:
         dt = _dtypes.torch_for_np(_dtypes.np_dtype_from_name(name))
         if dt is None:
-            raise TypeError(f"tensor '{info.name}': numpy dtype {name} has no torch equivalent")
+            raise error(DTYPE, f"tensor '{info.name}': numpy dtype {name} has no torch equivalent")
         return dt
     dt = _dtypes.torch_tables()[1].get(info.code)
     if dt is None:
-        raise TypeError(f"tensor '{info.name}': dtype {info.dtype} has no torch equivalent")
+        raise error(DTYPE, f"tensor '{info.name}': dtype {info.dtype} has no torch equivalent")
     return dt
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import USAGE, InvalidType, error
+
 __all__ = ["IO_OPTIONS", "params", "Stats"]
 
 _BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2, "buffered": 3}
@@ -27,18 +29,18 @@ IO_OPTIONS = (
 def _switch(name: str, value: Any, auto_ok: bool) -> int:
     if value is None or (isinstance(value, str) and value == "auto"):
         if not auto_ok:
-            raise ValueError(f"{name} must be True or False")
+            raise error(USAGE, f"{name} must be True or False")
         return _AUTO
     if isinstance(value, bool):
         return _ON if value else _OFF
-    raise TypeError(f"{name} must be True, False{' or None (auto)' if auto_ok else ''}")
+    raise error(USAGE, f"{name} must be True, False{' or None (auto)' if auto_ok else ''}", InvalidType)
 
 
 def _count(name: str, value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        raise error(USAGE, f"{name} must be a non-negative int, got {value!r}")
     return value
 
 
@@ -52,14 +54,16 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> tuple[int, ..
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
-        raise TypeError(
-            f"unknown I/O option(s) {', '.join(sorted(unknown))}; known: {', '.join(IO_OPTIONS)}"
+        raise error(
+            USAGE,
+            f"unknown I/O option(s) {', '.join(sorted(unknown))}; known: {', '.join(IO_OPTIONS)}",
+            InvalidType,
         )
     backend = options.get("backend", "auto")
     if backend is None:
         backend = "auto"
     if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+        raise error(USAGE, f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
     return (
         _count("io_threads", options.get("io_threads")),
         _count("queue_depth", options.get("queue_depth")),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, _dtypes, _jax
+from ._errors import DTYPE, USAGE, CheckpointError, InvalidType, _from_code, error
 from ._options import Stats, params
 from ._tree import NUMPY_LEAF, TREE_KEY, Node, flatten, make_document, pause_gc
 
@@ -60,13 +62,9 @@ def _contiguous(arr: np.ndarray) -> np.ndarray:
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
-def _dtypes_error(name: str, dt: Any) -> TypeError:
-    from ._errors import UnsupportedDtype
-
-    return UnsupportedDtype(
-        f"tensor '{name}': dtype {dt} cannot be stored (object, structured or zero-size)",
-        -4003,
-        "CKPTIO_E_DTYPE",
+def _dtypes_error(name: str, dt: Any) -> CheckpointError:
+    return error(
+        DTYPE, f"tensor '{name}': dtype {dt} cannot be stored (object, structured or zero-size)"
     )
 
 
@@ -84,9 +82,11 @@ class _Torch:
         """(add() tuple or None for an alias, bytes of any host copy made)."""
         torch = self.torch
         if t.layout != torch.strided or t.is_quantized or t.is_nested:
-            raise TypeError(
+            raise error(
+                USAGE,
                 f"tensor '{name}' has layout {t.layout}; ckptio stores dense tensors "
-                "(call .to_dense() first)"
+                "(call .to_dense() first)",
+                InvalidType,
             )
         node["dtype"] = str(t.dtype).removeprefix("torch.")
         if isinstance(t, torch.nn.Parameter):
@@ -134,20 +134,44 @@ class _Torch:
         return (name, code, shape, host), copied
 
 
+def _make_parent(parent: str, path: str) -> None:
+    """Create ``parent``, refusing with ckptio's own error where a file stands in the way."""
+    top = parent
+    while not os.path.lexists(top):
+        top = os.path.dirname(top)
+    if not os.path.isdir(top):
+        raise _from_code(
+            -errno.ENOTDIR,
+            "ENOTDIR",
+            f"cannot save '{path}': '{top}' is a file, not a directory; choose another path",
+        )
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        code = e.errno or errno.EIO
+        raise _from_code(
+            -code,
+            errno.errorcode.get(code, "EIO"),
+            f"cannot save '{path}': cannot create the directory '{parent}': {e.strerror}",
+        ) from None
+
+
 def _meta_items(metadata: Mapping[str, str] | None) -> list[tuple[str, bytes]]:
     if metadata is None:
         return []
     if not isinstance(metadata, Mapping):
-        raise TypeError("metadata must be a dict of str to str")
+        raise error(USAGE, "metadata must be a dict of str to str", InvalidType)
     out = []
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
-            raise TypeError(
+            raise error(
+                USAGE,
                 f"metadata {k!r}: keys and values must be str (got {type(v).__name__}); "
-                "put other values in the tree itself"
+                "put other values in the tree itself",
+                InvalidType,
             )
         if k.startswith(RESERVED_PREFIX):
-            raise ValueError(f"metadata key {k!r}: keys starting with 'ckptio.' are reserved")
+            raise error(USAGE, f"metadata key {k!r}: keys starting with 'ckptio.' are reserved")
         out.append((k, v.encode()))
     return out
 
@@ -191,7 +215,7 @@ def save(
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        os.makedirs(parent, exist_ok=True)  # as checkpoint managers do: "ckpts/step-100"
+        _make_parent(parent, path)  # as checkpoint managers do: "ckpts/step-100"
     np_codes = _dtypes.np_to_code()
     items: list[tuple[Any, ...]] = []
     add = items.append
@@ -230,9 +254,11 @@ def save(
                 if isinstance(obj, np.generic):
                     node["scalar"] = True
                 elif isinstance(obj, (np.ma.MaskedArray, np.matrix)):
-                    raise TypeError(
+                    raise error(
+                        USAGE,
                         f"cannot store {type(obj).__name__} '{name}': convert it to a "
-                        "plain array"
+                        "plain array",
+                        InvalidType,
                     )
                 done = on_array(name, np.asarray(obj), obj)
                 if isinstance(done, dict):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import TensorNotFound
+from ._errors import CORRUPT, DUPLICATE, FORMAT, NOT_FOUND, USAGE, InvalidType, error
 
 TREE_KEY = "ckptio.tree"
 TREE_VERSION = 1
@@ -64,8 +64,10 @@ def _key_str(key: Any, path: str) -> str:
     if tp is int:
         return str(key)
     where = f" at '{path}'" if path else ""
-    raise TypeError(
-        f"dict key {key!r}{where} has type {tp.__name__}: ckptio trees take str or int keys"
+    raise error(
+        USAGE,
+        f"dict key {key!r}{where} has type {tp.__name__}: ckptio trees take str or int keys",
+        InvalidType,
     )
 
 
@@ -106,7 +108,7 @@ def decode_value(node: Node) -> Any:
         return base64.b64decode(node["v"])
     if t == "complex":
         return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
-    raise ValueError(f"unknown value node {t!r} in the checkpoint's tree")
+    raise error(CORRUPT, f"unknown value node {t!r} in the checkpoint's tree")
 
 
 def encode_plain(obj: Any) -> Node:
@@ -121,7 +123,9 @@ def flatten(
     classify: Callable[[Any, str], str | None] | None = None,
     on_array: Callable[[str, np.ndarray], Node | int] | None = None,
     fast: tuple[dict[Any, int], list[tuple[Any, ...]], dict[int, str]] | None = None,
-    add_arrays: Callable[[dict[Any, Any], str, set[str]], tuple[list[Any], list[int]]]
+    add_arrays: Callable[
+        [dict[Any, Any], str, set[str]], tuple[list[Any], list[Any], list[Any], list[int]]
+    ]
     | None = None,
     _plain_only: bool = False,
 ) -> tuple[Any, list[tuple[str, Any, Node]]]:
@@ -135,7 +139,8 @@ def flatten(
     arrays of those dtypes skip even that call (saving 100,000 small arrays is bound by this
     loop): each becomes an add() tuple, or an alias node when the same array was seen before.
     ``add_arrays(d, prefix, names)`` (the writer's C loop, see Writer.add_arrays in _core.c)
-    goes further: it adds such arrays itself and returns (children, indices left to Python).
+    goes further: it adds such arrays itself and returns (the keys and values it saw, children,
+    indices left to Python); the node takes those keys, even if another thread changed the dict.
     """
     tensors: list[tuple[str, Any, Node]] = []
     names: set[str] = set()
@@ -149,9 +154,10 @@ def flatten(
         if _plain_only:
             return name
         if name in names:
-            raise ValueError(
+            raise error(
+                DUPLICATE,
                 f"two leaves have the key path '{name}' (a dict key containing '.' collides "
-                "with a nested path); rename one of the keys"
+                "with a nested path); rename one of the keys",
             )
         names.add(name)
         return name
@@ -165,16 +171,15 @@ def flatten(
             tensors.append((claim(path), obj, node))
             return node
         if tp is dict or tp is OrderedDict:
-            keys = list(obj.keys())
             prefix = path + "." if path else ""
             children: list[Any] = []
             append = children.append
             if add_arrays is not None and not _plain_only:
-                children, todo = add_arrays(obj, prefix, names)
+                keys, vals, children, todo = add_arrays(obj, prefix, names)
                 for i in todo:
-                    k = keys[i]
-                    children[i] = visit(obj[k], prefix + _key_str(k, path))
+                    children[i] = visit(vals[i], prefix + _key_str(keys[i], path))
             else:
+                keys = list(obj.keys())
                 for k in keys:
                     v = obj[k]
                     p = prefix + (k if type(k) is str else _key_str(k, path))
@@ -220,7 +225,9 @@ def flatten(
             return value
         where = f"'{path}'" if path else "the root"
         if _plain_only:
-            raise TypeError(f"cannot store {tp.__module__}.{tp.__qualname__} at {where}")
+            raise error(
+                USAGE, f"cannot store {tp.__module__}.{tp.__qualname__} at {where}", InvalidType
+            )
         kind = "numpy" if isinstance(obj, (np.ndarray, np.generic)) else None
         if kind is None and classify is not None:
             kind = classify(obj, path)
@@ -231,7 +238,9 @@ def flatten(
                 hint = f"; convert the {tp.__name__} subclass to a plain dict/list/tuple"
             else:
                 hint = " (ckptio never pickles; store tensors and plain values)"
-            raise TypeError(f"cannot store {tp.__module__}.{tp.__qualname__} at {where}{hint}")
+            raise error(
+                USAGE, f"cannot store {tp.__module__}.{tp.__qualname__} at {where}{hint}", InvalidType
+            )
         if kind == "torch.Size":
             claim(path)
             return {"t": "torch.Size", "v": [int(d) for d in obj]}
@@ -239,7 +248,10 @@ def flatten(
         tensors.append((claim(path), obj, node))
         return node
 
-    root = visit(tree, "")
+    try:
+        root = visit(tree, "")
+    finally:
+        del visit  # it refers to itself: break the cycle so what it reached goes with the call
     return root, tensors
 
 
@@ -257,15 +269,15 @@ def make_document(root: Node | int) -> dict[str, Any]:
 def _expand(node: Any) -> Node:
     if type(node) is int:
         if node != NUMPY_LEAF:
-            raise ValueError(f"unknown leaf code {node} in the checkpoint's tree")
+            raise error(CORRUPT, f"unknown leaf code {node} in the checkpoint's tree")
         return NUMPY_NODE
     if not isinstance(node, dict) or not isinstance(node.get("t"), str):
-        raise ValueError("the checkpoint's tree holds a node that is not an object")
+        raise error(CORRUPT, "the checkpoint's tree holds a node that is not an object")
     t = node["t"]
     if t in _CONTAINERS:
         v = node.get("v")
         if not isinstance(v, list) or (t in ("dict", "odict") and len(node.get("k", ())) != len(v)):
-            raise ValueError(f"the checkpoint's tree has a malformed {t} node")
+            raise error(CORRUPT, f"the checkpoint's tree has a malformed {t} node")
         node["v"] = [
             NUMPY_NODE if type(c) is int and c == NUMPY_LEAF else _expand(c) for c in v
         ]
@@ -274,11 +286,12 @@ def _expand(node: Any) -> Node:
 
 def parse_document(doc: Any) -> Node:
     if not isinstance(doc, dict) or doc.get("format") != TREE_KEY or "root" not in doc:
-        raise ValueError("metadata 'ckptio.tree' is not a ckptio tree")
+        raise error(CORRUPT, "metadata 'ckptio.tree' is not a ckptio tree")
     if int(doc.get("version", 0)) > TREE_VERSION:
-        raise ValueError(
+        raise error(
+            FORMAT,
             f"the checkpoint's tree is version {doc['version']}; this ckptio reads up to "
-            f"{TREE_VERSION}: upgrade ckptio"
+            f"{TREE_VERSION}: upgrade ckptio",
         )
     return _expand(doc["root"])
 
@@ -304,10 +317,13 @@ def iter_leaves(root: Node, path: str = "") -> Iterator[tuple[str, Node]]:
             else:
                 append((prefix + str(k), v))
 
-    if root["t"] in _CONTAINERS:
-        visit(root, path)
-    else:
-        append((path, root))
+    try:
+        if root["t"] in _CONTAINERS:
+            visit(root, path)
+        else:
+            append((path, root))
+    finally:
+        del visit  # see flatten()
     return iter(out)
 
 
@@ -400,16 +416,20 @@ def unflatten(
             return value(path, node)
         return decode_value(node)
 
-    result = visit(root, base, keys is None)
+    try:
+        result = visit(root, base, keys is None)
+    finally:
+        # visit refers to itself, and through `leaf` to every loaded tensor: without this the
+        # result stays in memory after the caller drops it, until the cycle collector runs.
+        del visit
     if keys is not None:
         missing = keys - matched
         if missing:
-            raise TensorNotFound(
+            raise error(
+                NOT_FOUND,
                 "no key path "
                 + ", ".join(repr(k) for k in sorted(missing))
                 + " in the checkpoint (keys are paths like 'model.layers.0.weight')",
-                -4009,
-                "CKPTIO_E_NOT_FOUND",
             )
     if result is MISSING:
         return {}
@@ -417,4 +437,4 @@ def unflatten(
 
 
 def _no_tensor(path: str, node: Node) -> Any:
-    raise ValueError(f"unexpected tensor at {path!r}")
+    raise error(CORRUPT, f"unexpected tensor at {path!r}")

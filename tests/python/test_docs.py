@@ -34,6 +34,23 @@ def test_readme_examples_run() -> None:
         shutil.rmtree("/tmp/ckptio-doc", ignore_errors=True)
 
 
+def test_readme_python_example_runs(tmp_path: pathlib.Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "README.md has no Python example"
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    for i, code in enumerate(blocks):
+        # Its checkpoints go to this test's directory, not to a fixed /tmp path.
+        code = code.replace("/tmp/ckptio-readme", str(tmp_path / "readme"))
+        res = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert res.returncode == 0, f"README example {i + 1} failed:\n{code}\n{res.stderr}"
+    assert (tmp_path / "readme").is_dir()
+
+
 @pytest.mark.parametrize(
     "module", ["ckptio", "ckptio._save", "ckptio._load", "ckptio._errors", "ckptio.torch"]
 )

@@ -6,6 +6,10 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -69,10 +73,14 @@ def test_corrupt_data_names_file_and_tensor(ckpt: pathlib.Path) -> None:
     msg = str(e.value)
     assert "bad" in msg and "000000.ckd" in msg
     assert ckptio.load(ckpt, keys=["good"])["good"].sum() == 0  # the intact tensor still loads
-    with ckptio.open(ckpt) as r, pytest.raises(ckptio.CorruptCheckpoint, match="bad"):
+    with ckptio.open(ckpt) as r, pytest.raises(ckptio.CorruptCheckpoint) as e:
         r.verify()
-    # Without verification the damaged bytes come back as they are.
-    assert ckptio.load(ckpt, checksums=False)["bad"].shape == (100_000,)
+    assert "'bad'" in str(e.value) and "000000.ckd" in str(e.value), str(e.value)
+    # Without verification the damaged bytes come back as they are: only the flipped one differs.
+    got = ckptio.load(ckpt, checksums=False)["bad"].view(np.uint8)
+    want = np.ones(100_000, np.float32).view(np.uint8).copy()
+    want[5000] ^= 0xFF
+    assert np.array_equal(got, want)
 
 
 def test_corrupt_manifest(ckpt: pathlib.Path) -> None:
@@ -98,22 +106,74 @@ def test_tensor_not_found_names_it(ckpt: pathlib.Path) -> None:
 
 def test_region_outside_tensor(ckpt: pathlib.Path) -> None:
     ckptio.save({"a": np.zeros((4, 4))}, ckpt)
-    with ckptio.open(ckpt) as r, pytest.raises(IndexError):
-        r.read("a", np.s_[:, 9])
+    with ckptio.open(ckpt) as r:
+        # Past the end: the library decides, and its message says where.
+        with pytest.raises(ckptio.RegionOutOfRange) as e:
+            r.read("a", np.s_[:, 9])
+        assert e.value.name == "CKPTIO_E_RANGE" and e.value.code == ckptio._core.errors()["CKPTIO_E_RANGE"]
+        assert "'a'" in str(e.value) and "9" in str(e.value) and "past its size 4" in str(e.value)
+        assert isinstance(e.value, IndexError)
+        # Before the start and too many indices: refused before any read, also naming the tensor.
+        for region in (np.s_[:, -5], np.s_[1, 2, 3]):
+            with pytest.raises(ckptio.RegionOutOfRange, match="'a'"):
+                r.read("a", region)
+
+
+def test_bad_requests_are_checkpoint_errors(ckpt: pathlib.Path) -> None:
+    ckptio.save({"a": np.zeros(3)}, ckpt)
+    with pytest.raises(ckptio.InvalidRequest, match="framework") as e:
+        ckptio.load(ckpt, framework="tensorflow")
+    assert isinstance(e.value, ValueError) and e.value.name == "CKPTIO_E_USAGE"
+    with pytest.raises(ckptio.InvalidType, match="builtins.object at 'x'") as t:
+        ckptio.save({"x": object()}, ckpt, overwrite=True)
+    assert isinstance(t.value, TypeError) and isinstance(t.value, ckptio.CheckpointError)
+    with pytest.raises(ckptio.InvalidType, match="dict key"):
+        ckptio.save({1.5: np.zeros(1)}, ckpt, overwrite=True)
+    with pytest.raises(ckptio.InvalidType, match="unknown I/O option"):
+        ckptio.save({}, ckpt, overwrite=True, speed=3)
+    with pytest.raises(ckptio.DuplicateTensor, match="a.b"):
+        ckptio.save({"a.b": np.zeros(1), "a": {"b": np.zeros(1)}}, ckpt, overwrite=True)
+    with ckptio.open(ckpt) as r, pytest.raises(ckptio.InvalidRequest, match="negative steps"):
+        r.read("a", np.s_[::-1])
+
+
+def test_error_codes_come_from_the_library() -> None:
+    table = ckptio._core.errors()
+    for name, code in table.items():
+        e = ckptio._errors._from_code(code, name, "m")
+        assert e.code == code and e.name == name and isinstance(e, ckptio.CheckpointError)
+        assert ckptio._core.strerror(code)[0] == name
+        assert type(e) is not ckptio.CheckpointIOError, name  # every code has its class
+    e = ckptio._errors.error("CKPTIO_E_RANGE", "r")
+    assert type(e) is ckptio.RegionOutOfRange and e.code == table["CKPTIO_E_RANGE"]
+
+
+FULL_DISK = """
+import errno, sys, numpy as np, ckptio
+try:
+    ckptio.save({"a": np.ones(4 << 20, np.uint8)}, sys.argv[1] + "/ckpt")
+except ckptio.CheckpointIOError as e:
+    assert isinstance(e, OSError), type(e).__mro__
+    print(e.errno, e.name, str(e), sep="|")
+else:
+    print("saved")
+"""
 
 
 def test_io_error_is_an_oserror(tmp_path: pathlib.Path) -> None:
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    os.chmod(ro, 0o500)
-    try:
-        if os.access(ro, os.W_OK):  # root ignores permissions
-            pytest.skip("running as root: permissions are not enforced")
-        with pytest.raises(ckptio.CheckpointIOError) as e:
-            ckptio.save({}, ro / "ckpt")
-        assert isinstance(e.value, OSError) and e.value.errno == errno.EACCES
-    finally:
-        os.chmod(ro, 0o700)
+    # A full file system: a 1 MiB tmpfs in a private mount namespace (as root, how tests run).
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare command")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = f"mount -t tmpfs -o size=1m ckptio-test {mnt} && exec {sys.executable} -c \"$0\" {mnt}"
+    res = subprocess.run(["unshare", "-m", "sh", "-c", script, FULL_DISK], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0 and "mount" in res.stderr and "ckptio" not in res.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    code, name, msg = res.stdout.strip().split("|", 2)
+    assert int(code) == errno.ENOSPC and name == "ENOSPC", res.stdout
+    assert str(mnt) in msg, msg
 
 
 def test_parent_directories_are_created(tmp_path: pathlib.Path) -> None:
@@ -123,9 +183,12 @@ def test_parent_directories_are_created(tmp_path: pathlib.Path) -> None:
 
 def test_parent_is_a_file(tmp_path: pathlib.Path) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises((ckptio.CheckpointError, OSError)) as e:
-        ckptio.save({"a": np.zeros(1)}, tmp_path / "file" / "ckpt")
-    assert "file" in str(e.value)
+    for dest in (tmp_path / "file" / "ckpt", tmp_path / "file" / "sub" / "ckpt"):
+        with pytest.raises(ckptio.CheckpointIOError) as e:
+            ckptio.save({"a": np.zeros(1)}, dest)
+        assert e.value.errno == errno.ENOTDIR and e.value.name == "ENOTDIR"
+        assert f"'{tmp_path / 'file'}' is a file" in str(e.value) and str(dest) in str(e.value)
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_error_attributes() -> None:

@@ -43,3 +43,16 @@ def test_wheel_contents(tmp_path: pathlib.Path) -> None:
 def test_python_m_ckptio_runs_the_command() -> None:
     res = subprocess.run([sys.executable, "-m", "ckptio", "--version"], capture_output=True, text=True)
     assert res.returncode == 0 and "ckptio" in res.stdout, res.stderr
+
+
+def test_venv_has_the_command() -> None:
+    # `make` links the built command into .venv/bin: activating .venv puts it on PATH.
+    venv = ROOT / ".venv"
+    if pathlib.Path(sys.prefix).resolve() != venv.resolve():
+        pytest.skip("not running in the project's .venv")
+    exe = venv / "bin" / "ckptio"
+    assert os.access(exe, os.X_OK), f"{exe} is missing: run make"
+    res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "usage: ckptio" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout, res.stdout + res.stderr

@@ -264,8 +264,16 @@ def test_reader(ckpt: pathlib.Path) -> None:
             r.read("w", np.s_[10])
         r.verify()
     assert r.closed
-    with pytest.raises(ValueError, match="closed"):
-        r.keys() if r._root is None else r._r.tensors()
+    # Nothing answers from what the reader had cached once it is closed.
+    calls = {
+        "keys": r.keys, "tensors": r.tensors, "info": lambda: r.info("w"),
+        "metadata": lambda: r.metadata, "getitem": lambda: r["w"], "read": lambda: r.read("w"),
+        "contains": lambda: "w" in r, "len": lambda: len(r), "load": r.load,
+    }  # fmt: skip
+    for what, call in calls.items():
+        with pytest.raises(ckptio.InvalidRequest, match="closed") as e:
+            call()
+        assert e.value.name == "CKPTIO_E_STATE", what
 
 
 def test_stats(ckpt: pathlib.Path) -> None:

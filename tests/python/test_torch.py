@@ -191,6 +191,9 @@ def test_torch_size_and_values(ckpt: pathlib.Path) -> None:
     ckptio.save(tree, ckpt)
     out = ckptio.load(ckpt)
     assert type(out["size"]) is torch.Size and out["size"] == torch.Size([2, 3])
+    free = out["dtype_free"]
+    assert type(free) is tuple and free == (1, 2.0)
+    assert [type(v) for v in free] == [int, float]
 
 
 # ---- ckptio.torch.save / load ----
