@@ -578,6 +578,21 @@ static int span_cmp(const void *pa, const void *pb)
     return (a->k > b->k) - (a->k < b->k);
 }
 
+/* Most tensors are split a handful of ways: insertion sort beats qsort's calls there. */
+static void sort_spans(span *s, uint64_t n)
+{
+    if (n > 32) {
+        qsort(s, n, sizeof *s, span_cmp);
+        return;
+    }
+    for (uint64_t i = 1; i < n; i++) {
+        span v = s[i];
+        uint64_t j = i;
+        for (; j > 0 && span_cmp(&s[j - 1], &v) > 0; j--) s[j] = s[j - 1];
+        s[j] = v;
+    }
+}
+
 static bool boxes_overlap(const uint64_t *a, const uint64_t *b, uint32_t nd)
 {
     for (uint32_t d = 0; d < nd; d++)
@@ -643,7 +658,7 @@ static int check_tiling(mctx *x, const ckptio__manifest *o, uint64_t r)
             const uint64_t *box = o->dims + o->chunks[t->chunk0 + k].dims;
             x->spans[k] = (span){box[sweep], box[sweep] + box[nd + sweep], k};
         }
-        qsort(x->spans, n, sizeof *x->spans, span_cmp);
+        sort_spans(x->spans, n);
         uint64_t n_active = 0;
         for (uint64_t i = 0; i < n; i++) {
             const span *sp = &x->spans[i];
