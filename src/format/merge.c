@@ -688,9 +688,8 @@ static int check_tiling(mctx *x, const ckptio__manifest *o, uint64_t r)
     if (covered == tvol) return 0;
     /* Disjoint boxes inside the shape cover less than it: say which box is missing when the
      * chunks split one dimension only (row or column sharding), else the volumes. */
-    int w = snprintf(b4, sizeof b4, "chunks from parts %s cover %llu of the %llu elements",
-                     fmt_parts(bp, sizeof bp, s, n), U(covered), U(tvol));
-    (void)w;
+    snprintf(b4, sizeof b4, "chunks from parts %s cover %llu of the %llu elements",
+             fmt_parts(bp, sizeof bp, s, n), U(covered), U(tvol));
     bool one_dim = true;
     for (uint32_t d = 0; d < nd; d++) one_dim = one_dim && (d == sweep || count[d] == 0);
     if (one_dim && n > 0) {
