@@ -51,22 +51,27 @@ test-sanitize: deps
 	@$(MESON) compile -C $(BUILD)-tsan >/dev/null
 	TSAN_OPTIONS=halt_on_error=1 $(BUILD)-tsan/tests/ckptio-tests
 
-# A bounded libFuzzer run of the manifest decoder (FUZZ_SECONDS, default 60) under ASan+UBSan,
-# the library itself instrumented for coverage. New inputs go to $(BUILD)-fuzz/corpus-new, never
-# into the stored corpus; a crash leaves its reproducer in $(BUILD)-fuzz/ and fails the target.
-# A 64 KiB manifest must never need more than 256 MiB (-malloc_limit_mb).
+# Bounded libFuzzer runs under ASan+UBSan, the library itself instrumented for coverage: the
+# manifest decoder, then the partial-manifest merge, each for half of FUZZ_SECONDS (default 60).
+# New inputs go to $(BUILD)-fuzz/corpus-new/<target>, never into the stored corpora; a crash
+# leaves its reproducer in $(BUILD)-fuzz/ and fails the target. A 64 KiB input must never need
+# more than 256 MiB (-malloc_limit_mb).
 FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := manifest merge
 .PHONY: fuzz
 fuzz: deps
 	@[ -f $(BUILD)-fuzz/build.ninja ] || CC=clang $(MESON) setup $(BUILD)-fuzz -Dfuzzers=true \
 		-Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fsanitize=fuzzer-no-link >/dev/null
-	@$(MESON) compile -C $(BUILD)-fuzz fuzz/fuzz-manifest >/dev/null
-	@mkdir -p $(BUILD)-fuzz/corpus-new
-	cd $(BUILD)-fuzz && { ./fuzz/fuzz-manifest -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
-		-malloc_limit_mb=256 -rss_limit_mb=2048 -print_final_stats=1 \
-		corpus-new $(CURDIR)/fuzz/corpus/manifest >fuzz.log 2>&1; rc=$$?; \
-		if [ $$rc = 0 ]; then grep -E '^(Done|stat::number_of_executed_units)' fuzz.log; \
-		else tail -40 fuzz.log; fi; exit $$rc; }
+	@$(MESON) compile -C $(BUILD)-fuzz fuzz/fuzz-manifest fuzz/fuzz-merge >/dev/null
+	@half=$$(( ($(FUZZ_SECONDS) + 1) / 2 )); \
+	for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(BUILD)-fuzz/corpus-new/$$t; echo "fuzz-$$t: $$half s"; \
+		( cd $(BUILD)-fuzz && ./fuzz/fuzz-$$t -max_total_time=$$half -max_len=65536 \
+			-malloc_limit_mb=256 -rss_limit_mb=2048 -print_final_stats=1 \
+			corpus-new/$$t $(CURDIR)/fuzz/corpus/$$t >fuzz-$$t.log 2>&1 ); rc=$$?; \
+		if [ $$rc = 0 ]; then grep -E '^(Done|stat::number_of_executed_units)' $(BUILD)-fuzz/fuzz-$$t.log; \
+		else tail -40 $(BUILD)-fuzz/fuzz-$$t.log; exit $$rc; fi; \
+	done
 
 test-python: venv
 	$(VENV)/bin/python -m pytest -q tests/python

@@ -115,4 +115,46 @@ CKPTIO__HIDDEN int ckptio__manifest_decode(const uint8_t *buf, uint64_t len,
                                            ckptio__manifest **out, char *err, size_t errlen);
 CKPTIO__HIDDEN void ckptio__manifest_free(ckptio__manifest *m);
 
+/* ---- merging partial manifests (src/format/merge.c) ---------------------------------------- */
+
+/* Merge the partial manifests of a multi-rank save (issue 10) into one checkpoint manifest.
+ *
+ * A part is what one rank saved: its own files, the chunks it wrote of each tensor it holds
+ * (boxes in the tensor's global shape, file indices into its own files table), their checksums
+ * and maybe metadata. A part satisfies every invariant above except coverage: its tensors need
+ * not be tiled (or even have chunks), nor its tensors or keys be sorted. Only its indices are
+ * checked here (so no part is ever read outside its arrays); everything else is checked on the
+ * result. Parts are named "part N" (their index in `parts`) in every message; the caller maps
+ * N to a rank.
+ *
+ * The result:
+ *  - files: the parts' tables concatenated in part order (part i's file k becomes file
+ *    offset_i + k); a file name listed twice (by two parts, or one) is CKPTIO_E_DUPLICATE;
+ *  - tensors: one per distinct name, sorted; every part listing it must give the same dtype,
+ *    rank and global shape (else CKPTIO_E_SHAPE naming the tensor and both parts); its chunks
+ *    are all the parts' chunks of it, in part order. Empty chunks (a zero in their box's
+ *    shape: a rank's empty shard) are dropped, except that an empty tensor keeps the first one,
+ *    rewritten to cover its whole shape at offset 0 (the format's one form for it);
+ *  - checksums: the parts that stored any bytes must agree on algorithm and block size (else
+ *    CKPTIO_E_USAGE); a part without stored bytes has nothing checksummed and may say anything.
+ *    The result takes the first such part's setting (part 0's when no part stored bytes);
+ *  - metadata: the union of the keys; one key with different values in two parts is
+ *    CKPTIO_E_DUPLICATE naming the key and both parts; identical values are kept once;
+ *  - then each tensor's chunks must tile its shape: an overlap is CKPTIO_E_DUPLICATE naming the
+ *    two parts and boxes (a replicated tensor must be saved by one part only), a hole is
+ *    CKPTIO_E_INCOMPLETE giving the covered and expected volumes, the parts that hold some of
+ *    it and, for row- or column-sharded tensors, the box no part holds; last, the result must
+ *    pass ckptio__manifest_validate (its message is then prefixed by "merged manifest: ").
+ * On success *out is one arena allocation laid out exactly as decode lays out a manifest
+ * (equal to decode(encode(*out))), to free with ckptio__manifest_free; the parts are only read.
+ * On failure *out is NULL and err holds one line.
+ *
+ * Cost: O(N log N) in the total size N of the parts (a hash over tensor and file names, sorts
+ * of the distinct tensor names, metadata keys and of each tensor's chunks along one dimension).
+ * Memory, besides the result (at most the sum of the parts' arrays): 16 bytes per chunk, 4 per
+ * tensor listing, about 120 per distinct tensor, 40 per metadata entry, 16 per part, and
+ * validate's scratch (32 bytes per chunk) - about 60 bytes per chunk in all at scale. */
+CKPTIO__HIDDEN int ckptio__manifest_merge(const ckptio__manifest *const *parts, size_t n,
+                                          ckptio__manifest **out, char *err, size_t errlen);
+
 #endif
