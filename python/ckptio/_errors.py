@@ -21,6 +21,7 @@ __all__ = [
     "InvalidRequest",
     "Unsupported",
     "Interrupted",
+    "NotDurable",
     "CheckpointIOError",
     "CheckpointNotFound",
 ]
@@ -109,6 +110,11 @@ class Interrupted(CheckpointError):
     """The operation was cancelled (CKPTIO_E_INTERRUPTED)."""
 
 
+class NotDurable(CheckpointError):
+    """Saved and visible, but the directory entry's fsync failed, so a crash might lose it
+    (CKPTIO_E_NOT_DURABLE). The checkpoint or file is complete: sync, or save again."""
+
+
 class CheckpointIOError(CheckpointError, OSError):
     """A system error (``-errno``); ``errno`` is set as for OSError."""
 
@@ -143,6 +149,7 @@ _BY_CODE: dict[int, type[CheckpointError]] = {
     -4015: LimitExceeded,
     -4016: Unsupported,
     -4017: Interrupted,
+    -4018: NotDurable,
 }
 
 
