@@ -60,7 +60,8 @@ CKPTIO_API unsigned ckptio_format_version(void);
     X(CHECKSUM, -4014, "checksum mismatch: stored bytes are damaged")                          \
     X(LIMIT, -4015, "a size or count exceeds the format's limits")                             \
     X(UNSUPPORTED, -4016, "feature not available in this build or on this system")             \
-    X(INTERRUPTED, -4017, "operation was cancelled")
+    X(INTERRUPTED, -4017, "operation was cancelled")                                           \
+    X(NOT_DURABLE, -4018, "published, but its directory entry may not be durable")
 
 enum ckptio_error {
 #define CKPTIO_X_ENUM(name, value, text) CKPTIO_E_##name = value,
@@ -155,7 +156,8 @@ typedef struct ckptio_params {
     int fsync;              /* writer: fsync data, manifest and directories (default ON) */
     int checksums;          /* writer: store checksums; reader: verify them (default ON) */
     int overwrite;          /* writer: replace an existing checkpoint at commit (default OFF).
-                             * The old one stays loadable until the new one is complete. */
+                             * The old one stays loadable until the new one is complete. An
+                             * empty directory may be replaced too, also only at commit. */
     int reserved1;
 } ckptio_params;
 
@@ -188,7 +190,14 @@ typedef struct ckptio_writer ckptio_writer;
 /* Start a checkpoint at directory `path`. Nothing is visible at `path` until commit: data goes
  * to a temporary sibling directory `<path>.tmp-<pid>.<n>` that commit renames into place.
  * Fails with CKPTIO_E_EXISTS if `path` exists and p->overwrite is off. `p` may be NULL
- * (defaults). On success *out owns a handle that ckptio_writer_close() releases; on failure
+ * (defaults). With p->overwrite, what is at `path` must be a committed checkpoint or an empty
+ * directory (else CKPTIO_E_EXISTS); it is not touched before commit, so a save that fails or
+ * is closed uncommitted leaves it exactly as it was.
+ *
+ * A `path` that is a symlink (`latest -> step-1000`) is saved through, as open(2) would: the
+ * rules above apply to the directory it points to, which commit creates or replaces (its
+ * temporary directory is made beside that target), and the link stays a link, now naming the
+ * new checkpoint. A dangling link creates its target. On success *out owns a handle that ckptio_writer_close() releases; on failure
  * *out is NULL and ckptio_last_error() says why. A writer is used by one thread at a time.
  *
  * A save killed before its commit (SIGKILL, power loss) leaves only its temporary directory.
@@ -228,9 +237,13 @@ CKPTIO_API int ckptio_writer_flush(ckptio_writer *w);
 
 /* Make the checkpoint durable and visible, atomically: flush, fsync data files, write and
  * fsync the manifest, fsync the directory, rename into place (replacing an old checkpoint
- * only with p->overwrite, and only once the new one is complete), fsync the parent. After a
- * failure nothing new is visible at `path` and an old checkpoint there is intact; the
- * temporary directory is removed. Either way the writer accepts no more calls but close. */
+ * only with p->overwrite, and only once the new one is complete), fsync the parent, then
+ * remove the replaced checkpoint. After a failure nothing new is visible at `path` and an old
+ * checkpoint there is intact; the temporary directory is removed. One exception:
+ * CKPTIO_E_NOT_DURABLE means the rename happened, so the new checkpoint is complete and
+ * visible at `path` (and the old one gone), but the parent directory's fsync failed, so a
+ * crash might still lose the rename; sync or save again. Either way the writer accepts no
+ * more calls but close. */
 CKPTIO_API int ckptio_writer_commit(ckptio_writer *w);
 
 /* Release the writer. Without a successful commit this aborts: in-flight I/O is waited for
@@ -249,7 +262,9 @@ typedef struct ckptio_reader ckptio_reader;
 
 /* Open the committed checkpoint at directory `path`: reads and checks the manifest (magic,
  * version, checksum, limits) and opens the data files. CKPTIO_E_NOT_CHECKPOINT if `path` has
- * no manifest (e.g. an unfinished save). `p` may be NULL. Reading calls on one reader are made
+ * no manifest (e.g. an unfinished save). `path` may be a symlink to the checkpoint (latest ->
+ * step-1000); inside the checkpoint nothing is followed out of it: a data file whose name or
+ * symlink leads outside the directory is refused. `p` may be NULL. Reading calls on one reader are made
  * by one thread at a time; the query functions may be called from any thread. */
 CKPTIO_API int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p);
 CKPTIO_API void ckptio_reader_close(ckptio_reader *r); /* accepts NULL */
@@ -333,6 +348,9 @@ CKPTIO_API const char *ckptio_reader_path(const ckptio_reader *r);
  * allows it, several writes in flight — for formats ckptio does not own (a torch.save zip
  * archive, safetensors). It is written as `<path>.tmp-<pid>.<n>` and appears at `path` only at
  * commit (fsync of the file, rename, fsync of the directory). Used by one thread at a time.
+ * A `path` that is a symlink is written through, as torch.save does: the temporary file is
+ * made beside the link's final target and renamed over it; the link stays a link. A new file
+ * gets mode 0666 less the umask, as open(2) gives; a replaced file keeps its mode.
  * Since 0.1. */
 typedef struct ckptio_file_writer ckptio_file_writer;
 
@@ -345,7 +363,9 @@ CKPTIO_API int ckptio_file_writer_write(ckptio_file_writer *f, const void *data,
 /* Bytes written so far (the current end of the file). */
 CKPTIO_API uint64_t ckptio_file_writer_tell(const ckptio_file_writer *f);
 /* Make the file durable and visible at `path` (replacing an older file only with
- * p->overwrite). After a failure nothing new is at `path`. */
+ * p->overwrite). After a failure nothing new is at `path`, except with CKPTIO_E_NOT_DURABLE:
+ * the rename happened and the file is complete at `path`, but the directory's fsync failed, so
+ * a crash might still lose it; sync or save again. */
 CKPTIO_API int ckptio_file_writer_commit(ckptio_file_writer *f);
 /* Release; without a commit the temporary file is removed. Accepts NULL. */
 CKPTIO_API void ckptio_file_writer_close(ckptio_file_writer *f);
@@ -362,7 +382,8 @@ typedef struct ckptio_range {
 
 /* Read `n` ranges of the file at `path` at device speed: ranges are coalesced, many large
  * requests in flight, O_DIRECT where allowed, straight into aligned destinations. No checksum
- * (the file is not ckptio's). -EIO-style errors, or CKPTIO_E_CORRUPT when a range lies past
+ * (the file is not ckptio's). Symlinks are followed wherever they lead, as open(2) does (a
+ * Hugging Face cache entry is snapshots/<rev>/<name> -> ../../blobs/<sha>). -EIO-style errors, or CKPTIO_E_CORRUPT when a range lies past
  * the end of the file; the message names the file and offset. `stats` may be NULL. Since 0.1. */
 CKPTIO_API int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n,
                                 const ckptio_params *p, ckptio_stats *stats);

@@ -59,27 +59,38 @@ int ckptio_file_writer_open(ckptio_file_writer **out, const char *path, const ck
     f->t_open = ckptio__now();
     int rc, direct = 0;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &f->cfg, &f->msg));
-    f->path = strdup(path);
-    f->parent = f->path ? ckptio__parent_dir(path) : NULL;
-    f->tmp_path = malloc(strlen(path) + 64);
-    CKPTIO__GOTO_IF(!f->path || !f->parent || !f->tmp_path, -ENOMEM);
+    /* Saving to a symlink writes through to its target, as torch.save does: the temporary file
+     * goes beside the target (a rename cannot cross file systems) and replaces it; the link
+     * stays a link. */
+    rc = ckptio__follow_links(path, &f->path);
+    if (rc < 0) {
+        ckptio__fail(&f->msg, rc, "cannot save to '%s'%s", path,
+                     rc == -ELOOP ? ": too many levels of symbolic links" : "");
+        goto out;
+    }
+    f->parent = ckptio__parent_dir(f->path);
+    size_t tlen = strlen(f->path) + 64;
+    f->tmp_path = malloc(tlen);
+    CKPTIO__GOTO_IF(!f->parent || !f->tmp_path, -ENOMEM);
     struct stat st;
-    if (lstat(path, &st) == 0 && (!f->cfg.overwrite || S_ISDIR(st.st_mode))) {
-        rc = ckptio__fail(&f->msg, CKPTIO_E_EXISTS, "'%s' already exists%s", path,
+    if (lstat(f->path, &st) == 0 && (!f->cfg.overwrite || S_ISDIR(st.st_mode))) {
+        rc = ckptio__fail(&f->msg, CKPTIO_E_EXISTS, "'%s'%s%s%s already exists%s", path,
+                          strcmp(path, f->path) ? " (a symlink to '" : "",
+                          strcmp(path, f->path) ? f->path : "",
+                          strcmp(path, f->path) ? "')" : "",
                           S_ISDIR(st.st_mode) ? " and is a directory; refusing to replace it"
                                               : "; pass overwrite to replace it");
         goto out;
     }
     for (int tries = 0;; tries++) {
-        snprintf(f->tmp_path, strlen(path) + 64, "%s.tmp-%d.%u", path, (int)getpid(),
-                 ckptio__tmp_id());
-        rc = ckptio__file_open(AT_FDCWD, f->tmp_path, CKPTIO__F_WRITE, f->cfg.direct, &f->fd,
-                               &direct);
+        snprintf(f->tmp_path, tlen, "%s.tmp-%d.%u", f->path, (int)getpid(), ckptio__tmp_id());
+        rc = ckptio__file_open(AT_FDCWD, f->tmp_path, CKPTIO__F_WRITE_USER, f->cfg.direct,
+                               &f->fd, &direct);
         if (rc != -EEXIST || tries > 1000) break;
     }
     if (rc < 0) {
         f->fd = -1;
-        ckptio__fail(&f->msg, rc, "cannot create a temporary file next to '%s'", path);
+        ckptio__fail(&f->msg, rc, "cannot create a temporary file next to '%s'", f->path);
         goto out;
     }
     f->tmp_created = true;
@@ -118,12 +129,23 @@ uint64_t ckptio_file_writer_tell(const ckptio_file_writer *f)
     return f ? f->sink.cursor : 0;
 }
 
+/* A replaced file keeps its mode, as it would if written in place (a 0600 file stays 0600). */
+static int keep_mode(ckptio_file_writer *f)
+{
+    struct stat st;
+    if (!f->cfg.overwrite || stat(f->path, &st) < 0 || !S_ISREG(st.st_mode)) return 0;
+    if (fchmod(f->fd, st.st_mode & 07777) == 0) return 0;
+    return ckptio__fail(&f->msg, -errno, "cannot give '%s' the mode %03o of the file it replaces",
+                        f->tmp_path, (unsigned)(st.st_mode & 07777));
+}
+
 int ckptio_file_writer_commit(ckptio_file_writer *f)
 {
     if (!f) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_writer_commit: writer is NULL");
     CKPTIO__TRY(fw_usable(f));
     int rc;
     CKPTIO__CHECK(ckptio__sink_finish(&f->sink));
+    CKPTIO__CHECK(keep_mode(f));
     if (f->cfg.fsync && (rc = ckptio__fsync(f->fd)) < 0) {
         ckptio__fail(&f->msg, rc, "fsync of '%s' failed: the data may not be on the device",
                      f->tmp_path);
@@ -147,13 +169,17 @@ int ckptio_file_writer_commit(ckptio_file_writer *f)
         goto out;
     }
     f->state = F_COMMITTED;
-    if (f->cfg.fsync && (rc = ckptio__fsync_path(f->parent)) < 0) {
-        ckptio__fail(&f->msg, rc, "fsync of directory '%s' failed", f->parent);
-        goto out;
-    }
     f->stats.io_bytes = f->sink.io_bytes;
     f->stats.seconds = ckptio__now() - f->t_open;
     f->stats.gbps = f->stats.seconds > 0 ? (double)f->stats.bytes / f->stats.seconds / 1e9 : 0;
+    /* Past the rename nothing is undone: the file is complete and visible, only its directory
+     * entry may not survive a crash, which is not the same as "not saved". */
+    if (f->cfg.fsync && (rc = ckptio__fsync_path(f->parent)) < 0)
+        return ckptio__fail(&f->msg, CKPTIO_E_NOT_DURABLE,
+                            "published at '%s', but its directory entry may not be durable: "
+                            "fsync of '%s' failed: %s; the file is complete; re-run sync or "
+                            "save again",
+                            f->path, f->parent, strerror(-rc));
     rc = 0;
 out:
     if (rc < 0) fw_fail(f, rc);

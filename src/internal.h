@@ -26,6 +26,13 @@ CKPTIO__HIDDEN unsigned ckptio__tmp_id(void);
 /* The directory holding `path` (malloc'd; "." or "/" where it has no other). */
 CKPTIO__HIDDEN char *ckptio__parent_dir(const char *path);
 
+/* Follow `path` while its last component is a symlink (a relative target taken from the link's
+ * own directory, up to 40 links: else -ELOOP) and return the path of what it finally names,
+ * malloc'd in *out; that may not exist (a dangling link names where to create). A path that is
+ * no symlink, or cannot be inspected, comes back as it is. Writers save to the target, as
+ * open(2) in torch.save would, so a link stays a link. */
+CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
+
 /* Remove a directory tree without following symlinks (openat/unlinkat); best effort, returns
  * the first error. */
 CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);

@@ -913,8 +913,14 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
     rfile file = {.fd = -1};
     plan pl;
     plan_init(&pl);
-    char *dir = ckptio__parent_dir(path);
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    /* A file the caller names is not confined the way a checkpoint's own files are: follow its
+     * links (a Hugging Face cache entry is snapshots/<rev>/x.bin -> ../../blobs/<sha>). Messages
+     * keep naming `path`. */
+    char *real = NULL;
+    int lrc = ckptio__follow_links(path, &real);
+    const char *target = real ? real : path;
+    char *dir = ckptio__parent_dir(target);
+    const char *base = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
     size_t blen = strlen(base);
     m.chunks = calloc(n + 1, sizeof *m.chunks);
     m.strtab = malloc(blen + 1);
@@ -924,6 +930,11 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
     r->m = &m;
     r->files = &file;
     int rc;
+    if (lrc < 0) {
+        rc = ckptio__fail(&r->msg, lrc, "cannot open '%s'%s", path,
+                          lrc == -ELOOP ? ": too many levels of symbolic links" : "");
+        goto out;
+    }
     CKPTIO__GOTO_IF(!dir || !m.chunks || !m.strtab, -ENOMEM);
     memcpy(m.strtab, base, blen + 1);
     mf.name_len = (uint32_t)blen;
@@ -983,5 +994,6 @@ out:
     free(m.chunks);
     free(m.strtab);
     free(dir);
+    free(real);
     return rc < 0 ? rc : 0;
 }

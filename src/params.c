@@ -2,10 +2,11 @@
 /* Parameter defaults and their resolution into the settings an operation runs with. */
 #include <dirent.h>
 #include <errno.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -127,4 +128,36 @@ char *ckptio__parent_dir(const char *path)
     if (!slash) return strdup(".");
     if (slash == path) return strdup("/");
     return strndup(path, (size_t)(slash - path));
+}
+
+int ckptio__follow_links(const char *path, char **out)
+{
+    *out = NULL;
+    char *cur = strdup(path);
+    if (!cur) return -ENOMEM;
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) break;
+        if (hops == 40) {
+            free(cur);
+            return -ELOOP;
+        }
+        char target[PATH_MAX];
+        ssize_t n = readlink(cur, target, sizeof target - 1);
+        if (n < 0) break; /* replaced meanwhile: let the caller's own open report it */
+        target[n] = 0;
+        char *next = NULL;
+        if (target[0] == '/' || !strchr(cur, '/')) {
+            next = strdup(target);
+        } else {
+            char *dir = ckptio__parent_dir(cur);
+            if (dir && asprintf(&next, "%s/%s", dir, target) < 0) next = NULL;
+            free(dir);
+        }
+        free(cur);
+        if (!next) return -ENOMEM;
+        cur = next;
+    }
+    *out = cur;
+    return 0;
 }

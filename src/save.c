@@ -65,6 +65,7 @@ struct ckptio_writer {
     int state;
     int err; /* the poisoning error, once failed */
     char *path, *tmp_path, *parent;
+    char *old_path; /* where publish moved the checkpoint it replaced, until it is removed */
     int tmp_fd; /* directory fd of tmp_path */
     int fd;     /* the data file */
     char *data_label; /* its path, for messages */
@@ -199,12 +200,21 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
 
 /* ---- open ---- */
 
+/* A path that is a symlink (latest -> step-1000) is saved through: the checkpoint it points to
+ * is the one created or replaced, beside it, and the link stays a link. */
 static int split_path(ckptio_writer *w, const char *path)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--;
-    w->path = strndup(path, len);
-    if (!w->path) return -ENOMEM;
+    char *given = strndup(path, len);
+    if (!given) return -ENOMEM;
+    int rc = ckptio__follow_links(given, &w->path);
+    free(given);
+    if (rc < 0)
+        return ckptio__fail(&w->msg, rc, "cannot save to '%s'%s", path,
+                            rc == -ELOOP ? ": too many levels of symbolic links" : "");
+    len = strlen(w->path);
+    while (len > 1 && w->path[len - 1] == '/') w->path[--len] = 0;
     char *slash = strrchr(w->path, '/');
     w->parent = ckptio__parent_dir(w->path);
     if (!w->parent) return -ENOMEM;
@@ -217,11 +227,28 @@ static int split_path(ckptio_writer *w, const char *path)
     return 0;
 }
 
-/* A path may be replaced only if it is a committed checkpoint or an empty directory, so that
- * `overwrite` can never destroy something that is not ours. */
-static int check_existing(ckptio_writer *w)
+enum { AT_NOTHING, AT_CHECKPOINT, AT_EMPTY_DIR };
+
+/* 1 if directory `path` has no entries, 0 if it has some, -errno if it cannot be read. */
+static int dir_empty(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return -errno;
+    struct dirent *de;
+    int empty = 1;
+    while (empty && (de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) empty = 0;
+    closedir(d);
+    return empty;
+}
+
+/* What is at the path. It may be replaced only if it is a committed checkpoint or an empty
+ * directory, so that `overwrite` can never destroy something that is not ours. Nothing is
+ * changed here: until commit's rename the path stays exactly as it was. */
+static int inspect_path(ckptio_writer *w, int *kind)
 {
     struct stat st;
+    *kind = AT_NOTHING;
     if (lstat(w->path, &st) < 0) {
         if (errno == ENOENT) return 0;
         return ckptio__fail(&w->msg, -errno, "cannot inspect '%s'", w->path);
@@ -238,8 +265,13 @@ static int check_existing(ckptio_writer *w)
     char mpath[PATH_MAX];
     if (snprintf(mpath, sizeof mpath, "%s/manifest", w->path) >= (int)sizeof mpath)
         return ckptio__fail(&w->msg, -ENAMETOOLONG, "path '%s' is too long", w->path);
-    if (access(mpath, F_OK) == 0) return 0;
-    if (rmdir(w->path) == 0 || errno == ENOENT) return 0; /* was empty */
+    if (access(mpath, F_OK) == 0) {
+        *kind = AT_CHECKPOINT;
+        return 0;
+    }
+    int empty = dir_empty(w->path);
+    if (empty == 1) *kind = AT_EMPTY_DIR;
+    if (empty == 1 || empty == -ENOENT) return 0;
     return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
                         "'%s' exists and is not a ckptio checkpoint (no manifest); refusing to "
                         "replace it",
@@ -359,7 +391,8 @@ int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_param
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
     CKPTIO__CHECK(split_path(w, path));
-    CKPTIO__CHECK(check_existing(w));
+    int kind;
+    CKPTIO__CHECK(inspect_path(w, &kind));
     clean_stale(w);
     CKPTIO__CHECK(make_tmp(w));
     ckptio__stats_backend(w->stats.backend, w->cfg.backend, ckptio__engine_name(w->sink.eng));
@@ -729,7 +762,8 @@ static int ren(const char *from, const char *to, unsigned flags)
 }
 
 /* Move the finished temp dir into place. Replacement swaps the two directories atomically, so
- * `path` always names a complete checkpoint, old or new. */
+ * `path` always names a complete checkpoint, old or new; the old one is left at w->old_path
+ * for commit to remove once the swap is durable. */
 static int publish(ckptio_writer *w)
 {
     if (ren(w->tmp_path, w->path, RENAME_NOREPLACE) == 0) return 0;
@@ -745,16 +779,22 @@ static int publish(ckptio_writer *w)
                             "'%s' appeared while saving (another writer?); the new checkpoint "
                             "was not published",
                             w->path);
-    int rc = check_existing(w);
+    int kind;
+    int rc = inspect_path(w, &kind);
     if (rc < 0) return rc;
-    if (access(w->path, F_OK) != 0) {
+    if (kind != AT_CHECKPOINT) {
+        /* rename(2) replaces an empty directory atomically and refuses one that has filled
+         * since it was inspected. */
         if (ren(w->tmp_path, w->path, 0) == 0) return 0;
+        if (errno == ENOTEMPTY || errno == EEXIST)
+            return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
+                                "'%s' is no longer empty; refusing to replace it: the new "
+                                "checkpoint was not published",
+                                w->path);
         return ckptio__fail(&w->msg, -errno, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
     }
     if (ren(w->tmp_path, w->path, RENAME_EXCHANGE) == 0) {
-        /* tmp_path now holds the old checkpoint: it goes once the swap is durable. */
-        if (w->cfg.fsync) ckptio__fsync_path(w->parent);
-        ckptio__remove_tree(w->tmp_path);
+        w->old_path = strdup(w->tmp_path); /* now the old checkpoint */
         return 0;
     }
     if (errno != EINVAL)
@@ -776,8 +816,7 @@ static int publish(ckptio_writer *w)
                                 w->tmp_path, w->path, old);
         return ckptio__fail(&w->msg, err, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
     }
-    if (w->cfg.fsync) ckptio__fsync_path(w->parent);
-    ckptio__remove_tree(old);
+    w->old_path = strdup(old);
     return 0;
 }
 
@@ -811,16 +850,23 @@ int ckptio_writer_commit(ckptio_writer *w)
         }
     }
     CKPTIO__CHECK(publish(w));
-    if (w->cfg.fsync && (rc = ckptio__fsync_path(w->parent)) < 0) {
-        /* Renamed but maybe not durable: report it; the checkpoint itself is complete. */
-        ckptio__fail(&w->msg, rc, "fsync of '%s' after publishing '%s' failed", w->parent,
-                     w->path);
-        w->state = W_COMMITTED;
-        goto out;
-    }
+    /* Past the rename nothing is undone: the new checkpoint is complete and visible, only its
+     * directory entry may not survive a crash, which is not the same as "not saved". */
     w->state = W_COMMITTED;
     w->stats.seconds = ckptio__now() - w->t_open;
     w->stats.gbps = w->stats.seconds > 0 ? (double)w->stats.bytes / w->stats.seconds / 1e9 : 0;
+    rc = w->cfg.fsync ? ckptio__fsync_path(w->parent) : 0;
+    /* The replaced checkpoint goes only after that fsync, so that no crash finds `path`
+     * naming a directory already emptied. */
+    if (w->old_path) ckptio__remove_tree(w->old_path);
+    if (rc < 0) {
+        ckptio__fail(&w->msg, CKPTIO_E_NOT_DURABLE,
+                     "published at '%s', but its directory entry may not be durable: fsync of "
+                     "'%s' failed: %s; the checkpoint is complete; re-run sync or save again",
+                     w->path, w->parent, strerror(-rc));
+        rc = CKPTIO_E_NOT_DURABLE;
+        goto out;
+    }
     rc = 0;
 out:
     free(man);
@@ -861,6 +907,7 @@ void ckptio_writer_close(ckptio_writer *w)
     }
     free(w->path);
     free(w->tmp_path);
+    free(w->old_path);
     free(w->parent);
     free(w);
 }

@@ -211,10 +211,12 @@ static int test_fault_save(void)
                 int got = load_model(ck, rc == 0 ? &neu : &old);
                 int tmps = count_prefix("ck.tmp-"), fds = count_fds();
                 int named = t_contains(msg, ck);
-                int published = t_contains(msg, "after publishing");
+                int published = t_contains(msg, "published at");
                 if (published && got != 0) got = load_model(ck, &neu); /* renamed, then failed */
                 int ok = tmps == 0 && fds == fds0 && got == 0 &&
-                         (rc == 0 ? pt == FP_FALLOC : rc == -errs[ei] && named);
+                         (rc == 0 ? pt == FP_FALLOC
+                                  : (published ? rc == CKPTIO_E_NOT_DURABLE : rc == -errs[ei]) &&
+                                        named);
                 if (!ok) {
                     fprintf(stderr,
                             "%s #%u (%s): save -> %d %s [%s]; load -> %d; tmp dirs %d; fds %d "

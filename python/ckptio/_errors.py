@@ -23,6 +23,7 @@ __all__ = [
     "InvalidType",
     "Unsupported",
     "Interrupted",
+    "NotDurable",
     "CheckpointIOError",
     "CheckpointNotFound",
 ]
@@ -119,6 +120,11 @@ class Interrupted(CheckpointError):
     """The operation was cancelled (CKPTIO_E_INTERRUPTED)."""
 
 
+class NotDurable(CheckpointError):
+    """Saved and visible, but the directory entry's fsync failed, so a crash might lose it
+    (CKPTIO_E_NOT_DURABLE). The checkpoint or file is complete: sync, or save again."""
+
+
 class CheckpointIOError(CheckpointError, OSError):
     """A system error (``-errno``); ``errno`` is set as for OSError."""
 
@@ -166,6 +172,7 @@ _BY_NAME: dict[str, type[CheckpointError]] = {
     "CKPTIO_E_LIMIT": LimitExceeded,
     "CKPTIO_E_UNSUPPORTED": Unsupported,
     "CKPTIO_E_INTERRUPTED": Interrupted,
+    "CKPTIO_E_NOT_DURABLE": NotDurable,
 }
 
 

@@ -97,7 +97,9 @@ extern const ckptio__backend_ops ckptio__psync_ops;
 
 enum {
     CKPTIO__F_READ = 1,
-    CKPTIO__F_WRITE = 2,  /* create exclusively (O_CREAT|O_EXCL), write only */
+    CKPTIO__F_WRITE = 2,  /* create exclusively (O_CREAT|O_EXCL), write only, mode 0644 */
+    CKPTIO__F_WRITE_USER = 4, /* the same, mode 0666 less the umask: a file the user names,
+                               * created as open(2) in torch.save would create it */
 };
 
 /* Open `name` relative to directory fd `dirfd`. want_direct is CKPTIO_AUTO / ON / OFF: with

@@ -75,7 +75,9 @@ int ckptio__file_open(int dirfd, const char *name, int flags, int want_direct, i
     *fd_out = -1;
     if (direct_out) *direct_out = 0;
     CKPTIO__RET_IF(!name || !*name, CKPTIO_E_USAGE);
-    CKPTIO__RET_IF(flags != CKPTIO__F_READ && flags != CKPTIO__F_WRITE, CKPTIO_E_USAGE);
+    CKPTIO__RET_IF(flags != CKPTIO__F_READ && flags != CKPTIO__F_WRITE &&
+                       flags != CKPTIO__F_WRITE_USER,
+                   CKPTIO_E_USAGE);
     CKPTIO__RET_IF(want_direct != CKPTIO_AUTO && want_direct != CKPTIO_OFF &&
                        want_direct != CKPTIO_ON,
                    CKPTIO_E_USAGE);
@@ -89,8 +91,9 @@ int ckptio__file_open(int dirfd, const char *name, int flags, int want_direct, i
         CKPTIO__GOTO_IF(fstat(fd, &st) < 0, -errno);
         CKPTIO__GOTO_IF(!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode), -EINVAL);
     } else {
+        mode_t mode = flags == CKPTIO__F_WRITE_USER ? 0666 : 0644;
         do
-            fd = CKPTIO__VFS->openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            fd = CKPTIO__VFS->openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
         while (fd < 0 && errno == EINTR);
         CKPTIO__GOTO_IF(fd < 0, -errno);
     }
@@ -114,7 +117,7 @@ int ckptio__file_open(int dirfd, const char *name, int flags, int want_direct, i
 out:
     if (fd >= 0) {
         close(fd);
-        if (flags == CKPTIO__F_WRITE) unlinkat(dirfd, name, 0); /* O_EXCL: we created it */
+        if (flags != CKPTIO__F_READ) unlinkat(dirfd, name, 0); /* O_EXCL: we created it */
     }
     return rc;
 }
