@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The in-process communicator: N threads as N ranks, exchanging through memory, for tests. */
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,9 +69,9 @@ static struct timespec deadline_after(double seconds)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     if (!(seconds < 1e9)) seconds = 1e9;
-    double whole = floor(seconds);
-    ts.tv_sec += (time_t)whole;
-    ts.tv_nsec += (long)((seconds - whole) * 1e9);
+    time_t whole = (time_t)seconds;
+    ts.tv_sec += whole;
+    ts.tv_nsec += (long)((seconds - (double)whole) * 1e9);
     if (ts.tv_nsec >= 1000000000L) {
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
