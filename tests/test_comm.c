@@ -163,6 +163,7 @@ static int missing_agree(const ckptio_comm *c, void *arg)
     if (c->rank == absent) return 0;
     /* No rank may read success when one never reported. */
     CHECK_ERR(ckptio_comm_agree(c, 0, NULL, 0.5), -ETIMEDOUT);
+    CHECK(t_contains(ckptio_last_error(), "agree (timeout 0.5 s) found no common result"));
     return 0;
 }
 

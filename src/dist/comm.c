@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Communicators: checked entry points over any callback table, the single-rank one, and agree. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,6 +220,7 @@ int ckptio_comm_agree(const ckptio_comm *c, int code, const char *msg, double ti
 
     ckptio_bytes send = CKPTIO_BYTES_INIT, all = CKPTIO_BYTES_INIT, verdict = CKPTIO_BYTES_INIT;
     uint64_t *lens = NULL;
+    bool exchanged = false;
     int rc = 0;
     CKPTIO__GOTO_IF(ckptio_bytes_resize(&send, 4 + mlen) < 0, -ENOMEM);
     put_i32(send.data, code);
@@ -250,6 +252,7 @@ int ckptio_comm_agree(const ckptio_comm *c, int code, const char *msg, double ti
         if (bad_len) memcpy((unsigned char *)verdict.data + 8, bad_msg, bad_len);
     }
     CKPTIO__CHECK(ckptio_comm_broadcast(c, 0, &verdict, remaining(deadline)));
+    exchanged = true;
     if (verdict.len < 8) {
         rc = ckptio__fail(NULL, CKPTIO_E_CORRUPT,
                           "agree on rank %d of %d: the communicator delivered a %zu-byte verdict "
@@ -263,8 +266,13 @@ int ckptio_comm_agree(const ckptio_comm *c, int code, const char *msg, double ti
         ckptio__fail(NULL, rc, "rank %d of %d: %.*s", get_i32((unsigned char *)verdict.data + 4),
                      c->nranks, (int)(verdict.len - 8), (const char *)verdict.data + 8);
 out:
-    if (rc == -ENOMEM)
+    if (rc == -ENOMEM) {
         ckptio__fail(NULL, rc, "agree on rank %d of %d: out of memory", c->rank, c->nranks);
+    } else if (rc < 0 && !exchanged) {
+        char why[CKPTIO__MSG_LEN];
+        snprintf(why, sizeof why, "%s", ckptio_last_error());
+        ckptio__fail(NULL, rc, "agree (timeout %g s) found no common result: %s", timeout, why);
+    }
     ckptio_bytes_free(&send);
     ckptio_bytes_free(&all);
     ckptio_bytes_free(&verdict);
