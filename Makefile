@@ -8,7 +8,7 @@ VENV ?= .venv
 PYBUILD ?= build-py
 VENV_STAMP := $(VENV)/.ckptio-installed
 
-.PHONY: all build deps venv test test-c test-install test-python test-sanitize bench clean
+.PHONY: all build deps venv test test-c test-install test-mpi test-python test-sanitize bench clean
 
 all: build venv
 
@@ -41,6 +41,10 @@ test-c: build
 
 test-install: build
 	./tests/install-check.sh $(BUILD)
+
+# The MPI communicator under mpirun (tests/mpi-check.sh); one line saying so when MPI is not built.
+test-mpi: build
+	./tests/mpi-check.sh $(BUILD)
 
 # The C suite under ASan+UBSan, then under TSan, each in its own build directory.
 test-sanitize: deps
@@ -76,8 +80,8 @@ fuzz: deps
 test-python: venv
 	$(VENV)/bin/python -m pytest -q tests/python
 
-# C tests, then the install check, then pytest (in this order, also under make -j).
-test: test-c test-install
+# C tests, then the install check and MPI, then pytest (in this order, also under make -j).
+test: test-c test-install test-mpi
 	@$(MAKE) --no-print-directory test-python
 
 # The seed micro-benchmarks (bench/README.md): ckptio vs torch.save, np.save, safetensors and

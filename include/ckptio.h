@@ -390,6 +390,110 @@ CKPTIO_API int ckptio_file_read(const char *path, const ckptio_range *ranges, si
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
+/* Communicators (several ranks saving one checkpoint). Experimental: define CKPTIO_EXPERIMENTAL */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* A growable byte buffer owned by ckptio: what a communicator hands back. Zero-initialized
+ * (CKPTIO_BYTES_INIT) it is empty and valid. `data` is allocated and freed only by the two
+ * functions below, never assigned by the caller; `data` may be NULL while `len` is 0. A plain
+ * value type: it has no size field because it never grows (a new need gets a new type).
+ * Since 0.2. */
+typedef struct ckptio_bytes {
+    void *data;
+    size_t len; /* bytes in use */
+    size_t cap; /* bytes allocated */
+} ckptio_bytes;
+#define CKPTIO_BYTES_INIT {0, 0, 0}
+
+/* Make b hold exactly `len` bytes: the first min(len, old len) keep their value, the rest are
+ * unspecified; then fill b->data. 0, or -ENOMEM with b unchanged. Since 0.2. */
+CKPTIO_API int ckptio_bytes_resize(ckptio_bytes *b, size_t len);
+/* Replace b's contents with a copy of `len` bytes at `src` (which may be NULL when len is 0).
+ * 0 or -ENOMEM. Since 0.2. */
+CKPTIO_API int ckptio_bytes_set(ckptio_bytes *b, const void *src, size_t len);
+/* Free b's memory and leave it empty (CKPTIO_BYTES_INIT). Accepts NULL. Since 0.2. */
+CKPTIO_API void ckptio_bytes_free(ckptio_bytes *b);
+
+/* A communicator: how the ranks of one save talk to each other, as a table of callbacks so any
+ * runtime plugs in (MPI, torch.distributed, JAX's distributed client, mpi4py; the single-process
+ * and MPI ones ship with ckptio). The operations are collective: every rank of the group calls
+ * the same operation, in the same order, with the same `root`. ckptio uses them only through
+ * the ckptio_comm_* functions below, which check arguments and results.
+ *
+ * Every operation takes `timeout`, in seconds (> 0), the longest it may wait for the other
+ * ranks, and returns 0 or a negative code: -ETIMEDOUT when the others did not all arrive in
+ * time, CKPTIO_E_* or another -errno otherwise (-ENOMEM, -ECOMM for a transport error,
+ * -ECONNRESET for a peer known to be gone). It must never block past the timeout. After any
+ * failure the communicator is unusable: a rank may have left the operation half done, so
+ * every later call may fail (it must not hang); the job is aborted or a new communicator built.
+ *
+ * Received bytes go into ckptio_bytes buffers that ckptio owns; an implementation fills them
+ * with ckptio_bytes_resize()/ckptio_bytes_set() only, and must not keep pointers to them or to
+ * `data` after it returns. A failed operation may leave them with any contents.
+ *
+ * Ownership: a table made by a ckptio constructor is freed with ckptio_comm_free(). A table made
+ * by the caller (static, on the stack) stays the caller's; ckptio only reads it, and it and its
+ * ctx must outlive every ckptio call given it. Thread safety: one thread at a time per
+ * communicator; the callbacks are called from the thread that called into ckptio.
+ * Since 0.2. */
+typedef struct ckptio_comm {
+    uint32_t size;   /* sizeof(ckptio_comm) as the implementation knew it: new fields go at
+                      * the end and ckptio reads only those that `size` covers */
+    int32_t rank;    /* this process's rank, 0 <= rank < nranks */
+    int32_t nranks;  /* number of ranks, >= 1 */
+    uint32_t reserved; /* 0 */
+    void *ctx;       /* the implementation's state, passed to every callback */
+
+    /* Return once every rank has entered the barrier. */
+    int (*barrier)(void *ctx, double timeout);
+    /* Broadcast bytes from `root`: on the root `buf` holds the bytes to send and is left as
+     * it is; on every other rank `buf` is replaced by those bytes (any length, 0 included). */
+    int (*broadcast)(void *ctx, int32_t root, ckptio_bytes *buf, double timeout);
+    /* Gather to `root` each rank's `len` bytes at `data` (any length, 0 included; `data` may
+     * be NULL when len is 0): on the root, `out` is replaced by the concatenation in rank
+     * order and lens[i] set to rank i's length (lens has nranks entries); on the other ranks
+     * `out` and `lens` are NULL. Bytes a rank sends are its own; only the root receives O(N). */
+    int (*gather)(void *ctx, int32_t root, const void *data, size_t len, ckptio_bytes *out,
+                  uint64_t *lens, double timeout);
+    /* Called by ckptio_comm_free(); NULL for tables the caller owns. */
+    void (*release)(void *ctx);
+} ckptio_comm;
+
+/* A communicator of one rank (rank 0 of 1): every operation succeeds at once. Free it with
+ * ckptio_comm_free(). Since 0.2. */
+CKPTIO_API int ckptio_comm_single(ckptio_comm **out);
+/* Release a communicator made by a ckptio constructor: calls c->release(c->ctx) if set, so a
+ * caller-owned table (release NULL) is left alone. Accepts NULL. Since 0.2. */
+CKPTIO_API void ckptio_comm_free(ckptio_comm *c);
+
+/* The operations, called through the table after checking it (size, callbacks, rank, root,
+ * timeout > 0) and what it returns (the lengths at the root add up to out->len). Failures carry
+ * a message in ckptio_last_error() naming the operation, the rank and the timeout. Collective:
+ * see ckptio_comm. Since 0.2. */
+CKPTIO_API int ckptio_comm_barrier(const ckptio_comm *c, double timeout);
+CKPTIO_API int ckptio_comm_broadcast(const ckptio_comm *c, int32_t root, ckptio_bytes *buf,
+                                     double timeout);
+/* On ranks other than root, `out` and `lens` may be NULL (they are not touched). */
+CKPTIO_API int ckptio_comm_gather(const ckptio_comm *c, int32_t root, const void *data,
+                                  size_t len, ckptio_bytes *out, uint64_t *lens, double timeout);
+
+/* Agree on one outcome: every rank passes its own result (`code`: 0 or negative, and `msg`, may
+ * be NULL) and every rank gets the same answer: 0 if every rank passed 0; otherwise the code of
+ * the lowest-numbered failing rank, with ckptio_last_error() reading "rank R of N: <its msg>" on
+ * every rank. It gathers to rank 0 and broadcasts back (each rank sends under 1 KiB), all
+ * within `timeout` seconds. If the exchange itself fails (a rank died or never came), every
+ * surviving rank returns an error (the communicator's: -ETIMEDOUT, ...) within the timeout;
+ * whatever happens, no rank returns 0 unless every rank passed 0. This is how a distributed
+ * save makes every rank return the same success or the same error. Since 0.2. */
+CKPTIO_API int ckptio_comm_agree(const ckptio_comm *c, int code, const char *msg,
+                                 double timeout);
+
+/* MPI, for C programs: include <ckptio_mpi.h> (which includes <mpi.h>) and link libckptio-mpi
+ * (pkg-config ckptio-mpi), built when MPI was found at build time. ckptio.h never needs MPI. */
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Environment                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
