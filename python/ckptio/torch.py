@@ -4,9 +4,10 @@
 The file is the standard torch zip archive (stock ``torch.load`` opens it, with
 ``weights_only=True`` too), with storage records aligned to 4096 bytes. It is written through
 ckptio's file writer (staging ring, O_DIRECT where the file system allows it, several writes
-in flight) and appears at its path only when complete and durable. Loading reads the whole
-archive with one batched read into page-aligned memory and builds the tensors as views of it
-(no second copy), the way ``torch.load(mmap=True)`` views a mapped file.
+in flight) and appears at its path only when complete and durable. Loading reads every
+storage with one batched read, each into its own page-aligned buffer that its tensors use with
+no second copy (and free with them). Both take torch's arguments; ckptio's own options go in
+``io_options``.
 
 >>> import torch, ckptio.torch, tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "model.pt")
@@ -61,7 +62,8 @@ def _as_runtime_error(e: CheckpointError) -> CheckpointError:
     cls = type(e)
     both = _AS_RUNTIME.get(cls)
     if both is None:
-        both = type(cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__, "__doc__": cls.__doc__})
+        attrs = {"__module__": cls.__module__, "__doc__": cls.__doc__}
+        both = type(cls.__name__, (cls, RuntimeError), attrs)
         _AS_RUNTIME[cls] = both
     out = both(str(e), e.code, e.name)
     out.__traceback__ = e.__traceback__
@@ -77,7 +79,8 @@ def _save_options(io_options: dict[str, Any] | None, legacy: dict[str, Any]) -> 
     unknown = set(opts) - set(SAVE_OPTIONS)
     if unknown:
         raise TypeError(
-            f"unknown io_options key(s) {', '.join(sorted(unknown))}; known: {', '.join(SAVE_OPTIONS)}"
+            f"unknown io_options key(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(SAVE_OPTIONS)}"
         )
     opts.update(legacy)
     return opts
@@ -118,9 +121,8 @@ def save(
     crc32 = opts.pop("crc32", None)
     if not _is_path(f) or not _use_new_zipfile_serialization:
         if _is_path(f) and not overwrite and os.path.lexists(f):  # type: ignore[arg-type]
-            raise _as_runtime_error(
-                CheckpointExists(f"{os.fspath(f)!r} already exists and overwrite is off", -4007, "CKPTIO_E_EXISTS")  # type: ignore[arg-type]
-            )
+            msg = f"{os.fspath(f)!r} already exists and overwrite is off"  # type: ignore[arg-type]
+            raise _as_runtime_error(CheckpointExists(msg, -4007, "CKPTIO_E_EXISTS"))
         _torch.save(
             obj,
             f,  # type: ignore[arg-type]
@@ -195,7 +197,8 @@ def _can_preread() -> bool:
     reader = getattr(_torch._C, "PyTorchFileReader", None)
     if load_impl is None or reader is None or not hasattr(ser, "_open_zipfile_reader"):
         return False
-    if not all(hasattr(reader, m) for m in ("get_record_size", "get_record_offset", "get_all_records")):
+    needed = ("get_record_size", "get_record_offset", "get_all_records")
+    if not all(hasattr(reader, m) for m in needed):
         return False
     try:
         return "zip_file" in inspect.signature(load_impl).parameters
@@ -302,7 +305,8 @@ def load(
         return defer(f)
     path = os.fspath(f)  # type: ignore[arg-type]
     p = params(io_options or {})
-    with open(path, "rb") as fh:  # the errors torch.load raises: FileNotFoundError, IsADirectoryError
+    # open() raises what torch.load raises: FileNotFoundError, IsADirectoryError, ...
+    with open(path, "rb") as fh:
         is_zip = fh.read(4) == _ZIP_MAGIC
     if not is_zip:
         return defer(path)
@@ -320,7 +324,8 @@ def load(
         records = _PreRead(zf, _read_storages(path, zf, p))
         if wo:
             try:
-                return ser._load(records, map_location, ser._weights_only_unpickler, **pickle_load_args)
+                unpickler = ser._weights_only_unpickler
+                return ser._load(records, map_location, unpickler, **pickle_load_args)
             except pickle.UnpicklingError as e:
                 raise pickle.UnpicklingError(
                     f"Weights only load failed ({e}). ckptio.torch.load follows torch.load: "
