@@ -41,6 +41,9 @@ STORAGE_ALIGNMENT = 4096
 SAVE_OPTIONS = (*IO_OPTIONS, "overwrite", "crc32")
 
 _ZIP_MAGIC = b"PK\x03\x04"
+# Storage records smaller than this are loaded into torch-allocated memory, larger ones into
+# page-aligned buffers the reads land in with no copy.
+_SMALL_RECORD = 64 << 10
 _TRUE = ("1", "y", "yes", "true")
 
 
@@ -233,9 +236,9 @@ class _PreRead:
 
     def get_storage_from_record(self, name: str, numel: int, cls: Any) -> Any:
         t = self._storages.pop(name, None)  # handed out once: the tensors alone keep it alive
-        if t is None or t.numel() < numel:
+        if t is None or t.numel() != numel:
             return self._zf.get_storage_from_record(name, numel, cls)
-        return t[:numel] if t.numel() > numel else t
+        return t
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._zf, name)
@@ -253,12 +256,17 @@ def _read_storages(path: str, zf: Any, p: tuple[int, ...]) -> dict[str, _torch.T
         if not name.startswith("data/"):
             continue
         n = zf.get_record_size(name)
-        if n == 0:
-            out[name] = _torch.empty(0, dtype=_torch.uint8)
-            continue
-        buf = _core.Buffer(n)
-        ranges.append((zf.get_record_offset(name), n, buf, 0))
-        out[name] = _torch.frombuffer(buf, dtype=_torch.uint8)  # the tensor keeps buf alive
+        if n < _SMALL_RECORD:
+            # torch's own allocation, exact size: a page per scalar would add up in state
+            # dicts of many small tensors; reading these few bytes with a copy costs nothing.
+            t = _torch.empty(n, dtype=_torch.uint8)
+            if n:
+                ranges.append((zf.get_record_offset(name), n, t.numpy(), 0))
+        else:
+            buf = _core.Buffer(n)
+            ranges.append((zf.get_record_offset(name), n, buf, 0))
+            t = _torch.frombuffer(buf, dtype=_torch.uint8)  # the tensor keeps buf alive
+        out[name] = t
     if ranges:
         ranges.sort(key=lambda r: r[0])
         _core.file_read(path, ranges, p)
