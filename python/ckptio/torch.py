@@ -329,7 +329,10 @@ def load(
     with ser._open_zipfile_reader(path) as zf:
         if zf.has_record("constants.pkl"):  # TorchScript: torch.load dispatches to jit.load
             return defer(path)
-        records = _PreRead(zf, _read_storages(path, zf, p))
+        try:
+            records = _PreRead(zf, _read_storages(path, zf, p))
+        except CheckpointError as e:  # torch's reader raises RuntimeError for a bad archive
+            raise _as_runtime_error(e) from None
         if wo:
             try:
                 unpickler = ser._weights_only_unpickler

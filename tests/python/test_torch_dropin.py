@@ -236,3 +236,21 @@ def test_load_errors_like_torch(tmp_path: pathlib.Path, load: object) -> None:
         load(tmp_path / "missing.pt")  # type: ignore[operator]
     with pytest.raises(IsADirectoryError):
         load(tmp_path)  # type: ignore[operator]
+
+
+
+
+def test_load_read_errors_are_runtime_errors(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "e.pt"
+    ct.save(sd(), path)
+
+    def failing_read(*args: object) -> None:
+        raise ckptio._errors._from_code(-5, "EIO", f"cannot read {path} at offset 4096 (EIO)")
+
+    monkeypatch.setattr(ct._core, "file_read", failing_read)
+    with pytest.raises(RuntimeError) as e:  # what torch.load raises for an unreadable archive
+        ct.load(path)
+    assert isinstance(e.value, ckptio.CheckpointError) and isinstance(e.value, OSError)
+    assert "offset 4096" in str(e.value)
