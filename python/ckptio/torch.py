@@ -170,7 +170,8 @@ def save(
 
 
 def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> tuple[bool, Any]:
-    """torch.load's rules for weights_only (its default and the TORCH_FORCE_* variables)."""
+    """torch.load's rules for weights_only: its default, the TORCH_FORCE_* variables, and the
+    same errors and warning (with torch's wording: callers match on it)."""
     not_set = weights_only is None
     if not_set:
         weights_only = _torch.serialization._default_to_weights_only(pickle_module)
@@ -178,12 +179,21 @@ def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> tupl
     force_no = os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE
     if force and force_no:
         raise RuntimeError(
-            "Only one of TORCH_FORCE_WEIGHTS_ONLY_LOAD or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD "
-            "should be set"
+            "Only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` "
+            "should be set, but both were set."
         )
     if force:
         weights_only = True
     elif force_no and not_set:
+        import warnings
+
+        warnings.warn(
+            "Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the "
+            "`weights_only` argument was not explicitly passed to `torch.load`, forcing "
+            "weights_only=False.",
+            UserWarning,
+            stacklevel=3,
+        )
         weights_only = False
     if weights_only:
         if pickle_module is not None:
@@ -319,13 +329,15 @@ def load(
     if not is_zip:
         return defer(path)
     wo, pmod = _resolve_weights_only(weights_only, pickle_module)
-    if "encoding" not in pickle_load_args:
-        pickle_load_args["encoding"] = "utf-8"
-    if wo and pickle_load_args != {"encoding": "utf-8"} and pickle_load_args:
+    if wo and pickle_load_args:
         import warnings
 
         warnings.warn("pickle_load_args only works if `weights_only=False`.", stacklevel=2)
     ser = _torch.serialization
+    if hasattr(ser, "_check_dill_version"):
+        ser._check_dill_version(pmod)
+    if "encoding" not in pickle_load_args:
+        pickle_load_args["encoding"] = "utf-8"
     with ser._open_zipfile_reader(path) as zf:
         if zf.has_record("constants.pkl"):  # TorchScript: torch.load dispatches to jit.load
             return defer(path)
@@ -333,13 +345,13 @@ def load(
             records = _PreRead(zf, _read_storages(path, zf, p))
         except CheckpointError as e:  # torch's reader raises RuntimeError for a bad archive
             raise _as_runtime_error(e) from None
-        if wo:
-            try:
-                unpickler = ser._weights_only_unpickler
-                return ser._load(records, map_location, unpickler, **pickle_load_args)
-            except pickle.UnpicklingError as e:
-                raise pickle.UnpicklingError(
-                    f"Weights only load failed ({e}). ckptio.torch.load follows torch.load: "
-                    "pass weights_only=False only for a file you trust."
-                ) from None
-        return ser._load(records, map_location, pmod, **pickle_load_args)
+        if not wo:
+            return ser._load(records, map_location, pmod, **pickle_load_args)
+        try:
+            unpickler = ser._weights_only_unpickler
+            return ser._load(records, map_location, unpickler, **pickle_load_args)
+        except pickle.UnpicklingError:
+            pass
+    # A file weights_only refuses: torch.load raises the same error, with its own explanation.
+    del records
+    return defer(path)

@@ -254,3 +254,39 @@ def test_load_read_errors_are_runtime_errors(
         ct.load(path)
     assert isinstance(e.value, ckptio.CheckpointError) and isinstance(e.value, OSError)
     assert "offset 4096" in str(e.value)
+
+
+# ---- weights_only: torch.load's errors and warnings, word for word ----
+
+
+class Unsafe:
+    """Not a weights-only global."""
+
+
+def test_weights_only_refusal_is_torch_loads_error(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "u.pt"
+    ct.save({"u": Unsafe(), "w": torch.ones(2)}, path)
+    with pytest.raises(pickle.UnpicklingError) as want:
+        torch.load(path, weights_only=True)
+    with pytest.raises(pickle.UnpicklingError) as got:
+        ct.load(path, weights_only=True)
+    assert str(got.value) == str(want.value)
+    assert "add_safe_globals" in str(got.value)
+    with torch.serialization.safe_globals([Unsafe]):
+        assert isinstance(ct.load(path, weights_only=True)["u"], Unsafe)
+
+
+def test_force_no_weights_only_env_warns_like_torch(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "m.pt"
+    ct.save(torch.nn.Linear(3, 5), path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    for load in (torch.load, ct.load):
+        with pytest.warns(UserWarning, match="forcing weights_only=False"):
+            assert isinstance(load(path), torch.nn.Linear)
+        with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+            load(path, weights_only=True)  # an explicit weights_only wins over the variable
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(RuntimeError, match="but both were set"):
+        ct.load(path)
