@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1208,6 +1209,52 @@ static PyObject *FileWriter_tell(FileWriterObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(ckptio_file_writer_tell(self->f));
 }
 
+/* seek(offset, whence=0): forward only. torch.save under torch.serialization.skip_data() seeks
+ * over each storage instead of writing it; the gap is written as zeros, which is what a reader
+ * of a file torch.save wrote with holes sees there. */
+static PyObject *FileWriter_seek(FileWriterObject *self, PyObject *args)
+{
+    long long off;
+    int whence = 0;
+    if (!PyArg_ParseTuple(args, "L|i:seek", &off, &whence)) return NULL;
+    if (fw_check(self) < 0) return NULL;
+    uint64_t pos = ckptio_file_writer_tell(self->f);
+    long long base;
+    if (whence == 0)
+        base = 0;
+    else if (whence == 1 || whence == 2) /* written front to back: the end is the position */
+        base = (long long)pos;
+    else {
+        self->busy = 0;
+        return PyErr_Format(PyExc_ValueError, "invalid whence (%d, should be 0, 1 or 2)", whence);
+    }
+    if ((off > 0 && base > LLONG_MAX - off) || base + off < (long long)pos) {
+        PyObject *io = PyImport_ImportModule("io");
+        PyObject *exc = io ? PyObject_GetAttrString(io, "UnsupportedOperation") : NULL;
+        Py_XDECREF(io);
+        if (exc) {
+            PyErr_Format(exc, "this file is written front to back: cannot seek from byte %llu "
+                              "back to %lld", (unsigned long long)pos, base + off);
+            Py_DECREF(exc);
+        }
+        self->busy = 0;
+        return NULL;
+    }
+    uint64_t gap = (uint64_t)(base + off) - pos;
+    static const char zeros[64 << 10];
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (gap && rc == 0) {
+        size_t n = gap < sizeof zeros ? (size_t)gap : sizeof zeros;
+        rc = ckptio_file_writer_write(self->f, zeros, n);
+        gap -= n;
+    }
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) return raise_code(rc, ckptio_file_writer_errmsg(self->f));
+    return PyLong_FromUnsignedLongLong(ckptio_file_writer_tell(self->f));
+}
+
 static PyObject *FileWriter_flush(FileWriterObject *self, PyObject *unused)
 {
     (void)unused;
@@ -1271,6 +1318,8 @@ static PyMethodDef FileWriter_methods[] = {
     {"write", (PyCFunction)FileWriter_write, METH_O,
      "write(b): append bytes (copied before returning); returns len(b)"},
     {"tell", (PyCFunction)FileWriter_tell, METH_NOARGS, "bytes written so far"},
+    {"seek", (PyCFunction)FileWriter_seek, METH_VARARGS,
+     "seek(offset, whence=0): forward only, the gap written as zeros; returns the position"},
     {"flush", (PyCFunction)FileWriter_flush, METH_NOARGS, "no-op: commit() makes the file durable"},
     {"commit", (PyCFunction)FileWriter_commit, METH_NOARGS,
      "make the file durable and visible at its path; stats tuple"},

@@ -4,9 +4,10 @@
 The file is the standard torch zip archive (stock ``torch.load`` opens it, with
 ``weights_only=True`` too), with storage records aligned to 4096 bytes. It is written through
 ckptio's file writer (staging ring, O_DIRECT where the file system allows it, several writes
-in flight) and appears at its path only when complete and durable. Loading reads the whole
-archive with one batched read into page-aligned memory and builds the tensors as views of it
-(no second copy), the way ``torch.load(mmap=True)`` views a mapped file.
+in flight) and appears at its path only when complete and durable. Loading reads every
+storage with one batched read, each into its own page-aligned buffer that its tensors use with
+no second copy (and free with them). Both take torch's arguments; ckptio's own options go in
+``io_options``.
 
 >>> import torch, ckptio.torch, tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "model.pt")
@@ -28,14 +29,21 @@ from typing import IO, Any
 import torch as _torch
 
 from . import _core
-from ._options import Stats, params
+from ._errors import CheckpointError, CheckpointExists
+from ._options import IO_OPTIONS, Stats, params
 
-__all__ = ["save", "load", "STORAGE_ALIGNMENT"]
+__all__ = ["save", "load", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
 
 #: Alignment of every storage record in archives written by ckptio.torch.save.
 STORAGE_ALIGNMENT = 4096
 
+#: Keys of ckptio.torch.save's ``io_options``: ckptio's I/O options, ``overwrite`` and ``crc32``.
+SAVE_OPTIONS = (*IO_OPTIONS, "overwrite", "crc32")
+
 _ZIP_MAGIC = b"PK\x03\x04"
+# Storage records smaller than this are loaded into torch-allocated memory, larger ones into
+# page-aligned buffers the reads land in with no copy.
+_SMALL_RECORD = 64 << 10
 _TRUE = ("1", "y", "yes", "true")
 
 
@@ -43,56 +51,127 @@ def _is_path(f: Any) -> bool:
     return isinstance(f, (str, os.PathLike))
 
 
+_AS_RUNTIME: dict[type[CheckpointError], type[CheckpointError]] = {}
+
+
+def _as_runtime_error(e: CheckpointError) -> CheckpointError:
+    """``e`` as an instance that is also a RuntimeError, which torch.save raises for I/O failures.
+
+    A torch user's ``except RuntimeError`` keeps working; ``except ckptio.CheckpointError`` and
+    the builtin class ckptio chose (FileNotFoundError, FileExistsError, ...) do too.
+    """
+    if isinstance(e, RuntimeError):
+        return e
+    cls = type(e)
+    both = _AS_RUNTIME.get(cls)
+    if both is None:
+        attrs = {"__module__": cls.__module__, "__doc__": cls.__doc__}
+        both = type(cls.__name__, (cls, RuntimeError), attrs)
+        _AS_RUNTIME[cls] = both
+    out = both(str(e), e.code, e.name)
+    out.__traceback__ = e.__traceback__
+    return out
+
+
+def _save_options(io_options: dict[str, Any] | None, legacy: dict[str, Any]) -> dict[str, Any]:
+    """io_options merged with the keyword form older ckptio versions took (``crc32=False``)."""
+    unknown = set(legacy) - set(SAVE_OPTIONS)
+    if unknown:
+        raise TypeError(f"save() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    opts = dict(io_options or {})
+    unknown = set(opts) - set(SAVE_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown io_options key(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(SAVE_OPTIONS)}"
+        )
+    opts.update(legacy)
+    return opts
+
+
 def save(
     obj: object,
     f: str | os.PathLike[str] | IO[bytes],
     pickle_module: Any = pickle,
-    pickle_protocol: int = 2,
+    pickle_protocol: int = _torch.serialization.DEFAULT_PROTOCOL,
+    _use_new_zipfile_serialization: bool = True,
+    _disable_byteorder_record: bool = False,
     *,
-    overwrite: bool = True,
-    crc32: bool | None = None,
-    **io_options: Any,
+    io_options: dict[str, Any] | None = None,
+    **legacy_options: Any,
 ) -> Stats | None:
-    """``torch.save(obj, f)`` written at ckptio's speed; returns Stats for a path.
+    """``torch.save(obj, f, ...)`` written at ckptio's speed; returns Stats for a path.
 
-    Like torch.save, an existing file at ``f`` is replaced (``overwrite=False`` refuses with
-    CheckpointExists) — but only once the new file is complete: a failed or interrupted
-    save (Ctrl-C) leaves the old file, and no temporary file. A file object ``f`` is passed
-    to torch.save unchanged. ``io_options`` are ckptio.save's (backend, direct, fsync, ...).
+    Takes torch.save's arguments, positional or keyword. Like torch.save, an existing file at
+    ``f`` is replaced — but only once the new file is complete: a failed or interrupted save
+    (Ctrl-C) leaves the old file, and no temporary file. The file keeps an existing file's
+    permission bits; a new one gets the umask's. File objects, and the legacy format
+    (``_use_new_zipfile_serialization=False``), go to torch.save unchanged.
 
-    ``crc32``: None follows torch (``torch.serialization.set_crc32_options``, on by default).
-    torch computes the zip CRC32s on one core at about 1.5 GB/s, which then bounds the save;
-    ``crc32=False`` skips them: torch.load still opens the file, zip tools report bad CRCs.
+    ``io_options``: a dict of ckptio's own options, kept apart from torch's keywords:
+    ckptio.save's I/O options (backend, direct, fsync, ...), ``overwrite`` (default True;
+    False refuses an existing file with CheckpointExists) and ``crc32``: None follows torch
+    (``torch.serialization.set_crc32_options``, on by default). torch computes the zip CRC32s
+    on one core at about 1.5 GB/s, which then bounds the save; ``crc32=False`` skips them:
+    torch.load still opens the file, zip tools report bad CRCs. (The same options given as
+    keywords, as older versions took them, still work.)
+
+    Errors: what torch.save raises; a ckptio I/O error (no such directory, a directory at
+    ``f``, disk full) is a CheckpointError that is also a RuntimeError, as torch's are.
     """
-    if not _is_path(f):
-        _torch.save(obj, f, pickle_module=pickle_module, pickle_protocol=pickle_protocol)  # type: ignore[arg-type]
+    opts = _save_options(io_options, legacy_options)
+    overwrite = bool(opts.pop("overwrite", True))
+    crc32 = opts.pop("crc32", None)
+    if not _is_path(f) or not _use_new_zipfile_serialization:
+        if _is_path(f) and not overwrite and os.path.lexists(f):  # type: ignore[arg-type]
+            msg = f"{os.fspath(f)!r} already exists and overwrite is off"  # type: ignore[arg-type]
+            raise _as_runtime_error(CheckpointExists(msg, -4007, "CKPTIO_E_EXISTS"))
+        _torch.save(
+            obj,
+            f,  # type: ignore[arg-type]
+            pickle_module,
+            pickle_protocol,
+            _use_new_zipfile_serialization,
+            _disable_byteorder_record,
+        )
         return None
     t0 = time.perf_counter()
-    p = params(io_options, overwrite=overwrite)
+    p = params(opts, overwrite=overwrite)
     from torch.utils.serialization import config
 
-    with _core.FileWriter(os.fspath(f), p) as fw:  # type: ignore[arg-type]
-        try:
-            patch: dict[str, Any] = {"save.storage_alignment": STORAGE_ALIGNMENT}
-            if crc32 is not None:
-                patch["save.compute_crc32"] = bool(crc32)
-            with config.patch(patch):  # type: ignore[attr-defined]
-                _torch.save(obj, fw, pickle_module=pickle_module, pickle_protocol=pickle_protocol)  # type: ignore[arg-type]
-        except BaseException as e:
-            # After Ctrl-C in write(), torch's own cleanup fails too and hides the
-            # KeyboardInterrupt behind a RuntimeError: raise the interrupt itself.
-            cause: BaseException | None = e
-            while cause is not None and not isinstance(cause, KeyboardInterrupt):
-                cause = cause.__context__
-            if cause is not None and cause is not e:
-                raise cause from None
-            raise
-        st = fw.commit()
+    try:
+        with _core.FileWriter(os.fspath(f), p) as fw:  # type: ignore[arg-type]
+            try:
+                patch: dict[str, Any] = {"save.storage_alignment": STORAGE_ALIGNMENT}
+                if crc32 is not None:
+                    patch["save.compute_crc32"] = bool(crc32)
+                with config.patch(patch):  # type: ignore[attr-defined]
+                    _torch.save(
+                        obj,
+                        fw,  # type: ignore[arg-type]
+                        pickle_module,
+                        pickle_protocol,
+                        True,
+                        _disable_byteorder_record,
+                    )
+            except BaseException as e:
+                # After Ctrl-C in write(), torch's own cleanup fails too and hides the
+                # KeyboardInterrupt behind a RuntimeError: raise the interrupt itself.
+                cause: BaseException | None = e
+                while cause is not None and not isinstance(cause, KeyboardInterrupt):
+                    cause = cause.__context__
+                if cause is not None and cause is not e:
+                    raise cause from None
+                raise
+            st = fw.commit()
+    except CheckpointError as e:
+        raise _as_runtime_error(e) from None
     return Stats._from_core(st, time.perf_counter() - t0)
 
 
 def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> tuple[bool, Any]:
-    """torch.load's rules for weights_only (its default and the TORCH_FORCE_* variables)."""
+    """torch.load's rules for weights_only: its default, the TORCH_FORCE_* variables, and the
+    same errors and warning (with torch's wording: callers match on it)."""
     not_set = weights_only is None
     if not_set:
         weights_only = _torch.serialization._default_to_weights_only(pickle_module)
@@ -100,12 +179,21 @@ def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> tupl
     force_no = os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE
     if force and force_no:
         raise RuntimeError(
-            "Only one of TORCH_FORCE_WEIGHTS_ONLY_LOAD or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD "
-            "should be set"
+            "Only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` "
+            "should be set, but both were set."
         )
     if force:
         weights_only = True
     elif force_no and not_set:
+        import warnings
+
+        warnings.warn(
+            "Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the "
+            "`weights_only` argument was not explicitly passed to `torch.load`, forcing "
+            "weights_only=False.",
+            UserWarning,
+            stacklevel=3,
+        )
         weights_only = False
     if weights_only:
         if pickle_module is not None:
@@ -115,14 +203,84 @@ def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> tupl
     return bool(weights_only), pickle_module
 
 
-def _can_view_storage() -> bool:
-    load_impl = getattr(_torch.serialization, "_load", None)
-    if load_impl is None or not hasattr(_torch.serialization, "_open_zipfile_reader"):
+def _can_preread() -> bool:
+    """Whether this torch has the private pieces load() builds on (else it defers to torch.load)."""
+    ser = _torch.serialization
+    load_impl = getattr(ser, "_load", None)
+    reader = getattr(_torch._C, "PyTorchFileReader", None)
+    if load_impl is None or reader is None or not hasattr(ser, "_open_zipfile_reader"):
+        return False
+    needed = ("get_record_size", "get_record_offset", "get_all_records")
+    if not all(hasattr(reader, m) for m in needed):
         return False
     try:
-        return "overall_storage" in inspect.signature(load_impl).parameters
+        return "zip_file" in inspect.signature(load_impl).parameters
     except (TypeError, ValueError):  # pragma: no cover
         return False
+
+
+def _torch_reads_no_data(map_location: Any) -> bool:
+    """torch.load builds storages without reading them (meta or fake tensors, skip_data)."""
+    ser = _torch.serialization
+    tls = getattr(ser, "_serialization_tls", None)
+    if tls is not None and getattr(tls, "skip_data", False):
+        return True
+    try:
+        if ser._is_meta_location(map_location):
+            return True
+    except Exception:  # pragma: no cover - a map_location torch itself will judge
+        return True
+    return _torch._guards.detect_fake_mode(None) is not None
+
+
+class _PreRead:
+    """The archive's reader, with every storage record already read into its own buffer.
+
+    torch's ``_load`` asks it for each storage by record name; the rest (``data.pkl``,
+    ``byteorder``, ...) comes from torch's own reader.
+    """
+
+    def __init__(self, zf: Any, storages: dict[str, _torch.Tensor]) -> None:
+        self._zf = zf
+        self._storages = storages
+
+    def get_storage_from_record(self, name: str, numel: int, cls: Any) -> Any:
+        t = self._storages.pop(name, None)  # handed out once: the tensors alone keep it alive
+        if t is None or t.numel() != numel:
+            return self._zf.get_storage_from_record(name, numel, cls)
+        return t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zf, name)
+
+
+def _read_storages(path: str, zf: Any, p: tuple[int, ...]) -> dict[str, _torch.Tensor]:
+    """Every ``data/<key>`` record, each into its own page-aligned buffer, in one batched read.
+
+    One buffer per storage (not one for the whole file) so that each tensor's memory is freed
+    with it: keeping a small tensor does not keep the file's other storages alive.
+    """
+    ranges: list[tuple[int, int, Any, int]] = []
+    out: dict[str, _torch.Tensor] = {}
+    for name in zf.get_all_records():
+        if not name.startswith("data/"):
+            continue
+        n = zf.get_record_size(name)
+        if n < _SMALL_RECORD:
+            # torch's own allocation, exact size: a page per scalar would add up in state
+            # dicts of many small tensors; reading these few bytes with a copy costs nothing.
+            t = _torch.empty(n, dtype=_torch.uint8)
+            if n:
+                ranges.append((zf.get_record_offset(name), n, t.numpy(), 0))
+        else:
+            buf = _core.Buffer(n)
+            ranges.append((zf.get_record_offset(name), n, buf, 0))
+            t = _torch.frombuffer(buf, dtype=_torch.uint8)  # the tensor keeps buf alive
+        out[name] = t
+    if ranges:
+        ranges.sort(key=lambda r: r[0])
+        _core.file_read(path, ranges, p)
+    return out
 
 
 def load(
@@ -138,72 +296,62 @@ def load(
     """``torch.load(f, ...)`` with the archive read at ckptio's speed.
 
     Takes torch.load's arguments and follows its rules (``weights_only`` defaults to True).
-    A path to a zip archive is read whole, with one batched read, into page-aligned memory
-    that the tensors then view (they keep that memory alive, as with ``mmap=True``).
-    File objects, ``mmap=True``, legacy (non-zip) files and TorchScript archives go to
-    torch.load unchanged. ``io_options``: a dict of ckptio I/O options (backend, direct, ...).
+    From a path to a zip archive, every storage is read with one batched read, each into its
+    own page-aligned buffer that its tensors then use with no further copy; each storage's
+    memory is freed with its tensors, as with torch.load. File objects, ``mmap=True``, legacy
+    (non-zip) files and TorchScript archives go to torch.load unchanged. A missing file or a
+    directory raises FileNotFoundError or IsADirectoryError, as with torch.load.
+    ``io_options``: a dict of ckptio I/O options (backend, direct, ...).
     """
     if mmap is None:
         from torch.utils.serialization import config
 
         mmap = bool(config.load.mmap)
     passthrough: dict[str, Any] = dict(pickle_load_args)
-    if not _is_path(f) or mmap or not _can_view_storage():
+
+    def defer(target: Any) -> Any:
         return _torch.load(
-            f,  # type: ignore[arg-type]
+            target,
             map_location=map_location,
             pickle_module=pickle_module,
             weights_only=weights_only,
             mmap=mmap,
             **passthrough,
         )
+
+    if not _is_path(f) or mmap or not _can_preread() or _torch_reads_no_data(map_location):
+        return defer(f)
     path = os.fspath(f)  # type: ignore[arg-type]
-    size = os.path.getsize(path)
     p = params(io_options or {})
-    buf = _core.Buffer(size)
-    _core.file_read(path, [(0, size, buf, 0)], p)
-    with memoryview(buf) as head:
-        is_zip = size >= 4 and bytes(head[:4]) == _ZIP_MAGIC
+    # open() raises what torch.load raises: FileNotFoundError, IsADirectoryError, ...
+    with open(path, "rb") as fh:
+        is_zip = fh.read(4) == _ZIP_MAGIC
     if not is_zip:
-        del buf
-        return _torch.load(
-            path,
-            map_location=map_location,
-            pickle_module=pickle_module,
-            weights_only=weights_only,
-            **passthrough,
-        )
+        return defer(path)
     wo, pmod = _resolve_weights_only(weights_only, pickle_module)
-    if "encoding" not in pickle_load_args:
-        pickle_load_args["encoding"] = "utf-8"
-    if wo and pickle_load_args != {"encoding": "utf-8"} and pickle_load_args:
+    if wo and pickle_load_args:
         import warnings
 
         warnings.warn("pickle_load_args only works if `weights_only=False`.", stacklevel=2)
     ser = _torch.serialization
-    overall = _torch.frombuffer(buf, dtype=_torch.uint8).untyped_storage()
-    del buf  # the storage keeps the memory alive
+    if hasattr(ser, "_check_dill_version"):
+        ser._check_dill_version(pmod)
+    if "encoding" not in pickle_load_args:
+        pickle_load_args["encoding"] = "utf-8"
     with ser._open_zipfile_reader(path) as zf:
         if zf.has_record("constants.pkl"):  # TorchScript: torch.load dispatches to jit.load
-            return _torch.load(
-                path,
-                map_location=map_location,
-                pickle_module=pickle_module,
-                weights_only=weights_only,
-                **passthrough,
-            )
-        if wo:
-            try:
-                return ser._load(
-                    zf,
-                    map_location,
-                    ser._weights_only_unpickler,
-                    overall_storage=overall,
-                    **pickle_load_args,
-                )
-            except pickle.UnpicklingError as e:
-                raise pickle.UnpicklingError(
-                    f"Weights only load failed ({e}). ckptio.torch.load follows torch.load: "
-                    "pass weights_only=False only for a file you trust."
-                ) from None
-        return ser._load(zf, map_location, pmod, overall_storage=overall, **pickle_load_args)
+            return defer(path)
+        try:
+            records = _PreRead(zf, _read_storages(path, zf, p))
+        except CheckpointError as e:  # torch's reader raises RuntimeError for a bad archive
+            raise _as_runtime_error(e) from None
+        if not wo:
+            return ser._load(records, map_location, pmod, **pickle_load_args)
+        try:
+            unpickler = ser._weights_only_unpickler
+            return ser._load(records, map_location, unpickler, **pickle_load_args)
+        except pickle.UnpicklingError:
+            pass
+    # A file weights_only refuses: torch.load raises the same error, with its own explanation.
+    del records
+    return defer(path)
