@@ -199,7 +199,6 @@ def test_new_file_honours_umask(tmp_path: pathlib.Path) -> None:
     assert mode == (tmp_path / "t.pt").stat().st_mode & 0o777 == 0o640
 
 
-@pytest.mark.xfail(reason="C file writer mode fix lands separately", strict=False)
 def test_existing_file_keeps_its_mode(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "keep.pt"
     path.write_bytes(b"old")
