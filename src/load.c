@@ -75,7 +75,7 @@ struct ckptio_reader {
 /* One read or verify operation. */
 typedef struct plan {
     ckptio__vec pieces, segs, geo, iters;
-    uint8_t *bad; /* verify: per chunk */
+    uint8_t *bad; /* verify: per chunk, 1 once the chunk is counted in bad_chunks */
     uint64_t bad_chunks;
 } plan;
 
@@ -188,39 +188,81 @@ out:
     return rc;
 }
 
+static void stop_engine(ckptio_reader *r);
+
 void ckptio_reader_close(ckptio_reader *r)
 {
     if (!r) return;
-    if (r->eng) ckptio__engine_close(r->eng);
-    if (r->pool.base) ckptio__pool_fini(&r->pool);
+    stop_engine(r);
     if (r->files)
         for (uint64_t i = 0; i < r->m->n_files; i++)
             if (r->files[i].fd >= 0) close(r->files[i].fd);
     free(r->files);
-    free(r->slots);
-    free(r->free_slots);
     if (r->m) ckptio__manifest_free(r->m);
     if (r->dirfd >= 0) close(r->dirfd);
     free(r->path);
     free(r);
 }
 
+/* Undo start_engine, whatever part of it happened: the next read starts afresh. */
+static void stop_engine(ckptio_reader *r)
+{
+    if (r->eng) ckptio__engine_close(r->eng);
+    r->eng = NULL;
+    if (r->pool.base) ckptio__pool_fini(&r->pool);
+    free(r->slots);
+    free(r->free_slots);
+    r->slots = NULL;
+    r->free_slots = NULL;
+    r->n_free_slots = 0;
+}
+
+/* Engine, staging and slots, on the first read. All or nothing: a reader left with an engine
+ * but no slots would wait forever for requests it can never issue. */
 static int start_engine(ckptio_reader *r)
 {
     if (r->eng) return 0;
     int rc = ckptio__engine_open(&r->eng, r->cfg.backend, r->cfg.depth, r->cfg.threads);
-    if (rc < 0) return ckptio__fail(&r->msg, rc, "cannot start the I/O backend");
-    /* A staging buffer must hold a whole checksum block plus alignment slack at both ends. */
+    if (rc < 0) {
+        r->eng = NULL;
+        return ckptio__fail(&r->msg, rc, "cannot start the I/O backend to read '%s'", r->path);
+    }
+    /* A staging buffer must hold a whole checksum block plus alignment slack at both ends. The
+     * format bounds the block (manifest.c), so none of this overflows; the mapping is still
+     * checked against the machine, as params.staging_bytes is the caller's. */
     r->buf_size = CKPTIO__MAX(r->cfg.request, 2 * r->m->csum_block);
-    unsigned nbuf = (unsigned)CKPTIO__MAX(2u, r->cfg.staging / r->buf_size);
-    rc = ckptio__pool_init(&r->pool, nbuf, r->buf_size);
-    if (rc < 0) return ckptio__fail(&r->msg, rc, "cannot allocate staging memory");
+    uint64_t nbuf = CKPTIO__MAX(2u, r->cfg.staging / r->buf_size), total = 0;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
+    if (nbuf > UINT32_MAX || !ckptio__mul(nbuf, r->buf_size, &total) || total > ram) {
+        rc = ckptio__fail(&r->msg, -ENOMEM,
+                          "reading '%s' needs %llu MiB of staging memory, more than this "
+                          "machine has (%llu MiB): params.staging_bytes is too large; lower it "
+                          "(0 picks the default, 64 MiB)",
+                          r->path, (unsigned long long)(total ? total >> 20 : UINT64_MAX >> 20),
+                          (unsigned long long)(ram >> 20));
+        goto fail;
+    }
+    rc = ckptio__pool_init(&r->pool, (unsigned)nbuf, r->buf_size);
+    if (rc < 0) {
+        ckptio__fail(&r->msg, rc,
+                     "cannot allocate %llu MiB of staging memory to read '%s': lower "
+                     "params.staging_bytes (0 picks the default, 64 MiB)",
+                     (unsigned long long)(total >> 20), r->path);
+        goto fail;
+    }
     r->slots = calloc(r->cfg.depth, sizeof *r->slots);
     r->free_slots = calloc(r->cfg.depth, sizeof *r->free_slots);
-    if (!r->slots || !r->free_slots) return -ENOMEM;
+    if (!r->slots || !r->free_slots) {
+        rc = ckptio__fail(&r->msg, -ENOMEM, "out of memory reading '%s'", r->path);
+        goto fail;
+    }
     for (unsigned i = 0; i < r->cfg.depth; i++) r->free_slots[r->n_free_slots++] = i;
     ckptio__stats_backend(r->stats.backend, r->cfg.backend, ckptio__engine_name(r->eng));
     return 0;
+fail:
+    stop_engine(r);
+    return rc;
 }
 
 static int open_file(ckptio_reader *r, uint32_t i)
@@ -717,7 +759,10 @@ static int finish(ckptio_reader *r, plan *pl, rslot *sl)
                               "the file is truncated",
                               r->path, fname(r, s->file),
                               (unsigned long long)(q->off + (uint64_t)q->res), tname(r, s->chunk));
-            if (pl->bad && !pl->bad[s->chunk]++) pl->bad_chunks++;
+            if (pl->bad && !pl->bad[s->chunk]) {
+                pl->bad[s->chunk] = 1; /* a flag: counting here would wrap */
+                pl->bad_chunks++;
+            }
             break;
         }
         const uint8_t *base = (const uint8_t *)q->buf + (s->foff - q->off);
@@ -741,6 +786,7 @@ static int execute(ckptio_reader *r, plan *pl)
     seg *segs = pl->segs.items;
     size_t n = pl->segs.len, next = 0;
     int first = 0;
+    unsigned reap_failures = 0;
     if (n > 1) qsort(segs, n, sizeof *segs, cmp_seg);
     while ((next < n && !first) || r->eng->inflight) {
         while (next < n && !first && r->n_free_slots) {
@@ -789,9 +835,19 @@ static int execute(ckptio_reader *r, plan *pl)
         ckptio__req *done[64];
         int got = ckptio__engine_reap(r->eng, done, 64, 1);
         if (got < 0) {
-            if (!first) first = ckptio__fail(&r->msg, got, "waiting for reads from '%s' failed", r->path);
-            break;
+            /* Requests still land in the caller's memory and in staging, so we keep reaping
+             * before returning; a backend that never recovers is shut down instead, which
+             * waits for (psync) or cancels (io_uring) what it holds, and the next read
+             * starts a new one rather than meet this read's completions. */
+            if (!first)
+                first = ckptio__fail(&r->msg, got, "waiting for reads from '%s' failed", r->path);
+            if (++reap_failures >= CKPTIO__REAP_TRIES) {
+                stop_engine(r);
+                return first;
+            }
+            continue;
         }
+        reap_failures = 0;
         for (int i = 0; i < got; i++) {
             int rc = finish(r, pl, (rslot *)done[i]);
             if (rc < 0 && !first) first = rc;

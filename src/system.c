@@ -322,6 +322,16 @@ int ckptio_describe_system(const char *dir, char *buf, size_t len)
                 "CKPTIO_IO=%s: not a backend (use io_uring, psync or buffered); opening a "
                 "writer or reader will fail\n",
                 env);
+        else if (be == CKPTIO_BACKEND_AUTO)
+            put(&o, "CKPTIO_IO=%s: AUTO picks %s\n", env, be_name);
+        else if (be == CKPTIO_BACKEND_IO_URING &&
+                 !(CKPTIO_HAVE_IO_URING && ckptio__io_uring_available()))
+            /* The engine does not fall back when io_uring is asked for by name. */
+            put(&o,
+                "CKPTIO_IO=%s: asks for io_uring, which is unavailable here: every save and "
+                "every read will fail (CKPTIO_E_UNSUPPORTED, no fallback); unset CKPTIO_IO or "
+                "set it to psync\n",
+                env);
         else
             put(&o, "CKPTIO_IO=%s: forces the %s backend\n", env, be_name);
     } else {
@@ -334,8 +344,6 @@ int ckptio_describe_system(const char *dir, char *buf, size_t len)
         else
             put(&o, "locked-memory limit: %llu KiB\n", (unsigned long long)rl.rlim_cur / 1024);
     }
-    put(&o, "optional: zstd %s, MPI %s\n", CKPTIO_HAVE_ZSTD ? "yes" : "no",
-        CKPTIO_HAVE_MPI ? "yes" : "no");
 
     describe_dir(&o, dir && *dir ? dir : ".");
 

@@ -77,6 +77,9 @@ int t_contains(const char *haystack, const char *needle);
 /* Read a whole small file into malloc'd memory; returns length or -1. */
 long t_read_file(const char *path, unsigned char **out);
 int t_write_file(const char *path, const void *data, size_t len);
+/* Mount a ramfs (which refuses O_DIRECT on every kernel) at `where`, a new directory, in a
+ * private mount namespace of this test's process: 0, or -1 with errno (defined in test_io.c). */
+int t_mount_ramfs(const char *where);
 /* Run a shell command, return its exit status (or -1). Output goes to the test log. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

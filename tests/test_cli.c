@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of the `ckptio` command: exit codes, inspect, verify, doctor and bench output. */
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -196,6 +203,78 @@ static int test_cli_doctor(void)
     return 0;
 }
 
+/* Run `ckptio ARGS...` with io_uring_setup refused by a seccomp filter (as some containers
+ * do) and CKPTIO_IO=io_uring; stdout and stderr go to out.txt. Returns the exit status, or
+ * T_SKIP where the filter cannot be installed. */
+static int run_without_uring(char *const argv[])
+{
+#ifdef __NR_io_uring_setup
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        struct sock_filter f[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0)
+            _exit(T_SKIP);
+        int fd = open("out.txt", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0) _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("CKPTIO_IO", "io_uring", 1);
+        execv(CKPTIO_EXE, argv);
+        _exit(127);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return -1;
+    return WEXITSTATUS(st);
+#else
+    (void)argv;
+    return T_SKIP;
+#endif
+}
+
+/* Where io_uring is refused, CKPTIO_IO=io_uring makes every read fail (no fallback), and
+ * doctor says so instead of claiming that it forces io_uring. */
+static int test_cli_doctor_no_uring(void)
+{
+    CHECK(make_ckpt("ck") == 0);
+    char *const doctor[] = {"ckptio", "doctor", ".", NULL};
+    int st = run_without_uring(doctor);
+    if (st == T_SKIP) {
+        printf("no seccomp filter here: skipped\n");
+        return T_SKIP;
+    }
+    unsigned char *text = NULL;
+    long n = t_read_file("out.txt", &text);
+    CHECK(n >= 0);
+    char *o = realloc(text, (size_t)n + 1);
+    CHECK(o);
+    o[n] = 0;
+    fprintf(stderr, "doctor without io_uring -> %d\n%s\n", st, o);
+    CHECK(st == 0);
+    CHECK(t_contains(o, "io_uring: unavailable"));
+    CHECK(!t_contains(o, "forces the io_uring backend"));
+    CHECK(t_contains(o, "CKPTIO_IO=io_uring") && t_contains(o, "will fail"));
+    CHECK(!t_contains(o, "zstd") && !t_contains(o, "MPI"));
+    free(o);
+    /* what doctor claims: a read under the same conditions fails */
+    char *const verify[] = {"ckptio", "verify", "ck", NULL};
+    st = run_without_uring(verify);
+    text = NULL;
+    n = t_read_file("out.txt", &text);
+    CHECK(n >= 0);
+    fprintf(stderr, "verify without io_uring -> %d\n%.*s\n", st, (int)n, (char *)text);
+    CHECK(st == 1);
+    free(text);
+    return 0;
+}
+
 static int test_cli_describe_system(void)
 {
     char big[16384], small[16];
@@ -255,6 +334,7 @@ const ckptio_test tests_cli[] = {
     {"cli_verify_corrupt", test_cli_verify_corrupt, T_PER_BACKEND, 0},
     {"cli_not_checkpoint", test_cli_not_checkpoint, 0, 0},
     {"cli_doctor", test_cli_doctor, 0, 0},
+    {"cli_doctor_no_uring", test_cli_doctor_no_uring, 0, 0},
     {"cli_describe_system", test_cli_describe_system, 0, 0},
     {"cli_bench", test_cli_bench, 0, 600},
     {0, 0, 0, 0},

@@ -500,8 +500,8 @@ static int check_direct_rules(int dirfd, const char *name)
     return 0;
 }
 
-/* ramfs refuses O_DIRECT on every kernel; mount one in a private mount namespace. */
-static int mount_ramfs(const char *where)
+/* ramfs refuses O_DIRECT on every kernel; mount one in a private mount namespace (test.h). */
+int t_mount_ramfs(const char *where)
 {
     if (mkdir(where, 0700) < 0) return -1;
     if (unshare(CLONE_NEWNS) < 0) {
@@ -550,7 +550,7 @@ static int test_direct_fallback(void)
         close(proc);
         ran++;
     }
-    if (mount_ramfs(t_path("ram")) == 0) {
+    if (t_mount_ramfs(t_path("ram")) == 0) {
         int dir = open(t_path("ram"), O_DIRECTORY | O_RDONLY | O_CLOEXEC);
         CHECK(dir >= 0);
         CHECK_OK(check_direct_rules(dir, name));

@@ -32,7 +32,9 @@ enum {
 enum { REC_FILE = 16, REC_TENSOR = 24, REC_CHUNK = 40, REC_META = 16, REC_U64 = 8 };
 enum { V_MAJOR = CKPTIO_FORMAT_VERSION, V_MINOR = 0 };
 
-#define MAX_CSUM_BLOCK (1ull << 30)
+/* A reader stages whole checksum blocks, so the block bounds the memory a manifest makes every
+ * reader map; writers use at most 1 MiB. */
+#define MAX_CSUM_BLOCK (1ull << 26)
 #define MAX_FILE_SIZE (1ull << 63) /* sizes must fit off_t */
 #define NAME_SHOWN 200             /* bytes of a name quoted in a message */
 
@@ -711,7 +713,8 @@ int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errle
                     m->csum_block <= MAX_CSUM_BLOCK;
     if (!block_ok && !(m->csum_algo == CKPTIO__CSUM_NONE && m->csum_block == 0))
         return fail(err, errlen, CKPTIO_E_CORRUPT,
-                    "checksum block of %llu bytes is not a power of two between 4096 and 2^30",
+                    "checksum block of %llu bytes is not a power of two between 4096 and 2^26 (64 "
+                    "MiB)",
                     U(m->csum_block));
 
     /* Files before tensors (chunks name them), tensors before the partition and extent checks

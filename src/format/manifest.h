@@ -83,8 +83,8 @@ typedef struct ckptio__mmeta {
 typedef struct ckptio__manifest {
     uint32_t version;    /* format version (1) */
     uint32_t csum_algo;  /* CKPTIO__CSUM_* */
-    uint64_t csum_block; /* bytes per checksum block, power of two multiple of 4096 (may be 0
-                          * when csum_algo is NONE) */
+    uint64_t csum_block; /* bytes per checksum block, a power of two in [4096, 64 MiB] (may be
+                          * 0 when csum_algo is NONE) */
     uint64_t n_files, n_tensors, n_chunks, n_meta, n_dims, n_csums, strtab_len;
     ckptio__mfile *files;
     ckptio__mtensor *tensors;

@@ -52,10 +52,13 @@ int ckptio__backend_from_env(int requested)
     return CKPTIO_E_USAGE;
 }
 
+ckptio__backend_hook ckptio__backend_wrap;
+
 /* Start `ops` on e; on failure e is left without a backend, ready for another try. */
 static int start(ckptio__engine *e, const ckptio__backend_ops *ops)
 {
-    e->ops = ops;
+    e->ops = ckptio__backend_wrap ? ckptio__backend_wrap(ops) : ops;
+    ops = e->ops;
     e->impl = NULL;
     int rc = ops->init(e);
     if (rc < 0) e->ops = NULL;

@@ -84,6 +84,17 @@ CKPTIO__HIDDEN int ckptio__engine_submit(ckptio__engine *e, ckptio__req *r);
 CKPTIO__HIDDEN int ckptio__engine_reap(ckptio__engine *e, ckptio__req **out, unsigned max,
                                        unsigned min);
 
+/* Consecutive failed reaps after which a caller stops waiting for its requests and shuts the
+ * engine down (ckptio__engine_close returns once the backend is gone): a reap fails only
+ * when the backend itself is broken, and waiting on it forever would hang the caller. */
+#define CKPTIO__REAP_TRIES 8u
+
+/* Tests only: when set, each engine runs the table hook(real) returns in place of the backend
+ * `real` it picked, so that a test can make submit or reap fail. The wrapper keeps `real`
+ * and calls it; the engine's impl is the real backend's. Set before any I/O starts. */
+typedef const ckptio__backend_ops *(*ckptio__backend_hook)(const ckptio__backend_ops *real);
+CKPTIO__HIDDEN extern ckptio__backend_hook ckptio__backend_wrap;
+
 /* CKPTIO_IO=io_uring|psync|buffered from the environment overrides `requested`; returns the
  * backend to use, or CKPTIO_E_USAGE for an unknown value. */
 CKPTIO__HIDDEN int ckptio__backend_from_env(int requested);

@@ -59,9 +59,26 @@ static int reap(ckptio__sink *s, unsigned min)
 int ckptio__sink_drain(ckptio__sink *s)
 {
     int first = 0;
+    unsigned failures = 0;
     while (s->eng && s->eng->inflight) {
+        unsigned before = s->eng->inflight;
         int rc = reap(s, 1);
         if (rc < 0 && !first) first = rc;
+        if (s->eng->inflight < before) {
+            failures = 0;
+        } else if (++failures >= CKPTIO__REAP_TRIES) {
+            /* The backend is broken: shutting it down is the only way left to get the
+             * requests, and the buffers they read from, back. */
+            ckptio__fail(s->msg, rc < 0 ? rc : -EIO,
+                         "waiting for writes to '%s' failed %u times in a row with %u still in "
+                         "flight; the I/O backend was shut down",
+                         s->label, failures, s->eng->inflight);
+            if (!first) first = rc < 0 ? rc : -EIO;
+            poison(s, first);
+            ckptio__engine_close(s->eng);
+            s->eng = NULL;
+            break;
+        }
     }
     return first ? first : s->err;
 }
