@@ -8,8 +8,54 @@ alignment: int
 MAX_NDIM: int
 MAX_NAME: int
 
-StatsTuple = tuple[int, int, int, float, float, str, bool, int]
-Params = tuple[int, ...]  # 9 ints, built by ckptio._options.params()
+#: The names of the parameters (ckptio_params fields) a Params dict may hold.
+PARAMS: tuple[str, ...]
+Params = dict[str, int]  # built by ckptio._options.params()
+
+class IOStats(tuple[Any, ...]):
+    bytes: int
+    io_bytes: int
+    tensors: int
+    seconds: float
+    gbps: float
+    backend: str
+    direct: bool
+    alignment: int
+
+class TensorRecord(tuple[Any, ...]):
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    nbytes: int
+    num_chunks: int
+
+class ChunkRecord(tuple[Any, ...]):
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+    file: str
+    file_offset: int
+    stored_bytes: int
+    nbytes: int
+
+class AddItem(tuple[Any, ...]):
+    def __new__(cls, fields: tuple[str, int, tuple[int, ...] | None, Any, tuple[int, ...] | None, tuple[int, ...] | None]) -> AddItem: ...  # fmt: skip
+    name: str
+    dtype: int
+    shape: tuple[int, ...] | None
+    data: Any
+    offset: tuple[int, ...] | None
+    chunk_shape: tuple[int, ...] | None
+
+class ReadRegion(tuple[Any, ...]):
+    def __new__(cls, fields: tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, Any, int, int]) -> ReadRegion: ...  # fmt: skip
+    index: int
+    offset: tuple[int, ...] | None
+    shape: tuple[int, ...] | None
+    dst: Any
+    dst_offset: int
+    capacity: int
+
+StatsTuple = IOStats
 
 class Buffer:
     def __init__(self, nbytes: int) -> None: ...
@@ -21,11 +67,7 @@ class Buffer:
 class Writer:
     def __init__(self, path: Any, params: Params | None = ...) -> None: ...
     def add(self, name: str, dtype: int, shape: tuple[int, ...], data: Any, *chunk: Any) -> None: ...
-    def add_many(self, items: list[tuple[Any, ...]]) -> None: ...
-    def add_arrays(
-        self, d: dict[Any, Any], prefix: str, ndarray: type, codes: dict[Any, int],
-        names: set[str], seen: dict[int, str],
-    ) -> tuple[list[Any], list[Any], list[Any], list[int]]: ...  # fmt: skip
+    def add_many(self, items: list[AddItem]) -> None: ...
     def set_meta(self, key: str, value: bytes) -> None: ...
     def flush(self) -> None: ...
     def commit(self) -> StatsTuple: ...
@@ -38,12 +80,12 @@ class Writer:
 
 class Reader:
     def __init__(self, path: Any, params: Params | None = ...) -> None: ...
-    def tensors(self) -> list[tuple[str, int, tuple[int, ...], int, int]]: ...
+    def tensors(self) -> list[TensorRecord]: ...
     def find(self, name: str) -> int: ...
-    def chunks(self, index: int) -> list[tuple[tuple[int, ...], tuple[int, ...], str, int, int, int]]: ...
+    def chunks(self, index: int) -> list[ChunkRecord]: ...
     def meta(self) -> dict[str, bytes]: ...
     def get_meta(self, key: str) -> bytes | None: ...
-    def read(self, regions: list[tuple[Any, ...]]) -> None: ...
+    def read(self, regions: list[ReadRegion]) -> None: ...
     def verify(self) -> int: ...
     def stats(self) -> StatsTuple: ...
     def close(self) -> None: ...
@@ -70,6 +112,10 @@ class FileWriter:
     def closed(self) -> bool: ...
 
 def file_read(path: Any, ranges: list[tuple[int, int, Any, int]], params: Params | None = ...) -> StatsTuple: ...
+def stage_arrays(
+    d: dict[Any, Any], prefix: str, ndarray: type, codes: dict[Any, int], names: set[str],
+    first: dict[Any, str], items: list[Any],
+) -> tuple[list[Any], list[Any], list[Any], list[int]]: ...  # fmt: skip
 def describe_system(directory: Any = ...) -> str: ...
 def strerror(code: int) -> tuple[str, str]: ...
 def dtypes() -> dict[str, tuple[int, int]]: ...
