@@ -165,10 +165,6 @@ def _init() -> None:
             BY_VALUE_TAG[tag] = ad
 
 
-def names() -> tuple[str, ...]:
-    return tuple(BY_NAME)
-
-
 def get(name: str) -> Adapter:
     """The adapter of framework ``name`` (a saved node's "f")."""
     ad = BY_NAME.get(name)

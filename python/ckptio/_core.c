@@ -134,9 +134,9 @@ static PyStructSequence_Desc AddItem_desc = {
 static PyTypeObject *AddItem_Type;
 
 /* What Reader.read takes. */
-enum { RD_INDEX, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_N };
+enum { RD_TENSOR, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_N };
 static PyStructSequence_Field ReadRegion_fields[] = {
-    {"index", "the tensor's index in Reader.tensors()"},
+    {"tensor", "the tensor's index in Reader.tensors()"},
     {"offset", "the region's offset in the tensor, or None for all of it"},
     {"shape", "the region's shape, or None"},
     {"dst", "a writable buffer (a Buffer reads fastest)"},
@@ -495,6 +495,12 @@ static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
     it->has_off = it->has_cshape = 0;
     if (PyTuple_GET_SIZE(tup) == ADD_N) {
         PyObject *o = PyTuple_GET_ITEM(tup, ADD_OFFSET), *c = PyTuple_GET_ITEM(tup, ADD_CHUNK_SHAPE);
+        if (shape == Py_None && (o != Py_None || c != Py_None)) {
+            char msg[CKPTIO_MAX_NAME + 80];
+            snprintf(msg, sizeof msg, "tensor '%s': a chunk needs the tensor's shape", it->name);
+            raise_code(CKPTIO_E_USAGE, msg);
+            return -1;
+        }
         if (o != Py_None) {
             int n = parse_dims(o, it->off, "chunk offset", it->name);
             if (n < 0) return -1;
@@ -530,13 +536,12 @@ static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
         return -1;
     }
     if (shape == Py_None) {
-        if (v->ndim > CKPTIO_MAX_NDIM || it->has_off || it->has_cshape) {
-            PyBuffer_Release(v);
+        if (v->ndim > CKPTIO_MAX_NDIM) {
             char msg[CKPTIO_MAX_NAME + 160];
-            snprintf(msg, sizeof msg,
-                     "tensor '%s': a chunk needs a shape, and a tensor at most %d dimensions "
-                     "(its data has %d)", it->name, CKPTIO_MAX_NDIM, v->ndim);
-            raise_code(v->ndim > CKPTIO_MAX_NDIM ? CKPTIO_E_LIMIT : CKPTIO_E_USAGE, msg);
+            snprintf(msg, sizeof msg, "tensor '%s' has %d dimensions; ckptio allows at most %d",
+                     it->name, v->ndim, CKPTIO_MAX_NDIM);
+            PyBuffer_Release(v);
+            raise_code(CKPTIO_E_LIMIT, msg);
             return -1;
         }
         it->ndim = v->ndim;
@@ -1059,7 +1064,7 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = items[i];
         ckptio_region *rg = &regs[i];
-        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_INDEX));
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_TENSOR));
         if (index == -1 && PyErr_Occurred()) goto out;
         if (index < 0) {
             PyErr_SetString(PyExc_ValueError, "read: tensor index is negative");

@@ -48,7 +48,7 @@ class AddItem(tuple[Any, ...]):
 
 class ReadRegion(tuple[Any, ...]):
     def __new__(cls, fields: tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, Any, int, int]) -> ReadRegion: ...  # fmt: skip
-    index: int
+    tensor: int
     offset: tuple[int, ...] | None
     shape: tuple[int, ...] | None
     dst: Any

@@ -117,7 +117,7 @@ def _host_item(name: str, t: Any) -> Any:
 
 class TorchAdapter:
     name = "torch"
-    value_tags = ("torch.Size",)
+    value_tags: tuple[str, ...] = ("torch.Size",)
 
     # ---- save ----
     def matches(self, obj: Any) -> bool:
