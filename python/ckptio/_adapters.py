@@ -116,7 +116,7 @@ class Aliases:
 
     The C loop over dicts of numpy arrays (ckptio._core.stage_arrays) records its arrays here
     too, in ``first`` under the numpy adapter's key, id(array); it leaves a repeated array to
-    Python, so this method decides every alias.
+    Python, so tie() decides every alias.
     """
 
     __slots__ = ("first", "objs")
@@ -125,14 +125,18 @@ class Aliases:
         self.first: dict[Hashable, str] = {}
         self.objs: dict[Hashable, Any] = {}
 
-    def alias(self, key: Hashable, name: str, obj: Any) -> tuple[str, bool] | None:
-        """None for the first leaf with ``key``; else (its name, whether ``obj`` is it)."""
+    def tie(self, key: Hashable, name: str, obj: Any, node: Node) -> bool:
+        """Whether leaf ``obj`` (tensor ``name``, alias key ``key``) repeats an earlier one; if
+        so ``node`` names that one ("alias") and says whether it is the same object ("same")."""
         prev = self.first.setdefault(key, name)
         if prev is name:
             if type(key) is not int:  # identity keys (numpy's) stand for the object itself
                 self.objs[key] = obj
-            return None
-        return prev, self.objs.get(key, obj) is obj
+            return False
+        node["alias"] = prev
+        if self.objs.get(key, obj) is obj:
+            node["same"] = True
+        return True
 
 
 def np_view(piece: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:

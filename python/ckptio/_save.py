@@ -17,7 +17,7 @@ import numpy as np
 from . import _adapters, _core, _dtypes
 from ._adapters import Aliases, Deferred
 from ._errors import USAGE, InvalidType, _from_code, error
-from ._fw_numpy import stage_array
+from ._fw_numpy import NUMPY, stage_array
 from ._options import Stats, params
 from ._tree import NUMPY_LEAF, TREE_KEY, Node, flatten, make_document, pause_gc
 
@@ -45,11 +45,11 @@ class StagedSave:
 
     Between _stage() and the end of _write() the caller may change the tree itself (its
     structure and plain values are already encoded; the items keep the tensors alive), but
-    must not write into the memory of its tensors: numpy arrays, CPU torch tensors and jax
-    arrays on CPU are staged as views of their own memory (only non-contiguous and
-    byte-swapped ones, and dtypes stored as raw bytes of a non-contiguous array, are copied),
-    and device torch tensors are copied to the host only during _write. Jax arrays on other
-    devices are copied to the host by _stage.
+    must not write into the memory of its tensors: numpy arrays and CPU torch tensors are
+    staged as views of their own memory (copies are made only of non-contiguous or
+    byte-swapped arrays and of conjugate or negative torch views), and device torch tensors
+    are copied to the host only during _write, in batches. Jax arrays cannot be written to;
+    those on accelerators are copied to the host by _stage.
     """
 
     items: list[Any]
@@ -108,17 +108,18 @@ def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSav
     items: list[Any] = []
     add = items.append
     aliases = Aliases()
-    alias = aliases.alias
+    tie = aliases.tie
+    numpy_key = NUMPY.alias_key
     deferred = False
 
     def on_array(name: str, arr: np.ndarray) -> Node | int:
         # Exact numpy arrays outside the C loop's dicts (in lists, tuples, the root).
-        a = alias(id(arr), name, arr)
-        if a is not None:
-            return {"t": "tensor", "f": "numpy", "alias": a[0], "same": True}
         node: Node = {"t": "tensor", "f": "numpy"}
-        add(stage_array(name, arr, node))
-        return node if len(node) > 2 else NUMPY_LEAF
+        if not tie(numpy_key(arr), name, arr, node):
+            add(stage_array(name, arr, node))
+            if len(node) == 2:
+                return NUMPY_LEAF
+        return node
 
     np_codes = _dtypes.np_to_code()
     ndarray = np.ndarray
@@ -134,13 +135,8 @@ def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSav
         ad = by_name[node["f"]]
         ad.describe(name, obj, node)
         key = ad.alias_key(obj)
-        if key is not None:
-            a = alias(key, name, obj)
-            if a is not None:
-                node["alias"] = a[0]
-                if a[1]:
-                    node["same"] = True
-                continue
+        if key is not None and tie(key, name, obj, node):
+            continue
         staged = ad.stage(name, obj, node)
         if type(staged) is list:
             items.extend(staged)
