@@ -1471,6 +1471,23 @@ out:
     return result;
 }
 
+/* read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion: a load
+ * builds one per tensor, and calling the type costs several times more. */
+static PyObject *mod_read_region(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    (void)mod;
+    if (n != RD_N) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_region(tensor, offset, shape, dst, dst_offset, capacity)");
+        return NULL;
+    }
+    PyObject *r = PyStructSequence_New(ReadRegion_Type);
+    if (!r) return NULL;
+    for (Py_ssize_t i = 0; i < RD_N; i++)
+        PyStructSequence_SetItem(r, i, Py_NewRef(args[i]));
+    return r;
+}
+
 static PyObject *mod_describe_system(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -1553,6 +1570,8 @@ static PyMethodDef module_methods[] = {
     {"stage_arrays", mod_stage_arrays, METH_VARARGS,
      "stage_arrays(d, prefix, ndarray, codes, names, first, items) -> (keys, values, children, "
      "todo)"},
+    {"read_region", (PyCFunction)(void (*)(void))mod_read_region, METH_FASTCALL,
+     "read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion"},
     {"file_read", mod_file_read, METH_VARARGS,
      "file_read(path, [(offset, length, dst, dst_offset)], params=None) -> stats tuple"},
     {"describe_system", mod_describe_system, METH_VARARGS, "describe_system(dir=None) -> str"},

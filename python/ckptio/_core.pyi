@@ -112,6 +112,10 @@ class FileWriter:
     def closed(self) -> bool: ...
 
 def file_read(path: Any, ranges: list[tuple[int, int, Any, int]], params: Params | None = ...) -> StatsTuple: ...
+def read_region(
+    tensor: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, dst: Any,
+    dst_offset: int, capacity: int,
+) -> ReadRegion: ...  # fmt: skip
 def stage_arrays(
     d: dict[Any, Any], prefix: str, ndarray: type, codes: dict[Any, int], names: set[str],
     first: dict[Any, str], items: list[Any],

@@ -34,7 +34,7 @@ PathLike = str | os.PathLike[str]
 Region = Any  # a slice, an int, Ellipsis, or a tuple of them (np.s_[...])
 
 _ALIGN: int = _core.alignment
-_Region = _core.ReadRegion
+_region = _core.read_region
 # Tensors smaller than this share slabs of memory instead of taking a page each.
 _SMALL = 4096
 _SLAB = 4 << 20
@@ -109,7 +109,7 @@ class _Alloc:
     ) -> tuple[Any, int]:
         if n >= _SMALL:
             buf = _core.Buffer(n)
-            self.regions.append(_Region((index, offset, shape, buf, 0, _round_up(n))))
+            self.regions.append(_region(index, offset, shape, buf, 0, _round_up(n)))
             return buf, 0
         if n == 0:
             return None, 0
@@ -119,7 +119,7 @@ class _Alloc:
             self.size = _SLAB
             at = 0
         self.used = at + n
-        self.regions.append(_Region((index, offset, shape, self.slab, at, n)))
+        self.regions.append(_region(index, offset, shape, self.slab, at, n))
         return self.slab, at
 
     def read(self, r: Any) -> None:
