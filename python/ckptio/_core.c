@@ -51,8 +51,9 @@ static int param_value(PyObject *d, const char *name, long long lo, long long hi
     long long x = PyLong_AsLongLong(v);
     if (x == -1 && PyErr_Occurred()) return -1;
     if (x < lo || x > hi) {
-        PyErr_Format(PyExc_ValueError, "params: %s = %lld is outside [%lld, %lld]", name, x, lo,
-                     hi);
+        char msg[160];
+        snprintf(msg, sizeof msg, "I/O option %s = %lld is outside [%lld, %lld]", name, x, lo, hi);
+        raise_code(CKPTIO_E_USAGE, msg);
         return -1;
     }
     *out = x;
@@ -72,7 +73,7 @@ static int parse_params(PyObject *d, ckptio_params *p)
     Py_ssize_t seen = 0;
     long long v;
     int rc;
-#define X(name, type, lo, hi)                                                                          \
+#define X(name, type, lo, hi)                                                                      \
     if ((rc = param_value(d, #name, lo, hi, &v, &seen)) < 0) return -1;                            \
     if (rc) p->name = (type)v;
     PARAM_TABLE(X)

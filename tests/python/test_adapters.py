@@ -21,8 +21,10 @@ def test_params_are_passed_by_the_librarys_names(ckpt: pathlib.Path) -> None:
     assert p["queue_depth"] == 4 and p["direct"] == 0 and p["overwrite"] == 1
     with pytest.raises(TypeError, match="unknown name"):
         _core.Writer(str(ckpt), {**p, "queue_dept": 4})
-    with pytest.raises(ValueError, match="direct = 7"):
+    with pytest.raises(ckptio.InvalidRequest, match="direct = 7"):
         _core.Writer(str(ckpt), {**p, "direct": 7})
+    with pytest.raises(ckptio.InvalidRequest, match="queue_depth"):  # was cut to 32 bits
+        ckptio.save({}, ckpt, queue_depth=1 << 32)
     with _core.Writer(str(ckpt), {"fsync": 0}) as w:  # absent names keep the defaults
         w.set_meta("k", b"v")
         st = w.commit()
