@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,33 +29,161 @@ static PyObject *raise_code(int code, const char *msg)
     return NULL;
 }
 
-/* The parameters tuple built by ckptio._io.params(): fixed order, private to this package. */
-static int parse_params(PyObject *t, ckptio_params *p)
+/* The I/O parameters, passed by name in the dict ckptio._options.params() builds: (name, field
+ * type, least and greatest value). Adding one is a line here and one in _options.py. */
+#define PARAM_TABLE(X)                                                                             \
+    X(io_threads, uint32_t, 0, UINT32_MAX)                                                         \
+    X(queue_depth, uint32_t, 0, UINT32_MAX)                                                        \
+    X(staging_bytes, uint64_t, 0, LLONG_MAX)                                                       \
+    X(request_bytes, uint64_t, 0, LLONG_MAX)                                                       \
+    X(backend, int, 0, INT_MAX)                                                                    \
+    X(direct, int, -1, 1)                                                                          \
+    X(fsync, int, -1, 1)                                                                           \
+    X(checksums, int, -1, 1)                                                                       \
+    X(overwrite, int, 0, 1)
+
+static int param_value(PyObject *d, const char *name, long long lo, long long hi, long long *out,
+                       Py_ssize_t *seen)
+{
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (!v) return 0;
+    (*seen)++;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < lo || x > hi) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "I/O option %s = %lld is outside [%lld, %lld]", name, x, lo, hi);
+        raise_code(CKPTIO_E_USAGE, msg);
+        return -1;
+    }
+    *out = x;
+    return 1;
+}
+
+/* `d`: None (the library's defaults) or {name: int} with names of PARAM_TABLE; absent ones
+ * keep their defaults. */
+static int parse_params(PyObject *d, ckptio_params *p)
 {
     ckptio_params_init(p);
-    if (t == NULL || t == Py_None) return 0;
-    unsigned long long threads, depth, staging, request;
-    int backend, direct, fsync_, checksums, overwrite;
-    if (!PyArg_ParseTuple(t, "KKKKiiiii;params must be a 9-tuple", &threads, &depth, &staging,
-                          &request, &backend, &direct, &fsync_, &checksums, &overwrite))
+    if (d == NULL || d == Py_None) return 0;
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "params must be a dict (ckptio._options.params())");
         return -1;
-    p->io_threads = (uint32_t)threads;
-    p->queue_depth = (uint32_t)depth;
-    p->staging_bytes = staging;
-    p->request_bytes = request;
-    p->backend = backend;
-    p->direct = direct;
-    p->fsync = fsync_;
-    p->checksums = checksums;
-    p->overwrite = overwrite;
+    }
+    Py_ssize_t seen = 0;
+    long long v;
+    int rc;
+#define X(name, type, lo, hi)                                                                      \
+    if ((rc = param_value(d, #name, lo, hi, &v, &seen)) < 0) return -1;                            \
+    if (rc) p->name = (type)v;
+    PARAM_TABLE(X)
+#undef X
+    if (seen != PyDict_GET_SIZE(d)) {
+        PyErr_Format(PyExc_TypeError, "params: unknown name in %R", d);
+        return -1;
+    }
     return 0;
 }
 
+/* Records handed to Python (struct sequences: tuples with named fields). */
+static PyStructSequence_Field IOStats_fields[] = {
+    {"bytes", "tensor bytes written or read"},
+    {"io_bytes", "bytes transferred to or from the device"},
+    {"tensors", "tensors (or chunks) written, or regions read"},
+    {"seconds", "the library's time from open to commit or to the last read"},
+    {"gbps", "bytes / seconds / 1e9"},
+    {"backend", "the I/O path that ran"},
+    {"direct", "whether O_DIRECT was used"},
+    {"alignment", "file offset alignment of direct I/O"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc IOStats_desc = {"ckptio._core.IOStats",
+                                             "What one save or load did (ckptio_stats).",
+                                             IOStats_fields, 8};
+static PyTypeObject *IOStats_Type;
+
+static PyStructSequence_Field TensorRecord_fields[] = {
+    {"name", NULL}, {"dtype", "on-disk dtype code"}, {"shape", NULL},
+    {"nbytes", NULL}, {"num_chunks", NULL}, {NULL, NULL},
+};
+static PyStructSequence_Desc TensorRecord_desc = {
+    "ckptio._core.TensorRecord", "One stored tensor (ckptio_tensor_info).", TensorRecord_fields, 5};
+static PyTypeObject *TensorRecord_Type;
+
+static PyStructSequence_Field ChunkRecord_fields[] = {
+    {"offset", NULL}, {"shape", NULL}, {"file", NULL}, {"file_offset", NULL},
+    {"stored_bytes", NULL}, {"nbytes", NULL}, {NULL, NULL},
+};
+static PyStructSequence_Desc ChunkRecord_desc = {
+    "ckptio._core.ChunkRecord", "One stored chunk (ckptio_chunk_info).", ChunkRecord_fields, 6};
+static PyTypeObject *ChunkRecord_Type;
+
+/* What Writer.add_many takes; Writer.add takes the same fields as arguments. */
+enum { ADD_NAME, ADD_DTYPE, ADD_SHAPE, ADD_DATA, ADD_OFFSET, ADD_CHUNK_SHAPE, ADD_N };
+static PyStructSequence_Field AddItem_fields[] = {
+    {"name", "the tensor's name"},
+    {"dtype", "on-disk dtype code"},
+    {"shape", "the tensor's shape, or None for the data buffer's own"},
+    {"data", "a C-contiguous buffer of the tensor's (or chunk's) bytes"},
+    {"offset", "the chunk's offset in the tensor, or None"},
+    {"chunk_shape", "the chunk's shape, or None"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc AddItem_desc = {
+    "ckptio._core.AddItem", "One tensor or chunk to write: AddItem((name, dtype, shape, data, "
+    "offset, chunk_shape)).", AddItem_fields, ADD_N};
+static PyTypeObject *AddItem_Type;
+
+/* What Reader.read takes. */
+enum { RD_TENSOR, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_N };
+static PyStructSequence_Field ReadRegion_fields[] = {
+    {"tensor", "the tensor's index in Reader.tensors()"},
+    {"offset", "the region's offset in the tensor, or None for all of it"},
+    {"shape", "the region's shape, or None"},
+    {"dst", "a writable buffer (a Buffer reads fastest)"},
+    {"dst_offset", "where in dst the region lands"},
+    {"capacity", "bytes of dst the read may use (the region's bytes, rounded up to the "
+                 "alignment for in-place direct reads)"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc ReadRegion_desc = {
+    "ckptio._core.ReadRegion", "One region to read: ReadRegion((index, offset, shape, dst, "
+    "dst_offset, capacity)).", ReadRegion_fields, RD_N};
+static PyTypeObject *ReadRegion_Type;
+
 static PyObject *stats_tuple(const ckptio_stats *s)
 {
-    return Py_BuildValue("KKKddsNI", (unsigned long long)s->bytes, (unsigned long long)s->io_bytes,
-                         (unsigned long long)s->tensors, s->seconds, s->gbps, s->backend,
-                         PyBool_FromLong(s->direct), (unsigned)s->alignment);
+    PyObject *r = PyStructSequence_New(IOStats_Type);
+    if (!r) return NULL;
+    PyObject *v[8] = {
+        PyLong_FromUnsignedLongLong(s->bytes), PyLong_FromUnsignedLongLong(s->io_bytes),
+        PyLong_FromUnsignedLongLong(s->tensors), PyFloat_FromDouble(s->seconds),
+        PyFloat_FromDouble(s->gbps), PyUnicode_FromString(s->backend),
+        PyBool_FromLong(s->direct), PyLong_FromUnsignedLong(s->alignment),
+    };
+    int ok = 1;
+    for (int i = 0; i < 8; i++) {
+        if (!v[i]) ok = 0;
+        PyStructSequence_SetItem(r, i, v[i]);
+    }
+    if (!ok) Py_CLEAR(r);
+    return r;
+}
+
+/* A record of type `tp` from `n` new references (stolen, NULL on a failed build). */
+static PyObject *record(PyTypeObject *tp, PyObject **v, int n)
+{
+    PyObject *r = PyStructSequence_New(tp);
+    int ok = r != NULL;
+    for (int i = 0; i < n; i++) {
+        if (!v[i]) ok = 0;
+        if (r)
+            PyStructSequence_SetItem(r, i, v[i]);
+        else
+            Py_XDECREF(v[i]);
+    }
+    if (!ok) Py_CLEAR(r);
+    return r;
 }
 
 /* A tuple of ints -> uint64 dims of tensor `name`; returns ndim or -1 with an exception set.
@@ -343,28 +472,36 @@ static int views_reserve(WriterObject *self, size_t more)
     return 0;
 }
 
-/* Parse (name, dtype, shape, data[, offset, chunk_shape]) into *it, exporting data's buffer
- * into the writer's view list. */
+/* Parse an AddItem, or the arguments of add() (name, dtype, shape, data[, offset,
+ * chunk_shape]), into *it, exporting data's buffer into the writer's view list. */
 static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
 {
-    if (!PyTuple_Check(tup) || (PyTuple_GET_SIZE(tup) != 4 && PyTuple_GET_SIZE(tup) != 6)) {
+    if (!PyTuple_Check(tup) || (PyTuple_GET_SIZE(tup) != 4 && PyTuple_GET_SIZE(tup) != ADD_N)) {
         PyErr_SetString(PyExc_TypeError,
                         "add: expected (name, dtype, shape, data[, offset, chunk_shape])");
         return -1;
     }
-    PyObject *name = PyTuple_GET_ITEM(tup, 0);
+    PyObject *name = PyTuple_GET_ITEM(tup, ADD_NAME), *shape = PyTuple_GET_ITEM(tup, ADD_SHAPE);
     if (!PyUnicode_Check(name)) {
         PyErr_SetString(PyExc_TypeError, "add: name must be a str");
         return -1;
     }
     it->name = PyUnicode_AsUTF8(name);
     if (!it->name) return -1;
-    it->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(tup, 1));
+    it->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(tup, ADD_DTYPE));
     if (it->dtype == -1 && PyErr_Occurred()) return -1;
-    if ((it->ndim = parse_dims(PyTuple_GET_ITEM(tup, 2), it->shape, "shape", it->name)) < 0) return -1;
+    it->ndim = 0;
+    if (shape != Py_None && (it->ndim = parse_dims(shape, it->shape, "shape", it->name)) < 0)
+        return -1;
     it->has_off = it->has_cshape = 0;
-    if (PyTuple_GET_SIZE(tup) == 6) {
-        PyObject *o = PyTuple_GET_ITEM(tup, 4), *c = PyTuple_GET_ITEM(tup, 5);
+    if (PyTuple_GET_SIZE(tup) == ADD_N) {
+        PyObject *o = PyTuple_GET_ITEM(tup, ADD_OFFSET), *c = PyTuple_GET_ITEM(tup, ADD_CHUNK_SHAPE);
+        if (shape == Py_None && (o != Py_None || c != Py_None)) {
+            char msg[CKPTIO_MAX_NAME + 80];
+            snprintf(msg, sizeof msg, "tensor '%s': a chunk needs the tensor's shape", it->name);
+            raise_code(CKPTIO_E_USAGE, msg);
+            return -1;
+        }
         if (o != Py_None) {
             int n = parse_dims(o, it->off, "chunk offset", it->name);
             if (n < 0) return -1;
@@ -388,7 +525,7 @@ static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
     }
     if (views_reserve(self, 1) < 0) return -1;
     Py_buffer *v = &self->views[self->n_views];
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(tup, 3), v, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(tup, ADD_DATA), v, PyBUF_C_CONTIGUOUS) < 0) {
         /* Name the tensor: "a bytes-like object is required" alone says nothing. */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
@@ -398,6 +535,19 @@ static int parse_add(WriterObject *self, PyObject *tup, add_item *it)
         Py_XDECREF(value);
         Py_XDECREF(tb);
         return -1;
+    }
+    if (shape == Py_None) {
+        if (v->ndim > CKPTIO_MAX_NDIM) {
+            char msg[CKPTIO_MAX_NAME + 160];
+            snprintf(msg, sizeof msg, "tensor '%s' has %d dimensions; ckptio allows at most %d",
+                     it->name, v->ndim, CKPTIO_MAX_NDIM);
+            PyBuffer_Release(v);
+            raise_code(CKPTIO_E_LIMIT, msg);
+            return -1;
+        }
+        it->ndim = v->ndim;
+        for (int j = 0; j < v->ndim; j++)
+            it->shape[j] = (uint64_t)v->shape[j];
     }
     self->n_views++;
     it->data = v->buf;
@@ -476,60 +626,46 @@ out:
     Py_RETURN_NONE;
 }
 
-static int flush_group(WriterObject *self, add_item *group, Py_ssize_t g)
-{
-    int rc = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < g; i++)
-        if ((rc = do_add(self->w, &group[i])) < 0) break;
-    Py_END_ALLOW_THREADS
-    if (rc < 0) return writer_fail(self, rc);
-    return PyErr_CheckSignals();
-}
-
-/* add_arrays(d, prefix, ndarray, codes, names, seen) -> (keys, values, children, todo): the
- * saver's loop
- * over a dict, for the values that are numpy arrays (exact type `ndarray`) of a dtype in
- * `codes` exporting a C-contiguous buffer. Each such value at key path prefix + key is added
- * as a tensor of that name (children[i] = 0, the tree's plain-array leaf), or, if the same
- * array was added before under another path (`seen`: id -> path), becomes an alias node.
- * Every other entry — non-str keys, other values, paths already in `names` — is left to
+/* stage_arrays(d, prefix, ndarray, codes, names, first, items) -> (keys, values, children,
+ * todo): the saver's loop over a dict, for the values that are numpy arrays (exact type
+ * `ndarray`) of a dtype in `codes` exporting a C-contiguous buffer, seen for the first time.
+ * Each such value at key path prefix + key is appended to `items` as AddItem(path, code, None,
+ * array, None, None) and named in `names` and in `first` (the alias table, ckptio._adapters.
+ * Aliases: id(array) -> path); children[i] = 0, the tree's plain-array leaf. Every other entry
+ * (non-str keys, other values, paths already in `names`, arrays already in `first`) is left to
  * Python: its index goes to `todo` and children[i] is None. Python would spend a microsecond
  * per array here; this keeps saving 100,000 small arrays close to the C library's speed.
- * The dict's keys and values are copied first, and returned: the GIL is released between
- * groups, and another thread may change the dict meanwhile; children and todo refer to the
- * copies, which Python uses in place of the dict. */
-static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
+ * The keys and values are returned: children and todo refer to them, which Python uses in
+ * place of the dict. */
+static PyObject *mod_stage_arrays(PyObject *mod, PyObject *args)
 {
-    PyObject *d, *prefix, *ndarray, *codes, *names, *seen;
-    if (!PyArg_ParseTuple(args, "O!UO!O!O!O!:add_arrays", &PyDict_Type, &d, &prefix, &PyType_Type,
-                          &ndarray, &PyDict_Type, &codes, &PySet_Type, &names, &PyDict_Type, &seen))
+    (void)mod;
+    PyObject *d, *prefix, *ndarray, *codes, *names, *first, *items;
+    if (!PyArg_ParseTuple(args, "O!UO!O!O!O!O!:stage_arrays", &PyDict_Type, &d, &prefix,
+                          &PyType_Type, &ndarray, &PyDict_Type, &codes, &PySet_Type, &names,
+                          &PyDict_Type, &first, &PyList_Type, &items))
         return NULL;
-    if (writer_check(self) < 0) return NULL;
     /* An OrderedDict's own order, which Python's indices into `todo` refer to, is not the
      * order of its underlying dict: ask it through the mapping protocol. */
     int exact = PyDict_CheckExact(d);
     PyObject *keys = exact ? PyDict_Keys(d) : PyMapping_Keys(d);
     PyObject *vals = !keys ? NULL : exact ? PyDict_Values(d) : PyMapping_Values(d);
     if (vals && PyList_GET_SIZE(vals) != PyList_GET_SIZE(keys)) {
-        PyErr_SetString(PyExc_RuntimeError, "add_arrays: the dict changed size while read");
+        PyErr_SetString(PyExc_RuntimeError, "stage_arrays: the dict changed size while read");
         Py_CLEAR(vals);
     }
-    Py_ssize_t n = vals ? PyList_GET_SIZE(keys) : 0, g = 0;
+    Py_ssize_t n = vals ? PyList_GET_SIZE(keys) : 0;
     PyObject *children = PyList_New(n), *todo = PyList_New(0), *zero = PyLong_FromLong(0);
     PyObject *dtype_name = PyUnicode_InternFromString("dtype");
-    add_item *group = PyMem_Malloc(sizeof *group * GROUP_ITEMS);
     PyObject *result = NULL;
-    uint64_t bytes = 0;
-    if (!keys || !vals || !children || !todo || !zero || !dtype_name || !group) {
+    if (!keys || !vals || !children || !todo || !zero || !dtype_name) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto out;
     }
-    if (views_reserve(self, (size_t)n) < 0) goto out;
     int plen = (int)PyUnicode_GET_LENGTH(prefix);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *val = PyList_GET_ITEM(vals, i);
-        PyObject *child = NULL, *path = NULL, *dtype = NULL, *code, *first;
+        PyObject *path = NULL, *dtype = NULL, *id = NULL, *code;
         if (!PyUnicode_CheckExact(key) || !Py_IS_TYPE(val, (PyTypeObject *)ndarray)) goto python;
         path = plen ? PyUnicode_Concat(prefix, key) : Py_NewRef(key);
         if (!path) goto out;
@@ -542,61 +678,39 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
             if (PyErr_Occurred()) goto fail;
             goto python;
         }
-        Py_buffer *v = &self->views[self->n_views];
-        if (PyObject_GetBuffer(val, v, PyBUF_C_CONTIGUOUS) < 0) {
+        if (!(id = PyLong_FromVoidPtr(val))) goto fail;
+        int again = PyDict_Contains(first, id);
+        if (again < 0) goto fail;
+        if (again) goto python; /* the same array again: Python's alias table decides */
+        Py_buffer v;
+        if (PyObject_GetBuffer(val, &v, PyBUF_C_CONTIGUOUS) < 0) {
             PyErr_Clear(); /* not C-contiguous: Python copies it */
             goto python;
         }
-        if (v->ndim > CKPTIO_MAX_NDIM) { /* numpy allows up to 64 */
-            PyBuffer_Release(v);
+        int ndim = v.ndim;
+        PyBuffer_Release(&v);
+        if (ndim > CKPTIO_MAX_NDIM) { /* numpy allows up to 64 */
             PyObject *m = PyUnicode_FromFormat(
-                "tensor '%U' has %d dimensions; ckptio allows at most %d: reshape it", path,
-                v->ndim, CKPTIO_MAX_NDIM);
+                "tensor '%U' has %d dimensions; ckptio allows at most %d: reshape it", path, ndim,
+                CKPTIO_MAX_NDIM);
             const char *msg = m ? PyUnicode_AsUTF8(m) : NULL;
             if (msg) raise_code(CKPTIO_E_LIMIT, msg);
             Py_XDECREF(m);
             goto fail;
         }
-        PyObject *id = PyLong_FromVoidPtr(val);
-        first = id ? PyDict_SetDefault(seen, id, path) : NULL;
-        Py_XDECREF(id);
-        if (!first || PySet_Add(names, path) < 0) {
-            PyBuffer_Release(v);
-            goto fail;
-        }
-        if (first != path) { /* the same array again: stored once, this leaf aliases it */
-            PyBuffer_Release(v);
-            child = Py_BuildValue("{sssssOsO}", "t", "tensor", "f", "numpy", "alias", first, "same",
-                                  Py_True);
-            if (!child) goto fail;
-        } else {
-            add_item *it = &group[g];
-            self->n_views++;
-            it->name = PyUnicode_AsUTF8(path); /* path lives on in `names` */
-            it->dtype = (int)PyLong_AsLong(code);
-            if (!it->name || (it->dtype == -1 && PyErr_Occurred())) goto fail;
-            it->ndim = v->ndim;
-            for (int j = 0; j < v->ndim; j++)
-                it->shape[j] = (uint64_t)v->shape[j];
-            it->has_off = it->has_cshape = 0;
-            it->data = v->buf;
-            it->nbytes = (uint64_t)v->len;
-            bytes += it->nbytes;
-            child = Py_NewRef(zero);
-            if (++g == GROUP_ITEMS || bytes >= GROUP_BYTES) {
-                int rc = flush_group(self, group, g);
-                g = 0, bytes = 0;
-                if (rc < 0) {
-                    Py_DECREF(child);
-                    goto fail;
-                }
-            }
-        }
+        PyObject *f[ADD_N] = {Py_NewRef(path), Py_NewRef(code), Py_NewRef(Py_None),
+                              Py_NewRef(val), Py_NewRef(Py_None), Py_NewRef(Py_None)};
+        PyObject *item = record(AddItem_Type, f, ADD_N);
+        int rc = item ? PyList_Append(items, item) : -1;
+        Py_XDECREF(item);
+        if (rc < 0 || PyDict_SetItem(first, id, path) < 0 || PySet_Add(names, path) < 0) goto fail;
+        Py_DECREF(id);
         Py_DECREF(dtype);
         Py_DECREF(path);
-        PyList_SET_ITEM(children, i, child);
+        PyList_SET_ITEM(children, i, Py_NewRef(zero));
         continue;
     python:
+        Py_XDECREF(id);
         Py_XDECREF(dtype);
         Py_XDECREF(path);
         {
@@ -608,21 +722,19 @@ static PyObject *Writer_add_arrays(WriterObject *self, PyObject *args)
         PyList_SET_ITEM(children, i, Py_NewRef(Py_None));
         continue;
     fail:
+        Py_XDECREF(id);
         Py_XDECREF(dtype);
         Py_XDECREF(path);
         goto out;
     }
-    if (g && flush_group(self, group, g) < 0) goto out;
     result = PyTuple_Pack(4, keys, vals, children, todo);
 out: /* on error `children` may hold NULLs past i: list_dealloc accepts them */
-    PyMem_Free(group);
     Py_XDECREF(keys);
     Py_XDECREF(vals);
     Py_XDECREF(children);
     Py_XDECREF(todo);
     Py_XDECREF(zero);
     Py_XDECREF(dtype_name);
-    self->busy = 0;
     return result;
 }
 
@@ -722,14 +834,12 @@ static PyMethodDef Writer_methods[] = {
     {"add", (PyCFunction)Writer_add, METH_VARARGS,
      "add(name, dtype, shape, data[, offset, chunk_shape]): add one tensor or chunk"},
     {"add_many", (PyCFunction)Writer_add_many, METH_O,
-     "add_many(items): add() for each tuple, releasing the GIL once per group"},
-    {"add_arrays", (PyCFunction)Writer_add_arrays, METH_VARARGS,
-     "add_arrays(d, prefix, ndarray, codes, names, seen) -> (keys, values, children, todo)"},
+     "add_many(items): add() for each AddItem, releasing the GIL once per group"},
     {"set_meta", (PyCFunction)Writer_set_meta, METH_VARARGS, "set_meta(key, value: bytes)"},
     {"flush", (PyCFunction)Writer_flush, METH_NOARGS,
      "wait until added buffers may be reused, and release them"},
-    {"commit", (PyCFunction)Writer_commit, METH_NOARGS, "make durable and visible; stats tuple"},
-    {"stats", (PyCFunction)Writer_stats, METH_NOARGS, "stats tuple so far"},
+    {"commit", (PyCFunction)Writer_commit, METH_NOARGS, "make durable and visible; IOStats"},
+    {"stats", (PyCFunction)Writer_stats, METH_NOARGS, "IOStats so far"},
     {"close", (PyCFunction)Writer_close, METH_NOARGS, "release; aborts without a commit"},
     {"__enter__", (PyCFunction)Writer_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Writer_exit, METH_VARARGS, NULL},
@@ -808,7 +918,7 @@ static void Reader_dealloc(ReaderObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* [(name, dtype, shape, nbytes, num_chunks), ...] in name order. */
+/* [TensorRecord(name, dtype, shape, nbytes, num_chunks), ...] in name order. */
 static PyObject *Reader_tensors(ReaderObject *self, PyObject *unused)
 {
     (void)unused;
@@ -823,11 +933,10 @@ static PyObject *Reader_tensors(ReaderObject *self, PyObject *unused)
             Py_DECREF(list);
             return raise_code(rc, ckptio_reader_errmsg(self->r));
         }
-        PyObject *shape = dims_tuple(ti.shape, ti.ndim);
-        PyObject *t =
-            shape ? Py_BuildValue("siNKK", ti.name, ti.dtype, shape, (unsigned long long)ti.nbytes,
-                                  (unsigned long long)ti.num_chunks)
-                  : NULL;
+        PyObject *f[5] = {PyUnicode_FromString(ti.name), PyLong_FromLong(ti.dtype),
+                          dims_tuple(ti.shape, ti.ndim), PyLong_FromUnsignedLongLong(ti.nbytes),
+                          PyLong_FromUnsignedLongLong(ti.num_chunks)};
+        PyObject *t = record(TensorRecord_Type, f, 5);
         if (!t) {
             Py_DECREF(list);
             return NULL;
@@ -846,7 +955,7 @@ static PyObject *Reader_find(ReaderObject *self, PyObject *args)
     return PyLong_FromLongLong(i < 0 ? -1 : i);
 }
 
-/* [(offset, shape, file, file_offset, stored_bytes, nbytes), ...] of tensor `index`. */
+/* [ChunkRecord(offset, shape, file, file_offset, stored_bytes, nbytes), ...] of tensor `index`. */
 static PyObject *Reader_chunks(ReaderObject *self, PyObject *args)
 {
     Py_ssize_t index;
@@ -864,17 +973,12 @@ static PyObject *Reader_chunks(ReaderObject *self, PyObject *args)
             Py_DECREF(list);
             return raise_code(rc, ckptio_reader_errmsg(self->r));
         }
-        PyObject *o = dims_tuple(ci.offset, ti.ndim), *s = dims_tuple(ci.shape, ti.ndim);
-        PyObject *t =
-            (o && s)
-                ? Py_BuildValue("NNsKKK", o, s, ci.file, (unsigned long long)ci.file_offset,
-                                (unsigned long long)ci.stored_bytes, (unsigned long long)ci.nbytes)
-                : NULL;
+        PyObject *f[6] = {dims_tuple(ci.offset, ti.ndim), dims_tuple(ci.shape, ti.ndim),
+                          PyUnicode_FromString(ci.file), PyLong_FromUnsignedLongLong(ci.file_offset),
+                          PyLong_FromUnsignedLongLong(ci.stored_bytes),
+                          PyLong_FromUnsignedLongLong(ci.nbytes)};
+        PyObject *t = record(ChunkRecord_Type, f, 6);
         if (!t) {
-            if (!(o && s)) {
-                Py_XDECREF(o);
-                Py_XDECREF(s);
-            }
             Py_DECREF(list);
             return NULL;
         }
@@ -923,8 +1027,8 @@ static PyObject *Reader_get_meta(ReaderObject *self, PyObject *args)
     return PyBytes_FromStringAndSize(val, (Py_ssize_t)len);
 }
 
-/* read([(tensor_index, offset|None, shape|None, dst, dst_offset, capacity), ...]): one
- * ckptio_reader_read call for all regions, with the GIL released. */
+/* read([ReadRegion, ...]): one ckptio_reader_read call for all regions, with the GIL
+ * released. */
 static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
 {
     if (reader_check(self, 1) < 0) return NULL;
@@ -943,13 +1047,13 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
     size_t n_dims = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = items[i];
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 6) {
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != RD_N) {
             PyErr_SetString(
                 PyExc_TypeError,
                 "read: region must be (index, offset, shape, dst, dst_offset, capacity)");
             goto out;
         }
-        if (PyTuple_GET_ITEM(t, 1) != Py_None || PyTuple_GET_ITEM(t, 2) != Py_None)
+        if (PyTuple_GET_ITEM(t, RD_OFFSET) != Py_None || PyTuple_GET_ITEM(t, RD_SHAPE) != Py_None)
             n_dims += 2 * CKPTIO_MAX_NDIM;
     }
     dims = PyMem_Malloc(sizeof *dims * (n_dims ? n_dims : 1));
@@ -961,7 +1065,7 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = items[i];
         ckptio_region *rg = &regs[i];
-        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0));
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_TENSOR));
         if (index == -1 && PyErr_Occurred()) goto out;
         if (index < 0) {
             PyErr_SetString(PyExc_ValueError, "read: tensor index is negative");
@@ -969,7 +1073,7 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
         }
         rg->name = NULL;
         rg->tensor = (size_t)index;
-        PyObject *o = PyTuple_GET_ITEM(t, 1), *s = PyTuple_GET_ITEM(t, 2);
+        PyObject *o = PyTuple_GET_ITEM(t, RD_OFFSET), *s = PyTuple_GET_ITEM(t, RD_SHAPE);
         if (o != Py_None || s != Py_None) {
             /* The library reads ndim values from each: a shorter tuple must not get there. */
             ckptio_tensor_info ti;
@@ -999,14 +1103,14 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
                 used += CKPTIO_MAX_NDIM;
             }
         }
-        Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
+        Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_DST_OFFSET));
         if (off == -1 && PyErr_Occurred()) goto out;
-        unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 5));
+        unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_CAPACITY));
         if (cap == (unsigned long long)-1 && PyErr_Occurred()) goto out;
         char *ptr;
         Py_ssize_t avail;
         int have_view;
-        if (get_dst(PyTuple_GET_ITEM(t, 3), off, &views[n_views], &have_view, &ptr, &avail) < 0)
+        if (get_dst(PyTuple_GET_ITEM(t, RD_DST), off, &views[n_views], &have_view, &ptr, &avail) < 0)
             goto out;
         if (have_view) n_views++;
         if (cap > (unsigned long long)avail) {
@@ -1092,16 +1196,16 @@ static PyObject *Reader_path(ReaderObject *self, void *closure)
 
 static PyMethodDef Reader_methods[] = {
     {"tensors", (PyCFunction)Reader_tensors, METH_NOARGS,
-     "[(name, dtype, shape, nbytes, num_chunks)] in name order"},
+     "[TensorRecord(name, dtype, shape, nbytes, num_chunks)] in name order"},
     {"find", (PyCFunction)Reader_find, METH_VARARGS, "find(name) -> index or -1"},
     {"chunks", (PyCFunction)Reader_chunks, METH_VARARGS,
-     "chunks(index) -> [(offset, shape, file, file_offset, stored_bytes, nbytes)]"},
+     "chunks(index) -> [ChunkRecord(offset, shape, file, file_offset, stored_bytes, nbytes)]"},
     {"meta", (PyCFunction)Reader_meta, METH_NOARGS, "all metadata as {key: bytes}"},
     {"get_meta", (PyCFunction)Reader_get_meta, METH_VARARGS, "get_meta(key) -> bytes or None"},
     {"read", (PyCFunction)Reader_read, METH_O,
-     "read([(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
+     "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
     {"verify", (PyCFunction)Reader_verify, METH_NOARGS, "check every checksum"},
-    {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "stats tuple"},
+    {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "IOStats"},
     {"close", (PyCFunction)Reader_close, METH_NOARGS, "release the reader"},
     {"__enter__", (PyCFunction)Writer_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Reader_exit, METH_VARARGS, NULL},
@@ -1416,6 +1520,23 @@ out:
     return result;
 }
 
+/* read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion: a load
+ * builds one per tensor, and calling the type costs several times more. */
+static PyObject *mod_read_region(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    (void)mod;
+    if (n != RD_N) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_region(tensor, offset, shape, dst, dst_offset, capacity)");
+        return NULL;
+    }
+    PyObject *r = PyStructSequence_New(ReadRegion_Type);
+    if (!r) return NULL;
+    for (Py_ssize_t i = 0; i < RD_N; i++)
+        PyStructSequence_SetItem(r, i, Py_NewRef(args[i]));
+    return r;
+}
+
 static PyObject *mod_describe_system(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -1495,6 +1616,11 @@ static PyObject *mod_errors(PyObject *mod, PyObject *unused)
 }
 
 static PyMethodDef module_methods[] = {
+    {"stage_arrays", mod_stage_arrays, METH_VARARGS,
+     "stage_arrays(d, prefix, ndarray, codes, names, first, items) -> (keys, values, children, "
+     "todo)"},
+    {"read_region", (PyCFunction)(void (*)(void))mod_read_region, METH_FASTCALL,
+     "read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion"},
     {"file_read", mod_file_read, METH_VARARGS,
      "file_read(path, [(offset, length, dst, dst_offset)], params=None) -> stats tuple"},
     {"describe_system", mod_describe_system, METH_VARARGS, "describe_system(dir=None) -> str"},
@@ -1522,8 +1648,44 @@ PyMODINIT_FUNC PyInit__core(void)
     if (PyType_Ready(&Buffer_Type) < 0 || PyType_Ready(&Writer_Type) < 0 ||
         PyType_Ready(&Reader_Type) < 0 || PyType_Ready(&FileWriter_Type) < 0)
         return NULL;
+    struct {
+        PyTypeObject **type;
+        PyStructSequence_Desc *desc;
+    } records[] = {{&IOStats_Type, &IOStats_desc},
+                   {&TensorRecord_Type, &TensorRecord_desc},
+                   {&ChunkRecord_Type, &ChunkRecord_desc},
+                   {&AddItem_Type, &AddItem_desc},
+                   {&ReadRegion_Type, &ReadRegion_desc}};
+    for (size_t i = 0; i < sizeof records / sizeof records[0]; i++)
+        if (!*records[i].type && !(*records[i].type = PyStructSequence_NewType(records[i].desc)))
+            return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
+    static const char *const param_names[] = {
+#define X(name, type, lo, hi) #name,
+        PARAM_TABLE(X)
+#undef X
+    };
+    const Py_ssize_t n_params = (Py_ssize_t)(sizeof param_names / sizeof param_names[0]);
+    PyObject *names = PyTuple_New(n_params);
+    for (Py_ssize_t i = 0; names && i < n_params; i++) {
+        PyObject *v = PyUnicode_InternFromString(param_names[i]);
+        if (!v) Py_CLEAR(names);
+        else PyTuple_SET_ITEM(names, i, v);
+    }
+    int rc = names ? PyModule_AddObjectRef(m, "PARAMS", names) : -1;
+    Py_XDECREF(names);
+    if (rc < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof records / sizeof records[0]; i++) {
+        const char *dot = strrchr(records[i].desc->name, '.');
+        if (PyModule_AddObjectRef(m, dot + 1, (PyObject *)*records[i].type) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
     if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&Buffer_Type) < 0 ||
         PyModule_AddObjectRef(m, "Writer", (PyObject *)&Writer_Type) < 0 ||
         PyModule_AddObjectRef(m, "Reader", (PyObject *)&Reader_Type) < 0 ||

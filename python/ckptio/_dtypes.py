@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Dtype tables: ckptio's on-disk dtype codes and their numpy, ml_dtypes and torch equivalents."""
+"""Dtype tables: ckptio's on-disk dtype codes and their numpy and ml_dtypes equivalents (torch's
+are in ckptio._fw_torch)."""
 
 from __future__ import annotations
 
@@ -77,71 +78,19 @@ def np_dtype_from_name(name: str) -> np.dtype[Any]:
     return np.dtype(name)
 
 
-def np_for_code(code: int, torch_name: str | None = None) -> np.dtype[Any]:
-    """The numpy dtype to load a tensor stored as ``code`` (saved from torch as ``torch_name``)."""
-    if torch_name is not None and code == BYTES:
-        m = ml_dtypes()
-        base = torch_name.removeprefix("torch.")
-        if m is not None and hasattr(m, base):
-            return np.dtype(getattr(m, base))
-        raise error(DTYPE, f"torch.{base} has no numpy equivalent; load it with framework='torch'")
+def np_for_code(code: int) -> np.dtype[Any]:
+    """The numpy dtype of on-disk code ``code``."""
     dt = code_to_np().get(code)
     if dt is None:
         raise error(DTYPE, f"dtype {NAMES.get(code, code)} needs the ml_dtypes package")
     return dt
 
 
-# ---- torch ----
+def np_dtype(node: dict[str, Any], info: Any) -> np.dtype[Any]:
+    """The numpy dtype to load stored tensor ``info`` (tree node ``node``) as: a dtype stored
+    as raw bytes is named in the node, as the adapter that saved it writes it."""
+    if info.code == BYTES and node.get("dtype") is not None:
+        from . import _adapters
 
-
-@cache
-def torch_tables() -> tuple[dict[Any, int], dict[int, Any], dict[Any, Any]]:
-    """(torch dtype -> code, code -> torch dtype, torch dtype -> same-size integer view dtype
-    for dtypes numpy cannot hold)."""
-    import torch
-    to_code = {
-        torch.bool: BOOL, torch.uint8: U8, torch.int8: I8, torch.int16: I16,
-        torch.int32: I32, torch.int64: I64, torch.float16: F16, torch.bfloat16: BF16,
-        torch.float32: F32, torch.float64: F64, torch.complex64: C64, torch.complex128: C128,
-    }  # fmt: skip
-    for name, code in (("uint16", U16), ("uint32", U32), ("uint64", U64),
-                       ("float8_e4m3fn", F8_E4M3FN), ("float8_e5m2", F8_E5M2)):  # fmt: skip
-        if hasattr(torch, name):
-            to_code[getattr(torch, name)] = code
-    from_code = {code: dt for dt, code in to_code.items()}
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    numpy_ok = {
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-    }  # fmt: skip
-    for name in ("uint16", "uint32", "uint64"):
-        if hasattr(torch, name):
-            numpy_ok.add(getattr(torch, name))
-    view_as: dict[Any, Any] = {}
-    for name in dir(torch):
-        dt = getattr(torch, name)
-        if isinstance(dt, torch.dtype) and dt not in numpy_ok and dt.itemsize in ints:
-            view_as[dt] = ints[dt.itemsize]
-    return to_code, from_code, view_as
-
-
-def torch_dtype_from_name(name: str) -> Any:
-    import torch
-    dt = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise error(DTYPE, f"this torch has no dtype {name}")
-    return dt
-
-
-def torch_for_np(dt: np.dtype[Any]) -> Any:
-    """The torch dtype holding numpy dtype ``dt``, or None."""
-    to_code, from_code, _ = torch_tables()
-    code = np_to_code().get(dt)
-    if code is not None:
-        return from_code.get(code)
-    m = ml_dtypes()
-    if m is not None and dt.kind == "V":
-        import torch
-
-        return getattr(torch, dt.name, None)
-    return None
+        return _adapters.get(node.get("f", "numpy")).saved_np_dtype(node)
+    return np_for_code(info.code)

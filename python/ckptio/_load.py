@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from . import _core, _dtypes, _jax
-from ._errors import DTYPE, NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
+from . import _adapters, _core, _dtypes
+from ._adapters import Target
+from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
 from ._options import Stats, params
 from ._tree import (
     TREE_KEY,
@@ -33,8 +33,8 @@ __all__ = ["load", "open", "Reader", "TensorInfo"]
 PathLike = str | os.PathLike[str]
 Region = Any  # a slice, an int, Ellipsis, or a tuple of them (np.s_[...])
 
-_FRAMEWORKS = ("numpy", "torch", "jax")
 _ALIGN: int = _core.alignment
+_region = _core.read_region
 # Tensors smaller than this share slabs of memory instead of taking a page each.
 _SMALL = 4096
 _SLAB = 4 << 20
@@ -69,21 +69,6 @@ class TensorInfo:
             f"TensorInfo({self.name!r}, dtype={self.dtype}, shape={self.shape}, "
             f"nbytes={self.nbytes}, chunks={self.num_chunks})"
         )
-
-
-class _Target:
-    """How one tensor leaf is to be built: framework, dtype, placement, box."""
-
-    __slots__ = ("kind", "np_dtype", "torch_dtype", "device", "sharding", "cast", "box")
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.np_dtype: np.dtype[Any] | None = None
-        self.torch_dtype: Any = None
-        self.device: Any = None  # torch device
-        self.sharding: Any = None  # jax sharding
-        self.cast: Any = None  # dtype to convert to after reading
-        self.box: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # region of the tensor
 
 
 class _Piece:
@@ -124,7 +109,7 @@ class _Alloc:
     ) -> tuple[Any, int]:
         if n >= _SMALL:
             buf = _core.Buffer(n)
-            self.regions.append((index, offset, shape, buf, 0, _round_up(n)))
+            self.regions.append(_region(index, offset, shape, buf, 0, _round_up(n)))
             return buf, 0
         if n == 0:
             return None, 0
@@ -134,30 +119,13 @@ class _Alloc:
             self.size = _SLAB
             at = 0
         self.used = at + n
-        self.regions.append((index, offset, shape, self.slab, at, n))
+        self.regions.append(_region(index, offset, shape, self.slab, at, n))
         return self.slab, at
 
     def read(self, r: Any) -> None:
         if self.regions:
             r.read(self.regions)
         self.regions = []
-
-
-def _np_view(p: _Piece, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-    if p.buf is None:
-        return np.empty(shape, dtype)
-    return np.ndarray(shape, dtype, p.buf, p.at)
-
-
-def _torch_view(p: _Piece, dtype: Any, shape: tuple[int, ...]) -> Any:
-    import torch
-
-    count = 1
-    for d in shape:
-        count *= d
-    if count == 0 or p.buf is None:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(p.buf, dtype=dtype, count=count, offset=p.at).view(shape)
 
 
 def _region_box(
@@ -262,7 +230,8 @@ class Reader:
         self._check_open()
         if self._infos is None:
             self._infos = {
-                t[0]: (i, t[1], t[2], t[3], t[4]) for i, t in enumerate(self._r.tensors())
+                t.name: (i, t.dtype, t.shape, t.nbytes, t.num_chunks)
+                for i, t in enumerate(self._r.tensors())
             }
         return self._infos
 
@@ -358,7 +327,7 @@ class Reader:
             return default
 
     def _subtree(self, path: str, node: Node) -> Any:
-        wanted: dict[str, tuple[Node, _Target | None]] = {}
+        wanted: dict[str, tuple[Node, Target | None]] = {}
         for p, n in iter_leaves(node, path):
             if n["t"] == "tensor":
                 wanted[p] = (n, None)
@@ -372,7 +341,7 @@ class Reader:
 
     def stats(self) -> Stats:
         t = self._r.stats()
-        return Stats._from_core(t, t[3])
+        return Stats._from_core(t, t.seconds)
 
     # ---- reading ----
     def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:
@@ -390,10 +359,8 @@ class Reader:
         real = self._tensor_nodes().get(info.name, node)
         shape = self._elem_shape(real, info)
         off, size, inner = _region_box(region, shape, info.name)
-        tgt = self._target(real, info, None, framework, None)
+        tgt = self._target(real, info, None, framework, None, region=True)
         tgt.box = (off, size)
-        if tgt.kind == "jax":
-            tgt.sharding = _jax.default_sharding()
         obj = self._build({path: (node, tgt)})[path]
         return obj[inner] if inner else obj
 
@@ -406,9 +373,11 @@ class Reader:
         framework: str | None = None,
     ) -> Any:
         """ckptio.load on this reader (see ckptio.load)."""
-        if framework is not None and framework not in _FRAMEWORKS:
+        if framework is not None and framework not in _adapters.BY_NAME:
             raise error(
-                USAGE, f"framework must be one of {', '.join(_FRAMEWORKS)} or None, got {framework!r}"
+                USAGE,
+                f"framework must be one of {', '.join(_adapters.BY_NAME)} or None, "
+                f"got {framework!r}",
             )
         root = self._tree()
         if like is not None:
@@ -420,7 +389,7 @@ class Reader:
             if isinstance(keys, str):
                 keys = [keys]
             keyset = {"" if k == "." else k for k in keys}
-        wanted: dict[str, tuple[Node, _Target | None]] = {}
+        wanted: dict[str, tuple[Node, Target | None]] = {}
         if keyset is None:
             for p, n in iter_leaves(root):
                 if n["t"] == "tensor":
@@ -435,11 +404,11 @@ class Reader:
         return unflatten(root, lambda p, n: built[p], keyset)
 
     def _load_like(self, like: Any, device: Any, framework: str | None) -> Any:
-        like_root, like_leaves = flatten(like, classify=_classify_like)
+        like_root, like_leaves = flatten(like, classify=_adapters.classify_like)
         targets = {
             (name if name != "." else ""): obj for name, obj, _ in like_leaves
         }  # path -> like leaf
-        wanted: dict[str, tuple[Node, _Target | None]] = {}
+        wanted: dict[str, tuple[Node, Target | None]] = {}
         saved: dict[str, Node] = {}
         for path, _lnode in iter_leaves(like_root):
             found = find(self._tree(), path if path else ".")
@@ -478,53 +447,29 @@ class Reader:
         like: Any,
         framework: str | None,
         device: Any,
-    ) -> _Target:
-        saved = node.get("f", "numpy")
-        name = info.name
+        region: bool = False,
+    ) -> Target:
         if like is not None:
-            kind, want_dtype, want_shape = _like_spec(like)
+            ad = _adapters.classify_like(like)
+            assert ad is not None
+            want_shape: tuple[int, ...] | None = ad.like_spec(like)[1]
         else:
-            kind, want_dtype, want_shape = framework or saved, None, None
-        tgt = _Target(kind)
+            ad = _adapters.get(framework or node.get("f", "numpy"))
+            want_shape = None
         shape = self._elem_shape(node, info)
-        if want_shape is not None and tuple(want_shape) != shape:
+        if want_shape is not None and want_shape != shape:
             raise error(
                 SHAPE,
-                f"{self.path}: tensor '{name}' has shape {shape} but like= asks for "
-                f"{tuple(want_shape)}",
+                f"{self.path}: tensor '{info.name}' has shape {shape} but like= asks for "
+                f"{want_shape}",
             )
-        if kind == "torch":
-            tgt.torch_dtype = _torch_dtype(node, info)
-            if want_dtype is not None and want_dtype != tgt.torch_dtype:
-                tgt.cast = want_dtype
-            if like is not None:
-                tgt.device = like.device
-            elif device is not None and not _is_jax_device(device):
-                tgt.device = device
-        else:
-            tgt.np_dtype = _np_dtype(node, info)
-            if want_dtype is not None and np.dtype(want_dtype) != tgt.np_dtype:
-                tgt.cast = np.dtype(want_dtype)
-            if kind == "jax":
-                if like is not None:
-                    tgt.sharding = getattr(like, "sharding", None) or _jax.default_sharding()
-                elif _is_jax_device(device):
-                    tgt.sharding = (
-                        device
-                        if not hasattr(device, "platform")
-                        else _jax.default_sharding(device)
-                    )
-                else:
-                    tgt.sharding = None
-                    if saved == "jax":
-                        tgt.sharding = _jax.rebuild_sharding(node.get("sharding"))
-                    if tgt.sharding is None:
-                        tgt.sharding = _jax.default_sharding()
+        tgt = Target(ad.name)
+        ad.target(tgt, node, info, like, device, region)
         return tgt
 
     def _build(
         self,
-        wanted: dict[str, tuple[Node, _Target | None]],
+        wanted: dict[str, tuple[Node, Target | None]],
         *,
         device: Any = None,
         framework: str | None = None,
@@ -541,7 +486,7 @@ class Reader:
         code_np = _dtypes.code_to_np()
         numpy_ok = framework is None or framework == "numpy"
         # General path: tensors by (name, target signature); aliases and repeats share a read.
-        plans: dict[tuple[Any, ...], tuple[str, Node, TensorInfo, _Target, list[_Piece]]] = {}
+        plans: dict[tuple[Any, ...], tuple[str, Node, TensorInfo, Target, list[_Piece]]] = {}
         leaf_plan: dict[str, tuple[tuple[Any, ...], Node]] = {}
         nodes: dict[str, Node] | None = None
         for path, (node, tgt) in wanted.items():
@@ -567,16 +512,7 @@ class Reader:
             info = self._info(name)
             if tgt is None:
                 tgt = self._target(real, info, None, framework, device)
-            sig = (
-                name,
-                tgt.kind,
-                tgt.np_dtype,
-                tgt.torch_dtype,
-                str(tgt.device),
-                id(tgt.sharding),
-                tgt.cast,
-                tgt.box,
-            )
+            sig = (name, tgt.kind, tgt.dtype, tgt.place_key, tgt.cast, tgt.box)
             leaf_plan[path] = (sig, node)
             if sig in plans:
                 continue
@@ -598,10 +534,10 @@ class Reader:
             if "alias" not in node or node.get("same"):
                 out[path] = base
             else:
-                out[path] = _alias_view(base, node, sig[1])
+                out[path] = _adapters.BY_NAME[sig[1]].alias_view(base, node)
         return out
 
-    def _plan(self, node: Node, info: TensorInfo, tgt: _Target) -> list[_Piece]:
+    def _plan(self, node: Node, info: TensorInfo, tgt: Target) -> list[_Piece]:
         raw = info.code == _dtypes.BYTES and "dtype" in node
         item = info.shape[-1] if raw else _dtypes.ITEMSIZE[info.code]
         full = self._elem_shape(node, info)
@@ -618,121 +554,16 @@ class Reader:
                 off, shape = off + (0,), shape + (item,)
             return _Piece(info.index, off, shape, n)
 
-        if tgt.kind == "jax" and tgt.box is None:
-            groups = _jax.plan_devices(tgt.sharding, full)
-            ps = []
-            for box, _devices in groups:
-                ps.append(piece(box))
-            return ps
+        groups = _adapters.BY_NAME[tgt.kind].boxes(tgt, full)
+        if groups is not None:
+            return [piece(box) for box, _devices in groups]
         return [piece(tgt.box)]
 
     def _make(
-        self, name: str, node: Node, info: TensorInfo, tgt: _Target, pieces: list[_Piece]
+        self, name: str, node: Node, info: TensorInfo, tgt: Target, pieces: list[_Piece]
     ) -> Any:
         full = self._elem_shape(node, info)
-        if tgt.kind == "torch":
-            shape = tgt.box[1] if tgt.box else full
-            t = _torch_view(pieces[0], tgt.torch_dtype, shape)
-            if tgt.cast is not None:
-                t = t.to(tgt.cast)
-            if tgt.device is not None and str(tgt.device) != "cpu":
-                t = t.to(tgt.device)
-            if node.get("param"):
-                import torch
-
-                return torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
-            if node.get("grad"):
-                t.requires_grad_(True)
-            return t
-        assert tgt.np_dtype is not None
-        if tgt.kind == "numpy":
-            shape = tgt.box[1] if tgt.box else full
-            a = _np_view(pieces[0], tgt.np_dtype, shape)
-            if tgt.cast is not None:
-                a = a.astype(tgt.cast)
-            if node.get("scalar") and tgt.box is None:
-                return a[()]
-            return a
-        # jax
-        if tgt.box is not None:
-            a = _np_view(pieces[0], tgt.np_dtype, tgt.box[1])
-            if tgt.cast is not None:
-                a = a.astype(tgt.cast)
-            return _jax.jax().device_put(a, tgt.sharding)
-        groups = _jax.plan_devices(tgt.sharding, full)
-        parts = []
-        for (box, devices), p in zip(groups, pieces):
-            a = _np_view(p, tgt.np_dtype, box[1])
-            if tgt.cast is not None:
-                a = a.astype(tgt.cast)
-            parts.append((devices, a))
-        return _jax.assemble(full, tgt.sharding, parts)
-
-
-def _alias_view(base: Any, node: Node, kind: str) -> Any:
-    """A second object sharing ``base``'s memory, for a tied tensor."""
-    if kind == "torch":
-        import torch
-
-        t = base.detach()
-        if node.get("param"):
-            return torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
-        if node.get("grad"):
-            t.requires_grad_(True)
-        return t
-    if kind == "numpy" and isinstance(base, np.ndarray):
-        return base.view()
-    return base
-
-
-def _is_jax_device(obj: Any) -> bool:
-    j = sys.modules.get("jax")
-    return j is not None and isinstance(obj, (j.Device, j.sharding.Sharding))
-
-
-def _classify_like(obj: Any, path: str) -> str | None:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return "torch"
-    if _jax.is_array(obj) or _jax.is_abstract(obj):
-        return "jax"
-    return None
-
-
-def _like_spec(like: Any) -> tuple[str, Any, tuple[int, ...]]:
-    """(framework, dtype, shape) a like= leaf asks for."""
-    if isinstance(like, (np.ndarray, np.generic)):
-        return "numpy", like.dtype, tuple(like.shape)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(like, torch.Tensor):
-        return "torch", like.dtype, tuple(like.shape)
-    return "jax", np.dtype(like.dtype), tuple(like.shape)
-
-
-def _np_dtype(node: Node, info: TensorInfo) -> np.dtype[Any]:
-    name = node.get("dtype")
-    if info.code == _dtypes.BYTES and name is not None:
-        if node.get("f") == "torch":
-            return _dtypes.np_for_code(_dtypes.BYTES, name)
-        return _dtypes.np_dtype_from_name(name)
-    if node.get("f") == "torch" and name is not None and info.code != _dtypes.BYTES:
-        return _dtypes.np_for_code(info.code)
-    return _dtypes.np_for_code(info.code)
-
-
-def _torch_dtype(node: Node, info: TensorInfo) -> Any:
-    name = node.get("dtype")
-    if node.get("f") == "torch" and name is not None:
-        return _dtypes.torch_dtype_from_name(name)
-    if info.code == _dtypes.BYTES and name is not None:
-        dt = _dtypes.torch_for_np(_dtypes.np_dtype_from_name(name))
-        if dt is None:
-            raise error(DTYPE, f"tensor '{info.name}': numpy dtype {name} has no torch equivalent")
-        return dt
-    dt = _dtypes.torch_tables()[1].get(info.code)
-    if dt is None:
-        raise error(DTYPE, f"tensor '{info.name}': dtype {info.dtype} has no torch equivalent")
-    return dt
+        return _adapters.BY_NAME[tgt.kind].build(node, tgt, full, pieces)
 
 
 def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's name

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""I/O options (backend, O_DIRECT, fsync, ...) turned into the parameter tuple ckptio._core takes."""
+"""I/O options (backend, O_DIRECT, fsync, ...) turned into the parameters ckptio._core takes by name."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
-def params(options: dict[str, Any], *, overwrite: bool = False) -> tuple[int, ...]:
-    """Validate ``options`` (names from IO_OPTIONS) and build ckptio._core's parameter tuple.
+def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int]:
+    """Validate ``options`` (names from IO_OPTIONS) and build ckptio._core's parameters: a dict
+    keyed by the names of ckptio._core.PARAMS (the C library's ckptio_params fields).
 
     backend: "auto" (io_uring where the kernel allows, else a pread/pwrite pool), "io_uring",
     "psync" or "buffered"; direct: None (O_DIRECT where the file system allows), True, False;
@@ -64,17 +65,17 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> tuple[int, ..
         backend = "auto"
     if backend not in _BACKENDS:
         raise error(USAGE, f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
-    return (
-        _count("io_threads", options.get("io_threads")),
-        _count("queue_depth", options.get("queue_depth")),
-        _count("staging_bytes", options.get("staging_bytes")),
-        _count("request_bytes", options.get("request_bytes")),
-        _BACKENDS[backend],
-        _switch("direct", options.get("direct"), True),
-        _switch("fsync", options.get("fsync", True), False),
-        _switch("checksums", options.get("checksums", True), False),
-        _ON if overwrite else _OFF,
-    )
+    return {
+        "io_threads": _count("io_threads", options.get("io_threads")),
+        "queue_depth": _count("queue_depth", options.get("queue_depth")),
+        "staging_bytes": _count("staging_bytes", options.get("staging_bytes")),
+        "request_bytes": _count("request_bytes", options.get("request_bytes")),
+        "backend": _BACKENDS[backend],
+        "direct": _switch("direct", options.get("direct"), True),
+        "fsync": _switch("fsync", options.get("fsync", True), False),
+        "checksums": _switch("checksums", options.get("checksums", True), False),
+        "overwrite": _ON if overwrite else _OFF,
+    }
 
 
 @dataclass(frozen=True)
@@ -98,15 +99,15 @@ class Stats:
     io_seconds: float = 0.0
 
     @classmethod
-    def _from_core(cls, t: tuple[Any, ...], seconds: float) -> Stats:
-        nbytes, io_bytes, tensors, io_seconds, _gbps, backend, direct, _align = t
+    def _from_core(cls, t: Any, seconds: float) -> Stats:
+        """From ckptio._core.IOStats ``t``; ``seconds``: the whole call's wall time."""
         return cls(
-            bytes=nbytes,
+            bytes=t.bytes,
             seconds=seconds,
-            gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0,
-            backend=backend,
-            direct=bool(direct),
-            tensors=tensors,
-            io_bytes=io_bytes,
-            io_seconds=io_seconds,
+            gbps=t.bytes / seconds / 1e9 if seconds > 0 else 0.0,
+            backend=t.backend,
+            direct=bool(t.direct),
+            tensors=t.tensors,
+            io_bytes=t.io_bytes,
+            io_seconds=t.seconds,
         )

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _adapters
 from ._errors import CORRUPT, DUPLICATE, FORMAT, NOT_FOUND, USAGE, InvalidType, error
 
 TREE_KEY = "ckptio.tree"
@@ -94,10 +95,6 @@ def _encode_value(obj: Any, path: str) -> Node | None:
 def decode_value(node: Node) -> Any:
     """The plain value of a non-tensor leaf node."""
     t = node["t"]
-    if t == "torch.Size":
-        import torch
-
-        return torch.Size(node["v"])
     if t in ("int", "bool", "str"):
         return node["v"]
     if t == "float":
@@ -108,6 +105,9 @@ def decode_value(node: Node) -> Any:
         return base64.b64decode(node["v"])
     if t == "complex":
         return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
+    ad = _adapters.BY_VALUE_TAG.get(t)
+    if ad is not None:
+        return ad.decode_value(node)
     raise error(CORRUPT, f"unknown value node {t!r} in the checkpoint's tree")
 
 
@@ -120,10 +120,9 @@ def encode_plain(obj: Any) -> Node:
 def flatten(
     tree: Any,
     *,
-    classify: Callable[[Any, str], str | None] | None = None,
+    classify: Callable[[Any], Any] | None = None,
     on_array: Callable[[str, np.ndarray], Node | int] | None = None,
-    fast: tuple[dict[Any, int], list[tuple[Any, ...]], dict[int, str]] | None = None,
-    add_arrays: Callable[
+    stage_dict: Callable[
         [dict[Any, Any], str, set[str]], tuple[list[Any], list[Any], list[Any], list[int]]
     ]
     | None = None,
@@ -131,23 +130,19 @@ def flatten(
 ) -> tuple[Any, list[tuple[str, Any, Node]]]:
     """Flatten ``tree`` into (spec root node, [(tensor name, leaf, node)]).
 
-    ``classify(obj, path)`` names the framework of a tensor leaf ("numpy", "torch", "jax") or
-    returns None for an object ckptio cannot store (a TypeError naming the path follows).
+    ``classify(obj)`` gives the framework adapter (ckptio._adapters) of a tensor leaf, whose
+    name becomes the node's "f", or None for an object ckptio cannot store (a TypeError
+    naming the path follows); exact numpy arrays are numpy's without asking.
     ``on_array(name, array)``, if given, takes every exact numpy.ndarray leaf (the saver's fast
     path) and returns its node (or NUMPY_LEAF); such leaves are not listed in the result.
-    ``fast`` = (dtype codes, add() tuples, id -> name) lets dict values that are C-contiguous
-    arrays of those dtypes skip even that call (saving 100,000 small arrays is bound by this
-    loop): each becomes an add() tuple, or an alias node when the same array was seen before.
-    ``add_arrays(d, prefix, names)`` (the writer's C loop, see Writer.add_arrays in _core.c)
-    goes further: it adds such arrays itself and returns (the keys and values it saw, children,
-    indices left to Python); the node takes those keys, even if another thread changed the dict.
+    ``stage_dict(d, prefix, names)`` (the saver's C loop, ckptio._core.stage_arrays) goes
+    further for dicts: it stages their arrays itself and returns (the keys and values it saw,
+    children, indices left to Python); the node takes those keys, even if another thread
+    changed the dict.
     """
     tensors: list[tuple[str, Any, Node]] = []
     names: set[str] = set()
     ndarray = np.ndarray
-    if fast is not None:
-        codes, items, seen = fast
-        add_item = items.append
 
     def claim(path: str) -> str:
         name = leaf_name(path)
@@ -174,8 +169,8 @@ def flatten(
             prefix = path + "." if path else ""
             children: list[Any] = []
             append = children.append
-            if add_arrays is not None and not _plain_only:
-                keys, vals, children, todo = add_arrays(obj, prefix, names)
+            if stage_dict is not None and not _plain_only:
+                keys, vals, children, todo = stage_dict(obj, prefix, names)
                 for i in todo:
                     children[i] = visit(vals[i], prefix + _key_str(keys[i], path))
             else:
@@ -183,20 +178,6 @@ def flatten(
                 for k in keys:
                     v = obj[k]
                     p = prefix + (k if type(k) is str else _key_str(k, path))
-                    if type(v) is ndarray and fast is not None:
-                        code = codes.get(v.dtype)
-                        if code is not None and v.flags.c_contiguous:
-                            if p and p not in names:
-                                names.add(p)
-                            else:
-                                p = claim(p)
-                            first = seen.setdefault(id(v), p)
-                            if first is p:
-                                add_item((p, code, v.shape, v))
-                                append(NUMPY_LEAF)
-                            else:
-                                append({"t": "tensor", "f": "numpy", "alias": first, "same": True})
-                            continue
                     if on_array is not None and type(v) is ndarray:
                         # The common case of big flat state dicts, kept short.
                         if p and p not in names:
@@ -220,6 +201,8 @@ def flatten(
                 "v": [visit(v, prefix + str(i)) for i, v in enumerate(obj)],
             }
         value = _encode_value(obj, path)
+        if value is None and not _plain_only:
+            value = _adapters.encode_value(obj)  # a framework's own values: torch.Size
         if value is not None:
             claim(path)
             return value
@@ -228,10 +211,8 @@ def flatten(
             raise error(
                 USAGE, f"cannot store {tp.__module__}.{tp.__qualname__} at {where}", InvalidType
             )
-        kind = "numpy" if isinstance(obj, (np.ndarray, np.generic)) else None
-        if kind is None and classify is not None:
-            kind = classify(obj, path)
-        if kind is None:
+        ad = classify(obj) if classify is not None else None
+        if ad is None:
             if isinstance(obj, tuple) and hasattr(obj, "_fields"):
                 hint = "; convert the namedtuple with ._asdict()"
             elif isinstance(obj, (dict, list, tuple)):
@@ -241,10 +222,7 @@ def flatten(
             raise error(
                 USAGE, f"cannot store {tp.__module__}.{tp.__qualname__} at {where}{hint}", InvalidType
             )
-        if kind == "torch.Size":
-            claim(path)
-            return {"t": "torch.Size", "v": [int(d) for d in obj]}
-        node = {"t": "tensor", "f": kind}
+        node = {"t": "tensor", "f": ad.name}
         tensors.append((claim(path), obj, node))
         return node
 

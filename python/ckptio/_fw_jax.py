@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""JAX support: shards of jax.Array as chunks on save, per-device regions and sharding on load."""
+"""The jax adapter: shards of jax.Array as chunks on save, per-device regions and sharding on load."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from . import _dtypes
+from ._adapters import Box, Node, Target, np_view
+from ._core import AddItem
 from ._errors import DTYPE, USAGE, error
-
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
 
 
 def jax() -> Any:
@@ -138,3 +139,102 @@ def assemble(
             # On CPU devices an aligned host buffer is adopted without a copy.
             arrays.append(j.device_put(host, dev))
     return j.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+class JaxAdapter:
+    name = "jax"
+    value_tags: tuple[str, ...] = ()
+
+    # ---- save ----
+    def matches(self, obj: Any) -> bool:
+        return is_array(obj)
+
+    def encode_value(self, obj: Any) -> Node | None:
+        return None
+
+    def describe(self, name: str, obj: Any, node: Node) -> None:
+        node["sharding"] = describe_sharding(obj.sharding)
+
+    def alias_key(self, obj: Any) -> None:
+        return None
+
+    def stage(self, name: str, obj: Any, node: Node) -> list[Any]:
+        dt, chunks = save_chunks(obj, name)
+        code = _dtypes.np_to_code().get(dt)
+        shape = tuple(obj.shape)
+        items = []
+        for box, host in chunks:
+            if code is None:
+                # Stored as raw bytes with a trailing dimension of the item size.
+                node["dtype"] = _dtypes.np_dtype_name(dt)
+                raw = host.reshape(-1).view(np.uint8) if host.size else np.empty(0, np.uint8)
+                off = box[0] + (0,) if box else None
+                cs = box[1] + (dt.itemsize,) if box else None
+                items.append(AddItem((name, _dtypes.BYTES, shape + (dt.itemsize,), raw, off, cs)))
+            elif box is None:
+                items.append(AddItem((name, code, shape, host, None, None)))
+            else:
+                items.append(AddItem((name, code, shape, host, box[0], box[1])))
+        return items
+
+    # ---- load ----
+    def decode_value(self, node: Node) -> Any:
+        raise AssertionError(node)
+
+    def matches_like(self, obj: Any) -> bool:
+        return is_array(obj) or is_abstract(obj)
+
+    def like_spec(self, like: Any) -> tuple[Any, tuple[int, ...]]:
+        return np.dtype(like.dtype), tuple(like.shape)
+
+    def owns_device(self, device: Any) -> bool:
+        j = sys.modules.get("jax")
+        return j is not None and isinstance(device, (j.Device, j.sharding.Sharding))
+
+    def saved_np_dtype(self, node: Node) -> np.dtype[Any]:
+        return _dtypes.np_dtype_from_name(node["dtype"])
+
+    def target(
+        self, tgt: Target, node: Node, info: Any, like: Any, device: Any, region: bool
+    ) -> None:
+        tgt.dtype = _dtypes.np_dtype(node, info)
+        if like is not None and np.dtype(like.dtype) != tgt.dtype:
+            tgt.cast = np.dtype(like.dtype)
+        if region:
+            tgt.place = default_sharding()
+        elif like is not None:
+            tgt.place = getattr(like, "sharding", None) or default_sharding()
+        elif self.owns_device(device):
+            tgt.place = device if not hasattr(device, "platform") else default_sharding(device)
+        else:
+            tgt.place = None
+            if node.get("f", "numpy") == "jax":
+                tgt.place = rebuild_sharding(node.get("sharding"))
+            if tgt.place is None:
+                tgt.place = default_sharding()
+        tgt.place_key = id(tgt.place)
+
+    def boxes(self, tgt: Target, shape: tuple[int, ...]) -> list[tuple[Box, Any]] | None:
+        if tgt.box is not None:
+            return None
+        return plan_devices(tgt.place, shape)
+
+    def build(self, node: Node, tgt: Target, shape: tuple[int, ...], pieces: list[Any]) -> Any:
+        if tgt.box is not None:
+            a = np_view(pieces[0], tgt.dtype, tgt.box[1])
+            if tgt.cast is not None:
+                a = a.astype(tgt.cast)
+            return jax().device_put(a, tgt.place)
+        parts = []
+        for (box, devices), p in zip(plan_devices(tgt.place, shape), pieces):
+            a = np_view(p, tgt.dtype, box[1])
+            if tgt.cast is not None:
+                a = a.astype(tgt.cast)
+            parts.append((devices, a))
+        return assemble(shape, tgt.place, parts)
+
+    def alias_view(self, base: Any, node: Node) -> Any:
+        return base
+
+
+JAX = JaxAdapter()
