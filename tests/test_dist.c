@@ -1,0 +1,538 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tests of distributed saves: the planner (holdings, checks, assignment, cache). */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "../src/dist/plan.h"
+#include "test.h"
+
+/* --- holdings built by hand, sent through the wire format --------------------------------- */
+
+#define MAXI 64
+
+typedef struct trank {
+    ckptio__hold it[MAXI];
+    uint64_t dims[MAXI][3][4];
+    char names[MAXI][64];
+    size_t n;
+} trank;
+
+/* Add the box [off, off + box) of tensor `name` of `shape`; off/box NULL: the whole tensor. */
+static void hold(trank *r, const char *name, int dt, uint32_t nd, const uint64_t *shape,
+                 const uint64_t *off, const uint64_t *box, uint64_t hash, uint32_t flags)
+{
+    size_t i = r->n++;
+    snprintf(r->names[i], sizeof r->names[i], "%s", name);
+    uint64_t vol = 1;
+    for (uint32_t d = 0; d < nd; d++) {
+        r->dims[i][0][d] = shape[d];
+        r->dims[i][1][d] = off ? off[d] : 0;
+        r->dims[i][2][d] = box ? box[d] : shape[d];
+        vol *= r->dims[i][2][d];
+    }
+    r->it[i] = (ckptio__hold){r->names[i], (uint32_t)strlen(name), (uint32_t)dt, nd, flags,
+                              r->dims[i][0], r->dims[i][1], r->dims[i][2],
+                              vol * ckptio_dtype_size(dt), hash};
+}
+
+/* Rows [lo, lo + rows) of a 2-D tensor [n0, n1]. */
+static void hold_rows(trank *r, const char *name, int dt, uint64_t n0, uint64_t n1, uint64_t lo,
+                      uint64_t rows, uint64_t hash)
+{
+    uint64_t shape[2] = {n0, n1}, off[2] = {lo, 0}, box[2] = {rows, n1};
+    hold(r, name, dt, 2, shape, off, box, hash, 0);
+}
+
+typedef struct tplan {
+    ckptio__holdings *h[16];
+    uint32_t n;
+    ckptio__plan_cache cache;
+    char err[1024];
+} tplan;
+
+static void tplan_drop(tplan *t)
+{
+    for (uint32_t r = 0; r < t->n; r++) ckptio__holdings_free(t->h[r]);
+    t->n = 0;
+}
+
+static void tplan_free(tplan *t)
+{
+    tplan_drop(t);
+    ckptio__plan_cache_free(&t->cache);
+}
+
+/* Encode each rank's items, decode them as the coordinator does, plan. */
+static int plan_ranks(tplan *t, trank *ranks, uint32_t n, const ckptio__plan **out)
+{
+    tplan_drop(t);
+    ckptio_bytes b = CKPTIO_BYTES_INIT;
+    for (uint32_t r = 0; r < n; r++) {
+        int rc = ckptio__holdings_encode(ranks[r].it, ranks[r].n, &b, t->err, sizeof t->err);
+        if (rc == 0) rc = ckptio__holdings_decode(b.data, b.len, &t->h[r], t->err, sizeof t->err);
+        if (rc < 0) {
+            fprintf(stderr, "rank %u: %s\n", r, t->err);
+            ckptio_bytes_free(&b);
+            return rc;
+        }
+        t->n = r + 1;
+    }
+    ckptio_bytes_free(&b);
+    int rc = ckptio__plan_make(&t->cache, (const ckptio__holdings *const *)t->h, n, out, t->err,
+                               sizeof t->err);
+    if (rc < 0) fprintf(stderr, "plan: %s\n", t->err);
+    return rc;
+}
+
+/* Every assignment's bytes, per tensor (by stored name), against the tensors' sizes: each
+ * element written exactly once (the pieces of one box never overlap: they are slabs). And the
+ * broadcast form gives each rank exactly its own assignments. */
+static int check_cover(tplan *t, const ckptio__plan *pl)
+{
+    uint64_t sum = 0, want = 0, per_rank[16] = {0};
+    for (uint64_t i = 0; i < pl->n_assign; i++) {
+        const ckptio__assign *a = &pl->assign[i];
+        CHECK(a->rank < t->n && a->item < t->h[a->rank]->n);
+        const ckptio__hold *h = &t->h[a->rank]->items[a->item];
+        uint64_t b = h->ndim && h->box[0] ? h->nbytes / h->box[0] * a->rows : h->nbytes;
+        CHECK(!h->ndim || a->start + a->rows <= h->box[0]);
+        sum += b;
+        per_rank[a->rank] += b;
+    }
+    /* distinct (name, box) bytes: count each box once via the lowest rank holding it */
+    for (uint32_t r = 0; r < t->n; r++)
+        for (uint64_t i = 0; i < t->h[r]->n; i++) {
+            const ckptio__hold *h = &t->h[r]->items[i];
+            bool first = true;
+            for (uint32_t q = 0; q < r && first && !(h->flags & CKPTIO__HOLD_RANK_LOCAL); q++)
+                for (uint64_t j = 0; j < t->h[q]->n && first; j++) {
+                    const ckptio__hold *o = &t->h[q]->items[j];
+                    first = !(o->name_len == h->name_len && !memcmp(o->name, h->name, h->name_len) &&
+                              !(o->flags & CKPTIO__HOLD_RANK_LOCAL) &&
+                              !memcmp(o->offset, h->offset, 8 * h->ndim) &&
+                              !memcmp(o->box, h->box, 8 * h->ndim));
+                }
+            if (first) want += h->nbytes;
+        }
+    if (sum != want) fprintf(stderr, "assigned %llu bytes, distinct boxes hold %llu\n",
+                             (unsigned long long)sum, (unsigned long long)want);
+    CHECK(sum == want);
+    ckptio_bytes wire = CKPTIO_BYTES_INIT;
+    CHECK_OK(ckptio__plan_encode(pl, 0, NULL, &wire));
+    uint64_t seen = 0;
+    for (uint32_t r = 0; r < t->n; r++) {
+        CHECK(per_rank[r] == pl->rank_bytes[r]);
+        ckptio__vec mine;
+        ckptio__vec_init(&mine, sizeof(ckptio__assign));
+        CHECK_OK(ckptio__plan_decode_rank(wire.data, wire.len, r, t->h[r], &mine, t->err,
+                                          sizeof t->err));
+        for (size_t i = 0; i < mine.len; i++) {
+            const ckptio__assign *a = CKPTIO__VEC_AT(&mine, ckptio__assign, i);
+            CHECK(a->rank == r);
+            CHECK(!memcmp(a, &pl->assign[seen + i], sizeof *a));
+        }
+        seen += mine.len;
+        ckptio__vec_free(&mine);
+    }
+    CHECK(seen == pl->n_assign);
+    ckptio_bytes_free(&wire);
+    return 0;
+}
+
+/* --- tests --------------------------------------------------------------------------------- */
+
+static trank R[16];
+
+static void reset(uint32_t n)
+{
+    memset(R, 0, sizeof(trank) * n);
+}
+
+/* Shard(0) of a [1024, 256] and an uneven [1000, 3] over 4 ranks; rank 3's share of a third
+ * tensor is empty. Each rank writes exactly its own shards. */
+static int test_plan_shard0(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++) {
+        hold_rows(&R[r], "w", CKPTIO_DT_F32, 1024, 256, 256 * r, 256, 100 + r);
+        uint64_t lo = r * 250 + (r > 0), rows = r == 0 ? 251 : r == 3 ? 249 : 250;
+        hold_rows(&R[r], "b", CKPTIO_DT_BF16, 1000, 3, lo, rows, 200 + r);
+        hold_rows(&R[r], "e", CKPTIO_DT_U8, 30, 2, r * 10, r == 3 ? 0 : 10, 300 + r);
+    }
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(pl->tensors == 3);
+    CHECK(pl->n_assign == 11); /* rank 3's empty box of 'e' is not written */
+    CHECK(pl->n_rep == 0);
+    for (uint64_t i = 0; i < pl->n_assign; i++) {
+        const ckptio__assign *a = &pl->assign[i];
+        CHECK(a->start == 0 && a->rows == t.h[a->rank]->items[a->item].box[0]);
+    }
+    CHECK(pl->rank_bytes[0] == 256 * 256 * 4 + 251 * 3 * 2 + 20);
+    CHECK(pl->rank_bytes[3] == 256 * 256 * 4 + 249 * 3 * 2);
+    CHECK(check_cover(&t, pl) == 0);
+    tplan_free(&t);
+    return 0;
+}
+
+/* Replicated state on 4 ranks: every rank holds every tensor whole. Large tensors are split
+ * into slabs, small ones spread: each rank writes about a quarter (within 10%). */
+static int test_plan_replicated(void)
+{
+    reset(4);
+    static const uint64_t rows[] = {16384, 5000, 2300, 777, 256, 3, 1};
+    for (uint32_t r = 0; r < 4; r++) {
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "layer%zu.weight", i);
+            hold_rows(&R[r], name, CKPTIO_DT_F32, rows[i], 1024, 0, rows[i], 7000 + i);
+        }
+        for (int i = 0; i < 40; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "norm%02d", i);
+            hold_rows(&R[r], name, CKPTIO_DT_F32, 25, 1024, 0, 25, 9000 + (uint64_t)i);
+        }
+        uint64_t s0[1] = {0};
+        hold(&R[r], "empty", CKPTIO_DT_F32, 1, s0, NULL, NULL, 1, 0);
+        hold(&R[r], "step", CKPTIO_DT_I64, 0, NULL, NULL, NULL, 42, 0);
+    }
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(check_cover(&t, pl) == 0);
+    uint64_t total = 0, lo = UINT64_MAX, hi = 0;
+    for (uint32_t r = 0; r < 4; r++) {
+        total += pl->rank_bytes[r];
+        lo = CKPTIO__MIN(lo, pl->rank_bytes[r]);
+        hi = CKPTIO__MAX(hi, pl->rank_bytes[r]);
+        fprintf(stderr, "rank %u writes %llu bytes\n", r, (unsigned long long)pl->rank_bytes[r]);
+    }
+    CHECK(hi - lo <= total / 4 / 10);
+    /* The 64 MiB tensor is split in 4 slabs, one per rank. */
+    int slabs = 0;
+    for (uint64_t i = 0; i < pl->n_assign; i++)
+        slabs += strcmp(t.h[pl->assign[i].rank]->items[pl->assign[i].item].name,
+                        "layer0.weight") == 0;
+    CHECK(slabs == 4);
+    CHECK(pl->n_rep == 7 + 40 + 2);
+    tplan_free(&t);
+    return 0;
+}
+
+/* Shard(0) x Replicate over a 2 x 2 mesh, a plain Shard(0), a replicated tensor and a 2-D
+ * block sharding: each distinct box written once. */
+static int test_plan_mixed(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++) {
+        hold_rows(&R[r], "a", CKPTIO_DT_F16, 4096, 2048, (r / 2) * 2048, 2048, 10 + r / 2);
+        hold_rows(&R[r], "s", CKPTIO_DT_F32, 64, 8, r * 16, 16, 20 + r);
+        hold_rows(&R[r], "rep", CKPTIO_DT_F32, 3000, 1024, 0, 3000, 30);
+        uint64_t shape[2] = {100, 60}, off[2] = {(r / 2) * 50, (r % 2) * 30}, box[2] = {50, 30};
+        hold(&R[r], "blk", CKPTIO_DT_I32, 2, shape, off, box, 40 + r, 0);
+    }
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(check_cover(&t, pl) == 0);
+    CHECK(pl->n_rep == 3); /* a's two boxes, rep */
+    tplan_free(&t);
+    return 0;
+}
+
+static int test_plan_hole(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++)
+        if (r != 2) hold_rows(&R[r], "w", CKPTIO_DT_F32, 1024, 256, 256 * r, 256, r);
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_INCOMPLETE);
+    fprintf(stderr, "%s\n", t.err);
+    CHECK(t_contains(t.err, "tensor 'w' [1024,256]"));
+    CHECK(t_contains(t.err, "ranks 0, 1, 3"));
+    CHECK(t_contains(t.err, "no rank holds [offset 512,0 shape 256,256]"));
+    /* Not one dimension: the volumes. */
+    reset(2);
+    uint64_t shape[2] = {4, 4}, o0[2] = {0, 0}, b0[2] = {2, 2}, o1[2] = {2, 2};
+    hold(&R[0], "m", CKPTIO_DT_U8, 2, shape, o0, b0, 1, 0);
+    hold(&R[1], "m", CKPTIO_DT_U8, 2, shape, o1, b0, 2, 0);
+    CHECK_ERR(plan_ranks(&t, R, 2, &pl), CKPTIO_E_INCOMPLETE);
+    CHECK(t_contains(t.err, "cover 8 of its 16 elements"));
+    tplan_free(&t);
+    return 0;
+}
+
+static int test_plan_overlap(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++)
+        hold_rows(&R[r], "w", CKPTIO_DT_F32, 1024, 256, r == 2 ? 500 : 256 * r, 256, r);
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_DUPLICATE);
+    fprintf(stderr, "%s\n", t.err);
+    CHECK(t_contains(t.err, "tensor 'w' [1024,256]: rank 1's box [offset 256,0 shape 256,256] "
+                            "overlaps rank 2's box [offset 500,0 shape 256,256]"));
+    /* One rank listing a box twice. */
+    reset(1);
+    hold_rows(&R[0], "w", CKPTIO_DT_F32, 4, 4, 0, 4, 1);
+    hold_rows(&R[0], "w", CKPTIO_DT_F32, 4, 4, 0, 4, 1);
+    CHECK_ERR(plan_ranks(&t, R, 1, &pl), CKPTIO_E_DUPLICATE);
+    CHECK(t_contains(t.err, "rank 0 lists the box [offset 0,0 shape 4,4] twice"));
+    tplan_free(&t);
+    return 0;
+}
+
+static int test_plan_disagree(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++)
+        hold_rows(&R[r], "w", CKPTIO_DT_F32, 1024, r == 3 ? 255 : 256, 256 * r, 256, r);
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_SHAPE);
+    fprintf(stderr, "%s\n", t.err);
+    CHECK(t_contains(t.err, "tensor 'w': rank 0 has f32 [1024,256] but rank 3 has f32 [1024,255]"));
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++)
+        hold_rows(&R[r], "w", r == 2 ? CKPTIO_DT_BF16 : CKPTIO_DT_F32, 1024, 256, 256 * r, 256, r);
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_SHAPE);
+    CHECK(t_contains(t.err, "rank 0 has f32 [1024,256] but rank 2 has bf16 [1024,256]"));
+    tplan_free(&t);
+    return 0;
+}
+
+/* Replicas whose hashes differ are named, on a fresh plan and on a cached one. */
+static int test_plan_diverge(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++) {
+        hold_rows(&R[r], "w", CKPTIO_DT_F32, 16, 16, 0, 16, r == 3 ? 6 : 5);
+        hold_rows(&R[r], "s", CKPTIO_DT_F32, 64, 8, r * 16, 16, r);
+    }
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_DUPLICATE);
+    fprintf(stderr, "%s\n", t.err);
+    CHECK(t_contains(t.err, "tensor 'w': ranks 0 and 3 hold different values for the same box "
+                            "[offset 0,0 shape 16,16]; a plain tensor saved from every rank must "
+                            "be identical on all ranks — save rank-specific values as rank-local"));
+    /* Same structure, agreeing: planned and cached; then rank 1 diverges: the cached plan
+     * still compares. */
+    R[3].it[0].hash = 5;
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(t.cache.hits == 0);
+    R[2].it[1].hash = 77; /* a shard's hash changes nothing */
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(t.cache.hits == 1);
+    R[1].it[0].hash = 9;
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_DUPLICATE);
+    CHECK(t_contains(t.err, "ranks 0 and 1 hold different values"));
+    R[1].it[0].hash = 5;
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(t.cache.hits == 2);
+    /* A structural change plans afresh. */
+    R[1].dims[0][0][1] = R[1].dims[0][2][1] = 17;
+    R[1].it[0].nbytes = 16 * 17 * 4;
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_SHAPE);
+    CHECK(t.cache.hits == 2);
+    tplan_free(&t);
+    return 0;
+}
+
+/* Rank-local items: one per rank under "<name>@rank<R>", never compared; a plain tensor of
+ * such a name collides. */
+static int test_plan_rank_local(void)
+{
+    reset(4);
+    for (uint32_t r = 0; r < 4; r++) {
+        uint64_t s[1] = {8};
+        hold(&R[r], "rng", CKPTIO_DT_U8, 1, s, NULL, NULL, 1000 + r, CKPTIO__HOLD_RANK_LOCAL);
+        hold(&R[r], "step", CKPTIO_DT_I64, 0, NULL, NULL, NULL, 3, 0);
+    }
+    tplan t = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_OK(plan_ranks(&t, R, 4, &pl));
+    CHECK(check_cover(&t, pl) == 0);
+    CHECK(pl->tensors == 5);
+    int local = 0;
+    for (uint64_t i = 0; i < pl->n_assign; i++) {
+        const ckptio__hold *h = &t.h[pl->assign[i].rank]->items[pl->assign[i].item];
+        local += h->flags & CKPTIO__HOLD_RANK_LOCAL ? 1 : 0;
+    }
+    CHECK(local == 4 && pl->n_assign == 5);
+    char name[64];
+    CHECK(ckptio__rank_local_name(name, sizeof name, "rng", 3, 12) == 10);
+    CHECK(strcmp(name, "rng@rank12") == 0);
+    CHECK(ckptio__rank_local_name(name, 8, "rng", 3, 12) == 0);
+    /* Collision with a plain tensor. */
+    uint64_t s[1] = {8};
+    hold(&R[1], "rng@rank0", CKPTIO_DT_U8, 1, s, NULL, NULL, 5, 0);
+    CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_DUPLICATE);
+    fprintf(stderr, "%s\n", t.err);
+    CHECK(t_contains(t.err, "tensor 'rng@rank0': rank 0 stores its rank-local 'rng'"));
+    tplan_free(&t);
+    return 0;
+}
+
+/* A rank that failed before planning sends its error; the plan fails with it, naming the rank.
+ * A plan carrying an error gives every rank that error. */
+static int test_plan_rank_error(void)
+{
+    reset(3);
+    for (uint32_t r = 0; r < 3; r++) hold_rows(&R[r], "w", CKPTIO_DT_F32, 3, 4, r, 1, r);
+    ckptio__holdings *h[3] = {0};
+    ckptio_bytes b = CKPTIO_BYTES_INIT;
+    char err[512];
+    for (uint32_t r = 0; r < 3; r++) {
+        if (r == 1)
+            CHECK_OK(ckptio__holdings_encode_error(-ENOSPC, "tensor 'w': no space", &b));
+        else
+            CHECK_OK(ckptio__holdings_encode(R[r].it, R[r].n, &b, err, sizeof err));
+        CHECK_OK(ckptio__holdings_decode(b.data, b.len, &h[r], err, sizeof err));
+    }
+    ckptio__plan_cache cache = {0};
+    const ckptio__plan *pl = NULL;
+    CHECK_ERR(ckptio__plan_make(&cache, (const ckptio__holdings *const *)h, 3, &pl, err,
+                                sizeof err), -ENOSPC);
+    CHECK(strcmp(err, "rank 1: tensor 'w': no space") == 0);
+    CHECK_OK(ckptio__plan_encode(NULL, -ENOSPC, err, &b));
+    ckptio__vec mine;
+    ckptio__vec_init(&mine, sizeof(ckptio__assign));
+    char got[512];
+    CHECK_ERR(ckptio__plan_decode_rank(b.data, b.len, 2, h[2], &mine, got, sizeof got), -ENOSPC);
+    CHECK(strcmp(got, err) == 0 && mine.len == 0);
+    /* An invalid item is refused by encode, naming it. */
+    R[0].it[0].nbytes = 3;
+    CHECK_ERR(ckptio__holdings_encode(R[0].it, R[0].n, &b, err, sizeof err), CKPTIO_E_SHAPE);
+    CHECK(t_contains(err, "tensor 'w'"));
+    R[0].dims[0][1][0] = 3;
+    R[0].it[0].nbytes = 16;
+    CHECK_ERR(ckptio__holdings_encode(R[0].it, R[0].n, &b, err, sizeof err), CKPTIO_E_RANGE);
+    for (uint32_t r = 0; r < 3; r++) ckptio__holdings_free(h[r]);
+    ckptio__vec_free(&mine);
+    ckptio_bytes_free(&b);
+    ckptio__plan_cache_free(&cache);
+    return 0;
+}
+
+/* Holdings and plans cross process boundaries: every truncation and many corruptions of valid
+ * bytes are refused or decode to something valid, never read out of bounds (ASan run). */
+static int test_plan_wire_untrusted(void)
+{
+    reset(1);
+    hold_rows(&R[0], "w", CKPTIO_DT_F32, 1024, 256, 0, 256, 1);
+    hold(&R[0], "step", CKPTIO_DT_I64, 0, NULL, NULL, NULL, 3, CKPTIO__HOLD_RANK_LOCAL);
+    ckptio_bytes b = CKPTIO_BYTES_INIT;
+    char err[512];
+    CHECK_OK(ckptio__holdings_encode(R[0].it, R[0].n, &b, err, sizeof err));
+    ckptio__holdings *h = NULL;
+    for (size_t len = 0; len < b.len; len++) {
+        uint8_t *copy = malloc(len + 1);
+        memcpy(copy, b.data, len);
+        CHECK_ERR(ckptio__holdings_decode(copy, len, &h, err, sizeof err), CKPTIO_E_CORRUPT);
+        free(copy);
+    }
+    for (size_t i = 0; i < b.len; i++)
+        for (int bit = 0; bit < 8; bit += 3) {
+            uint8_t *copy = malloc(b.len);
+            memcpy(copy, b.data, b.len);
+            copy[i] ^= (uint8_t)(1u << bit);
+            int rc = ckptio__holdings_decode(copy, b.len, &h, err, sizeof err);
+            CHECK(rc == 0 || rc == CKPTIO_E_CORRUPT || rc == -ENOMEM);
+            if (rc == 0) ckptio__holdings_free(h);
+            free(copy);
+        }
+    CHECK_OK(ckptio__holdings_decode(b.data, b.len, &h, err, sizeof err));
+    CHECK(h->n == 2 && strcmp(h->items[1].name, "step") == 0 && h->items[0].box[0] == 256);
+    /* A plan naming an item this rank lacks, or rows outside its box. */
+    ckptio__assign a[2] = {{0, 0, 0, 256}, {0, 1, 0, 0}};
+    ckptio__plan pl = {.nranks = 1, .n_assign = 2, .assign = a};
+    ckptio_bytes w = CKPTIO_BYTES_INIT;
+    ckptio__vec mine;
+    ckptio__vec_init(&mine, sizeof(ckptio__assign));
+    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, &w));
+    CHECK_OK(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err));
+    CHECK(mine.len == 2);
+    for (size_t len = 0; len < w.len; len++)
+        CHECK(ckptio__plan_decode_rank(w.data, len, 0, h, &mine, err, sizeof err) ==
+              CKPTIO_E_CORRUPT);
+    a[0].rows = 257;
+    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, &w));
+    CHECK_ERR(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err),
+              CKPTIO_E_CORRUPT);
+    a[0].rows = 1, a[1].item = 2;
+    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, &w));
+    CHECK_ERR(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err),
+              CKPTIO_E_CORRUPT);
+    ckptio__holdings_free(h);
+    ckptio__vec_free(&mine);
+    ckptio_bytes_free(&w);
+    ckptio_bytes_free(&b);
+    return 0;
+}
+
+/* 10,000 ranks, each with a shard of two tensors, two replicated ones and a rank-local one:
+ * the plan completes, twice (the second from the cache), and each rank's share of the
+ * broadcast is found. No timing is asserted. */
+static int test_plan_many_ranks(void)
+{
+    enum { N = 10000 };
+    ckptio__holdings **h = calloc(N, sizeof *h);
+    CHECK(h);
+    ckptio_bytes b = CKPTIO_BYTES_INIT;
+    char err[512];
+    uint64_t sent = 0;
+    for (uint32_t r = 0; r < N; r++) {
+        trank *t = &R[0];
+        memset(t, 0, sizeof *t);
+        hold_rows(t, "emb", CKPTIO_DT_BF16, (uint64_t)N * 64, 64, (uint64_t)r * 64, 64, r);
+        hold_rows(t, "bias", CKPTIO_DT_F32, N, 1, r, 1, r);
+        hold_rows(t, "ln.weight", CKPTIO_DT_F32, 1, 1024, 0, 1, 7);
+        hold_rows(t, "ln.bias", CKPTIO_DT_F32, 1, 1024, 0, 1, 8);
+        uint64_t s[1] = {16};
+        hold(t, "rng", CKPTIO_DT_U8, 1, s, NULL, NULL, r, CKPTIO__HOLD_RANK_LOCAL);
+        CHECK_OK(ckptio__holdings_encode(t->it, t->n, &b, err, sizeof err));
+        CHECK(b.len < 512); /* what a rank sends does not grow with N */
+        sent += b.len;
+        CHECK_OK(ckptio__holdings_decode(b.data, b.len, &h[r], err, sizeof err));
+    }
+    ckptio__plan_cache cache = {0};
+    const ckptio__plan *pl = NULL;
+    for (int round = 0; round < 2; round++) {
+        CHECK_OK(ckptio__plan_make(&cache, (const ckptio__holdings *const *)h, N, &pl, err,
+                                   sizeof err));
+        CHECK(pl->n_assign == 3ull * N + 2);
+        CHECK(pl->tensors == 4ull + N);
+        CHECK(cache.hits == (uint64_t)round);
+    }
+    CHECK_OK(ckptio__plan_encode(pl, 0, NULL, &b));
+    fprintf(stderr, "sent %llu bytes in all, plan %zu bytes\n", (unsigned long long)sent, b.len);
+    ckptio__vec mine;
+    ckptio__vec_init(&mine, sizeof(ckptio__assign));
+    CHECK_OK(ckptio__plan_decode_rank(b.data, b.len, N - 1, h[N - 1], &mine, err, sizeof err));
+    CHECK(mine.len >= 3);
+    ckptio__vec_free(&mine);
+    ckptio__plan_cache_free(&cache);
+    for (uint32_t r = 0; r < N; r++) ckptio__holdings_free(h[r]);
+    free(h);
+    ckptio_bytes_free(&b);
+    return 0;
+}
+
+const ckptio_test tests_dist[] = {
+    {"dist/plan_shard0", test_plan_shard0, 0, 20},
+    {"dist/plan_replicated", test_plan_replicated, 0, 20},
+    {"dist/plan_mixed", test_plan_mixed, 0, 20},
+    {"dist/plan_hole", test_plan_hole, 0, 20},
+    {"dist/plan_overlap", test_plan_overlap, 0, 20},
+    {"dist/plan_disagree", test_plan_disagree, 0, 20},
+    {"dist/plan_diverge", test_plan_diverge, 0, 20},
+    {"dist/plan_rank_local", test_plan_rank_local, 0, 20},
+    {"dist/plan_rank_error", test_plan_rank_error, 0, 20},
+    {"dist/plan_wire_untrusted", test_plan_wire_untrusted, 0, 60},
+    {"dist/plan_many_ranks", test_plan_many_ranks, 0, 120},
+    {0},
+};
