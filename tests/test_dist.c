@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "../src/dist/plan.h"
+#include "../src/format/manifest.h"
 #include "test.h"
 
 /* --- holdings built by hand, sent through the wire format --------------------------------- */
@@ -522,7 +523,47 @@ static int test_plan_many_ranks(void)
     return 0;
 }
 
+/* One rank's partial manifest: its chunks need not cover the tensor, but only in partial mode;
+ * everything else is still checked (an overlap within the part is refused). */
+static int test_partial_manifest(void)
+{
+    char strtab[] = "data/r00001-000000.ckd\0w";
+    uint64_t dims[] = {4, 4, 2, 0, 2, 4, 0, 0, 2, 4};
+    ckptio__mfile f = {.name = 0, .name_len = 22, .size = 4096};
+    ckptio__mtensor t = {.name = 23, .name_len = 1, .dtype = CKPTIO_DT_U8, .ndim = 2, .dims = 0,
+                         .chunk0 = 0, .n_chunks = 1};
+    ckptio__mchunk c[2] = {{.dims = 2, .file_off = 0, .stored_len = 8, .raw_len = 8},
+                           {.dims = 6, .file_off = 64, .stored_len = 8, .raw_len = 8}};
+    ckptio__manifest m = {.version = CKPTIO_FORMAT_VERSION, .n_files = 1, .n_tensors = 1,
+                          .n_chunks = 1, .n_dims = 10, .strtab_len = sizeof strtab,
+                          .files = &f, .tensors = &t, .chunks = c, .dims = dims, .strtab = strtab};
+    char err[512];
+    CHECK_ERR(ckptio__manifest_validate(&m, err, sizeof err), CKPTIO_E_CORRUPT);
+    CHECK(t_contains(err, "cover 8 of the 16"));
+    CHECK_OK(ckptio__manifest_validate_ex(&m, CKPTIO__MANIFEST_PARTIAL, err, sizeof err));
+    uint64_t len = 0;
+    CHECK_OK(ckptio__manifest_encoded_size(&m, &len));
+    uint8_t *buf = malloc(len);
+    CHECK_OK(ckptio__manifest_encode(&m, buf, len));
+    ckptio__manifest *d = NULL;
+    CHECK_ERR(ckptio__manifest_decode(buf, len, &d, err, sizeof err), CKPTIO_E_CORRUPT);
+    CHECK_OK(ckptio__manifest_decode_ex(buf, len, CKPTIO__MANIFEST_PARTIAL, &d, err, sizeof err));
+    CHECK(d->n_chunks == 1 && d->dims[d->chunks[0].dims] == 2);
+    ckptio__manifest_free(d);
+    free(buf);
+    /* Two chunks that overlap are refused in partial mode too. */
+    m.n_chunks = t.n_chunks = 2;
+    dims[6] = 1;
+    CHECK(ckptio__manifest_validate_ex(&m, CKPTIO__MANIFEST_PARTIAL, err, sizeof err) < 0);
+    dims[6] = 0;
+    int rc = ckptio__manifest_validate(&m, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "%s\n", err);
+    CHECK(rc == 0);
+    return 0;
+}
+
 const ckptio_test tests_dist[] = {
+    {"dist/partial_manifest", test_partial_manifest, 0, 20},
     {"dist/plan_shard0", test_plan_shard0, 0, 20},
     {"dist/plan_replicated", test_plan_replicated, 0, 20},
     {"dist/plan_mixed", test_plan_mixed, 0, 20},

@@ -273,6 +273,7 @@ typedef struct vctx {
     uint64_t *active;
     uint64_t scratch_cap; /* entries of spans and active */
     uint8_t *claimed;     /* bitmap over chunks, only when tensors' ranges are not consecutive */
+    bool partial;         /* CKPTIO__MANIFEST_PARTIAL: chunks need not cover their tensor */
 } vctx;
 
 #define TNAME(t) shown(m->strtab + (t)->name, (t)->name_len), m->strtab + (t)->name
@@ -554,7 +555,7 @@ static int check_tensor(vctx *v, uint64_t ti)
     /* Inside + disjoint + volumes summing to the tensor's = an exact tiling; one chunk needs no
      * sweep, which keeps the common case O(ndim). */
     if (t->n_chunks > 1) CKPTIO__TRY(check_disjoint(v, t));
-    if (covered != tvol && tvol != 0)
+    if (covered != tvol && tvol != 0 && !v->partial)
         return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                     "tensor '%.*s': chunks cover %llu of the %llu elements of shape %s",
                     TNAME(t), U(covered), U(tvol), fmt_dims(b1, sizeof b1, tshape, ndim));
@@ -686,6 +687,12 @@ static int check_meta(vctx *v)
 
 int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errlen)
 {
+    return ckptio__manifest_validate_ex(m, 0, err, errlen);
+}
+
+int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char *err,
+                                 size_t errlen)
+{
     if (err && errlen) err[0] = 0;
     if (!m) return fail(err, errlen, CKPTIO_E_USAGE, "no manifest");
     if (m->version > V_MAJOR)
@@ -719,7 +726,7 @@ int ckptio__manifest_validate(const ckptio__manifest *m, char *err, size_t errle
 
     /* Files before tensors (chunks name them), tensors before the partition and extent checks
      * (which quote tensor names, so those must be known to be valid strings). */
-    vctx v = {.m = m, .err = err, .errlen = errlen};
+    vctx v = {.m = m, .err = err, .errlen = errlen, .partial = flags & CKPTIO__MANIFEST_PARTIAL};
     int rc = 0;
     CKPTIO__CHECK(check_files(&v));
     for (uint64_t i = 0; i < m->n_tensors; i++) CKPTIO__CHECK(check_tensor(&v, i));
@@ -974,6 +981,12 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
 int ckptio__manifest_decode(const uint8_t *buf, uint64_t len, ckptio__manifest **out, char *err,
                             size_t errlen)
 {
+    return ckptio__manifest_decode_ex(buf, len, 0, out, err, errlen);
+}
+
+int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
+                               ckptio__manifest **out, char *err, size_t errlen)
+{
     if (err && errlen) err[0] = 0;
     if (!out || (!buf && len)) return fail(err, errlen, CKPTIO_E_USAGE, "no buffer to decode");
     *out = NULL;
@@ -1114,7 +1127,7 @@ int ckptio__manifest_decode(const uint8_t *buf, uint64_t len, ckptio__manifest *
     get_u64s(m->csums, sec[C_CSUMS], n[C_CSUMS]);
     if (n[C_STRTAB]) memcpy(m->strtab, sec[C_STRTAB], n[C_STRTAB]);
     m->strtab[n[C_STRTAB]] = 0; /* the spare byte: strtab is a C string even when empty */
-    CKPTIO__CHECK(ckptio__manifest_validate(m, err, errlen));
+    CKPTIO__CHECK(ckptio__manifest_validate_ex(m, flags, err, errlen));
     *out = m;
     return 0;
 out:

@@ -115,6 +115,16 @@ CKPTIO__HIDDEN int ckptio__manifest_decode(const uint8_t *buf, uint64_t len,
                                            ckptio__manifest **out, char *err, size_t errlen);
 CKPTIO__HIDDEN void ckptio__manifest_free(ckptio__manifest *m);
 
+/* A partial manifest: one rank's share of a multi-rank save (issue 10), which the coordinator
+ * merges (ckptio__manifest_merge). It obeys every invariant above but coverage: a tensor's
+ * chunks are inside its shape and disjoint, but need not add up to it. */
+#define CKPTIO__MANIFEST_PARTIAL 1u
+/* validate and decode, with flags (0 or CKPTIO__MANIFEST_PARTIAL). */
+CKPTIO__HIDDEN int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags,
+                                                char *err, size_t errlen);
+CKPTIO__HIDDEN int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
+                                              ckptio__manifest **out, char *err, size_t errlen);
+
 /* ---- merging partial manifests (src/format/merge.c) ---------------------------------------- */
 
 /* Merge the partial manifests of a multi-rank save (issue 10) into one checkpoint manifest.
