@@ -489,6 +489,50 @@ CKPTIO_API int ckptio_comm_gather(const ckptio_comm *c, int32_t root, const void
 CKPTIO_API int ckptio_comm_agree(const ckptio_comm *c, int code, const char *msg,
                                  double timeout);
 
+/* One item a rank contributes to a distributed save: the box [offset, offset + box) of global
+ * tensor `name` (dtype, ndim, global `shape`), its bytes at `data` in row-major order, `nbytes`
+ * = product(box) * dtype size. offset NULL means zeros, box NULL the whole shape. A plain item
+ * is global state: ranks holding the same box must hold the same bytes (else the save fails,
+ * naming the ranks). With CKPTIO_DIST_RANK_LOCAL in `flags` the item is this rank's own state,
+ * stored as "<name>@rank<R>" and never compared across ranks. Set `size` to
+ * sizeof(ckptio_dist_item). Since 0.2. */
+#define CKPTIO_DIST_RANK_LOCAL 1u
+typedef struct ckptio_dist_item {
+    uint32_t size;
+    uint32_t flags;
+    const char *name;
+    int dtype;
+    uint32_t ndim;
+    const uint64_t *shape;
+    const uint64_t *offset;
+    const uint64_t *box;
+    const void *data;
+    uint64_t nbytes;
+} ckptio_dist_item;
+
+/* Save one checkpoint at `path` from every rank of `comm`: collective, every rank calls it with
+ * its own items and the same path, params and timeout. Rank 0 coordinates: it checks that the
+ * ranks' boxes tile each tensor exactly and that replicas agree (a hole, an overlap, a dtype or
+ * shape disagreement or diverging replicas fail on every rank before any byte is written),
+ * assigns each distinct box to one holder (replicated state split about evenly), begins the
+ * checkpoint's temporary directory, and after every rank has written its pieces into its own
+ * data files there (data/rNNNNN-*.ckd), merges their partial manifests, writes the manifest and
+ * publishes atomically. Metadata is taken from rank 0 only (other ranks' meta arguments are
+ * ignored; pass n_meta 0 there).
+ *
+ * Every rank returns the same result: 0, or the same error code with ckptio_last_error()
+ * reading "rank R of N: <message>" (R the first failing rank). A rank that fails or dies makes
+ * every surviving rank fail within about `timeout` seconds per step (> 0) — never a hang;
+ * nothing is published and what was at `path` is intact; the coordinator removes the temporary
+ * directory (or, if the coordinator died, the next save does). `out` (may be NULL) gets this
+ * rank's own statistics: the bytes it wrote. The coordinator caches the plan while the
+ * structure of what the ranks hold does not change. Since 0.2. */
+CKPTIO_API int ckptio_save_dist(const char *path, const ckptio_comm *comm,
+                                const ckptio_dist_item *items, size_t n,
+                                const char *const *meta_keys, const void *const *meta_vals,
+                                const size_t *meta_lens, size_t n_meta, const ckptio_params *p,
+                                double timeout, ckptio_stats *out);
+
 /* MPI, for C programs: include <ckptio_mpi.h> (which includes <mpi.h>) and link libckptio-mpi
  * (pkg-config ckptio-mpi), built when MPI was found at build time. ckptio.h never needs MPI. */
 #endif /* CKPTIO_EXPERIMENTAL */

@@ -37,4 +37,22 @@ CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
  * the first error. */
 CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);
 
+/* ---- the writer's hooks for distributed saves (save.c, used by save_dist.c) ---- */
+
+/* A writer for rank `rank`'s share of a distributed save of `path`, in its own data file
+ * data/r<rank, 5 digits>-000000.ckd. join NULL: begin the temporary directory (the
+ * coordinator; ckptio__writer_tmp_path() then gives its absolute path for the others); else
+ * write into the temporary directory `join` that the coordinator began, never removing it. */
+CKPTIO__HIDDEN int ckptio__writer_open_part(ckptio_writer **out, const char *path,
+                                            const char *join, uint32_t rank,
+                                            const ckptio_params *p);
+CKPTIO__HIDDEN const char *ckptio__writer_tmp_path(const ckptio_writer *w);
+/* Flush and fsync this rank's data file and its directory entry, and put its partial manifest
+ * (every chunk it wrote, its file, its metadata) into `part`. Nothing is published. */
+CKPTIO__HIDDEN int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part);
+/* The coordinator, after finish_part: write `man` (the merged manifest) into the temporary
+ * directory and publish it, as ckptio_writer_commit() does. */
+CKPTIO__HIDDEN int ckptio__writer_publish_manifest(ckptio_writer *w, const uint8_t *man,
+                                                   uint64_t len);
+
 #endif

@@ -22,7 +22,9 @@
 
 #define DATA_FILE "data/000000.ckd"
 
-enum { W_OPEN, W_COMMITTED, W_FAILED };
+/* W_PART: a rank's share of a distributed save is written and described (finish_part); only
+ * the coordinator's publish_manifest may follow. */
+enum { W_OPEN, W_COMMITTED, W_FAILED, W_PART };
 
 /* Per-tensor bookkeeping while writing; becomes a ckptio__mtensor at commit. */
 typedef struct wtensor {
@@ -69,6 +71,9 @@ struct ckptio_writer {
     int tmp_fd; /* directory fd of tmp_path */
     int fd;     /* the data file */
     char *data_label; /* its path, for messages */
+    char data_file[40]; /* its name in the checkpoint: DATA_FILE, or data/rNNNNN-000000.ckd */
+    bool joined;        /* writes into another process's temporary directory: never removes it */
+    char *tmp_abs;      /* tmp_path made absolute, for the ranks that join it */
     ckptio__sink sink;
     ckptio__hasher *hasher; /* started with the first large chunk */
     ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
@@ -125,6 +130,16 @@ static int check_usable(ckptio_writer *w)
     if (w->state != W_OPEN)
         return ckptio__fail(&w->msg, CKPTIO_E_STATE,
                             "writer for '%s' was already committed; open a new writer", w->path);
+    return 0;
+}
+
+/* The writers of a distributed save end in W_PART, then (the coordinator's) publish. */
+static int check_part(ckptio_writer *w)
+{
+    if (w->state == W_FAILED) return check_usable(w);
+    if (w->state != W_PART)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE, "writer for '%s' holds no finished part",
+                            w->path);
     return 0;
 }
 
@@ -350,17 +365,23 @@ made:
     if (w->tmp_fd < 0) return ckptio__fail(&w->msg, -errno, "cannot open '%s'", w->tmp_path);
     /* Held until close: tells clean_stale() in other processes that this save is alive. */
     (void)flock(w->tmp_fd, LOCK_EX | LOCK_NB);
-    if (CKPTIO__VFS->mkdirat(w->tmp_fd, "data", 0755) < 0)
+    return 0;
+}
+
+/* The data directory (the ranks of a distributed save share it) and this writer's file. */
+static int make_data(ckptio_writer *w)
+{
+    if (CKPTIO__VFS->mkdirat(w->tmp_fd, "data", 0755) < 0 && !(w->joined && errno == EEXIST))
         return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", w->tmp_path);
     int direct = 0;
-    int rc = ckptio__file_open(w->tmp_fd, DATA_FILE, CKPTIO__F_WRITE, w->cfg.direct, &w->fd,
-                               &direct);
+    const char *DATA = w->data_file;
+    int rc = ckptio__file_open(w->tmp_fd, DATA, CKPTIO__F_WRITE, w->cfg.direct, &w->fd, &direct);
     if (rc < 0)
         return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", w->tmp_path,
-                            DATA_FILE,
+                            DATA,
                             rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
                                           : "");
-    if (asprintf(&w->data_label, "%s/%s", w->tmp_path, DATA_FILE) < 0) {
+    if (asprintf(&w->data_label, "%s/%s", w->tmp_path, DATA) < 0) {
         w->data_label = NULL;
         return -ENOMEM;
     }
@@ -369,7 +390,10 @@ made:
                              &w->msg);
 }
 
-int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p)
+/* join: the temporary directory of another writer (a distributed save's coordinator) to write
+ * into; part: a rank's share of a distributed save, in its own data file. */
+static int open_writer(ckptio_writer **out, const char *path, const ckptio_params *p,
+                       const char *join, bool part, uint32_t rank)
 {
     if (!out || !path || !*path) {
         if (out) *out = NULL;
@@ -391,10 +415,29 @@ int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_param
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
     CKPTIO__CHECK(split_path(w, path));
-    int kind;
-    CKPTIO__CHECK(inspect_path(w, &kind));
-    clean_stale(w);
-    CKPTIO__CHECK(make_tmp(w));
+    if (part) snprintf(w->data_file, sizeof w->data_file, "data/r%05u-000000.ckd", rank);
+    else snprintf(w->data_file, sizeof w->data_file, "%s", DATA_FILE);
+    if (join) {
+        w->joined = true;
+        w->tmp_path = strdup(join);
+        CKPTIO__GOTO_IF(!w->tmp_path, -ENOMEM);
+        w->tmp_fd = ckptio__vfs_open(AT_FDCWD, join, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+        CKPTIO__GOTO_IF(w->tmp_fd < 0, ckptio__fail(&w->msg, -errno,
+                                                    "cannot open the temporary directory '%s' "
+                                                    "(do all ranks see the same file system?)",
+                                                    join));
+    } else {
+        int kind;
+        CKPTIO__CHECK(inspect_path(w, &kind));
+        clean_stale(w);
+        CKPTIO__CHECK(make_tmp(w));
+        if (part) {
+            w->tmp_abs = realpath(w->tmp_path, NULL);
+            CKPTIO__GOTO_IF(!w->tmp_abs, ckptio__fail(&w->msg, -errno, "cannot resolve '%s'",
+                                                      w->tmp_path));
+        }
+    }
+    CKPTIO__CHECK(make_data(w));
     ckptio__stats_backend(w->stats.backend, w->cfg.backend, ckptio__engine_name(w->sink.eng));
     w->stats.direct = w->sink.direct;
     w->stats.alignment = w->sink.off_align;
@@ -409,6 +452,22 @@ out:
         ckptio__fail(NULL, rc, "%s", keep[0] ? keep : "cannot open writer");
     }
     return rc;
+}
+
+int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p)
+{
+    return open_writer(out, path, p, NULL, false, 0);
+}
+
+int ckptio__writer_open_part(ckptio_writer **out, const char *path, const char *join,
+                             uint32_t rank, const ckptio_params *p)
+{
+    return open_writer(out, path, p, join, true, rank);
+}
+
+const char *ckptio__writer_tmp_path(const ckptio_writer *w)
+{
+    return w->tmp_abs ? w->tmp_abs : w->tmp_path;
 }
 
 /* ---- add ---- */
@@ -642,7 +701,8 @@ static int push_str(ckptio__vec *strtab, const void *s, size_t len, uint64_t *of
 }
 
 /* Build the manifest (tensors sorted by name, their chunks contiguous) and encode it. */
-static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, uint64_t *len)
+static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, uint64_t *len,
+                          bool partial)
 {
     int rc = 0;
     size_t nt = w->tensors.len, nm = w->meta.len;
@@ -664,7 +724,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         const wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, order[i].index);
         uint64_t volume;
         ckptio__volume(CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims), t->ndim, 1, &volume);
-        if (t->covered != volume) {
+        if (t->covered != volume && !partial) {
             rc = ckptio__fail(&w->msg, CKPTIO_E_INCOMPLETE,
                               "tensor '%s': its chunks cover %llu of %llu elements; add the "
                               "missing chunks before commit",
@@ -691,8 +751,8 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         CKPTIO__CHECK(push_str(&strtab, m->key, m->key_len, &mm[i].key));
         CKPTIO__CHECK(push_str(&strtab, m->val, m->val_len, &mm[i].val));
     }
-    ckptio__mfile file = {.name_len = (uint32_t)strlen(DATA_FILE), .size = file_size};
-    CKPTIO__CHECK(push_str(&strtab, DATA_FILE, strlen(DATA_FILE), &file.name));
+    ckptio__mfile file = {.name_len = (uint32_t)strlen(w->data_file), .size = file_size};
+    CKPTIO__CHECK(push_str(&strtab, w->data_file, strlen(w->data_file), &file.name));
 
     ckptio__manifest m = {
         .version = CKPTIO_FORMAT_VERSION,
@@ -704,7 +764,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         .dims = w->dims.items, .csums = w->csums.items, .strtab = strtab.items,
     };
     char err[512];
-    rc = ckptio__manifest_validate(&m, err, sizeof err);
+    rc = ckptio__manifest_validate_ex(&m, partial ? CKPTIO__MANIFEST_PARTIAL : 0, err, sizeof err);
     if (rc < 0) {
         /* The writer checked every input already, so this is a bug in ckptio itself. */
         ckptio__fail(&w->msg, rc, "internal error: the manifest built for '%s' is invalid: %s",
@@ -820,6 +880,8 @@ static int publish(ckptio_writer *w)
     return 0;
 }
 
+static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len);
+
 int ckptio_writer_commit(ckptio_writer *w)
 {
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_commit: writer is NULL");
@@ -838,8 +900,22 @@ int ckptio_writer_commit(ckptio_writer *w)
     }
     close(w->fd);
     w->fd = -1;
-    CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len));
-    CKPTIO__CHECK(write_manifest(w, man, man_len));
+    CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, false));
+    CKPTIO__CHECK(publish_with(w, man, man_len));
+out:
+    free(man);
+    if (rc < 0 && w->state == W_OPEN) {
+        if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "committing '%s' failed", w->path);
+        poison(w, rc);
+    }
+    return rc;
+}
+
+/* Write the manifest into the temporary directory and publish it (the end of every commit). */
+static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
+{
+    int rc;
+    CKPTIO__TRY(write_manifest(w, man, man_len));
     /* The directory entries (data/, manifest) must be durable before the rename exposes them. */
     if (w->cfg.fsync) {
         char data_dir[PATH_MAX];
@@ -869,10 +945,58 @@ int ckptio_writer_commit(ckptio_writer *w)
     }
     rc = 0;
 out:
+    return rc;
+}
+
+int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part)
+{
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    uint8_t *man = NULL;
+    uint64_t man_len = 0;
+    int rc;
+    settle_hashes(w);
+    CKPTIO__CHECK(ckptio__sink_finish(&w->sink));
+    w->stats.io_bytes = w->sink.io_bytes;
+    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0) {
+        ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                     w->data_label);
+        goto out;
+    }
+    close(w->fd);
+    w->fd = -1;
+    CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, true));
+    CKPTIO__GOTO_IF(ckptio_bytes_set(part, man, man_len) < 0, -ENOMEM);
+    if (w->cfg.fsync) {
+        /* Each rank makes its own entries durable: on a shared file system one fsync by the
+         * coordinator need not cover what another client created. */
+        char data_dir[PATH_MAX];
+        snprintf(data_dir, sizeof data_dir, "%s/data", w->tmp_path);
+        if ((rc = ckptio__fsync_path(data_dir)) < 0) {
+            ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", data_dir);
+            goto out;
+        }
+    }
+    w->state = W_PART;
+out:
     free(man);
     if (rc < 0 && w->state == W_OPEN) {
-        if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "committing '%s' failed", w->path);
+        if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "writing '%s' failed", w->data_label);
         poison(w, rc);
+    }
+    return rc;
+}
+
+int ckptio__writer_publish_manifest(ckptio_writer *w, const uint8_t *man, uint64_t len)
+{
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_part(w));
+    if (w->joined)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE, "only the coordinator publishes '%s'", w->path);
+    int rc = publish_with(w, man, len);
+    if (rc < 0 && w->state == W_PART) {
+        w->state = W_FAILED;
+        w->err = rc;
     }
     return rc;
 }
@@ -886,7 +1010,7 @@ void ckptio_writer_close(ckptio_writer *w)
     ckptio__vec_free(&w->pending);
     if (w->fd >= 0) close(w->fd);
     if (w->tmp_fd >= 0) close(w->tmp_fd);
-    if (w->state != W_COMMITTED && w->tmp_path) ckptio__remove_tree(w->tmp_path);
+    if (w->state != W_COMMITTED && w->tmp_path && !w->joined) ckptio__remove_tree(w->tmp_path);
     free(w->data_label);
     for (size_t i = 0; i < w->meta.len; i++) {
         wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
@@ -907,6 +1031,7 @@ void ckptio_writer_close(ckptio_writer *w)
     }
     free(w->path);
     free(w->tmp_path);
+    free(w->tmp_abs);
     free(w->old_path);
     free(w->parent);
     free(w);

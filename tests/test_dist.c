@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Tests of distributed saves: the planner (holdings, checks, assignment, cache). */
+/* Tests of distributed saves: the planner (holdings, checks, assignment, cache) and ckptio_save_dist. */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "../src/dist/plan.h"
 #include "../src/format/manifest.h"
+#include "../src/dist/comm.h"
+#include "../src/io/vfs.h"
+#include "model.h"
 #include "test.h"
 
 /* --- holdings built by hand, sent through the wire format --------------------------------- */
@@ -562,6 +567,296 @@ static int test_partial_manifest(void)
     return 0;
 }
 
+/* --- ckptio_save_dist over an in-process group of threads ---------------------------------- */
+
+#define NR_MAX 8
+#define W_ROWS 1024
+#define W_COLS 300
+#define BIG_ROWS 3072 /* 12 MiB of f32: split into slabs across its holders */
+
+static float *Wd, *BIGd;
+static int64_t Bd[10];
+static uint8_t RNGd[NR_MAX][8];
+
+typedef struct djob {
+    const ckptio_comm *c;
+    ckptio_dist_item it[8];
+    uint64_t dims[8][3][2];
+    size_t n;
+    bool absent; /* never calls: a rank that hangs or died before the save */
+    double timeout;
+    int result;
+    char msg[1024];
+    ckptio_stats st;
+} djob;
+
+static djob J[NR_MAX];
+
+static void d_item(djob *j, const char *name, int dt, uint32_t nd, const uint64_t *shape,
+                   const uint64_t *off, const uint64_t *box, const void *data, uint32_t flags)
+{
+    size_t i = j->n++;
+    uint64_t vol = 1;
+    for (uint32_t d = 0; d < nd; d++) {
+        j->dims[i][0][d] = shape[d];
+        j->dims[i][1][d] = off ? off[d] : 0;
+        j->dims[i][2][d] = box ? box[d] : shape[d];
+        vol *= j->dims[i][2][d];
+    }
+    j->it[i] = (ckptio_dist_item){sizeof(ckptio_dist_item), flags, name, dt, nd, j->dims[i][0],
+                                  j->dims[i][1], j->dims[i][2], data, vol * ckptio_dtype_size(dt)};
+}
+
+static int d_setup(void)
+{
+    if (!Wd) {
+        Wd = t_alloc(sizeof(float) * W_ROWS * W_COLS);
+        BIGd = t_alloc(sizeof(float) * BIG_ROWS * 1024);
+        if (!Wd || !BIGd) return -1;
+    }
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 1);
+    t_fill(BIGd, sizeof(float) * BIG_ROWS * 1024, 2);
+    t_fill(Bd, sizeof Bd, 3);
+    t_fill(RNGd, sizeof RNGd, 4);
+    memset(J, 0, sizeof J);
+    for (int r = 0; r < NR_MAX; r++) J[r].timeout = 10;
+    return 0;
+}
+
+/* Rank r of n: its rows of w (Shard(0)), b replicated, its own rng. */
+static void d_shard(int r, int n)
+{
+    static const uint64_t ws[2] = {W_ROWS, W_COLS}, bs[1] = {10}, rs[1] = {8};
+    uint64_t rows = W_ROWS / (uint64_t)n, off[2] = {rows * (uint64_t)r, 0}, box[2] = {rows, W_COLS};
+    d_item(&J[r], "w", CKPTIO_DT_F32, 2, ws, off, box, Wd + off[0] * W_COLS, 0);
+    d_item(&J[r], "b", CKPTIO_DT_I64, 1, bs, NULL, NULL, Bd, 0);
+    d_item(&J[r], "rng", CKPTIO_DT_U8, 1, rs, NULL, NULL, RNGd[r], CKPTIO_DIST_RANK_LOCAL);
+}
+
+static void *d_main(void *p)
+{
+    djob *j = p;
+    if (j->absent) return NULL;
+    static const char *keys[] = {"step"};
+    static const void *vals[] = {"1000"};
+    static const size_t lens[] = {4};
+    ckptio_params prm = fparams(1);
+    j->result = ckptio_save_dist("ckpt", j->c, j->it, j->n, keys, vals, lens, 1, &prm, j->timeout,
+                                 &j->st);
+    snprintf(j->msg, sizeof j->msg, "%s", j->result < 0 ? ckptio_last_error() : "");
+    return NULL;
+}
+
+/* Every rank saves; returns 0 if every present rank gave the same result, else 1. */
+static int d_run(int n, void (*setup)(ckptio__comm_local *))
+{
+    ckptio__comm_local *g = NULL;
+    CHECK_OK(ckptio__comm_local_new(&g, n));
+    if (setup) setup(g);
+    pthread_t th[NR_MAX];
+    for (int r = 0; r < n; r++) {
+        J[r].c = ckptio__comm_local_rank(g, r);
+        CHECK(pthread_create(&th[r], NULL, d_main, &J[r]) == 0);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    ckptio__comm_local_free(g);
+    int first = -1;
+    for (int r = 0; r < n; r++) {
+        if (J[r].absent) continue;
+        fprintf(stderr, "rank %d: %d %s\n", r, J[r].result, J[r].msg);
+        if (first < 0) first = r;
+        CHECK(J[r].result == J[first].result);
+    }
+    return 0;
+}
+
+/* The checkpoint holds w, b, the ranks' rng and the metadata, bit-exact. */
+static int d_verify(int n, bool big)
+{
+    ckptio_reader *rd = NULL;
+    CHECK_OK(ckptio_reader_open(&rd, "ckpt", NULL));
+    float *w = malloc(sizeof(float) * W_ROWS * W_COLS);
+    CHECK_OK(ckptio_reader_read_tensor(rd, "w", w, sizeof(float) * W_ROWS * W_COLS));
+    CHECK(memcmp(w, Wd, sizeof(float) * W_ROWS * W_COLS) == 0);
+    free(w);
+    int64_t b[10];
+    CHECK_OK(ckptio_reader_read_tensor(rd, "b", b, sizeof b));
+    CHECK(memcmp(b, Bd, sizeof b) == 0);
+    for (int r = 0; r < n; r++) {
+        char name[32];
+        uint8_t rng[8];
+        snprintf(name, sizeof name, "rng@rank%d", r);
+        CHECK_OK(ckptio_reader_read_tensor(rd, name, rng, sizeof rng));
+        CHECK(memcmp(rng, RNGd[r], 8) == 0);
+    }
+    if (big) {
+        float *x = malloc(sizeof(float) * BIG_ROWS * 1024);
+        CHECK_OK(ckptio_reader_read_tensor(rd, "big", x, sizeof(float) * BIG_ROWS * 1024));
+        CHECK(memcmp(x, BIGd, sizeof(float) * BIG_ROWS * 1024) == 0);
+        free(x);
+    }
+    const void *v = NULL;
+    size_t vl = 0;
+    CHECK_OK(ckptio_reader_get_meta(rd, "step", &v, &vl));
+    CHECK(vl == 4 && memcmp(v, "1000", 4) == 0);
+    CHECK(ckptio_reader_num_tensors(rd) == 2u + (unsigned)n + (big ? 1u : 0u));
+    CHECK_OK(ckptio_reader_verify(rd, NULL));
+    ckptio_reader_close(rd);
+    CHECK(count_prefix("ckpt.tmp") == 0);
+    return 0;
+}
+
+static int test_save_shard0(void)
+{
+    CHECK(d_setup() == 0);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    CHECK(d_run(4, NULL) == 0);
+    for (int r = 0; r < 4; r++) {
+        CHECK_OK(J[r].result);
+        /* its rows of w, and its rng; b once, by someone */
+        CHECK(J[r].st.bytes >= 256 * W_COLS * 4 + 8);
+    }
+    CHECK(d_verify(4, false) == 0);
+    /* Again over it, same structure: the plan comes from the cache; the data changed. */
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 9);
+    CHECK(d_run(4, NULL) == 0);
+    CHECK_OK(J[0].result);
+    CHECK(d_verify(4, false) == 0);
+    return 0;
+}
+
+/* Replicated state: every rank holds w, b and a 12 MiB tensor whole; each writes a share. */
+static int test_save_replicated(void)
+{
+    CHECK(d_setup() == 0);
+    static const uint64_t ws[2] = {W_ROWS, W_COLS}, bs[1] = {10}, rs[1] = {8},
+                          gs[2] = {BIG_ROWS, 1024};
+    for (int r = 0; r < 4; r++) {
+        d_item(&J[r], "w", CKPTIO_DT_F32, 2, ws, NULL, NULL, Wd, 0);
+        d_item(&J[r], "b", CKPTIO_DT_I64, 1, bs, NULL, NULL, Bd, 0);
+        d_item(&J[r], "big", CKPTIO_DT_F32, 2, gs, NULL, NULL, BIGd, 0);
+        d_item(&J[r], "rng", CKPTIO_DT_U8, 1, rs, NULL, NULL, RNGd[r], CKPTIO_DIST_RANK_LOCAL);
+    }
+    CHECK(d_run(4, NULL) == 0);
+    uint64_t total = 0, writers = 0;
+    for (int r = 0; r < 4; r++) {
+        CHECK_OK(J[r].result);
+        total += J[r].st.bytes;
+        writers += J[r].st.bytes > 4u << 20;
+    }
+    CHECK(total == sizeof(float) * (W_ROWS * W_COLS + BIG_ROWS * 1024) + sizeof Bd + 4 * 8);
+    CHECK(writers >= 3); /* 'big' split in 3 slabs */
+    CHECK(d_verify(4, true) == 0);
+    return 0;
+}
+
+/* A checkpoint to keep: saved by 2 ranks. */
+static int d_previous(void)
+{
+    CHECK(d_setup() == 0);
+    for (int r = 0; r < 2; r++) d_shard(r, 2);
+    CHECK(d_run(2, NULL) == 0);
+    CHECK_OK(J[0].result);
+    CHECK(d_verify(2, false) == 0);
+    CHECK(d_setup() == 0);
+    return 0;
+}
+
+/* After a failed save: the previous checkpoint is intact, no temporary directory is left. */
+static int d_intact(void)
+{
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 1);
+    CHECK(d_verify(2, false) == 0);
+    return 0;
+}
+
+/* Rank 2 fails before writing (an invalid item; diverging replicas): every rank returns the
+ * same error, naming it, before any byte is written. */
+static int test_save_rank_error(void)
+{
+    CHECK(d_previous() == 0);
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 5);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    J[2].it[1].nbytes = 7;
+    CHECK(d_run(4, NULL) == 0);
+    CHECK_ERR(J[0].result, CKPTIO_E_SHAPE);
+    for (int r = 0; r < 4; r++) {
+        CHECK(strcmp(J[r].msg, J[0].msg) == 0);
+        CHECK(J[r].st.bytes == 0);
+    }
+    CHECK(t_contains(J[0].msg, "rank 2: tensor 'b'"));
+    CHECK(d_intact() == 0);
+    /* Replicas that differ. */
+    CHECK(d_setup() == 0);
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 5);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    static int64_t other[10];
+    memcpy(other, Bd, sizeof other);
+    other[3] ^= 1;
+    J[3].it[1].data = other;
+    CHECK(d_run(4, NULL) == 0);
+    CHECK_ERR(J[1].result, CKPTIO_E_DUPLICATE);
+    CHECK(t_contains(J[1].msg, "tensor 'b': ranks 0 and 3 hold different values"));
+    CHECK(d_intact() == 0);
+    return 0;
+}
+
+static void kill_rank2_writing(ckptio__comm_local *g)
+{
+    /* ops: gather holdings (0), plan (1), temporary dir (2), then the agreement on the
+     * writes (3): rank 2 dies once it has written its files. */
+    ckptio__comm_local_kill_at(g, 2, 3);
+}
+
+/* A rank dying mid-save, or never coming: the others fail within the timeout, nothing is
+ * published, the coordinator removes the temporary directory. */
+static int test_save_rank_dies(void)
+{
+    CHECK(d_previous() == 0);
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 5);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    CHECK(d_run(4, kill_rank2_writing) == 0);
+    for (int r = 0; r < 4; r++) CHECK(J[r].result < 0);
+    CHECK(d_intact() == 0);
+    CHECK(d_setup() == 0);
+    for (int r = 0; r < 4; r++) {
+        d_shard(r, 4);
+        J[r].timeout = 1;
+    }
+    J[3].absent = true;
+    CHECK(d_run(4, NULL) == 0);
+    for (int r = 0; r < 3; r++) CHECK_ERR(J[r].result, -ETIMEDOUT);
+    CHECK(d_intact() == 0);
+    return 0;
+}
+
+/* A full disk on one rank: every rank fails with its -ENOSPC, naming it. */
+static int enospc_openat(int d, const char *p, int fl, mode_t m)
+{
+    if ((fl & O_CREAT) && strstr(p, "r00002-")) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return ckptio__vfs_real.openat(d, p, fl, m);
+}
+
+static int test_save_enospc(void)
+{
+    CHECK(d_previous() == 0);
+    t_fill(Wd, sizeof(float) * W_ROWS * W_COLS, 5);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    ckptio__vfs v = ckptio__vfs_real;
+    v.openat = enospc_openat;
+    ckptio__vfs_set(&v);
+    int rc = d_run(4, NULL);
+    ckptio__vfs_set(NULL);
+    CHECK(rc == 0);
+    CHECK_ERR(J[0].result, -ENOSPC);
+    CHECK(t_contains(J[3].msg, "rank 2 of 4:"));
+    CHECK(d_intact() == 0);
+    return 0;
+}
+
 const ckptio_test tests_dist[] = {
     {"dist/partial_manifest", test_partial_manifest, 0, 20},
     {"dist/plan_shard0", test_plan_shard0, 0, 20},
@@ -575,5 +870,10 @@ const ckptio_test tests_dist[] = {
     {"dist/plan_rank_error", test_plan_rank_error, 0, 20},
     {"dist/plan_wire_untrusted", test_plan_wire_untrusted, 0, 60},
     {"dist/plan_many_ranks", test_plan_many_ranks, 0, 120},
+    {"dist/save_shard0", test_save_shard0, T_PER_BACKEND, 60},
+    {"dist/save_replicated", test_save_replicated, 0, 60},
+    {"dist/save_rank_error", test_save_rank_error, 0, 60},
+    {"dist/save_rank_dies", test_save_rank_dies, 0, 60},
+    {"dist/save_enospc", test_save_enospc, 0, 60},
     {0},
 };
