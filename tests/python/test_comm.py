@@ -239,3 +239,9 @@ def test_resolve() -> None:
         _comm.resolve("nccl")
     with pytest.raises(ckptio.InvalidType, match="got a object"):
         _comm.resolve(object())
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    assert doctest.testmod(_comm).failed == 0
