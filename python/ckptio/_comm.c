@@ -405,11 +405,13 @@ static PyObject *mod_comm_selftest(PyObject *self, PyObject *args)
         ckptio__pycomm_raise(c, rc);
         if (t.step) { /* name the step in a note, keeping the library's message intact */
             PyObject *e = fetch_exception();
-            PyObject *r = PyObject_CallMethod(e, "add_note", "s", t.step);
-            Py_XDECREF(r);
-            PyErr_Clear();
-            PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-            Py_DECREF(e);
+            if (e) {
+                PyObject *r = PyObject_CallMethod(e, "add_note", "s", t.step);
+                Py_XDECREF(r);
+                PyErr_Clear();
+                PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+                Py_DECREF(e);
+            }
         }
         goto out;
     }
