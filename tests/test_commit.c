@@ -87,6 +87,14 @@ static int test_dir_publish(void)
     CHECK_ERR(ckptio__txn_publish(&t, &msg), CKPTIO_E_STATE);
     ckptio__txn_fini(&t);
     CHECK(holds("ck/manifest", "new"));
+    /* through a link whose target ends in '/': the target's parent is the link's */
+    CHECK(symlink("step-1/", "latest") == 0);
+    CHECK_OK(ckptio__txn_begin(&t, "latest", DIRF, 0, 0, &msg));
+    CHECK(!strcmp(t.path, "step-1") && !strcmp(t.parent, "."));
+    CHECK(put(t.tmp_fd, "manifest", "1") == 0);
+    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    ckptio__txn_fini(&t);
+    CHECK(lstat("latest", &st) == 0 && S_ISLNK(st.st_mode) && holds("latest/manifest", "1"));
     /* a name that is no checkpoint directory */
     CHECK_ERR(ckptio__txn_begin(&t, "ck/..", DIRF, 0, 0, &msg), CKPTIO_E_USAGE);
     CHECK(t_contains(msg.text, "does not name a checkpoint directory"));

@@ -114,11 +114,12 @@ static int resolve(ckptio__txn *t, const char *path, ckptio__msg *msg)
     if (rc < 0)
         return ckptio__fail(msg, rc, "cannot save to '%s'%s", path,
                             rc == -ELOOP ? ": too many levels of symbolic links" : "");
+    len = strlen(t->path);
+    if (t->kind == CKPTIO__TXN_DIR) /* a link's target may end in '/' too */
+        while (len > 1 && t->path[len - 1] == '/') t->path[--len] = 0;
     t->parent = ckptio__parent_dir(t->path);
     if (!t->parent) return -ENOMEM;
     if (t->kind != CKPTIO__TXN_DIR) return 0;
-    len = strlen(t->path);
-    while (len > 1 && t->path[len - 1] == '/') t->path[--len] = 0;
     char *slash = strrchr(t->path, '/');
     const char *base = slash ? slash + 1 : t->path;
     if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
