@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The commit transaction: begin beside the target, publish by rename, or abort leaving it as it was. */
+/* The commit transaction: begin beside the target, publish by rename, or abort and leave it. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
