@@ -84,9 +84,14 @@ static inline int ckptio__handle_poison(ckptio__handle_state *h, int code)
     return code;
 }
 /* 0 if the handle is open, else its error (CKPTIO_E_STATE once committed) with a message in m
- * naming `path`. */
-CKPTIO__HIDDEN int ckptio__handle_usable(const ckptio__handle_state *h, ckptio__msg *m,
-                                         const char *path);
+ * naming `path`. Inline: every add of a small tensor asks. */
+CKPTIO__HIDDEN int ckptio__handle_unusable(const ckptio__handle_state *h, ckptio__msg *m,
+                                           const char *path);
+static inline int ckptio__handle_usable(const ckptio__handle_state *h, ckptio__msg *m,
+                                        const char *path)
+{
+    return CKPTIO__LIKELY(h->state == CKPTIO__H_OPEN) ? 0 : ckptio__handle_unusable(h, m, path);
+}
 
 /* Checked arithmetic: false on overflow. */
 static inline bool ckptio__mul(uint64_t a, uint64_t b, uint64_t *out)

@@ -92,7 +92,7 @@ int ckptio__refail(ckptio__msg *dst, const ckptio__msg *src, int code, const cha
     return ckptio__fail(dst, code, "%s%s", prefix, keep);
 }
 
-int ckptio__handle_usable(const ckptio__handle_state *h, ckptio__msg *m, const char *path)
+int ckptio__handle_unusable(const ckptio__handle_state *h, ckptio__msg *m, const char *path)
 {
     if (h->state == CKPTIO__H_FAILED)
         return ckptio__fail(m, h->err, "writer for '%s' failed earlier (%s); close it and save "
