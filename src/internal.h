@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Declarations shared by save.c and load.c: resolved parameters and directory helpers. */
+/* Declarations shared by save.c, file.c and load.c: resolved parameters and path helpers. */
 #ifndef CKPTIO_INTERNAL_H
 #define CKPTIO_INTERNAL_H
 
+#include "commit/txn.h" /* also the path helpers: readers follow links as writers do */
 #include "common/common.h"
 
 /* Parameters after defaults, CKPTIO_IO and sanity limits have been applied. */
@@ -21,21 +22,11 @@ CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, c
 /* Name reported in stats: "buffered" when asked for, else the engine's. */
 CKPTIO__HIDDEN void ckptio__stats_backend(char dst[16], int backend, const char *engine_name);
 
-/* A process-wide counter for unique temporary names (<path>.tmp-<pid>.<n>). */
-CKPTIO__HIDDEN unsigned ckptio__tmp_id(void);
-/* The directory holding `path` (malloc'd; "." or "/" where it has no other). */
-CKPTIO__HIDDEN char *ckptio__parent_dir(const char *path);
-
-/* Follow `path` while its last component is a symlink (a relative target taken from the link's
- * own directory, up to 40 links: else -ELOOP) and return the path of what it finally names,
- * malloc'd in *out; that may not exist (a dangling link names where to create). A path that is
- * no symlink, or cannot be inspected, comes back as it is. Writers save to the target, as
- * open(2) in torch.save would, so a link stays a link. */
-CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
-
-/* Remove a directory tree without following symlinks (openat/unlinkat); best effort, returns
- * the first error. */
-CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);
+/* The commit transaction's flags for these settings. */
+static inline unsigned ckptio__cfg_txn_flags(const ckptio__cfg *c)
+{
+    return (c->overwrite ? CKPTIO__TXN_OVERWRITE : 0) | (c->fsync ? CKPTIO__TXN_FSYNC : 0);
+}
 
 /* ---- the writer's hooks for distributed saves (save.c, used by save_dist.c) ---- */
 

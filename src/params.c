@@ -1,15 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Parameter defaults and their resolution into the settings an operation runs with. */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "io/engine.h"
@@ -82,82 +74,4 @@ void ckptio__stats_backend(char dst[16], int backend, const char *engine_name)
 {
     const char *n = backend == CKPTIO_BACKEND_BUFFERED ? "buffered" : engine_name;
     snprintf(dst, 16, "%s", n ? n : "none");
-}
-
-static int remove_at(int at, const char *name, int depth)
-{
-    if (depth > 64) return -ELOOP;
-    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOTDIR && errno != ELOOP) return errno == ENOENT ? 0 : -errno;
-        return unlinkat(at, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    }
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        int e = -errno;
-        close(fd);
-        return e;
-    }
-    int rc = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        int r = remove_at(dirfd(d), de->d_name, depth + 1);
-        if (r < 0 && !rc) rc = r;
-    }
-    closedir(d);
-    if (unlinkat(at, name, AT_REMOVEDIR) < 0 && errno != ENOENT && !rc) rc = -errno;
-    return rc;
-}
-
-int ckptio__remove_tree(const char *path)
-{
-    return remove_at(AT_FDCWD, path, 0);
-}
-
-static _Atomic unsigned tmp_counter;
-
-unsigned ckptio__tmp_id(void)
-{
-    return atomic_fetch_add(&tmp_counter, 1);
-}
-
-char *ckptio__parent_dir(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash) return strdup(".");
-    if (slash == path) return strdup("/");
-    return strndup(path, (size_t)(slash - path));
-}
-
-int ckptio__follow_links(const char *path, char **out)
-{
-    *out = NULL;
-    char *cur = strdup(path);
-    if (!cur) return -ENOMEM;
-    for (int hops = 0;; hops++) {
-        struct stat st;
-        if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) break;
-        if (hops == 40) {
-            free(cur);
-            return -ELOOP;
-        }
-        char target[PATH_MAX];
-        ssize_t n = readlink(cur, target, sizeof target - 1);
-        if (n < 0) break; /* replaced meanwhile: let the caller's own open report it */
-        target[n] = 0;
-        char *next = NULL;
-        if (target[0] == '/' || !strchr(cur, '/')) {
-            next = strdup(target);
-        } else {
-            char *dir = ckptio__parent_dir(cur);
-            if (dir && asprintf(&next, "%s/%s", dir, target) < 0) next = NULL;
-            free(dir);
-        }
-        free(cur);
-        if (!next) return -ENOMEM;
-        cur = next;
-    }
-    *out = cur;
-    return 0;
 }

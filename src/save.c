@@ -7,12 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include "commit/txn.h"
 #include "common/hasher.h"
 #include "format/manifest.h"
 #include "internal.h"
@@ -21,10 +18,6 @@
 #include "io/vfs.h"
 
 #define DATA_FILE "data/000000.ckd"
-
-/* W_PART: a rank's share of a distributed save is written and described (finish_part); only
- * the coordinator's publish_manifest may follow. */
-enum { W_OPEN, W_COMMITTED, W_FAILED, W_PART };
 
 /* Per-tensor bookkeeping while writing; becomes a ckptio__mtensor at commit. */
 typedef struct wtensor {
@@ -64,16 +57,14 @@ typedef struct arena_block {
 struct ckptio_writer {
     ckptio__msg msg;
     ckptio__cfg cfg;
-    int state;
-    int err; /* the poisoning error, once failed */
-    char *path, *tmp_path, *parent;
-    char *old_path; /* where publish moved the checkpoint it replaced, until it is removed */
-    int tmp_fd; /* directory fd of tmp_path */
-    int fd;     /* the data file */
+    ckptio__handle_state hs;
+    ckptio__txn txn;   /* the temporary directory and its publish */
+    const char *path;  /* txn.path, for messages */
+    int fd;            /* the data file */
     char *data_label; /* its path, for messages */
     char data_file[40]; /* its name in the checkpoint: DATA_FILE, or data/rNNNNN-000000.ckd */
-    bool joined;        /* writes into another process's temporary directory: never removes it */
-    char *tmp_abs;      /* tmp_path made absolute, for the ranks that join it */
+    char *tmp_abs;      /* a distributed save's temporary directory, absolute, for the ranks */
+    bool part_done;     /* a rank's share is written and described; only publish may follow */
     ckptio__sink sink;
     ckptio__hasher *hasher; /* started with the first large chunk */
     ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
@@ -114,33 +105,12 @@ static const char *arena_dup(ckptio_writer *w, const char *s, size_t len)
 
 static int poison(ckptio_writer *w, int code)
 {
-    if (w->state == W_OPEN) {
-        w->state = W_FAILED;
-        w->err = code;
-    }
-    return code;
+    return ckptio__handle_poison(&w->hs, code);
 }
 
 static int check_usable(ckptio_writer *w)
 {
-    if (w->state == W_FAILED)
-        return ckptio__fail(&w->msg, w->err,
-                            "writer for '%s' failed earlier (%s); close it and save again",
-                            w->path, ckptio_strerror(w->err));
-    if (w->state != W_OPEN)
-        return ckptio__fail(&w->msg, CKPTIO_E_STATE,
-                            "writer for '%s' was already committed; open a new writer", w->path);
-    return 0;
-}
-
-/* The writers of a distributed save end in W_PART, then (the coordinator's) publish. */
-static int check_part(ckptio_writer *w)
-{
-    if (w->state == W_FAILED) return check_usable(w);
-    if (w->state != W_PART)
-        return ckptio__fail(&w->msg, CKPTIO_E_STATE, "writer for '%s' holds no finished part",
-                            w->path);
-    return 0;
+    return ckptio__handle_usable(&w->hs, &w->msg, w->path);
 }
 
 static void fmt_dims(char *buf, size_t len, const uint64_t *d, uint32_t n)
@@ -215,173 +185,22 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
 
 /* ---- open ---- */
 
-/* A path that is a symlink (latest -> step-1000) is saved through: the checkpoint it points to
- * is the one created or replaced, beside it, and the link stays a link. */
-static int split_path(ckptio_writer *w, const char *path)
-{
-    size_t len = strlen(path);
-    while (len > 1 && path[len - 1] == '/') len--;
-    char *given = strndup(path, len);
-    if (!given) return -ENOMEM;
-    int rc = ckptio__follow_links(given, &w->path);
-    free(given);
-    if (rc < 0)
-        return ckptio__fail(&w->msg, rc, "cannot save to '%s'%s", path,
-                            rc == -ELOOP ? ": too many levels of symbolic links" : "");
-    len = strlen(w->path);
-    while (len > 1 && w->path[len - 1] == '/') w->path[--len] = 0;
-    char *slash = strrchr(w->path, '/');
-    w->parent = ckptio__parent_dir(w->path);
-    if (!w->parent) return -ENOMEM;
-    const char *base = slash ? slash + 1 : w->path;
-    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
-        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
-                            "'%s' does not name a checkpoint directory; give a path like "
-                            "ckpt/step-1000",
-                            path);
-    return 0;
-}
-
-enum { AT_NOTHING, AT_CHECKPOINT, AT_EMPTY_DIR };
-
-/* 1 if directory `path` has no entries, 0 if it has some, -errno if it cannot be read. */
-static int dir_empty(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) return -errno;
-    struct dirent *de;
-    int empty = 1;
-    while (empty && (de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) empty = 0;
-    closedir(d);
-    return empty;
-}
-
-/* What is at the path. It may be replaced only if it is a committed checkpoint or an empty
- * directory, so that `overwrite` can never destroy something that is not ours. Nothing is
- * changed here: until commit's rename the path stays exactly as it was. */
-static int inspect_path(ckptio_writer *w, int *kind)
-{
-    struct stat st;
-    *kind = AT_NOTHING;
-    if (lstat(w->path, &st) < 0) {
-        if (errno == ENOENT) return 0;
-        return ckptio__fail(&w->msg, -errno, "cannot inspect '%s'", w->path);
-    }
-    if (!w->cfg.overwrite)
-        return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
-                            "'%s' already exists; pass overwrite to replace it, or choose "
-                            "another path",
-                            w->path);
-    if (!S_ISDIR(st.st_mode))
-        return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
-                            "'%s' exists and is not a directory; refusing to replace it",
-                            w->path);
-    char mpath[PATH_MAX];
-    if (snprintf(mpath, sizeof mpath, "%s/manifest", w->path) >= (int)sizeof mpath)
-        return ckptio__fail(&w->msg, -ENAMETOOLONG, "path '%s' is too long", w->path);
-    if (access(mpath, F_OK) == 0) {
-        *kind = AT_CHECKPOINT;
-        return 0;
-    }
-    int empty = dir_empty(w->path);
-    if (empty == 1) *kind = AT_EMPTY_DIR;
-    if (empty == 1 || empty == -ENOENT) return 0;
-    return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
-                        "'%s' exists and is not a ckptio checkpoint (no manifest); refusing to "
-                        "replace it",
-                        w->path);
-}
-
-/* Whether `ent` is "<base>.tmp-<pid>.<n>" (decimal pid and n, nothing after); sets *pid. */
-static bool stale_name(const char *ent, const char *base, size_t blen, long *pid)
-{
-    if (strncmp(ent, base, blen) || strncmp(ent + blen, ".tmp-", 5)) return false;
-    const char *p = ent + blen + 5;
-    char *end;
-    if (*p < '1' || *p > '9') return false;
-    long v = strtol(p, &end, 10);
-    if (*end != '.' || end[1] < '0' || end[1] > '9') return false;
-    for (p = end + 1; *p; p++)
-        if (*p < '0' || *p > '9') return false;
-    *pid = v;
-    return v > 0 && v <= INT_MAX;
-}
-
-/* Remove the temporary directories that killed saves of this same name left behind. One is
- * removed only if all hold: its name is exactly <name>.tmp-<pid>.<n>; it is a directory, not a
- * symlink; <pid> is not ours and no such process exists (kill(pid, 0) gives ESRCH); and no
- * one holds its lock (a live writer keeps flock(LOCK_EX) on its temp dir, which also covers a
- * writer in another pid namespace on the same machine). Where the lock cannot be taken for any
- * reason (NFS), it stays. Best effort: failures are ignored, the save goes on. */
-static void clean_stale(ckptio_writer *w)
-{
-    const char *slash = strrchr(w->path, '/');
-    const char *base = slash ? slash + 1 : w->path;
-    size_t blen = strlen(base);
-    int pfd = open(w->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (pfd < 0) return;
-    DIR *d = fdopendir(pfd);
-    if (!d) {
-        close(pfd);
-        return;
-    }
-    struct dirent *de;
-    long pid;
-    while ((de = readdir(d))) {
-        if (!stale_name(de->d_name, base, blen, &pid) || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0) continue;
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            char *full = NULL;
-            if (asprintf(&full, "%s/%s", w->parent, de->d_name) >= 0) {
-                ckptio__remove_tree(full);
-                free(full);
-            }
-        }
-        close(fd); /* drops the lock, after the directory is gone */
-    }
-    closedir(d);
-}
-
-static int make_tmp(ckptio_writer *w)
-{
-    size_t len = strlen(w->path) + 64;
-    w->tmp_path = malloc(len);
-    if (!w->tmp_path) return -ENOMEM;
-    for (int tries = 0; tries < 1000; tries++) {
-        unsigned n = ckptio__tmp_id();
-        snprintf(w->tmp_path, len, "%s.tmp-%d.%u", w->path, (int)getpid(), n);
-        if (CKPTIO__VFS->mkdirat(AT_FDCWD, w->tmp_path, 0755) == 0) goto made;
-        if (errno != EEXIST)
-            return ckptio__fail(&w->msg, -errno, "cannot create directory '%s' (is '%s' writable?)",
-                                w->tmp_path, w->parent);
-    }
-    return ckptio__fail(&w->msg, -EEXIST, "cannot find a free temporary name next to '%s'",
-                        w->path);
-made:
-    w->tmp_fd = ckptio__vfs_open(AT_FDCWD, w->tmp_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (w->tmp_fd < 0) return ckptio__fail(&w->msg, -errno, "cannot open '%s'", w->tmp_path);
-    /* Held until close: tells clean_stale() in other processes that this save is alive. */
-    (void)flock(w->tmp_fd, LOCK_EX | LOCK_NB);
-    return 0;
-}
-
-/* The data directory (the ranks of a distributed save share it) and this writer's file. */
+/* The temporary directory's contents: data/ and the data file, streamed through the sink. */
 static int make_data(ckptio_writer *w)
 {
-    if (CKPTIO__VFS->mkdirat(w->tmp_fd, "data", 0755) < 0 && !(w->joined && errno == EEXIST))
-        return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", w->tmp_path);
+    const char *tmp = w->txn.tmp_path, *file = w->data_file;
+    /* The ranks of a distributed save share data/: whoever comes first makes it. */
+    if (CKPTIO__VFS->mkdirat(w->txn.tmp_fd, "data", 0755) < 0 &&
+        !(!w->txn.owner && errno == EEXIST))
+        return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", tmp);
     int direct = 0;
-    const char *DATA = w->data_file;
-    int rc = ckptio__file_open(w->tmp_fd, DATA, CKPTIO__F_WRITE, w->cfg.direct, &w->fd, &direct);
+    int rc = ckptio__file_open(w->txn.tmp_fd, file, CKPTIO__F_WRITE, w->cfg.direct, &w->fd,
+                               &direct);
     if (rc < 0)
-        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", w->tmp_path,
-                            DATA,
+        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", tmp, file,
                             rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
                                           : "");
-    if (asprintf(&w->data_label, "%s/%s", w->tmp_path, DATA) < 0) {
+    if (asprintf(&w->data_label, "%s/%s", tmp, file) < 0) {
         w->data_label = NULL;
         return -ENOMEM;
     }
@@ -390,10 +209,10 @@ static int make_data(ckptio_writer *w)
                              &w->msg);
 }
 
-/* join: the temporary directory of another writer (a distributed save's coordinator) to write
- * into; part: a rank's share of a distributed save, in its own data file. */
-static int open_writer(ckptio_writer **out, const char *path, const ckptio_params *p,
-                       const char *join, bool part, uint32_t rank)
+/* part: a rank's share of a distributed save, in its own data file; join: the temporary
+ * directory that the coordinator began, to write into (NULL: begin it). */
+static int open_writer(ckptio_writer **out, const char *path, const ckptio_params *p, bool part,
+                       const char *join, uint32_t rank)
 {
     if (!out || !path || !*path) {
         if (out) *out = NULL;
@@ -402,7 +221,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     *out = NULL;
     ckptio_writer *w = calloc(1, sizeof *w);
     if (!w) return ckptio__fail(NULL, -ENOMEM, "out of memory opening a writer for '%s'", path);
-    w->fd = w->tmp_fd = -1;
+    w->fd = -1;
     w->t_open = ckptio__now();
     ckptio__vec_init(&w->tensors, sizeof(wtensor));
     ckptio__vec_init(&w->chunks, sizeof(ckptio__mchunk));
@@ -414,28 +233,19 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     ckptio__strmap_init(&w->names);
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
-    CKPTIO__CHECK(split_path(w, path));
     if (part) snprintf(w->data_file, sizeof w->data_file, "data/r%05u-000000.ckd", rank);
     else snprintf(w->data_file, sizeof w->data_file, "%s", DATA_FILE);
-    if (join) {
-        w->joined = true;
-        w->tmp_path = strdup(join);
-        CKPTIO__GOTO_IF(!w->tmp_path, -ENOMEM);
-        w->tmp_fd = ckptio__vfs_open(AT_FDCWD, join, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-        CKPTIO__GOTO_IF(w->tmp_fd < 0, ckptio__fail(&w->msg, -errno,
-                                                    "cannot open the temporary directory '%s' "
-                                                    "(do all ranks see the same file system?)",
-                                                    join));
-    } else {
-        int kind;
-        CKPTIO__CHECK(inspect_path(w, &kind));
-        clean_stale(w);
-        CKPTIO__CHECK(make_tmp(w));
-        if (part) {
-            w->tmp_abs = realpath(w->tmp_path, NULL);
-            CKPTIO__GOTO_IF(!w->tmp_abs, ckptio__fail(&w->msg, -errno, "cannot resolve '%s'",
-                                                      w->tmp_path));
-        }
+    if (join)
+        CKPTIO__CHECK(ckptio__txn_join(&w->txn, path, join, ckptio__cfg_txn_flags(&w->cfg),
+                                       &w->msg));
+    else
+        CKPTIO__CHECK(ckptio__txn_begin(&w->txn, path, CKPTIO__TXN_DIR,
+                                        ckptio__cfg_txn_flags(&w->cfg), 0, &w->msg));
+    w->path = w->txn.path;
+    if (part && !join) {
+        w->tmp_abs = realpath(w->txn.tmp_path, NULL);
+        CKPTIO__GOTO_IF(!w->tmp_abs, ckptio__fail(&w->msg, -errno, "cannot resolve '%s'",
+                                                  w->txn.tmp_path));
     }
     CKPTIO__CHECK(make_data(w));
     ckptio__stats_backend(w->stats.backend, w->cfg.backend, ckptio__engine_name(w->sink.eng));
@@ -445,29 +255,25 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     return 0;
 out:
     if (rc == -ENOMEM && !w->msg.text[0]) ckptio__fail(&w->msg, rc, "out of memory");
-    {
-        char keep[CKPTIO__MSG_LEN];
-        memcpy(keep, w->msg.text, sizeof keep);
-        ckptio_writer_close(w);
-        ckptio__fail(NULL, rc, "%s", keep[0] ? keep : "cannot open writer");
-    }
-    return rc;
+    ckptio__msg keep = w->msg;
+    ckptio_writer_close(w);
+    return ckptio__refail(NULL, &keep, rc, "cannot open writer", NULL);
 }
 
 int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p)
 {
-    return open_writer(out, path, p, NULL, false, 0);
+    return open_writer(out, path, p, false, NULL, 0);
 }
 
 int ckptio__writer_open_part(ckptio_writer **out, const char *path, const char *join,
                              uint32_t rank, const ckptio_params *p)
 {
-    return open_writer(out, path, p, join, true, rank);
+    return open_writer(out, path, p, true, join, rank);
 }
 
 const char *ckptio__writer_tmp_path(const ckptio_writer *w)
 {
-    return w->tmp_abs ? w->tmp_abs : w->tmp_path;
+    return w->tmp_abs ? w->tmp_abs : w->txn.tmp_path;
 }
 
 /* ---- add ---- */
@@ -621,9 +427,7 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     int rc = write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
     if (rc < 0) {
         settle_hashes(w); /* nothing may still read the caller's buffer once we fail */
-        char why[CKPTIO__MSG_LEN];
-        memcpy(why, w->msg.text, sizeof why);
-        ckptio__fail(&w->msg, rc, "saving tensor '%s': %s", name, why[0] ? why : "write failed");
+        ckptio__refail(&w->msg, &w->msg, rc, "write failed", "saving tensor '%s': ", name);
         return poison(w, rc);
     }
     return 0;
@@ -804,83 +608,41 @@ static int write_all(int fd, const uint8_t *p, uint64_t n)
 
 static int write_manifest(ckptio_writer *w, const uint8_t *buf, uint64_t len)
 {
-    int fd = ckptio__vfs_open(w->tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return ckptio__fail(&w->msg, -errno, "cannot create '%s/manifest'", w->tmp_path);
+    int fd = ckptio__vfs_open(w->txn.tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                              0644);
+    if (fd < 0)
+        return ckptio__fail(&w->msg, -errno, "cannot create '%s/manifest'", w->txn.tmp_path);
     int rc = write_all(fd, buf, len);
     if (rc == 0 && w->cfg.fsync) rc = ckptio__fsync(fd);
     if (close(fd) < 0 && rc == 0) rc = -errno;
     if (rc < 0)
-        return ckptio__fail(&w->msg, rc, "writing '%s/manifest' failed%s", w->tmp_path,
+        return ckptio__fail(&w->msg, rc, "writing '%s/manifest' failed%s", w->txn.tmp_path,
                             rc == -ENOSPC ? ": the device is full" : "");
     return 0;
 }
 
-/* rename through the vfs, both paths relative to the working directory. */
-static int ren(const char *from, const char *to, unsigned flags)
+/* Write the manifest into the temporary directory and publish it: the end of every commit. */
+static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
 {
-    return CKPTIO__VFS->renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
+    int rc;
+    CKPTIO__TRY(write_manifest(w, man, man_len));
+    /* data/'s entry must be durable before the rename exposes it; the transaction syncs the
+     * temporary directory itself. */
+    if (w->cfg.fsync) {
+        char data_dir[PATH_MAX];
+        snprintf(data_dir, sizeof data_dir, "%s/data", w->txn.tmp_path);
+        if ((rc = ckptio__fsync_path(data_dir)) < 0)
+            return ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", w->txn.tmp_path);
+    }
+    rc = ckptio__txn_publish(&w->txn, &w->msg);
+    if (w->txn.published) { /* CKPTIO_E_NOT_DURABLE too: the checkpoint is complete */
+        w->hs.state = CKPTIO__H_COMMITTED;
+        w->stats.seconds = ckptio__now() - w->t_open;
+        w->stats.gbps =
+            w->stats.seconds > 0 ? (double)w->stats.bytes / w->stats.seconds / 1e9 : 0;
+    }
+    return rc;
 }
-
-/* Move the finished temp dir into place. Replacement swaps the two directories atomically, so
- * `path` always names a complete checkpoint, old or new; the old one is left at w->old_path
- * for commit to remove once the swap is durable. */
-static int publish(ckptio_writer *w)
-{
-    if (ren(w->tmp_path, w->path, RENAME_NOREPLACE) == 0) return 0;
-    int e = errno;
-    if (e != EEXIST && e != ENOTEMPTY && e != EINVAL)
-        return ckptio__fail(&w->msg, -e, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
-    if (e == EINVAL) {
-        /* No RENAME_NOREPLACE on this file system: check, then plain rename. */
-        if (access(w->path, F_OK) != 0 && ren(w->tmp_path, w->path, 0) == 0) return 0;
-    }
-    if (!w->cfg.overwrite)
-        return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
-                            "'%s' appeared while saving (another writer?); the new checkpoint "
-                            "was not published",
-                            w->path);
-    int kind;
-    int rc = inspect_path(w, &kind);
-    if (rc < 0) return rc;
-    if (kind != AT_CHECKPOINT) {
-        /* rename(2) replaces an empty directory atomically and refuses one that has filled
-         * since it was inspected. */
-        if (ren(w->tmp_path, w->path, 0) == 0) return 0;
-        if (errno == ENOTEMPTY || errno == EEXIST)
-            return ckptio__fail(&w->msg, CKPTIO_E_EXISTS,
-                                "'%s' is no longer empty; refusing to replace it: the new "
-                                "checkpoint was not published",
-                                w->path);
-        return ckptio__fail(&w->msg, -errno, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
-    }
-    if (ren(w->tmp_path, w->path, RENAME_EXCHANGE) == 0) {
-        w->old_path = strdup(w->tmp_path); /* now the old checkpoint */
-        return 0;
-    }
-    if (errno != EINVAL)
-        return ckptio__fail(&w->msg, -errno, "cannot swap '%s' into '%s'", w->tmp_path, w->path);
-    /* No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
-     * leaves it at <path>.old-*, complete and loadable. */
-    char old[PATH_MAX];
-    snprintf(old, sizeof old, "%s.old-%d.%u", w->path, (int)getpid(),
-             ckptio__tmp_id());
-    if (ren(w->path, old, 0) < 0)
-        return ckptio__fail(&w->msg, -errno, "cannot move '%s' aside", w->path);
-    if (ren(w->tmp_path, w->path, 0) < 0) {
-        int err = -errno;
-        /* Put the old one back; if even that fails, say where it is so nothing is lost. */
-        if (ren(old, w->path, 0) < 0)
-            return ckptio__fail(&w->msg, err,
-                                "cannot rename '%s' to '%s', nor move the previous checkpoint "
-                                "back: it is intact at '%s'",
-                                w->tmp_path, w->path, old);
-        return ckptio__fail(&w->msg, err, "cannot rename '%s' to '%s'", w->tmp_path, w->path);
-    }
-    w->old_path = strdup(old);
-    return 0;
-}
-
-static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len);
 
 int ckptio_writer_commit(ckptio_writer *w)
 {
@@ -901,50 +663,13 @@ int ckptio_writer_commit(ckptio_writer *w)
     close(w->fd);
     w->fd = -1;
     CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, false));
-    CKPTIO__CHECK(publish_with(w, man, man_len));
+    rc = publish_with(w, man, man_len);
 out:
     free(man);
-    if (rc < 0 && w->state == W_OPEN) {
+    if (rc < 0 && w->hs.state == CKPTIO__H_OPEN) {
         if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "committing '%s' failed", w->path);
         poison(w, rc);
     }
-    return rc;
-}
-
-/* Write the manifest into the temporary directory and publish it (the end of every commit). */
-static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
-{
-    int rc;
-    CKPTIO__TRY(write_manifest(w, man, man_len));
-    /* The directory entries (data/, manifest) must be durable before the rename exposes them. */
-    if (w->cfg.fsync) {
-        char data_dir[PATH_MAX];
-        snprintf(data_dir, sizeof data_dir, "%s/data", w->tmp_path);
-        if ((rc = ckptio__fsync_path(data_dir)) < 0 || (rc = ckptio__fsync(w->tmp_fd)) < 0) {
-            ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", w->tmp_path);
-            goto out;
-        }
-    }
-    CKPTIO__CHECK(publish(w));
-    /* Past the rename nothing is undone: the new checkpoint is complete and visible, only its
-     * directory entry may not survive a crash, which is not the same as "not saved". */
-    w->state = W_COMMITTED;
-    w->stats.seconds = ckptio__now() - w->t_open;
-    w->stats.gbps = w->stats.seconds > 0 ? (double)w->stats.bytes / w->stats.seconds / 1e9 : 0;
-    rc = w->cfg.fsync ? ckptio__fsync_path(w->parent) : 0;
-    /* The replaced checkpoint goes only after that fsync, so that no crash finds `path`
-     * naming a directory already emptied. */
-    if (w->old_path) ckptio__remove_tree(w->old_path);
-    if (rc < 0) {
-        ckptio__fail(&w->msg, CKPTIO_E_NOT_DURABLE,
-                     "published at '%s', but its directory entry may not be durable: fsync of "
-                     "'%s' failed: %s; the checkpoint is complete; re-run sync or save again",
-                     w->path, w->parent, strerror(-rc));
-        rc = CKPTIO_E_NOT_DURABLE;
-        goto out;
-    }
-    rc = 0;
-out:
     return rc;
 }
 
@@ -968,19 +693,22 @@ int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part)
     CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, true));
     CKPTIO__GOTO_IF(ckptio_bytes_set(part, man, man_len) < 0, -ENOMEM);
     if (w->cfg.fsync) {
-        /* Each rank makes its own entries durable: on a shared file system one fsync by the
-         * coordinator need not cover what another client created. */
+        /* Each rank makes its own entry durable: on a shared file system the coordinator's
+         * fsync of data/ need not cover what another client created. */
         char data_dir[PATH_MAX];
-        snprintf(data_dir, sizeof data_dir, "%s/data", w->tmp_path);
+        snprintf(data_dir, sizeof data_dir, "%s/data", w->txn.tmp_path);
         if ((rc = ckptio__fsync_path(data_dir)) < 0) {
             ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", data_dir);
             goto out;
         }
     }
-    w->state = W_PART;
+    /* Closed to adds (they now say "committed"); the temporary directory stays until the
+     * coordinator publishes it or its close removes it. */
+    w->hs.state = CKPTIO__H_COMMITTED;
+    w->part_done = true;
 out:
     free(man);
-    if (rc < 0 && w->state == W_OPEN) {
+    if (rc < 0 && w->hs.state == CKPTIO__H_OPEN) {
         if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "writing '%s' failed", w->data_label);
         poison(w, rc);
     }
@@ -990,14 +718,11 @@ out:
 int ckptio__writer_publish_manifest(ckptio_writer *w, const uint8_t *man, uint64_t len)
 {
     ckptio__msg_clear(&w->msg);
-    CKPTIO__TRY(check_part(w));
-    if (w->joined)
-        return ckptio__fail(&w->msg, CKPTIO_E_STATE, "only the coordinator publishes '%s'", w->path);
+    if (!w->part_done || !w->txn.owner || w->txn.published)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE,
+                            "internal error: '%s' has no finished part to publish", w->path);
     int rc = publish_with(w, man, len);
-    if (rc < 0 && w->state == W_PART) {
-        w->state = W_FAILED;
-        w->err = rc;
-    }
+    if (rc < 0 && !w->txn.published) w->part_done = false;
     return rc;
 }
 
@@ -1009,9 +734,9 @@ void ckptio_writer_close(ckptio_writer *w)
     ckptio__hasher_stop(w->hasher);
     ckptio__vec_free(&w->pending);
     if (w->fd >= 0) close(w->fd);
-    if (w->tmp_fd >= 0) close(w->tmp_fd);
-    if (w->state != W_COMMITTED && w->tmp_path && !w->joined) ckptio__remove_tree(w->tmp_path);
+    ckptio__txn_fini(&w->txn); /* removes the temporary directory unless published */
     free(w->data_label);
+    free(w->tmp_abs);
     for (size_t i = 0; i < w->meta.len; i++) {
         wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
         free(m->key);
@@ -1029,11 +754,6 @@ void ckptio_writer_close(ckptio_writer *w)
         free(w->arena);
         w->arena = p;
     }
-    free(w->path);
-    free(w->tmp_path);
-    free(w->tmp_abs);
-    free(w->old_path);
-    free(w->parent);
     free(w);
 }
 
@@ -1042,7 +762,7 @@ int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out)
     if (!w || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_stats: NULL argument");
     *out = w->stats;
     out->tensors = w->tensors.len;
-    if (w->state != W_COMMITTED) {
+    if (w->hs.state != CKPTIO__H_COMMITTED) {
         out->seconds = ckptio__now() - w->t_open;
         out->gbps = out->seconds > 0 ? (double)out->bytes / out->seconds / 1e9 : 0;
     }

@@ -58,6 +58,40 @@ CKPTIO__HIDDEN int ckptio__fail(ckptio__msg *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 CKPTIO__HIDDEN int ckptio__vfail(ckptio__msg *m, int code, const char *fmt, va_list ap);
 CKPTIO__HIDDEN void ckptio__msg_clear(ckptio__msg *m);
+/* Raise again, with `code`, what `src` says (or `fallback` where it says nothing; with neither,
+ * nothing happens): after the printf-style prefix `fmt` when that is not NULL, the text goes to
+ * the thread's last error and to `dst` (may be NULL). The text is copied first, so dst may be
+ * src. A constructor that fails copies its handle's message (a struct copy), closes the handle,
+ * then raises the copy, so that close can neither free nor overwrite it. Returns code. */
+CKPTIO__HIDDEN int ckptio__refail(ckptio__msg *dst, const ckptio__msg *src, int code,
+                                  const char *fallback, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* The life of a writer handle: open until committed, or failed for good with the first error
+ * (a writer whose data may be incomplete must not publish). Every call checks it first. */
+enum { CKPTIO__H_OPEN, CKPTIO__H_COMMITTED, CKPTIO__H_FAILED };
+typedef struct ckptio__handle_state {
+    int state; /* CKPTIO__H_*; zero (open) on a calloc'd handle */
+    int err;   /* the poisoning error, once failed */
+} ckptio__handle_state;
+/* Fail the handle with `code` if it is still open (the first error sticks); returns code. */
+static inline int ckptio__handle_poison(ckptio__handle_state *h, int code)
+{
+    if (h->state == CKPTIO__H_OPEN) {
+        h->state = CKPTIO__H_FAILED;
+        h->err = code;
+    }
+    return code;
+}
+/* 0 if the handle is open, else its error (CKPTIO_E_STATE once committed) with a message in m
+ * naming `path`. Inline: every add of a small tensor asks. */
+CKPTIO__HIDDEN int ckptio__handle_unusable(const ckptio__handle_state *h, ckptio__msg *m,
+                                           const char *path);
+static inline int ckptio__handle_usable(const ckptio__handle_state *h, ckptio__msg *m,
+                                        const char *path)
+{
+    return CKPTIO__LIKELY(h->state == CKPTIO__H_OPEN) ? 0 : ckptio__handle_unusable(h, m, path);
+}
 
 /* Checked arithmetic: false on overflow. */
 static inline bool ckptio__mul(uint64_t a, uint64_t b, uint64_t *out)

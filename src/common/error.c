@@ -75,3 +75,30 @@ void ckptio__msg_clear(ckptio__msg *m)
 {
     if (m) m->text[0] = 0;
 }
+
+int ckptio__refail(ckptio__msg *dst, const ckptio__msg *src, int code, const char *fallback,
+                   const char *fmt, ...)
+{
+    const char *text = src && src->text[0] ? src->text : fallback;
+    if (!text) return code;
+    char keep[CKPTIO__MSG_LEN], prefix[CKPTIO__MSG_LEN] = "";
+    snprintf(keep, sizeof keep, "%s", text);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(prefix, sizeof prefix, fmt, ap);
+        va_end(ap);
+    }
+    return ckptio__fail(dst, code, "%s%s", prefix, keep);
+}
+
+int ckptio__handle_unusable(const ckptio__handle_state *h, ckptio__msg *m, const char *path)
+{
+    if (h->state == CKPTIO__H_FAILED)
+        return ckptio__fail(m, h->err, "writer for '%s' failed earlier (%s); close it and save "
+                            "again", path, ckptio_strerror(h->err));
+    if (h->state != CKPTIO__H_OPEN)
+        return ckptio__fail(m, CKPTIO_E_STATE,
+                            "writer for '%s' was already committed; open a new writer", path);
+    return 0;
+}

@@ -8,7 +8,6 @@ import importlib
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 
@@ -17,21 +16,21 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_readme_examples_run() -> None:
+def test_readme_examples_run(tmp_path: pathlib.Path) -> None:
     text = (ROOT / "doc" / "python.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) >= 5
-    shutil.rmtree("/tmp/ckptio-doc", ignore_errors=True)
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the JAX example sets it itself
-    try:
-        for i, code in enumerate(blocks):
-            res = subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-            )
-            assert res.returncode == 0, f"example {i + 1} failed:\n{code}\n{res.stderr}"
-    finally:
-        shutil.rmtree("/tmp/ckptio-doc", ignore_errors=True)
+    for i, code in enumerate(blocks):
+        # Each run writes under its own directory: parallel runs never share /tmp/ckptio-doc.
+        code = code.replace("/tmp/ckptio-doc", str(tmp_path / "doc"))
+        res = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert res.returncode == 0, f"example {i + 1} failed:\n{code}\n{res.stderr}"
+    assert (tmp_path / "doc").is_dir()
 
 
 def test_readme_python_example_runs(tmp_path: pathlib.Path) -> None:

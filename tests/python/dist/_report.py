@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared by the rank programs: run ckptio's communicator self-test and write what it returned
+as TAG-RANK.json in the folder $CKPTIO_TEST_OUT (a file per rank: mpirun interleaves the lines
+of several ranks' output)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ckptio import _core
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def emit(tag: str, value: dict[str, Any]) -> None:
+    path = os.path.join(os.environ["CKPTIO_TEST_OUT"], f"{tag}-{value['rank']}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(_plain(value), f)
+    os.replace(path + ".tmp", path)
+
+
+def selftest(tag: str, comm: Any, timeout: float, fail_rank: int = -1) -> None:
+    """Run _comm_selftest and print what it returned, or the error it raised."""
+    try:
+        emit(tag, _core._comm_selftest(comm, timeout, fail_rank))
+    except Exception as e:  # reported, then judged by the test
+        emit(tag, {
+            "rank": comm.rank,
+            "error": type(e).__name__,
+            "code": getattr(e, "code", None),
+            "message": str(e),
+            "cause": type(e.__cause__).__name__ if e.__cause__ else None,
+            "notes": getattr(e, "__notes__", []),
+        })
