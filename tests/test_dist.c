@@ -436,7 +436,7 @@ static int test_plan_wire_untrusted(void)
     CHECK_OK(ckptio__holdings_encode(R[0].it, R[0].n, &b, err, sizeof err));
     ckptio__holdings *h = NULL;
     for (size_t len = 0; len < b.len; len++) {
-        uint8_t *copy = malloc(len + 1);
+        uint8_t *copy = malloc(len ? len : 1);
         memcpy(copy, b.data, len);
         CHECK_ERR(ckptio__holdings_decode(copy, len, &h, err, sizeof err), CKPTIO_E_CORRUPT);
         free(copy);
