@@ -584,6 +584,7 @@ typedef struct djob {
     uint64_t dims[8][3][2];
     size_t n;
     bool absent; /* never calls: a rank that hangs or died before the save */
+    bool keep;   /* overwrite off */
     double timeout;
     int result;
     char msg[1024];
@@ -640,7 +641,7 @@ static void *d_main(void *p)
     static const char *keys[] = {"step"};
     static const void *vals[] = {"1000"};
     static const size_t lens[] = {4};
-    ckptio_params prm = fparams(1);
+    ckptio_params prm = fparams(!j->keep);
     j->result = ckptio_save_dist("ckpt", j->c, j->it, j->n, keys, vals, lens, 1, &prm, j->timeout,
                                  &j->st);
     snprintf(j->msg, sizeof j->msg, "%s", j->result < 0 ? ckptio_last_error() : "");
@@ -830,6 +831,33 @@ static int test_save_rank_dies(void)
     return 0;
 }
 
+/* Ranks with nothing to write (replicated state smaller than a slab goes to one of them) still
+ * take part; an existing checkpoint without overwrite fails every rank, from rank 0's begin. */
+static int test_save_idle_ranks(void)
+{
+    CHECK(d_setup() == 0);
+    static const uint64_t bs[1] = {10};
+    for (int r = 0; r < 4; r++) d_item(&J[r], "b", CKPTIO_DT_I64, 1, bs, NULL, NULL, Bd, 0);
+    CHECK(d_run(4, NULL) == 0);
+    CHECK_OK(J[0].result);
+    int writers = 0;
+    for (int r = 0; r < 4; r++) writers += J[r].st.bytes > 0;
+    CHECK(writers == 1);
+    ckptio_reader *rd = NULL;
+    int64_t b[10];
+    CHECK_OK(ckptio_reader_open(&rd, "ckpt", NULL));
+    CHECK(ckptio_reader_num_tensors(rd) == 1);
+    CHECK_OK(ckptio_reader_read_tensor(rd, "b", b, sizeof b));
+    CHECK(memcmp(b, Bd, sizeof b) == 0);
+    ckptio_reader_close(rd);
+    for (int r = 0; r < 4; r++) J[r].keep = true;
+    CHECK(d_run(4, NULL) == 0);
+    CHECK_ERR(J[2].result, CKPTIO_E_EXISTS);
+    CHECK(t_contains(J[2].msg, "rank 0 of 4:"));
+    CHECK(count_prefix("ckpt.tmp") == 0);
+    return 0;
+}
+
 /* A full disk on one rank: every rank fails with its -ENOSPC, naming it. */
 static int enospc_openat(int d, const char *p, int fl, mode_t m)
 {
@@ -875,5 +903,6 @@ const ckptio_test tests_dist[] = {
     {"dist/save_rank_error", test_save_rank_error, 0, 60},
     {"dist/save_rank_dies", test_save_rank_dies, 0, 60},
     {"dist/save_enospc", test_save_enospc, 0, 60},
+    {"dist/save_idle_ranks", test_save_idle_ranks, 0, 60},
     {0},
 };
