@@ -35,6 +35,13 @@ __all__ = ["save_async", "AsyncSave", "release_buffers", "default_max_host_bytes
 # releases the GIL while it copies).
 _COPY_PIECE = 64 << 20
 _COPY_THREADS = 2
+# The writer's staging memory when part of a state is written during the call: a quarter of
+# the cap, within these bounds (the library's default is the upper one).
+_MIN_STAGING = 16 << 20
+_MAX_STAGING = 64 << 20
+# A tensor that does not fit is split (part copied, part written during the call) only if at
+# least this much of it fits.
+_MIN_SPLIT = 1 << 20
 
 
 def default_max_host_bytes() -> int:
@@ -258,7 +265,7 @@ def _save_async(
     cap = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise error(USAGE, f"max_host_bytes must be an int >= 0, got {cap!r}", InvalidType)
-    p = params(io_options, overwrite=overwrite)
+    p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
     with _LOCK:
         _wait_previous()
@@ -302,6 +309,15 @@ def _snapshot(
     overflow: list[Any] = []
     deferred: list[Deferred] = []
     used = 0
+    total = 0
+    for it in staged.items:
+        total += it.nbytes if type(it) is Deferred else _as_array(it.data).nbytes
+    if total > cap:
+        # Part of the state is written during the call, through the writer's staging memory
+        # (caller's buffers are rarely aligned): that memory counts against the cap too.
+        if not p["staging_bytes"]:
+            p["staging_bytes"] = min(max(cap // 4, _MIN_STAGING), _MAX_STAGING)
+        cap = max(cap - p["staging_bytes"], 0)
     for it in staged.items:
         if type(it) is Deferred:
             deferred.append(it)
@@ -316,7 +332,12 @@ def _snapshot(
             plan.append((len(out), it, src))
             out.append(None)
         else:
-            overflow.append(it)
+            head, tail = _split(it, src, cap - used)
+            if head is not None:
+                used += head[1].nbytes
+                plan.append((len(out), head[0], head[1]))
+                out.append(None)
+            overflow.append(tail)
     bufs.extend(_POOL.take([src.nbytes for _, _, src in plan], cap))
     pairs = []
     for (i, it, src), b in zip(plan, bufs):
@@ -344,6 +365,28 @@ def _snapshot(
     else:
         _copy_into(pairs)
     return out, writer
+
+
+def _split(it: Any, src: np.ndarray, room: int) -> tuple[tuple[Any, np.ndarray] | None, Any]:
+    """Cut item ``it`` (data ``src``) along its first dimension so that the head fits in
+    ``room`` bytes: ((head item, head's bytes) or None, tail item). Head and tail are chunks
+    of the tensor, written from a copy and from the caller's memory."""
+    shape = it.shape if it.shape is not None else src.shape
+    chunk = it.chunk_shape if it.chunk_shape is not None else shape
+    rows = chunk[0] if chunk else 0
+    if rows < 2 or src.nbytes % rows or room < _MIN_SPLIT:
+        return None, it
+    row_bytes = src.nbytes // rows
+    k = min(room // row_bytes, rows - 1)
+    if k < 1:
+        return None, it
+    off = it.offset if it.offset is not None else (0,) * len(shape)
+    u8 = src.reshape(-1).view(np.uint8)
+    cut = k * row_bytes
+    head = AddItem((it.name, it.dtype, shape, u8[:cut], off, (k,) + tuple(chunk[1:])))
+    tail = AddItem((it.name, it.dtype, shape, u8[cut:], (off[0] + k,) + tuple(off[1:]),
+                    (rows - k,) + tuple(chunk[1:])))  # fmt: skip
+    return (head, u8[:cut]), tail
 
 
 def _background(
