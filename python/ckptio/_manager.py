@@ -140,8 +140,8 @@ class Manager:
 
     def restore(self, step: int | None = None, like: Any = None, **load_options: Any) -> Any:
         """Load step ``step`` (default: the latest committed one), as ckptio.load(path,
-        like=like, **load_options) does. A save in flight is waited for first."""
-        self._check_open()
+        like=like, **load_options) does. A save in flight is waited for first. Listing and
+        restoring work after close() too."""
         self.wait_until_finished()
         if step is None:
             step = self.latest_step()
