@@ -115,6 +115,34 @@ static int64_t find_name(const char *strtab, const void *base, size_t n, size_t 
     return -1;
 }
 
+/* The first versions of the structs that may grow end with these fields. */
+#define REGION_V1 (offsetof(ckptio_region, capacity) + sizeof(uint64_t))
+#define RANGE_V1 (offsetof(ckptio_range, dst) + sizeof(void *))
+#define TENSOR_INFO_V1 (offsetof(ckptio_tensor_info, num_chunks) + sizeof(uint64_t))
+
+/* Element i of the caller's array of sized structs (stride: element 0's size) into *out, as
+ * far as its size covers; the rest of *out is zero. */
+static int take_sized(ckptio__msg *msg, void *out, size_t ours, size_t v1, const void *arr,
+                      size_t i, const char *fn, const char *type)
+{
+    uint32_t stride, size;
+    memcpy(&stride, arr, sizeof stride);
+    if (stride < v1)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s: element 0 has .size %u; set .size = sizeof(%s) (%zu here)", fn,
+                            stride, type, ours);
+    const uint8_t *e = (const uint8_t *)arr + i * (size_t)stride;
+    memcpy(&size, e, sizeof size);
+    if (size != stride)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s: element %zu has .size %u but element 0 has %u; set every "
+                            ".size = sizeof(%s)",
+                            fn, i, size, stride, type);
+    memset(out, 0, ours);
+    memcpy(out, e, CKPTIO__MIN((size_t)size, ours));
+    return 0;
+}
+
 /* ---- open ---- */
 
 static int read_manifest(ckptio_reader *r, uint8_t **buf, uint64_t *len)
@@ -294,16 +322,23 @@ int ckptio_reader_tensor(const ckptio_reader *r, size_t index, ckptio_tensor_inf
     if (index >= r->m->n_tensors)
         return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "'%s' has %llu tensors; index %zu is past them",
                             r->path, (unsigned long long)r->m->n_tensors, index);
+    if (out->size < TENSOR_INFO_V1)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_reader_tensor: out->size is %u; set it to "
+                            "sizeof(ckptio_tensor_info) (%zu here) before the call",
+                            out->size, sizeof(ckptio_tensor_info));
     const ckptio__mtensor *t = &r->m->tensors[index];
     uint64_t stored = 0;
     for (uint64_t c = 0; c < t->n_chunks; c++) stored += r->m->chunks[t->chunk0 + c].stored_len;
-    out->name = r->m->strtab + t->name;
-    out->dtype = (int)t->dtype;
-    out->ndim = t->ndim;
-    out->shape = r->m->dims + t->dims;
-    ckptio__volume(out->shape, t->ndim, ckptio_dtype_size((int)t->dtype), &out->nbytes);
-    out->stored_bytes = stored;
-    out->num_chunks = t->n_chunks;
+    ckptio_tensor_info ti = {.size = out->size};
+    ti.name = r->m->strtab + t->name;
+    ti.dtype = (int)t->dtype;
+    ti.ndim = t->ndim;
+    ti.shape = r->m->dims + t->dims;
+    ckptio__volume(ti.shape, t->ndim, ckptio_dtype_size((int)t->dtype), &ti.nbytes);
+    ti.stored_bytes = stored;
+    ti.num_chunks = t->n_chunks;
+    memcpy(out, &ti, CKPTIO__MIN((size_t)out->size, sizeof ti)); /* what the caller's holds */
     return 0;
 }
 
@@ -875,8 +910,22 @@ int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
     plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
     int rc;
     box bx;
+    ckptio_region reg;
     for (size_t i = 0; i < n; i++) {
-        CKPTIO__CHECK(prepare_region(r, &regions[i], i, &bx));
+        CKPTIO__CHECK(take_sized(&r->msg, &reg, sizeof reg, REGION_V1, regions, i,
+                                 "ckptio_reader_read", "ckptio_region"));
+        if (reg.memory != CKPTIO_MEM_HOST) {
+            rc = reg.memory == CKPTIO_MEM_CUDA
+                     ? ckptio__fail(&r->msg, CKPTIO_E_UNSUPPORTED,
+                                    "region %zu: GPU destinations arrive with the GPU backend; "
+                                    "read into host memory (CKPTIO_MEM_HOST) for now",
+                                    i)
+                     : ckptio__fail(&r->msg, CKPTIO_E_USAGE,
+                                    "region %zu: unknown memory kind %u (CKPTIO_MEM_HOST is 0)", i,
+                                    reg.memory);
+            goto out;
+        }
+        CKPTIO__CHECK(prepare_region(r, &reg, i, &bx));
         CKPTIO__CHECK(plan_region(r, &pl, &bx));
     }
     CKPTIO__CHECK(execute(r, &pl));
@@ -891,7 +940,7 @@ out:
 int ckptio_reader_read_tensor(ckptio_reader *r, const char *name, void *dst, uint64_t capacity)
 {
     if (!name) return ckptio__fail(r ? &r->msg : NULL, CKPTIO_E_USAGE, "ckptio_reader_read_tensor: name is NULL");
-    ckptio_region reg = {.name = name, .dst = dst, .capacity = capacity};
+    ckptio_region reg = {.size = sizeof reg, .name = name, .dst = dst, .capacity = capacity};
     return ckptio_reader_read(r, &reg, 1);
 }
 
@@ -1027,7 +1076,10 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
     st.direct = file.direct;
     st.alignment = file.off_align;
     for (size_t i = 0; i < n; i++) {
-        const ckptio_range *g = &ranges[i];
+        ckptio_range rg;
+        const ckptio_range *g = &rg;
+        CKPTIO__CHECK(take_sized(&msg, &rg, sizeof rg, RANGE_V1, ranges, i, "ckptio_file_read",
+                                 "ckptio_range"));
         if (!g->len) continue;
         if (!g->dst) {
             rc = ckptio__fail(&msg, CKPTIO_E_USAGE, "ckptio_file_read: range %zu has no destination", i);
