@@ -586,12 +586,10 @@ static int test_sizes(void)
                 uint64_t cap = dst_round[k] ? round_up(nb ? nb : 1, PAGE) : nb;
                 gbuf dst;
                 CHECK(gbuf_make(&dst, cap, dst_lead[k]) == 0);
+                ckptio_region whole = {.size = sizeof whole, .name = name, .dst = dst.p,
+                                       .capacity = cap};
                 int rc = k % 2 ? ckptio_reader_read_tensor(r, name, dst.p, cap)
-                               : ckptio_reader_read(r, &(ckptio_region){.size = sizeof(ckptio_region),
-                                                                         .name = name,
-                                                                         .dst = dst.p,
-                                                                         .capacity = cap},
-                                                    1);
+                               : ckptio_reader_read(r, &whole, 1);
                 CHECKF(rc >= 0, "%s into dst kind %zu (cap %llu): %s: %s", name, k,
                        (unsigned long long)cap, ckptio_errname(rc), ckptio_reader_errmsg(r));
                 CHECKF(memcmp(dst.p, src[c][s].p, nb) == 0, "%s: dst kind %zu: data differ",
