@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The read ring: a batch of positioned reads, many in flight, into the caller's memory or staging. */
+/* The read ring: batches of positioned reads, many in flight, into caller memory or staging. */
 #ifndef CKPTIO_RING_H
 #define CKPTIO_RING_H
 
