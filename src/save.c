@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/hasher.h"
+#include "format/box.h"
 #include "format/manifest.h"
 #include "internal.h"
 #include "io/engine.h"
@@ -126,16 +127,6 @@ static int check_usable(ckptio_writer *w)
         return ckptio__fail(&w->msg, CKPTIO_E_STATE,
                             "writer for '%s' was already committed; open a new writer", w->path);
     return 0;
-}
-
-static void fmt_dims(char *buf, size_t len, const uint64_t *d, uint32_t n)
-{
-    size_t used = 0;
-    buf[0] = 0;
-    for (uint32_t i = 0; i < n && used + 24 < len; i++)
-        used += (size_t)snprintf(buf + used, len - used, "%s%llu", i ? "," : "",
-                                 (unsigned long long)d[i]);
-    if (n == 0) snprintf(buf, len, "scalar");
 }
 
 static void hash_blocks(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t *out)
@@ -413,14 +404,6 @@ out:
 
 /* ---- add ---- */
 
-static bool boxes_overlap(const uint64_t *ao, const uint64_t *as, const uint64_t *bo,
-                          const uint64_t *bs, uint32_t ndim)
-{
-    for (uint32_t i = 0; i < ndim; i++)
-        if (ao[i] >= bo[i] + bs[i] || bo[i] >= ao[i] + as[i]) return false;
-    return true;
-}
-
 static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_len, int dtype,
                               uint32_t ndim, const uint64_t *shape, uint64_t *index)
 {
@@ -431,8 +414,8 @@ static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_le
         if (t->dtype != (uint32_t)dtype || t->ndim != ndim ||
             (ndim && memcmp(gs, shape, ndim * sizeof *shape))) {
             char a[256], b[256];
-            fmt_dims(a, sizeof a, gs, t->ndim);
-            fmt_dims(b, sizeof b, shape, ndim);
+            ckptio__fmt_dims(a, sizeof a, gs, t->ndim, "scalar");
+            ckptio__fmt_dims(b, sizeof b, shape, ndim, "scalar");
             return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
                                 "tensor '%s': this chunk says %s [%s] but an earlier chunk said "
                                 "%s [%s]; every chunk must give the same dtype and global shape",
@@ -491,9 +474,9 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
         uint64_t end;
         if (!ckptio__add(co[i], cs[i], &end) || end > shape[i]) {
             char a[256], b[256], c[256];
-            fmt_dims(a, sizeof a, co, ndim);
-            fmt_dims(b, sizeof b, cs, ndim);
-            fmt_dims(c, sizeof c, shape, ndim);
+            ckptio__fmt_dims(a, sizeof a, co, ndim, "scalar");
+            ckptio__fmt_dims(b, sizeof b, cs, ndim, "scalar");
+            ckptio__fmt_dims(c, sizeof c, shape, ndim, "scalar");
             return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
                                 "tensor '%s': chunk at offset [%s] of shape [%s] lies outside "
                                 "the tensor's shape [%s]",
@@ -524,10 +507,10 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     for (uint64_t c = t->head; c != UINT64_MAX; c = *CKPTIO__VEC_AT(&w->next, uint64_t, c)) {
         const ckptio__mchunk *mc = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, c);
         const uint64_t *d = CKPTIO__VEC_AT(&w->dims, uint64_t, mc->dims);
-        if (tvol == 0 || boxes_overlap(d, d + ndim, co, cs, ndim)) {
+        if (tvol == 0 || ckptio__boxes_overlap(d, d + ndim, co, cs, ndim)) {
             char a[256], b[256];
-            fmt_dims(a, sizeof a, co, ndim);
-            fmt_dims(b, sizeof b, cs, ndim);
+            ckptio__fmt_dims(a, sizeof a, co, ndim, "scalar");
+            ckptio__fmt_dims(b, sizeof b, cs, ndim, "scalar");
             return ckptio__fail(&w->msg, CKPTIO_E_DUPLICATE,
                                 "tensor '%s': chunk at offset [%s] shape [%s] overlaps a chunk "
                                 "already added (duplicate tensor name?)",
@@ -626,9 +609,7 @@ typedef struct name_ref {
 static int cmp_name(const void *a, const void *b)
 {
     const name_ref *x = a, *y = b;
-    int c = memcmp(x->s, y->s, CKPTIO__MIN(x->len, y->len));
-    if (c) return c;
-    return x->len < y->len ? -1 : x->len > y->len;
+    return ckptio__name_cmp(x->s, x->len, y->s, y->len);
 }
 
 static int push_str(ckptio__vec *strtab, const void *s, size_t len, uint64_t *off)
@@ -663,7 +644,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
     for (size_t i = 0; i < nt; i++) {
         const wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, order[i].index);
         uint64_t volume;
-        ckptio__volume(CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims), t->ndim, 1, &volume);
+        ckptio__shape_volume(CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims), t->ndim, &volume);
         if (t->covered != volume) {
             rc = ckptio__fail(&w->msg, CKPTIO_E_INCOMPLETE,
                               "tensor '%s': its chunks cover %llu of %llu elements; add the "
