@@ -148,6 +148,20 @@ static void settle_hashes(ckptio_writer *w)
     w->pending.len = 0;
 }
 
+typedef struct hash_ctx {
+    ckptio_writer *w;
+    uint64_t csum_at; /* the chunk's first checksum */
+} hash_ctx;
+
+/* The sink's hook: checksums of the blocks of one piece, `at` bytes into the chunk (pieces
+ * start on block boundaries). */
+static void hash_piece(void *ctx, const uint8_t *piece, uint64_t n, uint64_t at)
+{
+    hash_ctx *h = ctx;
+    hash_blocks(h->w, piece, n,
+                CKPTIO__VEC_AT(&h->w->csums, uint64_t, h->csum_at + at / h->w->cfg.csum_block));
+}
+
 /* Write one chunk's bytes at `off`; its block checksums go to csums[csum_at...]. Large chunks
  * are hashed by the hasher thread from the caller's memory while this thread copies and
  * submits, which the buffer lifetime rule (valid until flush or commit) allows. */
@@ -166,27 +180,8 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
         CKPTIO__TRY(ckptio__hasher_push(w->hasher, src, n, p.buf));
     }
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
-    if (ckptio__sink_can_place(&w->sink, src, n)) {
-        uint64_t step = w->cfg.request;
-        for (uint64_t i = 0; i < n; i += step) {
-            uint64_t len = CKPTIO__MIN(step, n - i);
-            if (ckptio__sink_can_place(&w->sink, src + i, len))
-                CKPTIO__TRY(ckptio__sink_write_in_place(&w->sink, src + i, len));
-            else
-                CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
-            if (n_csums && !async)
-                hash_blocks(w, src + i, len, CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + i / B));
-        }
-        return 0;
-    }
-    /* Small chunks: copy and hash block by block, each block hashed while still in cache. */
-    for (uint64_t i = 0, k = 0; i < n; i += B, k++) {
-        uint64_t len = CKPTIO__MIN(B, n - i);
-        CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
-        if (n_csums && !async)
-            *CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + k) = ckptio__hash(src + i, len);
-    }
-    return 0;
+    hash_ctx h = {.w = w, .csum_at = csum_at};
+    return ckptio__sink_put(&w->sink, src, n, B, n_csums && !async ? hash_piece : NULL, &h);
 }
 
 /* ---- open ---- */
