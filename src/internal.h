@@ -37,4 +37,9 @@ CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
  * the first error. */
 CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);
 
+/* The writer's data files (ckptio_writer_set_data_files): a multi-rank save gives each rank's
+ * writer its own prefix, so that rank R's files are data/rNNNNN-000000.ckd, ... */
+CKPTIO__HIDDEN int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix,
+                                                 uint64_t max_file_bytes);
+
 #endif

@@ -70,6 +70,12 @@ struct ckptio_writer {
     int tmp_fd; /* directory fd of tmp_path */
     int fd;     /* the data file */
     char *data_label; /* its path, for messages */
+    /* The data files: file i is data/<prefix><i in 6 digits>.ckd. Bytes go to the last one
+     * (fd, sink); the sizes of those before it, finished, are kept in done_sizes. */
+    char *file_prefix;       /* NULL: none */
+    uint64_t max_file_bytes; /* a chunk that would pass it starts the next file; 0: no bound */
+    uint64_t *done_sizes;
+    size_t n_done, cap_done;
     ckptio__sink sink;
     ckptio__hasher *hasher; /* started with the first large chunk */
     ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
@@ -127,6 +133,109 @@ static int check_usable(ckptio_writer *w)
         return ckptio__fail(&w->msg, CKPTIO_E_STATE,
                             "writer for '%s' was already committed; open a new writer", w->path);
     return 0;
+}
+
+/* Longest data file name: "data/", a prefix, 7 digits at most (CKPTIO__MAX_FILES), ".ckd". */
+#define MAX_PREFIX 64
+#define DATA_NAME_LEN (MAX_PREFIX + 32)
+
+static void data_name(const ckptio_writer *w, uint64_t i, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "data/%s%06llu.ckd", w->file_prefix ? w->file_prefix : "",
+             (unsigned long long)i);
+}
+
+/* Finish the current data file (its writes done, its length cut, fsynced) and go on in the
+ * next one, through the same sink. */
+static int roll_file(ckptio_writer *w)
+{
+    if (w->n_done + 1 >= CKPTIO__MAX_FILES)
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT,
+                            "'%s' would need more than %u data files; raise max_file_bytes",
+                            w->path, CKPTIO__MAX_FILES);
+    if (w->n_done == w->cap_done) {
+        size_t cap = w->cap_done ? 2 * w->cap_done : 16;
+        uint64_t *d = realloc(w->done_sizes, cap * sizeof *d);
+        CKPTIO__RET_IF(!d, -ENOMEM);
+        w->done_sizes = d;
+        w->cap_done = cap;
+    }
+    CKPTIO__TRY(ckptio__sink_finish(&w->sink));
+    int rc;
+    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
+        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                            w->data_label);
+    close(w->fd);
+    w->fd = -1;
+    w->done_sizes[w->n_done++] = w->sink.cursor;
+    char name[DATA_NAME_LEN], *label;
+    data_name(w, w->n_done, name, sizeof name);
+    CKPTIO__RET_IF(asprintf(&label, "%s/%s", w->tmp_path, name) < 0, -ENOMEM);
+    int direct = 0;
+    rc = ckptio__file_open(w->tmp_fd, name, CKPTIO__F_WRITE, w->cfg.direct, &w->fd, &direct);
+    if (rc < 0) {
+        free(label);
+        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'", w->tmp_path, name);
+    }
+    rc = ckptio__sink_switch(&w->sink, w->fd, direct, label);
+    free(w->data_label);
+    w->data_label = label;
+    return rc;
+}
+
+int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t max_file_bytes)
+{
+    if (!w)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_set_data_files: writer is NULL");
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    if (w->chunks.len || w->n_done)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE,
+                            "writer for '%s': set the data files before the first "
+                            "ckptio_writer_add",
+                            w->path);
+    size_t len = prefix ? strlen(prefix) : 0;
+    bool ok = len <= MAX_PREFIX;
+    for (size_t i = 0; ok && i < len; i++) {
+        char c = prefix[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '-' || c == '_' || (c == '.' && i > 0);
+    }
+    if (!ok)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "data file prefix '%.80s' is not valid: at most %d of [A-Za-z0-9._-], "
+                            "not starting with '.'",
+                            prefix, MAX_PREFIX);
+    const char *old = w->file_prefix ? w->file_prefix : "";
+    if (strcmp(old, len ? prefix : "") != 0) {
+        /* The first data file exists since open: give it its new name. */
+        char from[DATA_NAME_LEN], to[DATA_NAME_LEN], *label, *p = len ? strdup(prefix) : NULL;
+        CKPTIO__RET_IF(len && !p, -ENOMEM);
+        data_name(w, 0, from, sizeof from);
+        char *was = w->file_prefix;
+        w->file_prefix = p;
+        data_name(w, 0, to, sizeof to);
+        if (asprintf(&label, "%s/%s", w->tmp_path, to) < 0) label = NULL;
+        if (!label || CKPTIO__VFS->renameat2(w->tmp_fd, from, w->tmp_fd, to, 0) < 0) {
+            int rc = label ? -errno : -ENOMEM;
+            free(label);
+            free(p);
+            w->file_prefix = was;
+            return ckptio__fail(&w->msg, rc, "cannot rename '%s/%s' to '%s'", w->tmp_path, from,
+                                to);
+        }
+        free(was);
+        free(w->data_label);
+        w->data_label = label;
+        w->sink.label = label;
+    }
+    w->max_file_bytes = max_file_bytes;
+    return 0;
+}
+
+int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t max_file_bytes)
+{
+    return ckptio__writer_set_data_files(w, prefix, max_file_bytes);
 }
 
 static void hash_blocks(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t *out)
@@ -516,6 +625,14 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     /* Record the chunk, then stream its bytes. */
     uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
     uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN : CKPTIO__SMALL_ALIGN;
+    if (nbytes && w->max_file_bytes && w->sink.cursor) {
+        uint64_t at = ckptio__align_up(w->sink.cursor, align);
+        int rc = at >= w->max_file_bytes || nbytes > w->max_file_bytes - at ? roll_file(w) : 0;
+        if (rc < 0) { /* the tensor may already be in the name map: fatal */
+            settle_hashes(w);
+            return poison(w, rc);
+        }
+    }
     uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
     int64_t di = ckptio__vec_push(&w->dims, co, ndim);
     int64_t di2 = di >= 0 ? ckptio__vec_push(&w->dims, cs, ndim) : di;
@@ -524,7 +641,7 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
         return poison(w, ckptio__fail(&w->msg, -ENOMEM, "out of memory adding tensor '%s'", name));
     ckptio__mchunk mc = {.dims = (uint64_t)di, .file_off = off, .stored_len = nbytes,
                          .raw_len = nbytes, .csums = (uint64_t)ci, .n_csums = n_csums,
-                         .file = 0, .codec = CKPTIO__CODEC_NONE, .tensor = (uint32_t)ti};
+                         .file = (uint32_t)w->n_done, .codec = CKPTIO__CODEC_NONE, .tensor = (uint32_t)ti};
     int64_t chunk = ckptio__vec_push(&w->chunks, &mc, 1);
     uint64_t none = UINT64_MAX;
     if (chunk < 0 || ckptio__vec_push(&w->next, &none, 1) < 0)
@@ -626,6 +743,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
     ckptio__mtensor *mt = malloc((nt + 1) * sizeof *mt);
     ckptio__mchunk *mc = malloc((w->chunks.len + 1) * sizeof *mc);
     ckptio__mmeta *mm = malloc((nm + 1) * sizeof *mm);
+    ckptio__mfile *files = NULL;
     ckptio__vec strtab;
     ckptio__vec_init(&strtab, 1);
     *buf = NULL;
@@ -667,16 +785,24 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         CKPTIO__CHECK(push_str(&strtab, m->key, m->key_len, &mm[i].key));
         CKPTIO__CHECK(push_str(&strtab, m->val, m->val_len, &mm[i].val));
     }
-    ckptio__mfile file = {.name_len = (uint32_t)strlen(DATA_FILE), .size = file_size};
-    CKPTIO__CHECK(push_str(&strtab, DATA_FILE, strlen(DATA_FILE), &file.name));
+    uint64_t nf = w->n_done + 1;
+    files = malloc(nf * sizeof *files);
+    CKPTIO__GOTO_IF(!files, -ENOMEM);
+    for (uint64_t i = 0; i < nf; i++) {
+        char name[DATA_NAME_LEN];
+        data_name(w, i, name, sizeof name);
+        files[i] = (ckptio__mfile){.name_len = (uint32_t)strlen(name),
+                                   .size = i < w->n_done ? w->done_sizes[i] : file_size};
+        CKPTIO__CHECK(push_str(&strtab, name, files[i].name_len, &files[i].name));
+    }
 
     ckptio__manifest m = {
         .version = CKPTIO_FORMAT_VERSION,
         .csum_algo = w->cfg.checksums ? CKPTIO__CSUM_XXH3_64 : CKPTIO__CSUM_NONE,
         .csum_block = w->cfg.csum_block,
-        .n_files = 1, .n_tensors = nt, .n_chunks = nc, .n_meta = nm,
+        .n_files = nf, .n_tensors = nt, .n_chunks = nc, .n_meta = nm,
         .n_dims = w->dims.len, .n_csums = w->csums.len, .strtab_len = strtab.len,
-        .files = &file, .tensors = mt, .chunks = mc, .meta = mm,
+        .files = files, .tensors = mt, .chunks = mc, .meta = mm,
         .dims = w->dims.items, .csums = w->csums.items, .strtab = strtab.items,
     };
     char err[512];
@@ -700,6 +826,7 @@ out:
     free(mt);
     free(mc);
     free(mm);
+    free(files);
     ckptio__vec_free(&strtab);
     return rc;
 }
@@ -864,6 +991,8 @@ void ckptio_writer_close(ckptio_writer *w)
     if (w->tmp_fd >= 0) close(w->tmp_fd);
     if (w->state != W_COMMITTED && w->tmp_path) ckptio__remove_tree(w->tmp_path);
     free(w->data_label);
+    free(w->file_prefix);
+    free(w->done_sizes);
     for (size_t i = 0; i < w->meta.len; i++) {
         wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
         free(m->key);

@@ -234,20 +234,34 @@ int ckptio__sink_finish(ckptio__sink *s)
     return 0;
 }
 
+static void set_file(ckptio__sink *s, int fd, int direct, const char *label)
+{
+    s->fd = fd;
+    s->direct = direct;
+    s->label = label;
+    if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
+    else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
+    s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
+}
+
+int ckptio__sink_switch(ckptio__sink *s, int fd, int direct, const char *label)
+{
+    CKPTIO__TRY(s->err);
+    assert(!s->win && !s->eng->inflight);
+    set_file(s, fd, direct, label);
+    s->cursor = s->sent_end = s->reserved = 0;
+    return 0;
+}
+
 int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend, unsigned depth,
                       unsigned threads, uint64_t staging, uint64_t request, const char *label,
                       ckptio__msg *msg)
 {
     memset(s, 0, sizeof *s);
-    s->fd = fd;
-    s->direct = direct;
-    s->label = label;
+    set_file(s, fd, direct, label);
     s->msg = msg;
     s->request = request;
     s->depth = depth;
-    if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
-    else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
-    s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
     int rc = ckptio__engine_open(&s->eng, backend, depth, threads);
     if (rc < 0) {
         s->eng = NULL;

@@ -67,5 +67,8 @@ CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
 /* Send the last window, wait for everything, and cut the file to `cursor` bytes (the last
  * write was padded to the alignment). Does not fsync. */
 CKPTIO__HIDDEN int ckptio__sink_finish(ckptio__sink *s);
+/* After ckptio__sink_finish, go on in another file, from its offset 0, keeping the engine, the
+ * staging pool and io_bytes: a writer rolling over to its next data file. */
+CKPTIO__HIDDEN int ckptio__sink_switch(ckptio__sink *s, int fd, int direct, const char *label);
 
 #endif
