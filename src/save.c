@@ -547,6 +547,16 @@ static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_le
     return 0;
 }
 
+/* A failure while writing the chunk of tensor `name`: the writer is poisoned. */
+static int add_failed(ckptio_writer *w, int rc, const char *name)
+{
+    settle_hashes(w); /* nothing may still read the caller's buffer once we fail */
+    char why[CKPTIO__MSG_LEN];
+    memcpy(why, w->msg.text, sizeof why);
+    ckptio__fail(&w->msg, rc, "saving tensor '%s': %s", name, why[0] ? why : "write failed");
+    return poison(w, rc);
+}
+
 int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
                       const uint64_t *shape, const uint64_t *chunk_offset,
                       const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
@@ -628,10 +638,7 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     if (nbytes && w->max_file_bytes && w->sink.cursor) {
         uint64_t at = ckptio__align_up(w->sink.cursor, align);
         int rc = at >= w->max_file_bytes || nbytes > w->max_file_bytes - at ? roll_file(w) : 0;
-        if (rc < 0) { /* the tensor may already be in the name map: fatal */
-            settle_hashes(w);
-            return poison(w, rc);
-        }
+        if (rc < 0) return add_failed(w, rc, name); /* the tensor may be in the map: fatal */
     }
     uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
     int64_t di = ckptio__vec_push(&w->dims, co, ndim);
@@ -641,7 +648,8 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
         return poison(w, ckptio__fail(&w->msg, -ENOMEM, "out of memory adding tensor '%s'", name));
     ckptio__mchunk mc = {.dims = (uint64_t)di, .file_off = off, .stored_len = nbytes,
                          .raw_len = nbytes, .csums = (uint64_t)ci, .n_csums = n_csums,
-                         .file = (uint32_t)w->n_done, .codec = CKPTIO__CODEC_NONE, .tensor = (uint32_t)ti};
+                         .file = (uint32_t)w->n_done, .codec = CKPTIO__CODEC_NONE,
+                         .tensor = (uint32_t)ti};
     int64_t chunk = ckptio__vec_push(&w->chunks, &mc, 1);
     uint64_t none = UINT64_MAX;
     if (chunk < 0 || ckptio__vec_push(&w->next, &none, 1) < 0)
@@ -655,14 +663,7 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
     int rc = write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
-    if (rc < 0) {
-        settle_hashes(w); /* nothing may still read the caller's buffer once we fail */
-        char why[CKPTIO__MSG_LEN];
-        memcpy(why, w->msg.text, sizeof why);
-        ckptio__fail(&w->msg, rc, "saving tensor '%s': %s", name, why[0] ? why : "write failed");
-        return poison(w, rc);
-    }
-    return 0;
+    return rc < 0 ? add_failed(w, rc, name) : 0;
 }
 
 int ckptio_writer_set_meta(ckptio_writer *w, const char *key, const void *value, size_t len)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../src/io/vfs.h"
 #include "model.h"
 #include "test.h"
 
@@ -303,11 +304,51 @@ static int test_in_place_tails(void)
     return leak_check();
 }
 
+/* Opening the next data file fails (EMFILE): the add that needed it fails naming the tensor
+ * and the file, the writer is poisoned, nothing is published and the temp dir goes away. */
+static ckptio__vfs roll_vfs;
+static int roll_openat(int d, const char *p, int fl, mode_t m)
+{
+    if (strstr(p, "000001.ckd")) {
+        errno = EMFILE;
+        return -1;
+    }
+    return ckptio__vfs_real.openat(d, p, fl, m);
+}
+
+static int test_roll_fails(void)
+{
+    big_state s;
+    CHECK(big_make(&s) == 0);
+    roll_vfs = ckptio__vfs_real;
+    roll_vfs.openat = roll_openat;
+    ckptio__vfs_set(&roll_vfs);
+    ckptio_params p = fparams(0);
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, "ckpt", &p));
+    CHECK_OK(ckptio_writer_set_data_files(w, NULL, MIB));
+    uint64_t shape = UN_LEN;
+    CHECK_OK(ckptio_writer_add(w, "a", CKPTIO_DT_U8, 1, &shape, NULL, NULL, s.un + 1, UN_LEN));
+    shape = AL_LEN;
+    CHECK_ERR(ckptio_writer_add(w, "b", CKPTIO_DT_U8, 1, &shape, NULL, NULL, s.al, AL_LEN),
+              -EMFILE);
+    printf("%s\n", ckptio_writer_errmsg(w));
+    CHECK(t_contains(ckptio_writer_errmsg(w), "tensor 'b'"));
+    CHECK(t_contains(ckptio_writer_errmsg(w), "data/000001.ckd"));
+    CHECK(ckptio_writer_commit(w) < 0);
+    ckptio_writer_close(w);
+    ckptio__vfs_set(NULL);
+    CHECK(count_prefix("ckpt") == 0);
+    big_free(&s);
+    return leak_check();
+}
+
 const ckptio_test tests_writer[] = {
     {"writer/many_files", test_many_files, T_PER_BACKEND, 60},
     {"writer/prefix", test_prefix, 0, 60},
     {"writer/default_unchanged", test_default_unchanged, 0, 60},
     {"writer/set_data_files_usage", test_set_data_files_usage, 0, 30},
     {"writer/in_place_tails", test_in_place_tails, T_PER_BACKEND, 30},
+    {"writer/roll_fails", test_roll_fails, 0, 30},
     {0},
 };
