@@ -407,6 +407,17 @@ typedef struct ckptio_range {
  * the end of the file; the message names the file and offset. `stats` may be NULL. Since 0.1. */
 CKPTIO_API int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n,
                                 const ckptio_params *p, ckptio_stats *stats);
+
+/* How a checkpoint writer names and bounds its data files. By default one file,
+ * data/000000.ckd, holds every chunk. With a `prefix` (at most 64 of [A-Za-z0-9._-], not
+ * starting with '.'; NULL or "" for none) the files are data/<prefix>000000.ckd,
+ * data/<prefix>000001.ckd, ...: one rank of a multi-rank save names its files by its rank.
+ * With `max_file_bytes` (0: no bound) a chunk that would take the current file past that size
+ * starts the next file instead; a chunk larger than the bound gets a file of its own. Call
+ * before the first ckptio_writer_add (else CKPTIO_E_STATE). Readers need nothing: the
+ * manifest lists the files. Since 0.1. */
+CKPTIO_API int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix,
+                                            uint64_t max_file_bytes);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
