@@ -237,12 +237,10 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
 out:
     free(buf);
     {
-        char keep[CKPTIO__MSG_LEN];
-        memcpy(keep, r->msg.text, sizeof keep);
+        ckptio__msg keep = r->msg;
         ckptio_reader_close(r);
-        ckptio__fail(NULL, rc, "%s", keep[0] ? keep : "cannot open checkpoint");
+        return ckptio__refail(NULL, &keep, rc, "cannot open checkpoint", NULL);
     }
-    return rc;
 }
 
 void ckptio_reader_close(ckptio_reader *r)
@@ -931,7 +929,7 @@ int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
     CKPTIO__CHECK(execute(r, &pl));
 out:
     if (rc == -ENOMEM && !r->msg.text[0]) ckptio__fail(&r->msg, rc, "out of memory reading '%s'", r->path);
-    if (rc < 0 && r->msg.text[0]) ckptio__fail(NULL, rc, "%s", r->msg.text);
+    if (rc < 0) ckptio__refail(NULL, &r->msg, rc, NULL, NULL);
     plan_free(&pl);
     r->stats.seconds += ckptio__now() - t0;
     return rc < 0 ? rc : 0;
@@ -985,7 +983,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     if (rc == 0 && pl.bad_chunks) rc = CKPTIO_E_CHECKSUM;
 out:
     if (bad_chunks) *bad_chunks = pl.bad_chunks;
-    if (rc < 0 && r->msg.text[0]) ckptio__fail(NULL, rc, "%s", r->msg.text);
+    if (rc < 0) ckptio__refail(NULL, &r->msg, rc, NULL, NULL);
     plan_free(&pl);
     r->stats.seconds += ckptio__now() - t0;
     return rc < 0 ? rc : 0;
