@@ -225,6 +225,7 @@ def main() -> None:
     ap.add_argument("--touch", choices=["pages", "bytes"], default="pages", help="touch one byte of every page (default) or every byte of what loads return")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where latest.json/png go ('' for nowhere)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--train-loop", action="store_true", help="also the training-loop cell (bench/train_loop.py: checkpoint stalls of save_async, DCP async_save, Orbax async; a few minutes)")
     a = ap.parse_args()
     mechs = [m for m in a.mechanisms.split(",") if m]
     for m in mechs:
@@ -268,6 +269,13 @@ def main() -> None:
             M.remove(os.path.join(a.dir, "data.file"))
     raw_w, raw_r = med(raw["write"]), med(raw["read"])
     print_table(rows, raw_w, raw_r)
+    loop_rows: list[dict[str, Any]] = []
+    if a.train_loop:
+        import train_loop
+
+        loop_rows = train_loop.run(a.model if a.model != "none" else "1.3b", 10, 3, os.path.join(a.dir, "train-loop"), train_loop.MECHS, a.quiet)
+        shutil.rmtree(os.path.join(a.dir, "train-loop"), ignore_errors=True)
+        print("\n".join(train_loop.summarize(loop_rows)))
     elapsed = time.time() - t_start
     print(f"{a.runs} runs per save_tensor cell, {a.model_runs} per save_model cell, mechanisms interleaved; {elapsed:.0f} s")
     if a.out:
@@ -284,7 +292,7 @@ def main() -> None:
             "args": vars(a), "seconds": round(elapsed, 1), "raw_engine": (raw.get("engine") or [""])[0],
             "raw_write_gbps": round(raw_w, 4), "raw_read_gbps": round(raw_r, 4),
             "raw_write_runs": [round(x, 4) for x in raw["write"]], "raw_read_runs": [round(x, 4) for x in raw["read"]],
-            "rows": rows,
+            "rows": rows, "train_loop": loop_rows,
         }  # fmt: skip
         for r in rows:
             r["raw_write_gbps"], r["raw_read_gbps"] = doc["raw_write_gbps"], doc["raw_read_gbps"]

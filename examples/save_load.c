@@ -40,8 +40,8 @@ int main(int argc, char **argv)
     /* Rows 100..109, columns 256..511: only the bytes of that box are read. */
     float slice[10][256];
     uint64_t off[2] = {100, 256}, box[2] = {10, 256};
-    ckptio_region region = {.name = "layer0.weight", .offset = off, .shape = box,
-                            .dst = slice, .capacity = sizeof slice};
+    ckptio_region region = {.size = sizeof region, .name = "layer0.weight", .offset = off,
+                            .shape = box, .dst = slice, .capacity = sizeof slice};
     if ((rc = ckptio_reader_read(rd, &region, 1)) < 0) return fail("read", rc);
     printf("slice[0][0] = %.0f (expected %d)\n", slice[0][0], 100 * COLS + 256);
     ckptio_reader_close(rd);

@@ -261,7 +261,8 @@ CKPTIO_API const char *ckptio_writer_errmsg(const ckptio_writer *w);
 typedef struct ckptio_reader ckptio_reader;
 
 /* Open the committed checkpoint at directory `path`: reads and checks the manifest (magic,
- * version, checksum, limits) and opens the data files. CKPTIO_E_NOT_CHECKPOINT if `path` has
+ * version, checksum, limits); data files are opened by the first read that needs them (a
+ * missing one fails that read with CKPTIO_E_CORRUPT). CKPTIO_E_NOT_CHECKPOINT if `path` has
  * no manifest (e.g. an unfinished save). `path` may be a symlink to the checkpoint (latest ->
  * step-1000); inside the checkpoint nothing is followed out of it: a data file whose name or
  * symlink leads outside the directory is refused. `p` may be NULL. Reading calls on one reader are made
@@ -269,7 +270,16 @@ typedef struct ckptio_reader ckptio_reader;
 CKPTIO_API int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p);
 CKPTIO_API void ckptio_reader_close(ckptio_reader *r); /* accepts NULL */
 
+/* Structs that may grow: ckptio_tensor_info, ckptio_region and ckptio_range start with `size`,
+ * which the caller sets to sizeof the struct as its header declares it. The library reads
+ * (or, for ckptio_tensor_info, fills) only the fields that `size` covers, so a program built
+ * against an older header keeps working with a newer library. A size of 0 or below the
+ * struct's first version is CKPTIO_E_USAGE. In an array every element has the same size (the
+ * first element's, used as the stride). */
+
+/* Filled by ckptio_reader_tensor; set `size` before the call. `size` since 0.2. */
 typedef struct ckptio_tensor_info {
+    uint32_t size;         /* sizeof(ckptio_tensor_info), set by the caller */
     const char *name;      /* NUL-terminated, valid while the reader is open */
     int dtype;
     uint32_t ndim;
@@ -304,12 +314,20 @@ CKPTIO_API int ckptio_reader_meta(const ckptio_reader *r, size_t index, const ch
 CKPTIO_API int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, const void **value,
                                       size_t *len);
 
-/* A box of one tensor to read into `dst`, row-major in `shape`. `name` selects the tensor; if
- * it is NULL, `tensor` (an index) does. offset NULL means all zeros; shape NULL means the
- * whole tensor. `capacity` >= product(shape) * dtype size. Bytes of dst past that size may be
- * used as scratch up to `capacity`: pass capacity rounded up to ckptio_alignment(), with dst
- * aligned to it, and large reads land in dst directly with no copy. */
+/* Where a destination lives. Only host memory is supported so far; CKPTIO_MEM_CUDA is
+ * reserved (CKPTIO_E_UNSUPPORTED) for device destinations. Since 0.2. */
+enum ckptio_memory { CKPTIO_MEM_HOST = 0, CKPTIO_MEM_CUDA = 1 };
+
+/* A box of one tensor to read into `dst`, row-major in `shape`. `size` = sizeof(ckptio_region)
+ * (see above); `memory` = CKPTIO_MEM_HOST (0). `name` selects the tensor; if it is NULL,
+ * `tensor` (an index) does. offset NULL means all zeros; shape NULL means the whole tensor.
+ * `capacity` >= product(shape) * dtype size. Bytes of dst past that size may be used as
+ * scratch up to `capacity`: pass capacity rounded up to ckptio_alignment(), with dst aligned
+ * to it, and large reads land in dst directly with no copy. `size` and `memory` since 0.2:
+ *     ckptio_region reg = {.size = sizeof reg, .name = "w", .dst = buf, .capacity = cap}; */
 typedef struct ckptio_region {
+    uint32_t size;   /* sizeof(ckptio_region), set by the caller */
+    uint32_t memory; /* enum ckptio_memory of dst */
     const char *name;
     size_t tensor;
     const uint64_t *offset;
@@ -373,8 +391,10 @@ CKPTIO_API int ckptio_file_writer_stats(const ckptio_file_writer *f, ckptio_stat
 CKPTIO_API const char *ckptio_file_writer_errmsg(const ckptio_file_writer *f);
 
 /* One byte range of a file to read into dst (dst must hold `len` bytes; as with regions, pass
- * dst aligned to ckptio_alignment() for reads with no copy). */
+ * dst aligned to ckptio_alignment() for reads with no copy). `size` = sizeof(ckptio_range), as
+ * for ckptio_region; since 0.2. */
 typedef struct ckptio_range {
+    uint32_t size; /* sizeof(ckptio_range), set by the caller */
     uint64_t offset;
     uint64_t len;
     void *dst;
@@ -387,6 +407,17 @@ typedef struct ckptio_range {
  * the end of the file; the message names the file and offset. `stats` may be NULL. Since 0.1. */
 CKPTIO_API int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n,
                                 const ckptio_params *p, ckptio_stats *stats);
+
+/* How a checkpoint writer names and bounds its data files. By default one file,
+ * data/000000.ckd, holds every chunk. With a `prefix` (at most 64 of [A-Za-z0-9._-], not
+ * starting with '.'; NULL or "" for none) the files are data/<prefix>000000.ckd,
+ * data/<prefix>000001.ckd, ...: one rank of a multi-rank save names its files by its rank.
+ * With `max_file_bytes` (0: no bound) a chunk that would take the current file past that size
+ * starts the next file instead; a chunk larger than the bound gets a file of its own. Call
+ * before the first ckptio_writer_add (else CKPTIO_E_STATE). Readers need nothing: the
+ * manifest lists the files. Since 0.1. */
+CKPTIO_API int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix,
+                                            uint64_t max_file_bytes);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -28,6 +28,11 @@ static inline unsigned ckptio__cfg_txn_flags(const ckptio__cfg *c)
     return (c->overwrite ? CKPTIO__TXN_OVERWRITE : 0) | (c->fsync ? CKPTIO__TXN_FSYNC : 0);
 }
 
+/* The writer's data files (ckptio_writer_set_data_files): a multi-rank save gives each rank's
+ * writer its own prefix, so that rank R's files are data/rNNNNN-000000.ckd, ... */
+CKPTIO__HIDDEN int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix,
+                                                 uint64_t max_file_bytes);
+
 /* ---- the writer's hooks for distributed saves (save.c, used by save_dist.c) ---- */
 
 /* A writer for rank `rank`'s share of a distributed save of `path`, in its own data file

@@ -3,6 +3,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "format/manifest.h"
 #include "internal.h"
 #include "io/engine.h"
+#include "io/ring.h"
 #include "io/vfs.h"
 
 /* Staged segments closer than this are read as one request: reading the gap costs less than
@@ -20,7 +22,7 @@
 #define NONE UINT64_MAX
 
 typedef struct rfile {
-    int fd; /* -1 until first used */
+    int fd; /* -1 until a read needs the file */
     int direct;
     uint32_t mem_align, off_align;
     uint64_t size; /* actual size on disk */
@@ -38,6 +40,13 @@ typedef struct piece {
     uint32_t k;
 } piece;
 
+/* Where a chunk's (or a foreign file's range's) stored bytes are, and whether they are checked. */
+typedef struct extent {
+    uint64_t off, len;
+    uint32_t file;
+    bool verify;
+} extent;
+
 /* A chunk byte range [a, b) to read, as one request (direct) or part of one (staged). */
 typedef struct seg {
     uint64_t foff; /* file offset of a */
@@ -50,12 +59,6 @@ typedef struct seg {
     uint32_t direct;
 } seg;
 
-typedef struct rslot {
-    ckptio__req req;
-    uint8_t *staging;
-    size_t first, last; /* segments [first, last) */
-} rslot;
-
 struct ckptio_reader {
     ckptio__msg msg;
     ckptio__cfg cfg;
@@ -63,18 +66,19 @@ struct ckptio_reader {
     int dirfd;
     ckptio__manifest *m;
     rfile *files;
-    ckptio__engine *eng; /* started on first read */
-    ckptio__pool pool;
-    size_t buf_size;
-    rslot *slots;
-    unsigned *free_slots, n_free_slots;
+    ckptio__ring ring; /* started on first read */
+    uint64_t buf_size; /* of a staging buffer */
     ckptio_stats stats;
-    bool raw_file; /* ckptio_file_read: a foreign file, its "chunks" are byte ranges */
 };
 
-/* One read or verify operation. */
+/* One read or verify operation: what to read (pieces, segs), then how (ios, in file order;
+ * io i covers segs [firsts[i], firsts[i + 1])). Planning reads nothing: the files are open. */
 typedef struct plan {
-    ckptio__vec pieces, segs, geo, iters;
+    const rfile *files;
+    uint64_t block;    /* checksum block */
+    uint64_t request;  /* bytes per direct request */
+    uint64_t buf_size; /* of a staging buffer */
+    ckptio__vec pieces, segs, geo, iters, ios, firsts;
     uint8_t *bad; /* verify: per chunk, 1 once the chunk is counted in bad_chunks */
     uint64_t bad_chunks;
 } plan;
@@ -87,6 +91,56 @@ static const char *tname(const ckptio_reader *r, uint64_t chunk)
 static const char *fname(const ckptio_reader *r, uint32_t file)
 {
     return r->m->strtab + r->m->files[file].name;
+}
+
+/* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
+ * *)(base + i * stride + at) with length *(uint32_t *)(... + len_at), or -1. */
+static int64_t find_name(const char *strtab, const void *base, size_t n, size_t stride, size_t at,
+                         size_t len_at, const char *key)
+{
+    size_t klen = strlen(key), lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const uint8_t *e = (const uint8_t *)base + mid * stride;
+        uint64_t off;
+        uint32_t len;
+        memcpy(&off, e + at, sizeof off);
+        memcpy(&len, e + len_at, sizeof len);
+        int c = memcmp(strtab + off, key, CKPTIO__MIN((size_t)len, klen));
+        if (!c) c = len < klen ? -1 : len > klen;
+        if (!c) return (int64_t)mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
+/* The first versions of the structs that may grow end with these fields. */
+#define REGION_V1 (offsetof(ckptio_region, capacity) + sizeof(uint64_t))
+#define RANGE_V1 (offsetof(ckptio_range, dst) + sizeof(void *))
+#define TENSOR_INFO_V1 (offsetof(ckptio_tensor_info, num_chunks) + sizeof(uint64_t))
+
+/* Element i of the caller's array of sized structs (stride: element 0's size) into *out, as
+ * far as its size covers; the rest of *out is zero. */
+static int take_sized(ckptio__msg *msg, void *out, size_t ours, size_t v1, const void *arr,
+                      size_t i, const char *fn, const char *type)
+{
+    uint32_t stride, size;
+    memcpy(&stride, arr, sizeof stride);
+    if (stride < v1)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s: element 0 has .size %u; set .size = sizeof(%s) (%zu here)", fn,
+                            stride, type, ours);
+    const uint8_t *e = (const uint8_t *)arr + i * (size_t)stride;
+    memcpy(&size, e, sizeof size);
+    if (size != stride)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s: element %zu has .size %u but element 0 has %u; set every "
+                            ".size = sizeof(%s)",
+                            fn, i, size, stride, type);
+    memset(out, 0, ours);
+    memcpy(out, e, CKPTIO__MIN((size_t)size, ours));
+    return 0;
 }
 
 /* ---- open ---- */
@@ -173,6 +227,9 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     r->files = calloc(r->m->n_files + 1, sizeof *r->files);
     CKPTIO__GOTO_IF(!r->files, -ENOMEM);
     for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = -1;
+    /* A staging buffer holds a whole checksum block plus alignment slack at both ends; the
+     * format bounds the block (manifest.c), so this does not overflow. */
+    r->buf_size = CKPTIO__MAX(r->cfg.request, 2 * r->m->csum_block);
     r->stats.seconds = ckptio__now() - t0;
     *out = r;
     free(buf);
@@ -180,20 +237,16 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
 out:
     free(buf);
     {
-        char keep[CKPTIO__MSG_LEN];
-        memcpy(keep, r->msg.text, sizeof keep);
+        ckptio__msg keep = r->msg;
         ckptio_reader_close(r);
-        ckptio__fail(NULL, rc, "%s", keep[0] ? keep : "cannot open checkpoint");
+        return ckptio__refail(NULL, &keep, rc, "cannot open checkpoint", NULL);
     }
-    return rc;
 }
-
-static void stop_engine(ckptio_reader *r);
 
 void ckptio_reader_close(ckptio_reader *r)
 {
     if (!r) return;
-    stop_engine(r);
+    ckptio__ring_fini(&r->ring);
     if (r->files)
         for (uint64_t i = 0; i < r->m->n_files; i++)
             if (r->files[i].fd >= 0) close(r->files[i].fd);
@@ -204,88 +257,51 @@ void ckptio_reader_close(ckptio_reader *r)
     free(r);
 }
 
-/* Undo start_engine, whatever part of it happened: the next read starts afresh. */
-static void stop_engine(ckptio_reader *r)
+/* The ring, on the first read: planning does not need it. */
+static int start_ring(ckptio_reader *r)
 {
-    if (r->eng) ckptio__engine_close(r->eng);
-    r->eng = NULL;
-    if (r->pool.base) ckptio__pool_fini(&r->pool);
-    free(r->slots);
-    free(r->free_slots);
-    r->slots = NULL;
-    r->free_slots = NULL;
-    r->n_free_slots = 0;
-}
-
-/* Engine, staging and slots, on the first read. All or nothing: a reader left with an engine
- * but no slots would wait forever for requests it can never issue. */
-static int start_engine(ckptio_reader *r)
-{
-    if (r->eng) return 0;
-    int rc = ckptio__engine_open(&r->eng, r->cfg.backend, r->cfg.depth, r->cfg.threads);
-    if (rc < 0) {
-        r->eng = NULL;
-        return ckptio__fail(&r->msg, rc, "cannot start the I/O backend to read '%s'", r->path);
-    }
-    /* A staging buffer must hold a whole checksum block plus alignment slack at both ends. The
-     * format bounds the block (manifest.c), so none of this overflows; the mapping is still
-     * checked against the machine, as params.staging_bytes is the caller's. */
-    r->buf_size = CKPTIO__MAX(r->cfg.request, 2 * r->m->csum_block);
-    uint64_t nbuf = CKPTIO__MAX(2u, r->cfg.staging / r->buf_size), total = 0;
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
-    if (nbuf > UINT32_MAX || !ckptio__mul(nbuf, r->buf_size, &total) || total > ram) {
-        rc = ckptio__fail(&r->msg, -ENOMEM,
-                          "reading '%s' needs %llu MiB of staging memory, more than this "
-                          "machine has (%llu MiB): params.staging_bytes is too large; lower it "
-                          "(0 picks the default, 64 MiB)",
-                          r->path, (unsigned long long)(total ? total >> 20 : UINT64_MAX >> 20),
-                          (unsigned long long)(ram >> 20));
-        goto fail;
-    }
-    rc = ckptio__pool_init(&r->pool, (unsigned)nbuf, r->buf_size);
-    if (rc < 0) {
-        ckptio__fail(&r->msg, rc,
-                     "cannot allocate %llu MiB of staging memory to read '%s': lower "
-                     "params.staging_bytes (0 picks the default, 64 MiB)",
-                     (unsigned long long)(total >> 20), r->path);
-        goto fail;
-    }
-    r->slots = calloc(r->cfg.depth, sizeof *r->slots);
-    r->free_slots = calloc(r->cfg.depth, sizeof *r->free_slots);
-    if (!r->slots || !r->free_slots) {
-        rc = ckptio__fail(&r->msg, -ENOMEM, "out of memory reading '%s'", r->path);
-        goto fail;
-    }
-    for (unsigned i = 0; i < r->cfg.depth; i++) r->free_slots[r->n_free_slots++] = i;
-    ckptio__stats_backend(r->stats.backend, r->cfg.backend, ckptio__engine_name(r->eng));
+    if (r->ring.eng) return 0;
+    CKPTIO__TRY(ckptio__ring_init(&r->ring, r->cfg.backend, r->cfg.depth, r->cfg.threads,
+                                  r->cfg.staging, r->buf_size, r->path, &r->msg));
+    ckptio__stats_backend(r->stats.backend, r->cfg.backend, ckptio__engine_name(r->ring.eng));
     return 0;
-fail:
-    stop_engine(r);
-    return rc;
 }
 
-static int open_file(ckptio_reader *r, uint32_t i)
+/* Open a file to read and learn its size and alignment; -errno. */
+static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct)
 {
-    rfile *f = &r->files[i];
     if (f->fd >= 0) return 0;
-    int rc = ckptio__file_open(r->dirfd, fname(r, i), CKPTIO__F_READ, r->cfg.direct, &f->fd,
-                               &f->direct);
+    int rc = ckptio__file_open(dirfd, name, CKPTIO__F_READ, want_direct, &f->fd, &f->direct);
     if (rc < 0) {
         f->fd = -1;
-        if (r->raw_file) /* r->path is the foreign file itself, and missing is not corrupt */
-            return ckptio__fail(&r->msg, rc, "cannot open '%s'", r->path);
-        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
-                            "cannot open data file '%s/%s'%s", r->path, fname(r, i),
-                            rc == -ENOENT ? ": it is missing" : "");
+        return rc;
     }
     struct stat st;
-    if (fstat(f->fd, &st) < 0)
-        return ckptio__fail(&r->msg, -errno, "cannot stat '%s/%s'", r->path, fname(r, i));
+    if (fstat(f->fd, &st) < 0) {
+        rc = -errno;
+        close(f->fd);
+        f->fd = -1;
+        return rc;
+    }
     f->size = (uint64_t)st.st_size;
     if (f->direct) ckptio__file_dio_align(f->fd, &f->mem_align, &f->off_align);
     else f->mem_align = f->off_align = 1;
     f->off_align = CKPTIO__MIN(f->off_align, 4096u);
+    return 0;
+}
+
+/* Data files are opened when a read first needs them, before it is planned: a checkpoint with
+ * a damaged file can still be inspected and its other tensors read, and a reader holds no more
+ * descriptors than its reads need. */
+static int open_file(ckptio_reader *r, uint32_t i)
+{
+    rfile *f = &r->files[i];
+    if (f->fd >= 0) return 0;
+    int rc = open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct);
+    if (rc < 0)
+        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
+                            "cannot open data file '%s/%s'%s", r->path, fname(r, i),
+                            rc == -ENOENT ? ": it is missing" : "");
     r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
     return 0;
@@ -304,32 +320,30 @@ int ckptio_reader_tensor(const ckptio_reader *r, size_t index, ckptio_tensor_inf
     if (index >= r->m->n_tensors)
         return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "'%s' has %llu tensors; index %zu is past them",
                             r->path, (unsigned long long)r->m->n_tensors, index);
+    if (out->size < TENSOR_INFO_V1)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_reader_tensor: out->size is %u; set it to "
+                            "sizeof(ckptio_tensor_info) (%zu here) before the call",
+                            out->size, sizeof(ckptio_tensor_info));
     const ckptio__mtensor *t = &r->m->tensors[index];
     uint64_t stored = 0;
     for (uint64_t c = 0; c < t->n_chunks; c++) stored += r->m->chunks[t->chunk0 + c].stored_len;
-    out->name = r->m->strtab + t->name;
-    out->dtype = (int)t->dtype;
-    out->ndim = t->ndim;
-    out->shape = r->m->dims + t->dims;
-    ckptio__volume(out->shape, t->ndim, ckptio_dtype_size((int)t->dtype), &out->nbytes);
-    out->stored_bytes = stored;
-    out->num_chunks = t->n_chunks;
+    ckptio_tensor_info ti = {.size = out->size};
+    ti.name = r->m->strtab + t->name;
+    ti.dtype = (int)t->dtype;
+    ti.ndim = t->ndim;
+    ti.shape = r->m->dims + t->dims;
+    ckptio__volume(ti.shape, t->ndim, ckptio_dtype_size((int)t->dtype), &ti.nbytes);
+    ti.stored_bytes = stored;
+    ti.num_chunks = t->n_chunks;
+    memcpy(out, &ti, CKPTIO__MIN((size_t)out->size, sizeof ti)); /* what the caller's holds */
     return 0;
 }
 
 static int64_t find_tensor(const ckptio_reader *r, const char *name)
 {
-    size_t len = strlen(name), lo = 0, hi = r->m->n_tensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const ckptio__mtensor *t = &r->m->tensors[mid];
-        int c = memcmp(r->m->strtab + t->name, name, CKPTIO__MIN((size_t)t->name_len, len));
-        if (!c) c = t->name_len < len ? -1 : t->name_len > len;
-        if (!c) return (int64_t)mid;
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return -1;
+    return find_name(r->m->strtab, r->m->tensors, r->m->n_tensors, sizeof(ckptio__mtensor),
+                     offsetof(ckptio__mtensor, name), offsetof(ckptio__mtensor, name_len), name);
 }
 
 int64_t ckptio_reader_find(const ckptio_reader *r, const char *name)
@@ -380,16 +394,9 @@ int ckptio_reader_meta(const ckptio_reader *r, size_t index, const char **key, c
 int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, const void **value, size_t *len)
 {
     if (!r || !key) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_get_meta: NULL argument");
-    size_t klen = strlen(key), lo = 0, hi = r->m->n_meta;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const ckptio__mmeta *m = &r->m->meta[mid];
-        int c = memcmp(r->m->strtab + m->key, key, CKPTIO__MIN((size_t)m->key_len, klen));
-        if (!c) c = m->key_len < klen ? -1 : m->key_len > klen;
-        if (!c) return ckptio_reader_meta(r, mid, NULL, value, len);
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
+    int64_t i = find_name(r->m->strtab, r->m->meta, r->m->n_meta, sizeof(ckptio__mmeta),
+                          offsetof(ckptio__mmeta, key), offsetof(ckptio__mmeta, key_len), key);
+    if (i >= 0) return ckptio_reader_meta(r, (size_t)i, NULL, value, len);
     return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "no metadata key '%s' in '%s'", key, r->path);
 }
 
@@ -418,89 +425,93 @@ static bool verifying(const ckptio_reader *r, const ckptio__mchunk *c)
     return r->cfg.checksums && c->n_csums > 0 && r->m->csum_algo != CKPTIO__CSUM_NONE;
 }
 
+static extent chunk_extent(const ckptio_reader *r, uint64_t chunk)
+{
+    const ckptio__mchunk *c = &r->m->chunks[chunk];
+    return (extent){.off = c->file_off, .len = c->stored_len, .file = c->file,
+                    .verify = verifying(r, c)};
+}
+
 static int push_seg(plan *pl, const seg *s)
 {
     return ckptio__vec_push(&pl->segs, s, 1) < 0 ? -ENOMEM : 0;
 }
 
 /* Longest staged segment: a buffer minus alignment slack, in whole checksum blocks. */
-static uint64_t staged_span(const ckptio_reader *r, bool verify)
+static uint64_t staged_span(const plan *pl, bool verify)
 {
-    uint64_t span = r->buf_size - 2 * 4096;
-    span = verify ? ckptio__align_down(span, r->m->csum_block) : span;
-    assert(span > 0); /* buf_size >= 2 blocks (start_engine), so every cut makes progress */
+    uint64_t span = pl->buf_size - 2 * 4096;
+    span = verify ? ckptio__align_down(span, pl->block) : span;
+    assert(span > 0); /* buf_size >= 2 blocks, so every cut makes progress */
     return span;
 }
 
-/* Cut chunk bytes [a, b) into staged segments. */
-static int plan_staged(ckptio_reader *r, plan *pl, seg proto, uint64_t a, uint64_t b)
+/* Cut extent bytes [a, b) into staged segments. */
+static int plan_staged(plan *pl, const extent *x, seg proto, uint64_t a, uint64_t b)
 {
-    const ckptio__mchunk *c = &r->m->chunks[proto.chunk];
-    uint64_t span = staged_span(r, verifying(r, c));
-    for (uint64_t x = a; x < b;) {
-        uint64_t y = CKPTIO__MIN(b, x + span);
-        proto.a = x;
-        proto.b = y;
-        proto.foff = c->file_off + x;
+    uint64_t span = staged_span(pl, x->verify);
+    for (uint64_t i = a; i < b;) {
+        uint64_t j = CKPTIO__MIN(b, i + span);
+        proto.a = i;
+        proto.b = j;
+        proto.foff = x->off + i;
         proto.direct = 0;
-        proto.len = y - x;
+        proto.len = j - i;
         CKPTIO__TRY(push_seg(pl, &proto));
-        x = y;
+        i = j;
     }
     return 0;
 }
 
 /* A piece that is one run: read straight into dst where alignment allows. */
-static int plan_single_run(ckptio_reader *r, plan *pl, const piece *p, seg proto)
+static int plan_single_run(plan *pl, const extent *x, const piece *p, seg proto)
 {
-    const ckptio__mchunk *c = &r->m->chunks[p->chunk];
-    const rfile *f = &r->files[c->file];
-    uint64_t B = r->m->csum_block;
-    bool verify = verifying(r, c);
+    const rfile *f = &pl->files[x->file];
+    assert(f->fd >= 0); /* opened before planning */
+    uint64_t B = pl->block;
+    bool verify = x->verify;
     uint64_t s = p->src0, e = p->src0 + p->run_len;
     uint64_t S = verify ? ckptio__align_down(s, B) : s;
-    uint64_t E = verify ? CKPTIO__MIN(ckptio__align_up(e, B), c->stored_len) : e;
+    uint64_t E = verify ? CKPTIO__MIN(ckptio__align_up(e, B), x->len) : e;
     uint8_t *d = p->dst + p->dst0;
     bool direct = S == s && E == e &&
-                  (!f->direct || ((c->file_off + s) % f->off_align == 0 &&
+                  (!f->direct || ((x->off + s) % f->off_align == 0 &&
                                   (uintptr_t)d % f->mem_align == 0));
-    if (!direct) return plan_staged(r, pl, proto, S, E);
-    /* Requests of cfg.request bytes (a multiple of the block); the tail may need care. */
-    /* A request may be smaller than the checkpoint's checksum block: never below one block. */
-    uint64_t step = CKPTIO__MAX(ckptio__align_down(r->cfg.request, verify ? B : 4096),
+    if (!direct) return plan_staged(pl, x, proto, S, E);
+    /* Requests of pl->request bytes, never below one checksum block; the tail may need care. */
+    uint64_t step = CKPTIO__MAX(ckptio__align_down(pl->request, verify ? B : 4096),
                                 verify ? B : 4096);
-    for (uint64_t x = s; x < e;) {
-        uint64_t y = CKPTIO__MIN(e, x + step), len = y - x;
+    for (uint64_t i = s; i < e;) {
+        uint64_t j = CKPTIO__MIN(e, i + step), len = j - i;
         if (f->direct && len % f->off_align) {
-            uint64_t dst_end = p->dst0 + (y - s), padded = ckptio__align_up(len, f->off_align);
-            bool scratch = dst_end == p->dst_bytes && p->dst0 + (x - s) + padded <= p->dst_cap;
+            uint64_t dst_end = p->dst0 + (j - s), padded = ckptio__align_up(len, f->off_align);
+            bool scratch = dst_end == p->dst_bytes && p->dst0 + (i - s) + padded <= p->dst_cap;
             if (scratch) len = padded;
             else {
                 /* Stage the unaligned tail (with checksums: the whole last block). */
-                uint64_t body = ckptio__align_down(y - x, verify ? B : f->off_align);
+                uint64_t body = ckptio__align_down(j - i, verify ? B : f->off_align);
                 if (body) {
-                    proto.a = x, proto.b = x + body, proto.len = body;
-                    proto.foff = c->file_off + x, proto.direct = 1;
+                    proto.a = i, proto.b = i + body, proto.len = body;
+                    proto.foff = x->off + i, proto.direct = 1;
                     CKPTIO__TRY(push_seg(pl, &proto));
                 }
-                return plan_staged(r, pl, proto, x + body, y);
+                return plan_staged(pl, x, proto, i + body, j);
             }
         }
-        proto.a = x, proto.b = y, proto.len = len;
-        proto.foff = c->file_off + x, proto.direct = 1;
+        proto.a = i, proto.b = j, proto.len = len;
+        proto.foff = x->off + i, proto.direct = 1;
         CKPTIO__TRY(push_seg(pl, &proto));
-        x = y;
+        i = j;
     }
     return 0;
 }
 
 /* Segments for a piece of many runs: walk the runs in file order, merge near ones (whole
  * checksum blocks when verifying) and remember where each segment's first run is. */
-static int plan_runs(ckptio_reader *r, plan *pl, const piece *p, seg proto)
+static int plan_runs(plan *pl, const extent *x, const piece *p, seg proto)
 {
-    const ckptio__mchunk *c = &r->m->chunks[p->chunk];
-    bool verify = verifying(r, c);
-    uint64_t B = r->m->csum_block, span = staged_span(r, verify);
+    bool verify = x->verify;
+    uint64_t B = pl->block, span = staged_span(pl, verify);
     const uint64_t *cnt = CKPTIO__VEC_AT(&pl->geo, uint64_t, p->geo);
     const uint64_t *ss = cnt + p->k;
     uint64_t idx[CKPTIO_MAX_NDIM] = {0};
@@ -510,7 +521,7 @@ static int plan_runs(ckptio_reader *r, plan *pl, const piece *p, seg proto)
         for (uint32_t j = 0; j < p->k; j++) rs += idx[j] * ss[j];
         uint64_t re = rs + p->run_len;
         uint64_t RS = verify ? ckptio__align_down(rs, B) : rs;
-        uint64_t RE = verify ? CKPTIO__MIN(ckptio__align_up(re, B), c->stored_len) : re;
+        uint64_t RE = verify ? CKPTIO__MIN(ckptio__align_up(re, B), x->len) : re;
         if (open && RS <= proto.b + GAP_BYTES && RE - proto.a <= span) {
             proto.b = CKPTIO__MAX(proto.b, RE);
         } else {
@@ -525,11 +536,11 @@ static int plan_runs(ckptio_reader *r, plan *pl, const piece *p, seg proto)
             /* A run longer than a buffer is cut into several segments starting in it. */
             while (RE - RS > span) {
                 proto.a = RS, proto.b = RS + span, proto.len = span;
-                proto.foff = c->file_off + RS;
+                proto.foff = x->off + RS;
                 CKPTIO__TRY(push_seg(pl, &proto));
                 RS += span;
             }
-            proto.a = RS, proto.b = RE, proto.foff = c->file_off + RS;
+            proto.a = RS, proto.b = RE, proto.foff = x->off + RS;
             open = true;
         }
         for (uint32_t j = p->k; j-- > 0;) { /* next multi-index, last dimension fastest */
@@ -544,18 +555,59 @@ static int plan_runs(ckptio_reader *r, plan *pl, const piece *p, seg proto)
     return 0;
 }
 
-static int check_extent(ckptio_reader *r, uint64_t chunk)
+static int cmp_seg(const void *a, const void *b)
+{
+    const seg *x = a, *y = b;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return x->foff < y->foff ? -1 : x->foff > y->foff;
+}
+
+/* Turn the segments into requests, in file order: a direct segment is one request, staged
+ * neighbours share one staging buffer. */
+static int plan_ios(plan *pl)
+{
+    seg *segs = pl->segs.items;
+    size_t n = pl->segs.len;
+    if (n > 1) qsort(segs, n, sizeof *segs, cmp_seg);
+    for (size_t next = 0; next < n;) {
+        const seg *s = &segs[next];
+        const rfile *f = &pl->files[s->file];
+        ckptio__ring_io io = {.fd = f->fd};
+        size_t first = next;
+        if (s->direct) {
+            const piece *p = CKPTIO__VEC_AT(&pl->pieces, piece, s->piece);
+            io.dst = p->dst + p->dst0 + (s->a - p->src0);
+            io.off = s->foff;
+            io.len = s->len;
+            next++;
+        } else {
+            uint64_t al = CKPTIO__MAX(f->off_align, 1u);
+            uint64_t lo = ckptio__align_down(s->foff, al), hi = s->foff + (s->b - s->a);
+            size_t j = next + 1;
+            while (j < n && !segs[j].direct && segs[j].file == s->file &&
+                   segs[j].foff <= hi + GAP_BYTES &&
+                   ckptio__align_up(CKPTIO__MAX(hi, segs[j].foff + segs[j].b - segs[j].a), al) -
+                           lo <= pl->buf_size) {
+                hi = CKPTIO__MAX(hi, segs[j].foff + segs[j].b - segs[j].a);
+                j++;
+            }
+            io.off = lo;
+            io.len = ckptio__align_up(hi, al) - lo;
+            next = j;
+        }
+        if (ckptio__vec_push(&pl->ios, &io, 1) < 0 || ckptio__vec_push(&pl->firsts, &first, 1) < 0)
+            return -ENOMEM;
+    }
+    return ckptio__vec_push(&pl->firsts, &n, 1) < 0 ? -ENOMEM : 0;
+}
+
+/* Open the chunk's file and check that the chunk lies within it: all a read does before it is
+ * planned. */
+static int prepare_chunk(ckptio_reader *r, uint64_t chunk)
 {
     const ckptio__mchunk *c = &r->m->chunks[chunk];
     CKPTIO__TRY(open_file(r, c->file));
     const rfile *f = &r->files[c->file];
-    if (c->file_off + c->stored_len > f->size && r->raw_file)
-        return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                            "bytes %llu..%llu lie past the end of '%s' (%llu bytes): the file is "
-                            "truncated or not the one expected",
-                            (unsigned long long)c->file_off,
-                            (unsigned long long)(c->file_off + c->stored_len), r->path,
-                            (unsigned long long)f->size);
     if (c->file_off + c->stored_len > f->size)
         return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
                             "data file '%s/%s' is truncated: it has %llu bytes but tensor '%s' is "
@@ -568,24 +620,42 @@ static int check_extent(ckptio_reader *r, uint64_t chunk)
     return 0;
 }
 
-/* Intersect region (ro, rs) of tensor t with one chunk and plan its reads. */
-static int plan_piece(ckptio_reader *r, plan *pl, const ckptio_region *reg, uint64_t t_idx,
-                      const uint64_t *ro, const uint64_t *rs, uint64_t rbytes, uint64_t chunk)
+/* A region resolved against the manifest: tensor, box and size. */
+typedef struct box {
+    const ckptio_region *reg;
+    uint64_t t;
+    uint64_t bytes;
+    uint64_t ro[CKPTIO_MAX_NDIM], rs[CKPTIO_MAX_NDIM];
+} box;
+
+/* The part of a chunk inside the box: lo (tensor coordinates) and cnt; false when none. */
+static bool intersect(const ckptio_reader *r, const box *bx, uint64_t chunk, uint64_t *lo,
+                      uint64_t *cnt)
 {
-    const ckptio__mtensor *t = &r->m->tensors[t_idx];
-    const ckptio__mchunk *c = &r->m->chunks[chunk];
-    const uint64_t *co = r->m->dims + c->dims, *cs = co + t->ndim;
-    uint32_t nd = t->ndim;
-    uint64_t lo[CKPTIO_MAX_NDIM], cnt[CKPTIO_MAX_NDIM];
-    for (uint32_t j = 0; j < nd; j++) {
-        lo[j] = CKPTIO__MAX(co[j], ro[j]);
-        uint64_t hi = CKPTIO__MIN(co[j] + cs[j], ro[j] + rs[j]);
-        if (lo[j] >= hi) return 0;
+    const ckptio__mtensor *t = &r->m->tensors[bx->t];
+    const uint64_t *co = r->m->dims + r->m->chunks[chunk].dims, *cs = co + t->ndim;
+    for (uint32_t j = 0; j < t->ndim; j++) {
+        lo[j] = CKPTIO__MAX(co[j], bx->ro[j]);
+        uint64_t hi = CKPTIO__MIN(co[j] + cs[j], bx->ro[j] + bx->rs[j]);
+        if (lo[j] >= hi) return false;
         cnt[j] = hi - lo[j];
     }
-    CKPTIO__TRY(check_extent(r, chunk));
+    return true;
+}
+
+/* Plan the reads of one chunk's part of the box. */
+static int plan_piece(ckptio_reader *r, plan *pl, const box *bx, uint64_t chunk)
+{
+    const ckptio__mtensor *t = &r->m->tensors[bx->t];
+    const ckptio__mchunk *c = &r->m->chunks[chunk];
+    const uint64_t *co = r->m->dims + c->dims, *cs = co + t->ndim;
+    const uint64_t *ro = bx->ro, *rs = bx->rs;
+    uint32_t nd = t->ndim;
+    uint64_t lo[CKPTIO_MAX_NDIM], cnt[CKPTIO_MAX_NDIM];
+    if (!intersect(r, bx, chunk, lo, cnt)) return 0;
     uint64_t esize = ckptio_dtype_size((int)t->dtype);
-    piece p = {.dst = reg->dst, .dst_cap = reg->capacity, .dst_bytes = rbytes, .chunk = chunk};
+    piece p = {.dst = bx->reg->dst, .dst_cap = bx->reg->capacity, .dst_bytes = bx->bytes,
+               .chunk = chunk};
     /* Fold trailing dimensions that are whole in both chunk and region into one run. */
     uint32_t k = nd;
     uint64_t run = esize;
@@ -620,11 +690,14 @@ static int plan_piece(ckptio_reader *r, plan *pl, const ckptio_region *reg, uint
     int64_t pi = ckptio__vec_push(&pl->pieces, &p, 1);
     if (pi < 0) return -ENOMEM;
     seg proto = {.piece = (uint64_t)pi, .chunk = chunk, .file = c->file, .iter = NONE};
-    if (p.runs == 1) return plan_single_run(r, pl, &p, proto);
-    return plan_runs(r, pl, &p, proto);
+    extent x = chunk_extent(r, chunk);
+    if (p.runs == 1) return plan_single_run(pl, &x, &p, proto);
+    return plan_runs(pl, &x, &p, proto);
 }
 
-static int plan_region(ckptio_reader *r, plan *pl, const ckptio_region *reg, size_t i)
+/* Check a region against the manifest, resolve it into *bx, and open the files its chunks are
+ * in. */
+static int prepare_region(ckptio_reader *r, const ckptio_region *reg, size_t i, box *bx)
 {
     int64_t t_idx;
     if (reg->name) {
@@ -643,44 +716,46 @@ static int plan_region(ckptio_reader *r, plan *pl, const ckptio_region *reg, siz
     const ckptio__mtensor *t = &r->m->tensors[t_idx];
     const char *name = r->m->strtab + t->name;
     const uint64_t *shape = r->m->dims + t->dims;
-    uint64_t ro[CKPTIO_MAX_NDIM], rs[CKPTIO_MAX_NDIM];
+    bx->reg = reg;
+    bx->t = (uint64_t)t_idx;
     for (uint32_t j = 0; j < t->ndim; j++) {
-        ro[j] = reg->offset ? reg->offset[j] : 0;
-        if (ro[j] > shape[j])
+        bx->ro[j] = reg->offset ? reg->offset[j] : 0;
+        if (bx->ro[j] > shape[j])
             return ckptio__fail(&r->msg, CKPTIO_E_RANGE,
                                 "region of tensor '%s' starts at %llu in dimension %u, past its "
                                 "size %llu",
-                                name, (unsigned long long)ro[j], j, (unsigned long long)shape[j]);
-        rs[j] = reg->shape ? reg->shape[j] : shape[j] - ro[j];
-        if (rs[j] > shape[j] - ro[j])
+                                name, (unsigned long long)bx->ro[j], j, (unsigned long long)shape[j]);
+        bx->rs[j] = reg->shape ? reg->shape[j] : shape[j] - bx->ro[j];
+        if (bx->rs[j] > shape[j] - bx->ro[j])
             return ckptio__fail(&r->msg, CKPTIO_E_RANGE,
                                 "region of tensor '%s' ends at %llu in dimension %u, past its "
                                 "size %llu",
-                                name, (unsigned long long)(ro[j] + rs[j]), j,
+                                name, (unsigned long long)(bx->ro[j] + bx->rs[j]), j,
                                 (unsigned long long)shape[j]);
     }
-    uint64_t bytes;
-    ckptio__volume(rs, t->ndim, ckptio_dtype_size((int)t->dtype), &bytes);
-    if (reg->capacity < bytes)
+    ckptio__volume(bx->rs, t->ndim, ckptio_dtype_size((int)t->dtype), &bx->bytes);
+    if (reg->capacity < bx->bytes)
         return ckptio__fail(&r->msg, CKPTIO_E_BUFFER,
                             "tensor '%s': the region needs %llu bytes but the destination holds "
                             "%llu",
-                            name, (unsigned long long)bytes, (unsigned long long)reg->capacity);
-    if (!bytes) return 0;
+                            name, (unsigned long long)bx->bytes, (unsigned long long)reg->capacity);
+    if (!bx->bytes) return 0;
     if (!reg->dst)
         return ckptio__fail(&r->msg, CKPTIO_E_USAGE, "tensor '%s': destination is NULL", name);
-    r->stats.bytes += bytes;
-    r->stats.tensors++;
-    for (uint64_t c = 0; c < t->n_chunks; c++)
-        CKPTIO__TRY(plan_piece(r, pl, reg, (uint64_t)t_idx, ro, rs, bytes, t->chunk0 + c));
+    uint64_t lo[CKPTIO_MAX_NDIM], cnt[CKPTIO_MAX_NDIM];
+    for (uint64_t c = t->chunk0; c < t->chunk0 + t->n_chunks; c++)
+        if (intersect(r, bx, c, lo, cnt)) CKPTIO__TRY(prepare_chunk(r, c));
     return 0;
 }
 
-static int cmp_seg(const void *a, const void *b)
+static int plan_region(ckptio_reader *r, plan *pl, const box *bx)
 {
-    const seg *x = a, *y = b;
-    if (x->file != y->file) return x->file < y->file ? -1 : 1;
-    return x->foff < y->foff ? -1 : x->foff > y->foff;
+    if (!bx->bytes) return 0;
+    const ckptio__mtensor *t = &r->m->tensors[bx->t];
+    r->stats.bytes += bx->bytes;
+    r->stats.tensors++;
+    for (uint64_t c = 0; c < t->n_chunks; c++) CKPTIO__TRY(plan_piece(r, pl, bx, t->chunk0 + c));
+    return 0;
 }
 
 /* ---- execution ---- */
@@ -736,133 +811,70 @@ static void scatter(plan *pl, const seg *s, const uint8_t *base)
     }
 }
 
-static int finish(ckptio_reader *r, plan *pl, rslot *sl)
+/* The segments of io i, [*first, *last). */
+static void io_segs(const plan *pl, size_t i, size_t *first, size_t *last)
 {
-    ckptio__req *q = &sl->req;
-    int rc = 0;
+    const size_t *f = pl->firsts.items;
+    *first = f[i];
+    *last = f[i + 1];
+}
+
+typedef struct read_ctx {
+    ckptio_reader *r;
+    plan *pl;
+} read_ctx;
+
+/* A checkpoint read came back: verify its blocks, then scatter the staged bytes. */
+static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void *buf, int64_t res)
+{
+    ckptio_reader *r = ((read_ctx *)ctx)->r;
+    plan *pl = ((read_ctx *)ctx)->pl;
     const seg *segs = pl->segs.items;
-    if (q->res < 0) {
-        const seg *s = &segs[sl->first];
-        rc = ckptio__fail(&r->msg, (int)q->res,
-                          "reading %llu bytes at offset %llu of '%s/%s' (tensor '%s') failed",
-                          (unsigned long long)q->len, (unsigned long long)q->off, r->path,
-                          fname(r, s->file), tname(r, s->chunk));
-        goto out;
+    size_t first, last;
+    io_segs(pl, i, &first, &last);
+    if (res < 0) {
+        const seg *s = &segs[first];
+        return ckptio__fail(&r->msg, (int)res,
+                            "reading %llu bytes at offset %llu of '%s/%s' (tensor '%s') failed",
+                            (unsigned long long)io->len, (unsigned long long)io->off, r->path,
+                            fname(r, s->file), tname(r, s->chunk));
     }
-    r->stats.io_bytes += (uint64_t)q->res;
-    for (size_t i = sl->first; i < sl->last && rc == 0; i++) {
-        const seg *s = &segs[i];
-        uint64_t need = s->foff + (s->b - s->a) - q->off;
-        if ((uint64_t)q->res < need) {
-            rc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                              "data file '%s/%s' ended at byte %llu while reading tensor '%s'; "
-                              "the file is truncated",
-                              r->path, fname(r, s->file),
-                              (unsigned long long)(q->off + (uint64_t)q->res), tname(r, s->chunk));
+    r->stats.io_bytes += (uint64_t)res;
+    for (size_t k = first; k < last; k++) {
+        const seg *s = &segs[k];
+        uint64_t need = s->foff + (s->b - s->a) - io->off;
+        if ((uint64_t)res < need) {
             if (pl->bad && !pl->bad[s->chunk]) {
                 pl->bad[s->chunk] = 1; /* a flag: counting here would wrap */
                 pl->bad_chunks++;
             }
-            break;
+            return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
+                                "data file '%s/%s' ended at byte %llu while reading tensor '%s'; "
+                                "the file is truncated",
+                                r->path, fname(r, s->file),
+                                (unsigned long long)(io->off + (uint64_t)res), tname(r, s->chunk));
         }
-        const uint8_t *base = (const uint8_t *)q->buf + (s->foff - q->off);
-        int v = check_blocks(r, pl, s, base);
-        if (v < 0) {
-            rc = v;
-            break;
-        }
+        const uint8_t *base = (const uint8_t *)buf + (s->foff - io->off);
+        CKPTIO__TRY(check_blocks(r, pl, s, base));
         if (!s->direct && s->piece != NONE) scatter(pl, s, base);
     }
-out:
-    if (sl->staging) ckptio__pool_put(&r->pool, sl->staging);
-    sl->staging = NULL;
-    r->free_slots[r->n_free_slots++] = (unsigned)(sl - r->slots);
-    return rc;
+    return 0;
 }
 
-/* Issue every segment, many requests in flight; staged neighbours share one request. */
-static int execute(ckptio_reader *r, plan *pl)
-{
-    seg *segs = pl->segs.items;
-    size_t n = pl->segs.len, next = 0;
-    int first = 0;
-    unsigned reap_failures = 0;
-    if (n > 1) qsort(segs, n, sizeof *segs, cmp_seg);
-    while ((next < n && !first) || r->eng->inflight) {
-        while (next < n && !first && r->n_free_slots) {
-            const seg *s = &segs[next];
-            const rfile *f = &r->files[s->file];
-            rslot *sl = &r->slots[r->free_slots[r->n_free_slots - 1]];
-            ckptio__req *q = &sl->req;
-            *q = (ckptio__req){.fd = f->fd, .op = CKPTIO__OP_READ};
-            sl->first = next;
-            if (s->direct) {
-                const piece *p = CKPTIO__VEC_AT(&pl->pieces, piece, s->piece);
-                q->buf = p->dst + p->dst0 + (s->a - p->src0);
-                q->off = s->foff;
-                q->len = s->len;
-                sl->staging = NULL;
-                next++;
-            } else {
-                uint8_t *b = ckptio__pool_get(&r->pool);
-                if (!b) break;
-                uint64_t al = CKPTIO__MAX(f->off_align, 1u);
-                uint64_t lo = ckptio__align_down(s->foff, al), hi = s->foff + (s->b - s->a);
-                size_t j = next + 1;
-                while (j < n && !segs[j].direct && segs[j].file == s->file &&
-                       segs[j].foff <= hi + GAP_BYTES &&
-                       ckptio__align_up(CKPTIO__MAX(hi, segs[j].foff + segs[j].b - segs[j].a), al) - lo <=
-                           r->buf_size) {
-                    hi = CKPTIO__MAX(hi, segs[j].foff + segs[j].b - segs[j].a);
-                    j++;
-                }
-                q->buf = b;
-                q->off = lo;
-                q->len = ckptio__align_up(hi, al) - lo;
-                sl->staging = b;
-                next = j;
-            }
-            sl->last = next;
-            r->n_free_slots--;
-            int rc = ckptio__engine_submit(r->eng, q);
-            if (rc < 0) {
-                q->res = rc;
-                rc = finish(r, pl, sl);
-                if (!first) first = rc;
-            }
-        }
-        if (!r->eng->inflight) continue;
-        ckptio__req *done[64];
-        int got = ckptio__engine_reap(r->eng, done, 64, 1);
-        if (got < 0) {
-            /* Requests still land in the caller's memory and in staging, so we keep reaping
-             * before returning; a backend that never recovers is shut down instead, which
-             * waits for (psync) or cancels (io_uring) what it holds, and the next read
-             * starts a new one rather than meet this read's completions. */
-            if (!first)
-                first = ckptio__fail(&r->msg, got, "waiting for reads from '%s' failed", r->path);
-            if (++reap_failures >= CKPTIO__REAP_TRIES) {
-                stop_engine(r);
-                return first;
-            }
-            continue;
-        }
-        reap_failures = 0;
-        for (int i = 0; i < got; i++) {
-            int rc = finish(r, pl, (rslot *)done[i]);
-            if (rc < 0 && !first) first = rc;
-        }
-    }
-    return first;
-}
-
-static void plan_init(plan *pl)
+static void plan_init(plan *pl, const rfile *files, uint64_t block, uint64_t request,
+                      uint64_t buf_size)
 {
     memset(pl, 0, sizeof *pl);
+    pl->files = files;
+    pl->block = block;
+    pl->request = request;
+    pl->buf_size = buf_size;
     ckptio__vec_init(&pl->pieces, sizeof(piece));
     ckptio__vec_init(&pl->segs, sizeof(seg));
     ckptio__vec_init(&pl->geo, sizeof(uint64_t));
     ckptio__vec_init(&pl->iters, sizeof(uint64_t));
+    ckptio__vec_init(&pl->ios, sizeof(ckptio__ring_io));
+    ckptio__vec_init(&pl->firsts, sizeof(size_t));
 }
 
 static void plan_free(plan *pl)
@@ -871,7 +883,18 @@ static void plan_free(plan *pl)
     ckptio__vec_free(&pl->segs);
     ckptio__vec_free(&pl->geo);
     ckptio__vec_free(&pl->iters);
+    ckptio__vec_free(&pl->ios);
+    ckptio__vec_free(&pl->firsts);
     free(pl->bad);
+}
+
+/* Start the ring if need be and read everything planned. */
+static int execute(ckptio_reader *r, plan *pl)
+{
+    CKPTIO__TRY(plan_ios(pl));
+    CKPTIO__TRY(start_ring(r));
+    read_ctx ctx = {r, pl};
+    return ckptio__ring_run(&r->ring, pl->ios.items, pl->ios.len, read_done, &ctx);
 }
 
 int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
@@ -882,14 +905,31 @@ int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
         return ckptio__fail(&r->msg, CKPTIO_E_USAGE, "ckptio_reader_read: regions is NULL");
     double t0 = ckptio__now();
     plan pl;
-    plan_init(&pl);
+    plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
     int rc;
-    CKPTIO__CHECK(start_engine(r));
-    for (size_t i = 0; i < n; i++) CKPTIO__CHECK(plan_region(r, &pl, &regions[i], i));
+    box bx;
+    ckptio_region reg;
+    for (size_t i = 0; i < n; i++) {
+        CKPTIO__CHECK(take_sized(&r->msg, &reg, sizeof reg, REGION_V1, regions, i,
+                                 "ckptio_reader_read", "ckptio_region"));
+        if (reg.memory != CKPTIO_MEM_HOST) {
+            rc = reg.memory == CKPTIO_MEM_CUDA
+                     ? ckptio__fail(&r->msg, CKPTIO_E_UNSUPPORTED,
+                                    "region %zu: GPU destinations arrive with the GPU backend; "
+                                    "read into host memory (CKPTIO_MEM_HOST) for now",
+                                    i)
+                     : ckptio__fail(&r->msg, CKPTIO_E_USAGE,
+                                    "region %zu: unknown memory kind %u (CKPTIO_MEM_HOST is 0)", i,
+                                    reg.memory);
+            goto out;
+        }
+        CKPTIO__CHECK(prepare_region(r, &reg, i, &bx));
+        CKPTIO__CHECK(plan_region(r, &pl, &bx));
+    }
     CKPTIO__CHECK(execute(r, &pl));
 out:
     if (rc == -ENOMEM && !r->msg.text[0]) ckptio__fail(&r->msg, rc, "out of memory reading '%s'", r->path);
-    if (rc < 0 && r->msg.text[0]) ckptio__fail(NULL, rc, "%s", r->msg.text);
+    if (rc < 0) ckptio__refail(NULL, &r->msg, rc, NULL, NULL);
     plan_free(&pl);
     r->stats.seconds += ckptio__now() - t0;
     return rc < 0 ? rc : 0;
@@ -898,7 +938,7 @@ out:
 int ckptio_reader_read_tensor(ckptio_reader *r, const char *name, void *dst, uint64_t capacity)
 {
     if (!name) return ckptio__fail(r ? &r->msg : NULL, CKPTIO_E_USAGE, "ckptio_reader_read_tensor: name is NULL");
-    ckptio_region reg = {.name = name, .dst = dst, .capacity = capacity};
+    ckptio_region reg = {.size = sizeof reg, .name = name, .dst = dst, .capacity = capacity};
     return ckptio_reader_read(r, &reg, 1);
 }
 
@@ -909,17 +949,16 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     ckptio__msg_clear(&r->msg);
     double t0 = ckptio__now();
     plan pl;
-    plan_init(&pl);
+    plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
     int rc;
     char first_msg[CKPTIO__MSG_LEN] = "";
     int first = 0;
-    CKPTIO__CHECK(start_engine(r));
     pl.bad = calloc(r->m->n_chunks + 1, 1);
     CKPTIO__GOTO_IF(!pl.bad, -ENOMEM);
     for (uint64_t c = 0; c < r->m->n_chunks; c++) {
         const ckptio__mchunk *mc = &r->m->chunks[c];
         if (!mc->stored_len) continue;
-        rc = check_extent(r, c);
+        rc = prepare_chunk(r, c);
         if (rc == CKPTIO_E_CORRUPT) {
             if (!first) {
                 first = rc;
@@ -931,7 +970,8 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
         }
         CKPTIO__CHECK(rc);
         seg proto = {.piece = NONE, .chunk = c, .file = mc->file, .iter = NONE};
-        CKPTIO__CHECK(plan_staged(r, &pl, proto, 0, mc->stored_len));
+        extent x = chunk_extent(r, c);
+        CKPTIO__CHECK(plan_staged(&pl, &x, proto, 0, mc->stored_len));
         r->stats.bytes += mc->stored_len;
     }
     ckptio__msg_clear(&r->msg);
@@ -943,7 +983,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     if (rc == 0 && pl.bad_chunks) rc = CKPTIO_E_CHECKSUM;
 out:
     if (bad_chunks) *bad_chunks = pl.bad_chunks;
-    if (rc < 0 && r->msg.text[0]) ckptio__fail(NULL, rc, "%s", r->msg.text);
+    if (rc < 0) ckptio__refail(NULL, &r->msg, rc, NULL, NULL);
     plan_free(&pl);
     r->stats.seconds += ckptio__now() - t0;
     return rc < 0 ? rc : 0;
@@ -951,24 +991,58 @@ out:
 
 /* ---- byte ranges of foreign files ---- */
 
-/* The reader's planner serves foreign files too: each range becomes a chunk of one stand-in
- * tensor, with no checksums, read into its destination as a single run. */
+typedef struct file_ctx {
+    const char *path;
+    plan *pl;
+    ckptio__msg *msg;
+    uint64_t io_bytes;
+} file_ctx;
+
+/* A read of a foreign file came back: copy out its staged ranges. */
+static int file_done(void *ctx, size_t i, const ckptio__ring_io *io, const void *buf, int64_t res)
+{
+    file_ctx *x = ctx;
+    const seg *segs = x->pl->segs.items;
+    size_t first, last;
+    io_segs(x->pl, i, &first, &last);
+    if (res < 0)
+        return ckptio__fail(x->msg, (int)res, "reading %llu bytes at offset %llu of '%s' failed",
+                            (unsigned long long)io->len, (unsigned long long)io->off, x->path);
+    x->io_bytes += (uint64_t)res;
+    for (size_t k = first; k < last; k++) {
+        const seg *s = &segs[k];
+        if ((uint64_t)res < s->foff + (s->b - s->a) - io->off)
+            return ckptio__fail(x->msg, CKPTIO_E_CORRUPT,
+                                "'%s' ended at byte %llu while reading range %llu; the file was "
+                                "truncated while being read",
+                                x->path, (unsigned long long)(io->off + (uint64_t)res),
+                                (unsigned long long)s->chunk);
+        if (!s->direct) scatter(x->pl, s, (const uint8_t *)buf + (s->foff - io->off));
+    }
+    return 0;
+}
+
+/* Ranges need no manifest: each is a piece of one run, planned and read like a chunk with no
+ * checksums. */
 int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, const ckptio_params *p,
                      ckptio_stats *stats)
 {
     if (!path || (n && !ranges))
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_read: path and ranges are required");
     double t0 = ckptio__now();
-    ckptio_reader rd;
-    memset(&rd, 0, sizeof rd);
-    ckptio_reader *r = &rd;
-    ckptio__manifest m;
-    memset(&m, 0, sizeof m);
-    ckptio__mfile mf = {0};
-    ckptio__mtensor mt = {0};
+    ckptio__msg msg;
+    ckptio__msg_clear(&msg);
+    ckptio__cfg cfg;
+    ckptio_stats st;
+    memset(&st, 0, sizeof st);
     rfile file = {.fd = -1};
+    ckptio__ring ring;
+    memset(&ring, 0, sizeof ring);
+    int dirfd = -1;
+    /* Staging as the reader sizes it for a checkpoint of 1 MiB blocks. */
+    const uint64_t block = 1u << 20;
     plan pl;
-    plan_init(&pl);
+    plan_init(&pl, &file, block, 0, 0);
     /* A file the caller names is not confined the way a checkpoint's own files are: follow its
      * links (a Hugging Face cache entry is snapshots/<rev>/x.bin -> ../../blobs/<sha>). Messages
      * keep naming `path`. */
@@ -977,78 +1051,80 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
     const char *target = real ? real : path;
     char *dir = ckptio__parent_dir(target);
     const char *base = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
-    size_t blen = strlen(base);
-    m.chunks = calloc(n + 1, sizeof *m.chunks);
-    m.strtab = malloc(blen + 1);
-    r->path = (char *)path;
-    r->dirfd = -1;
-    r->raw_file = true;
-    r->m = &m;
-    r->files = &file;
     int rc;
     if (lrc < 0) {
-        rc = ckptio__fail(&r->msg, lrc, "cannot open '%s'%s", path,
+        rc = ckptio__fail(&msg, lrc, "cannot open '%s'%s", path,
                           lrc == -ELOOP ? ": too many levels of symbolic links" : "");
         goto out;
     }
-    CKPTIO__GOTO_IF(!dir || !m.chunks || !m.strtab, -ENOMEM);
-    memcpy(m.strtab, base, blen + 1);
-    mf.name_len = (uint32_t)blen;
-    mt.name_len = (uint32_t)blen;
-    m.files = &mf;
-    m.tensors = &mt;
-    m.n_files = m.n_tensors = 1;
-    m.n_chunks = n;
-    m.csum_block = 1u << 20;
-    m.strtab_len = blen + 1;
-    CKPTIO__CHECK(ckptio__cfg_resolve(p, &r->cfg, &r->msg));
-    r->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (r->dirfd < 0) {
-        rc = ckptio__fail(&r->msg, -errno, "cannot open directory '%s'", dir);
+    CKPTIO__GOTO_IF(!dir, -ENOMEM);
+    CKPTIO__CHECK(ckptio__cfg_resolve(p, &cfg, &msg));
+    pl.request = cfg.request;
+    pl.buf_size = CKPTIO__MAX(cfg.request, 2 * block);
+    dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0) {
+        rc = ckptio__fail(&msg, -errno, "cannot open directory '%s'", dir);
         goto out;
     }
-    CKPTIO__CHECK(open_file(r, 0));
-    mf.size = file.size;
-    CKPTIO__CHECK(start_engine(r));
+    rc = open_rfile(&file, dirfd, base, cfg.direct);
+    if (rc < 0) {
+        ckptio__fail(&msg, rc, "cannot open '%s'", path);
+        goto out;
+    }
+    st.direct = file.direct;
+    st.alignment = file.off_align;
     for (size_t i = 0; i < n; i++) {
-        m.chunks[i] = (ckptio__mchunk){.file_off = ranges[i].offset, .stored_len = ranges[i].len,
-                                       .raw_len = ranges[i].len};
-        if (!ranges[i].len) continue;
-        if (!ranges[i].dst) {
-            rc = ckptio__fail(&r->msg, CKPTIO_E_USAGE, "ckptio_file_read: range %zu has no destination", i);
+        ckptio_range rg;
+        const ckptio_range *g = &rg;
+        CKPTIO__CHECK(take_sized(&msg, &rg, sizeof rg, RANGE_V1, ranges, i, "ckptio_file_read",
+                                 "ckptio_range"));
+        if (!g->len) continue;
+        if (!g->dst) {
+            rc = ckptio__fail(&msg, CKPTIO_E_USAGE, "ckptio_file_read: range %zu has no destination", i);
             goto out;
         }
-        if (ranges[i].offset > UINT64_MAX - ranges[i].len) {
-            rc = ckptio__fail(&r->msg, CKPTIO_E_RANGE, "ckptio_file_read: range %zu overflows", i);
+        if (g->offset > UINT64_MAX - g->len) {
+            rc = ckptio__fail(&msg, CKPTIO_E_RANGE, "ckptio_file_read: range %zu overflows", i);
             goto out;
         }
-        CKPTIO__CHECK(check_extent(r, i));
-        piece pc = {.dst = ranges[i].dst, .dst_cap = ranges[i].len, .dst_bytes = ranges[i].len,
-                    .chunk = i, .run_len = ranges[i].len, .runs = 1};
+        if (g->offset + g->len > file.size) {
+            rc = ckptio__fail(&msg, CKPTIO_E_CORRUPT,
+                              "bytes %llu..%llu lie past the end of '%s' (%llu bytes): the file is "
+                              "truncated or not the one expected",
+                              (unsigned long long)g->offset,
+                              (unsigned long long)(g->offset + g->len), path,
+                              (unsigned long long)file.size);
+            goto out;
+        }
+        piece pc = {.dst = g->dst, .dst_cap = g->len, .dst_bytes = g->len, .chunk = i,
+                    .run_len = g->len, .runs = 1};
         int64_t pi = ckptio__vec_push(&pl.pieces, &pc, 1);
         CKPTIO__GOTO_IF(pi < 0, -ENOMEM);
+        extent x = {.off = g->offset, .len = g->len, .file = 0, .verify = false};
         seg proto = {.piece = (uint64_t)pi, .chunk = i, .file = 0, .iter = NONE};
-        CKPTIO__CHECK(plan_single_run(r, &pl, &pc, proto));
-        r->stats.bytes += ranges[i].len;
+        CKPTIO__CHECK(plan_single_run(&pl, &x, &pc, proto));
+        st.bytes += g->len;
     }
-    CKPTIO__CHECK(execute(r, &pl));
+    CKPTIO__CHECK(plan_ios(&pl));
+    CKPTIO__CHECK(ckptio__ring_init(&ring, cfg.backend, cfg.depth, cfg.threads, cfg.staging,
+                                    pl.buf_size, path, &msg));
+    ckptio__stats_backend(st.backend, cfg.backend, ckptio__engine_name(ring.eng));
+    file_ctx ctx = {.path = path, .pl = &pl, .msg = &msg};
+    rc = ckptio__ring_run(&ring, pl.ios.items, pl.ios.len, file_done, &ctx);
+    st.io_bytes = ctx.io_bytes;
 out:
-    if (rc == -ENOMEM && !r->msg.text[0]) ckptio__fail(&r->msg, rc, "out of memory reading '%s'", path);
-    if (rc < 0) ckptio__fail(NULL, rc, "%s", r->msg.text);
+    if (rc == -ENOMEM && !msg.text[0]) ckptio__fail(&msg, rc, "out of memory reading '%s'", path);
+    if (rc < 0) ckptio__fail(NULL, rc, "%s", msg.text);
     if (stats) {
-        r->stats.seconds = ckptio__now() - t0;
-        r->stats.tensors = n;
-        ckptio_reader_stats(r, stats);
+        st.seconds = ckptio__now() - t0;
+        st.tensors = n;
+        st.gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
+        *stats = st;
     }
     plan_free(&pl);
-    if (r->eng) ckptio__engine_close(r->eng);
-    if (r->pool.base) ckptio__pool_fini(&r->pool);
+    ckptio__ring_fini(&ring);
     if (file.fd >= 0) close(file.fd);
-    if (r->dirfd >= 0) close(r->dirfd);
-    free(r->slots);
-    free(r->free_slots);
-    free(m.chunks);
-    free(m.strtab);
+    if (dirfd >= 0) close(dirfd);
     free(dir);
     free(real);
     return rc < 0 ? rc : 0;

@@ -11,13 +11,12 @@
 
 #include "commit/txn.h"
 #include "common/hasher.h"
+#include "format/box.h"
 #include "format/manifest.h"
 #include "internal.h"
 #include "io/engine.h"
 #include "io/sink.h"
 #include "io/vfs.h"
-
-#define DATA_FILE "data/000000.ckd"
 
 /* Per-tensor bookkeeping while writing; becomes a ckptio__mtensor at commit. */
 typedef struct wtensor {
@@ -62,9 +61,14 @@ struct ckptio_writer {
     const char *path;  /* txn.path, for messages */
     int fd;            /* the data file */
     char *data_label; /* its path, for messages */
-    char data_file[40]; /* its name in the checkpoint: DATA_FILE, or data/rNNNNN-000000.ckd */
     char *tmp_abs;      /* a distributed save's temporary directory, absolute, for the ranks */
     bool part_done;     /* a rank's share is written and described; only publish may follow */
+    /* The data files: file i is data/<prefix><i in 6 digits>.ckd. Bytes go to the last one
+     * (fd, sink); the sizes of those before it, finished, are kept in done_sizes. */
+    char *file_prefix;       /* NULL: none */
+    uint64_t max_file_bytes; /* a chunk that would pass it starts the next file; 0: no bound */
+    uint64_t *done_sizes;
+    size_t n_done, cap_done;
     ckptio__sink sink;
     ckptio__hasher *hasher; /* started with the first large chunk */
     ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
@@ -113,14 +117,107 @@ static int check_usable(ckptio_writer *w)
     return ckptio__handle_usable(&w->hs, &w->msg, w->path);
 }
 
-static void fmt_dims(char *buf, size_t len, const uint64_t *d, uint32_t n)
+/* Longest data file name: "data/", a prefix, 7 digits at most (CKPTIO__MAX_FILES), ".ckd". */
+#define MAX_PREFIX 64
+#define DATA_NAME_LEN (MAX_PREFIX + 32)
+
+static void data_name(const ckptio_writer *w, uint64_t i, char *buf, size_t cap)
 {
-    size_t used = 0;
-    buf[0] = 0;
-    for (uint32_t i = 0; i < n && used + 24 < len; i++)
-        used += (size_t)snprintf(buf + used, len - used, "%s%llu", i ? "," : "",
-                                 (unsigned long long)d[i]);
-    if (n == 0) snprintf(buf, len, "scalar");
+    snprintf(buf, cap, "data/%s%06llu.ckd", w->file_prefix ? w->file_prefix : "",
+             (unsigned long long)i);
+}
+
+/* Finish the current data file (its writes done, its length cut, fsynced) and go on in the
+ * next one, through the same sink. */
+static int roll_file(ckptio_writer *w)
+{
+    if (w->n_done + 1 >= CKPTIO__MAX_FILES)
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT,
+                            "'%s' would need more than %u data files; raise max_file_bytes",
+                            w->path, CKPTIO__MAX_FILES);
+    if (w->n_done == w->cap_done) {
+        size_t cap = w->cap_done ? 2 * w->cap_done : 16;
+        uint64_t *d = realloc(w->done_sizes, cap * sizeof *d);
+        CKPTIO__RET_IF(!d, -ENOMEM);
+        w->done_sizes = d;
+        w->cap_done = cap;
+    }
+    CKPTIO__TRY(ckptio__sink_finish(&w->sink));
+    int rc;
+    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
+        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                            w->data_label);
+    close(w->fd);
+    w->fd = -1;
+    w->done_sizes[w->n_done++] = w->sink.cursor;
+    char name[DATA_NAME_LEN], *label;
+    data_name(w, w->n_done, name, sizeof name);
+    CKPTIO__RET_IF(asprintf(&label, "%s/%s", w->txn.tmp_path, name) < 0, -ENOMEM);
+    int direct = 0;
+    rc = ckptio__file_open(w->txn.tmp_fd, name, CKPTIO__F_WRITE, w->cfg.direct, &w->fd, &direct);
+    if (rc < 0) {
+        free(label);
+        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'", w->txn.tmp_path, name);
+    }
+    rc = ckptio__sink_switch(&w->sink, w->fd, direct, label);
+    free(w->data_label);
+    w->data_label = label;
+    return rc;
+}
+
+int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t max_file_bytes)
+{
+    if (!w)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_set_data_files: writer is NULL");
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    if (w->chunks.len || w->n_done)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE,
+                            "writer for '%s': set the data files before the first "
+                            "ckptio_writer_add",
+                            w->path);
+    size_t len = prefix ? strlen(prefix) : 0;
+    bool ok = len <= MAX_PREFIX;
+    for (size_t i = 0; ok && i < len; i++) {
+        char c = prefix[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '-' || c == '_' || (c == '.' && i > 0);
+    }
+    if (!ok)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "data file prefix '%.80s' is not valid: at most %d of [A-Za-z0-9._-], "
+                            "not starting with '.'",
+                            prefix, MAX_PREFIX);
+    const char *old = w->file_prefix ? w->file_prefix : "";
+    if (strcmp(old, len ? prefix : "") != 0) {
+        /* The first data file exists since open: give it its new name. */
+        char from[DATA_NAME_LEN], to[DATA_NAME_LEN], *label, *p = len ? strdup(prefix) : NULL;
+        CKPTIO__RET_IF(len && !p, -ENOMEM);
+        data_name(w, 0, from, sizeof from);
+        char *was = w->file_prefix;
+        w->file_prefix = p;
+        data_name(w, 0, to, sizeof to);
+        if (asprintf(&label, "%s/%s", w->txn.tmp_path, to) < 0) label = NULL;
+        if (!label || CKPTIO__VFS->renameat2(w->txn.tmp_fd, from, w->txn.tmp_fd, to, 0) < 0) {
+            int rc = label ? -errno : -ENOMEM;
+            free(label);
+            free(p);
+            w->file_prefix = was;
+            return ckptio__fail(&w->msg, rc, "cannot rename '%s/%s' to '%s'", w->txn.tmp_path, from,
+                                to);
+        }
+        free(was);
+        free(w->data_label);
+        w->data_label = label;
+        w->sink.label = label;
+    }
+    w->max_file_bytes = max_file_bytes;
+    return 0;
+}
+
+int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t max_file_bytes)
+{
+    return ckptio__writer_set_data_files(w, prefix, max_file_bytes);
 }
 
 static void hash_blocks(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t *out)
@@ -142,6 +239,20 @@ static void settle_hashes(ckptio_writer *w)
     w->pending.len = 0;
 }
 
+typedef struct hash_ctx {
+    ckptio_writer *w;
+    uint64_t csum_at; /* the chunk's first checksum */
+} hash_ctx;
+
+/* The sink's hook: checksums of the blocks of one piece, `at` bytes into the chunk (pieces
+ * start on block boundaries). */
+static void hash_piece(void *ctx, const uint8_t *piece, uint64_t n, uint64_t at)
+{
+    hash_ctx *h = ctx;
+    hash_blocks(h->w, piece, n,
+                CKPTIO__VEC_AT(&h->w->csums, uint64_t, h->csum_at + at / h->w->cfg.csum_block));
+}
+
 /* Write one chunk's bytes at `off`; its block checksums go to csums[csum_at...]. Large chunks
  * are hashed by the hasher thread from the caller's memory while this thread copies and
  * submits, which the buffer lifetime rule (valid until flush or commit) allows. */
@@ -160,27 +271,8 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
         CKPTIO__TRY(ckptio__hasher_push(w->hasher, src, n, p.buf));
     }
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
-    if (ckptio__sink_can_place(&w->sink, src, n)) {
-        uint64_t step = w->cfg.request;
-        for (uint64_t i = 0; i < n; i += step) {
-            uint64_t len = CKPTIO__MIN(step, n - i);
-            if (ckptio__sink_can_place(&w->sink, src + i, len))
-                CKPTIO__TRY(ckptio__sink_write_in_place(&w->sink, src + i, len));
-            else
-                CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
-            if (n_csums && !async)
-                hash_blocks(w, src + i, len, CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + i / B));
-        }
-        return 0;
-    }
-    /* Small chunks: copy and hash block by block, each block hashed while still in cache. */
-    for (uint64_t i = 0, k = 0; i < n; i += B, k++) {
-        uint64_t len = CKPTIO__MIN(B, n - i);
-        CKPTIO__TRY(ckptio__sink_write(&w->sink, src + i, len));
-        if (n_csums && !async)
-            *CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + k) = ckptio__hash(src + i, len);
-    }
-    return 0;
+    hash_ctx h = {.w = w, .csum_at = csum_at};
+    return ckptio__sink_put(&w->sink, src, n, B, n_csums && !async ? hash_piece : NULL, &h);
 }
 
 /* ---- open ---- */
@@ -188,7 +280,9 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
 /* The temporary directory's contents: data/ and the data file, streamed through the sink. */
 static int make_data(ckptio_writer *w)
 {
-    const char *tmp = w->txn.tmp_path, *file = w->data_file;
+    const char *tmp = w->txn.tmp_path;
+    char file[DATA_NAME_LEN];
+    data_name(w, 0, file, sizeof file);
     /* The ranks of a distributed save share data/: whoever comes first makes it. */
     if (CKPTIO__VFS->mkdirat(w->txn.tmp_fd, "data", 0755) < 0 &&
         !(!w->txn.owner && errno == EEXIST))
@@ -233,8 +327,11 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     ckptio__strmap_init(&w->names);
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
-    if (part) snprintf(w->data_file, sizeof w->data_file, "data/r%05u-000000.ckd", rank);
-    else snprintf(w->data_file, sizeof w->data_file, "%s", DATA_FILE);
+    /* Before the first file is made: ranks joining one directory must never share a name. */
+    if (part && asprintf(&w->file_prefix, "r%05u-", rank) < 0) {
+        w->file_prefix = NULL;
+        CKPTIO__GOTO_IF(true, -ENOMEM);
+    }
     if (join)
         CKPTIO__CHECK(ckptio__txn_join(&w->txn, path, join, ckptio__cfg_txn_flags(&w->cfg),
                                        &w->msg));
@@ -278,14 +375,6 @@ const char *ckptio__writer_tmp_path(const ckptio_writer *w)
 
 /* ---- add ---- */
 
-static bool boxes_overlap(const uint64_t *ao, const uint64_t *as, const uint64_t *bo,
-                          const uint64_t *bs, uint32_t ndim)
-{
-    for (uint32_t i = 0; i < ndim; i++)
-        if (ao[i] >= bo[i] + bs[i] || bo[i] >= ao[i] + as[i]) return false;
-    return true;
-}
-
 static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_len, int dtype,
                               uint32_t ndim, const uint64_t *shape, uint64_t *index)
 {
@@ -296,8 +385,8 @@ static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_le
         if (t->dtype != (uint32_t)dtype || t->ndim != ndim ||
             (ndim && memcmp(gs, shape, ndim * sizeof *shape))) {
             char a[256], b[256];
-            fmt_dims(a, sizeof a, gs, t->ndim);
-            fmt_dims(b, sizeof b, shape, ndim);
+            ckptio__fmt_dims(a, sizeof a, gs, t->ndim, "scalar");
+            ckptio__fmt_dims(b, sizeof b, shape, ndim, "scalar");
             return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
                                 "tensor '%s': this chunk says %s [%s] but an earlier chunk said "
                                 "%s [%s]; every chunk must give the same dtype and global shape",
@@ -323,6 +412,14 @@ static int find_or_add_tensor(ckptio_writer *w, const char *name, size_t name_le
     }
     *index = idx;
     return 0;
+}
+
+/* A failure while writing the chunk of tensor `name`: the writer is poisoned. */
+static int add_failed(ckptio_writer *w, int rc, const char *name)
+{
+    settle_hashes(w); /* nothing may still read the caller's buffer once we fail */
+    ckptio__refail(&w->msg, &w->msg, rc, "write failed", "saving tensor '%s': ", name);
+    return poison(w, rc);
 }
 
 int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
@@ -356,9 +453,9 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
         uint64_t end;
         if (!ckptio__add(co[i], cs[i], &end) || end > shape[i]) {
             char a[256], b[256], c[256];
-            fmt_dims(a, sizeof a, co, ndim);
-            fmt_dims(b, sizeof b, cs, ndim);
-            fmt_dims(c, sizeof c, shape, ndim);
+            ckptio__fmt_dims(a, sizeof a, co, ndim, "scalar");
+            ckptio__fmt_dims(b, sizeof b, cs, ndim, "scalar");
+            ckptio__fmt_dims(c, sizeof c, shape, ndim, "scalar");
             return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
                                 "tensor '%s': chunk at offset [%s] of shape [%s] lies outside "
                                 "the tensor's shape [%s]",
@@ -389,10 +486,10 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     for (uint64_t c = t->head; c != UINT64_MAX; c = *CKPTIO__VEC_AT(&w->next, uint64_t, c)) {
         const ckptio__mchunk *mc = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, c);
         const uint64_t *d = CKPTIO__VEC_AT(&w->dims, uint64_t, mc->dims);
-        if (tvol == 0 || boxes_overlap(d, d + ndim, co, cs, ndim)) {
+        if (tvol == 0 || ckptio__boxes_overlap(d, d + ndim, co, cs, ndim)) {
             char a[256], b[256];
-            fmt_dims(a, sizeof a, co, ndim);
-            fmt_dims(b, sizeof b, cs, ndim);
+            ckptio__fmt_dims(a, sizeof a, co, ndim, "scalar");
+            ckptio__fmt_dims(b, sizeof b, cs, ndim, "scalar");
             return ckptio__fail(&w->msg, CKPTIO_E_DUPLICATE,
                                 "tensor '%s': chunk at offset [%s] shape [%s] overlaps a chunk "
                                 "already added (duplicate tensor name?)",
@@ -403,6 +500,11 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     /* Record the chunk, then stream its bytes. */
     uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
     uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN : CKPTIO__SMALL_ALIGN;
+    if (nbytes && w->max_file_bytes && w->sink.cursor) {
+        uint64_t at = ckptio__align_up(w->sink.cursor, align);
+        int rc = at >= w->max_file_bytes || nbytes > w->max_file_bytes - at ? roll_file(w) : 0;
+        if (rc < 0) return add_failed(w, rc, name); /* the tensor may be in the map: fatal */
+    }
     uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
     int64_t di = ckptio__vec_push(&w->dims, co, ndim);
     int64_t di2 = di >= 0 ? ckptio__vec_push(&w->dims, cs, ndim) : di;
@@ -411,7 +513,8 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
         return poison(w, ckptio__fail(&w->msg, -ENOMEM, "out of memory adding tensor '%s'", name));
     ckptio__mchunk mc = {.dims = (uint64_t)di, .file_off = off, .stored_len = nbytes,
                          .raw_len = nbytes, .csums = (uint64_t)ci, .n_csums = n_csums,
-                         .file = 0, .codec = CKPTIO__CODEC_NONE, .tensor = (uint32_t)ti};
+                         .file = (uint32_t)w->n_done, .codec = CKPTIO__CODEC_NONE,
+                         .tensor = (uint32_t)ti};
     int64_t chunk = ckptio__vec_push(&w->chunks, &mc, 1);
     uint64_t none = UINT64_MAX;
     if (chunk < 0 || ckptio__vec_push(&w->next, &none, 1) < 0)
@@ -425,12 +528,7 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
     int rc = write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
-    if (rc < 0) {
-        settle_hashes(w); /* nothing may still read the caller's buffer once we fail */
-        ckptio__refail(&w->msg, &w->msg, rc, "write failed", "saving tensor '%s': ", name);
-        return poison(w, rc);
-    }
-    return 0;
+    return rc < 0 ? add_failed(w, rc, name) : 0;
 }
 
 int ckptio_writer_set_meta(ckptio_writer *w, const char *key, const void *value, size_t len)
@@ -489,9 +587,7 @@ typedef struct name_ref {
 static int cmp_name(const void *a, const void *b)
 {
     const name_ref *x = a, *y = b;
-    int c = memcmp(x->s, y->s, CKPTIO__MIN(x->len, y->len));
-    if (c) return c;
-    return x->len < y->len ? -1 : x->len > y->len;
+    return ckptio__name_cmp(x->s, x->len, y->s, y->len);
 }
 
 static int push_str(ckptio__vec *strtab, const void *s, size_t len, uint64_t *off)
@@ -514,6 +610,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
     ckptio__mtensor *mt = malloc((nt + 1) * sizeof *mt);
     ckptio__mchunk *mc = malloc((w->chunks.len + 1) * sizeof *mc);
     ckptio__mmeta *mm = malloc((nm + 1) * sizeof *mm);
+    ckptio__mfile *files = NULL;
     ckptio__vec strtab;
     ckptio__vec_init(&strtab, 1);
     *buf = NULL;
@@ -527,7 +624,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
     for (size_t i = 0; i < nt; i++) {
         const wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, order[i].index);
         uint64_t volume;
-        ckptio__volume(CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims), t->ndim, 1, &volume);
+        ckptio__shape_volume(CKPTIO__VEC_AT(&w->dims, uint64_t, t->dims), t->ndim, &volume);
         if (t->covered != volume && !partial) {
             rc = ckptio__fail(&w->msg, CKPTIO_E_INCOMPLETE,
                               "tensor '%s': its chunks cover %llu of %llu elements; add the "
@@ -555,16 +652,24 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         CKPTIO__CHECK(push_str(&strtab, m->key, m->key_len, &mm[i].key));
         CKPTIO__CHECK(push_str(&strtab, m->val, m->val_len, &mm[i].val));
     }
-    ckptio__mfile file = {.name_len = (uint32_t)strlen(w->data_file), .size = file_size};
-    CKPTIO__CHECK(push_str(&strtab, w->data_file, strlen(w->data_file), &file.name));
+    uint64_t nf = w->n_done + 1;
+    files = malloc(nf * sizeof *files);
+    CKPTIO__GOTO_IF(!files, -ENOMEM);
+    for (uint64_t i = 0; i < nf; i++) {
+        char name[DATA_NAME_LEN];
+        data_name(w, i, name, sizeof name);
+        files[i] = (ckptio__mfile){.name_len = (uint32_t)strlen(name),
+                                   .size = i < w->n_done ? w->done_sizes[i] : file_size};
+        CKPTIO__CHECK(push_str(&strtab, name, files[i].name_len, &files[i].name));
+    }
 
     ckptio__manifest m = {
         .version = CKPTIO_FORMAT_VERSION,
         .csum_algo = w->cfg.checksums ? CKPTIO__CSUM_XXH3_64 : CKPTIO__CSUM_NONE,
         .csum_block = w->cfg.csum_block,
-        .n_files = 1, .n_tensors = nt, .n_chunks = nc, .n_meta = nm,
+        .n_files = nf, .n_tensors = nt, .n_chunks = nc, .n_meta = nm,
         .n_dims = w->dims.len, .n_csums = w->csums.len, .strtab_len = strtab.len,
-        .files = &file, .tensors = mt, .chunks = mc, .meta = mm,
+        .files = files, .tensors = mt, .chunks = mc, .meta = mm,
         .dims = w->dims.items, .csums = w->csums.items, .strtab = strtab.items,
     };
     char err[512];
@@ -588,6 +693,7 @@ out:
     free(mt);
     free(mc);
     free(mm);
+    free(files);
     ckptio__vec_free(&strtab);
     return rc;
 }
@@ -737,6 +843,8 @@ void ckptio_writer_close(ckptio_writer *w)
     ckptio__txn_fini(&w->txn); /* removes the temporary directory unless published */
     free(w->data_label);
     free(w->tmp_abs);
+    free(w->file_prefix);
+    free(w->done_sizes);
     for (size_t i = 0; i < w->meta.len; i++) {
         wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
         free(m->key);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Distributed saves: every rank's pieces of global tensors into one checkpoint (plan, write, merge, publish). */
+/* Distributed saves: every rank's pieces of global tensors into one checkpoint, atomically. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -25,8 +25,9 @@ static int make_holds(const ckptio_dist_item *items, size_t n, ckptio__hold *h, 
     for (size_t i = 0; i < n; i++) {
         const ckptio_dist_item *it = &items[i];
         if (it->size < sizeof *it) {
-            snprintf(why, wl, "item %zu: size %u, expected %zu (set it to sizeof(ckptio_dist_item))",
-                     i, it->size, sizeof *it);
+            snprintf(why, wl,
+                     "item %zu: size %u, expected %zu (set it to sizeof(ckptio_dist_item))", i,
+                     it->size, sizeof *it);
             return CKPTIO_E_USAGE;
         }
         if (!it->name || it->ndim > CKPTIO_MAX_NDIM || (it->ndim && !it->shape) ||
@@ -36,9 +37,11 @@ static int make_holds(const ckptio_dist_item *items, size_t n, ckptio__hold *h, 
             return it->ndim > CKPTIO_MAX_NDIM ? CKPTIO_E_LIMIT : CKPTIO_E_USAGE;
         }
         size_t nl = strlen(it->name);
-        h[i] = (ckptio__hold){.name = it->name, .name_len = nl > UINT32_MAX ? UINT32_MAX : (uint32_t)nl,
+        uint32_t fl = it->flags & CKPTIO_DIST_RANK_LOCAL ? CKPTIO__HOLD_RANK_LOCAL : 0;
+        h[i] = (ckptio__hold){.name = it->name,
+                              .name_len = nl > UINT32_MAX ? UINT32_MAX : (uint32_t)nl,
                               .dtype = (uint32_t)it->dtype, .ndim = it->ndim,
-                              .flags = it->flags & CKPTIO_DIST_RANK_LOCAL ? CKPTIO__HOLD_RANK_LOCAL : 0,
+                              .flags = fl,
                               .shape = it->shape, .offset = it->offset ? it->offset : zeros,
                               .box = it->box ? it->box : it->shape, .nbytes = it->nbytes};
         if (it->flags & ~CKPTIO_DIST_RANK_LOCAL) {
@@ -72,7 +75,8 @@ static void coordinate(const ckptio_comm *comm, const ckptio_bytes *all, const u
     }
     uint64_t at = 0;
     for (uint32_t r = 0; r < n; r++) {
-        rc = ckptio__holdings_decode((const uint8_t *)all->data + at, lens[r], &h[r], sub, sizeof sub);
+        rc = ckptio__holdings_decode((const uint8_t *)all->data + at, lens[r], &h[r], sub,
+                                     sizeof sub);
         at += lens[r];
         if (rc < 0) {
             snprintf(why, sizeof why, "rank %u: %.900s", r, sub);
@@ -148,7 +152,8 @@ static int publish(const ckptio_comm *comm, ckptio_writer *w, const ckptio_bytes
             goto out;
         }
     }
-    rc = ckptio__manifest_merge((const ckptio__manifest *const *)parts, n, &merged, sub, sizeof sub);
+    rc = ckptio__manifest_merge((const ckptio__manifest *const *)parts, n, &merged, sub,
+                                sizeof sub);
     if (rc < 0) {
         snprintf(why, wl, "merging the ranks' manifests (part N is rank N): %.900s", sub);
         goto out;
@@ -257,7 +262,8 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
     }
     for (size_t i = 0; rank == 0 && i < n_meta && local == 0; i++) {
         local = ckptio_writer_set_meta(w, meta_keys ? meta_keys[i] : NULL,
-                                       meta_vals ? meta_vals[i] : NULL, meta_lens ? meta_lens[i] : 0);
+                                       meta_vals ? meta_vals[i] : NULL,
+                                       meta_lens ? meta_lens[i] : 0);
         if (local < 0) snprintf(why, sizeof why, "%s", ckptio_writer_errmsg(w));
     }
     if (local == 0) {

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Tests of distributed saves: the planner (holdings, checks, assignment, cache) and ckptio_save_dist. */
+/* Tests of distributed saves: the planner (holdings, checks, assignment, cache), ckptio_save_dist. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -113,7 +113,8 @@ static int check_cover(tplan *t, const ckptio__plan *pl)
             for (uint32_t q = 0; q < r && first && !(h->flags & CKPTIO__HOLD_RANK_LOCAL); q++)
                 for (uint64_t j = 0; j < t->h[q]->n && first; j++) {
                     const ckptio__hold *o = &t->h[q]->items[j];
-                    first = !(o->name_len == h->name_len && !memcmp(o->name, h->name, h->name_len) &&
+                    first = !(o->name_len == h->name_len &&
+                              !memcmp(o->name, h->name, h->name_len) &&
                               !(o->flags & CKPTIO__HOLD_RANK_LOCAL) &&
                               !memcmp(o->offset, h->offset, 8 * h->ndim) &&
                               !memcmp(o->box, h->box, 8 * h->ndim));

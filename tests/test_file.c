@@ -105,7 +105,8 @@ static int test_roundtrip(void)
         caps[i] = (size_t)rs[i].len + 2 * 4096;
         bufs[i] = t_alloc(caps[i]);
         CHECK(bufs[i]);
-        ranges[i] = (ckptio_range){.offset = rs[i].off, .len = rs[i].len,
+        ranges[i] = (ckptio_range){.size = sizeof(ckptio_range), .offset = rs[i].off,
+                                   .len = rs[i].len,
                                    .dst = bufs[i] + (rs[i].aligned ? 0 : 1)};
     }
     ckptio_stats st;
@@ -117,7 +118,8 @@ static int test_roundtrip(void)
     }
     CHECK(st.bytes == total);
 
-    ckptio_range past = {.offset = len - 10, .len = 20, .dst = bufs[0]};
+    ckptio_range past = {.size = sizeof(ckptio_range), .offset = len - 10, .len = 20,
+                         .dst = bufs[0]};
     CHECK_ERR(ckptio_file_read(path, &past, 1, NULL, NULL), CKPTIO_E_CORRUPT);
     CHECK(t_contains(ckptio_last_error(), path));
     for (size_t i = 0; i < N; i++) t_free(bufs[i], caps[i]);
@@ -225,17 +227,19 @@ static int test_read_symlink(void)
         for (int rel = 0; rel < 2; rel++) {
             const char *path = rel ? names[i] : t_path(names[i]);
             memset(got, 0, 3 * MiB + 5);
-            ckptio_range r = {.offset = 0, .len = 3 * MiB + 5, .dst = got};
+            ckptio_range r = {.size = sizeof(ckptio_range), .offset = 0, .len = 3 * MiB + 5,
+                              .dst = got};
             CHECK_OK(ckptio_file_read(path, &r, 1, NULL, NULL));
             CHECK(!memcmp(got, want, 3 * MiB + 5));
             /* errors still name the path the caller gave */
-            ckptio_range past = {.offset = 3 * MiB, .len = 4096, .dst = got};
+            ckptio_range past = {.size = sizeof(ckptio_range), .offset = 3 * MiB, .len = 4096,
+                                 .dst = got};
             CHECK_ERR(ckptio_file_read(path, &past, 1, NULL, NULL), CKPTIO_E_CORRUPT);
             CHECK(t_contains(ckptio_last_error(), path));
         }
     }
     CHECK(symlink("nowhere", "dangling.bin") == 0);
-    ckptio_range r = {.offset = 0, .len = 1, .dst = got};
+    ckptio_range r = {.size = sizeof(ckptio_range), .offset = 0, .len = 1, .dst = got};
     CHECK_ERR(ckptio_file_read("dangling.bin", &r, 1, NULL, NULL), -ENOENT);
     CHECK(t_contains(ckptio_last_error(), "dangling.bin"));
     CHECK(symlink("loop.bin", "loop.bin") == 0);

@@ -245,11 +245,49 @@ static int test_verify_count_no_wrap(void)
     return leak_check();
 }
 
+/* ckptio_file_read runs its ranges through the read ring with no stand-in checkpoint: a file
+ * that comes back short (cut while being read) fails with CKPTIO_E_CORRUPT naming the caller's
+ * path, with nothing left in flight, and the next read of it returns exact bytes. */
+static int test_file_read_short(void)
+{
+    const uint64_t len = (3u << 20) + 5;
+    unsigned char *want = t_alloc(len), *got = t_alloc(len + 4096);
+    CHECK(want && got);
+    t_fill(want, len, 48);
+    const char *path = t_path("foreign.bin");
+    CHECK(t_write_file(path, want, len) == 0);
+    /* one aligned range (read in place) and one odd one (staged) */
+    ckptio_range rg[2] = {{.size = sizeof(ckptio_range), .offset = 0, .len = 2u << 20, .dst = got},
+                          {.size = sizeof(ckptio_range), .offset = (2u << 20) + 3,
+                           .len = len - (2u << 20) - 3, .dst = got + (2u << 20) + 3}};
+    ckptio_params p = fparams(0);
+    ckptio__vfs v = ckptio__vfs_real;
+    v.req_done = short_read;
+    ckptio__vfs_set(&v);
+    memset(&W, 0, sizeof W);
+    ckptio__backend_wrap = wrap;
+    int rc = ckptio_file_read(path, rg, 2, &p, NULL);
+    ckptio__backend_wrap = NULL;
+    ckptio__vfs_set(NULL);
+    printf("short: %s: %s\n", ckptio_errname(rc), ckptio_last_error());
+    CHECK_ERR(rc, CKPTIO_E_CORRUPT);
+    CHECK(t_contains(ckptio_last_error(), path));
+    CHECK(W.outstanding == 0 && W.live == 0);
+    memset(got, 0, len);
+    CHECK_OK(ckptio_file_read(path, rg, 2, &p, NULL));
+    CHECK(!memcmp(got, want, 2u << 20));
+    CHECK(!memcmp(got + (2u << 20) + 3, want + (2u << 20) + 3, len - (2u << 20) - 3));
+    t_free(want, len);
+    t_free(got, len + 4096);
+    return leak_check();
+}
+
 const ckptio_test tests_reader_bugs[] = {
     {"reader_bugs/staging_too_large", test_staging_too_large, 0, 30},
     {"reader_bugs/reap_fails_briefly", test_reap_fails_briefly, T_PER_BACKEND, 30},
     {"reader_bugs/reap_fails_forever", test_reap_fails_forever, T_PER_BACKEND, 30},
     {"reader_bugs/writer_reap_fails_forever", test_writer_reap_fails_forever, T_PER_BACKEND, 30},
     {"reader_bugs/verify_count_no_wrap", test_verify_count_no_wrap, T_PER_BACKEND, 60},
+    {"reader_bugs/file_read_short", test_file_read_short, T_PER_BACKEND, 30},
     {0},
 };

@@ -339,7 +339,8 @@ static int alloc_state(bench *b)
         tensor *t = &b->t[i];
         t->dst = b->dst_arena + off;
         off += t->cap;
-        b->regions[i] = (ckptio_region){.name = t->name, .dst = t->dst, .capacity = t->cap};
+        b->regions[i] = (ckptio_region){.size = sizeof(ckptio_region), .name = t->name,
+                                        .dst = t->dst, .capacity = t->cap};
         for (uint64_t o = 0; o < t->nbytes; o += 64 * MIB) {
             uint64_t len = t->nbytes - o < 64 * MIB ? t->nbytes - o : 64 * MIB;
             pieces[np++] = (piece){t->data + o, len, (i + 1) * 1000003u + o / (64 * MIB)};
@@ -868,7 +869,8 @@ static int tiny_run(bench *b)
         t->nbytes = elems[i] * 4u;
         t->data = src + off;
         t->dst = dst + off;
-        regs[i] = (ckptio_region){.name = t->name, .dst = t->dst, .capacity = t->nbytes};
+        regs[i] = (ckptio_region){.size = sizeof(ckptio_region), .name = t->name, .dst = t->dst,
+                                  .capacity = t->nbytes};
         off += align_up(t->nbytes, 64);
     }
     b->tiny_bytes = 0;

@@ -55,7 +55,7 @@ static int inspect_json(ckptio_reader *r, const char *dir)
     cli_json_str(f, dir, strlen(dir));
     fprintf(f, ", \"ckptio_version\": \"%s\", \"tensors\": [", ckptio_version_string());
     for (size_t i = 0; i < nt; i++) {
-        ckptio_tensor_info ti;
+        ckptio_tensor_info ti = {.size = sizeof ti};
         int rc = ckptio_reader_tensor(r, i, &ti);
         if (rc < 0)
             return cli_fail("inspect", "%s: tensor #%zu: %s", dir, i, ckptio_reader_errmsg(r));
@@ -120,7 +120,7 @@ static int inspect_text(ckptio_reader *r, const char *dir)
     int wname = 4, wshape = 5;
     char shape[512];
     for (size_t i = 0; i < nt; i++) {
-        ckptio_tensor_info ti;
+        ckptio_tensor_info ti = {.size = sizeof ti};
         if (ckptio_reader_tensor(r, i, &ti) < 0) continue;
         int l = (int)strlen(ti.name);
         if (l > wname) wname = l < 60 ? l : 60;
@@ -133,7 +133,7 @@ static int inspect_text(ckptio_reader *r, const char *dir)
            "STORED BYTES");
     uint64_t bytes = 0, stored = 0, chunks = 0;
     for (size_t i = 0; i < nt; i++) {
-        ckptio_tensor_info ti;
+        ckptio_tensor_info ti = {.size = sizeof ti};
         if (ckptio_reader_tensor(r, i, &ti) < 0)
             return cli_fail("inspect", "%s: tensor #%zu: %s", dir, i, ckptio_reader_errmsg(r));
         bytes += ti.nbytes, stored += ti.stored_bytes, chunks += ti.num_chunks;

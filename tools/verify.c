@@ -21,7 +21,7 @@ int cmd_verify(int argc, char **argv)
     size_t nt = ckptio_reader_num_tensors(r);
     uint64_t stored = 0, chunks = 0;
     for (size_t i = 0; i < nt; i++) {
-        ckptio_tensor_info ti;
+        ckptio_tensor_info ti = {.size = sizeof ti};
         if (ckptio_reader_tensor(r, i, &ti) >= 0)
             stored += ti.stored_bytes, chunks += ti.num_chunks;
     }

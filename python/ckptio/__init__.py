@@ -41,6 +41,8 @@ from . import _core
 from ._load import Reader, TensorInfo, last_load_stats, load, open
 from ._options import IO_OPTIONS, Stats
 from ._save import save
+from ._async import AsyncSave, release_buffers, save_async
+from ._manager import Manager
 
 __version__: str = "0.1.0"
 #: The version of the linked C library and the newest on-disk format it reads and writes.
@@ -49,6 +51,10 @@ format_version: int = _core.format_version
 
 __all__ = [
     "save",
+    "save_async",
+    "AsyncSave",
+    "release_buffers",
+    "Manager",
     "load",
     "open",
     "Reader",

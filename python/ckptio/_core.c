@@ -928,7 +928,7 @@ static PyObject *Reader_tensors(ReaderObject *self, PyObject *unused)
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (!list) return NULL;
     for (size_t i = 0; i < n; i++) {
-        ckptio_tensor_info ti;
+        ckptio_tensor_info ti = {.size = sizeof ti};
         int rc = ckptio_reader_tensor(self->r, i, &ti);
         if (rc < 0) {
             Py_DECREF(list);
@@ -962,7 +962,7 @@ static PyObject *Reader_chunks(ReaderObject *self, PyObject *args)
     Py_ssize_t index;
     if (!PyArg_ParseTuple(args, "n:chunks", &index)) return NULL;
     if (reader_check(self, 0) < 0) return NULL;
-    ckptio_tensor_info ti;
+    ckptio_tensor_info ti = {.size = sizeof ti};
     int rc = index < 0 ? CKPTIO_E_NOT_FOUND : ckptio_reader_tensor(self->r, (size_t)index, &ti);
     if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
     PyObject *list = PyList_New((Py_ssize_t)ti.num_chunks);
@@ -1072,12 +1072,14 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *seq)
             PyErr_SetString(PyExc_ValueError, "read: tensor index is negative");
             goto out;
         }
+        rg->size = sizeof *rg;
+        rg->memory = CKPTIO_MEM_HOST;
         rg->name = NULL;
         rg->tensor = (size_t)index;
         PyObject *o = PyTuple_GET_ITEM(t, RD_OFFSET), *s = PyTuple_GET_ITEM(t, RD_SHAPE);
         if (o != Py_None || s != Py_None) {
             /* The library reads ndim values from each: a shorter tuple must not get there. */
-            ckptio_tensor_info ti;
+            ckptio_tensor_info ti = {.size = sizeof ti};
             int rc = ckptio_reader_tensor(self->r, (size_t)index, &ti);
             if (rc < 0) {
                 raise_code(rc, ckptio_reader_errmsg(self->r));
@@ -1496,7 +1498,8 @@ static PyObject *mod_file_read(PyObject *mod, PyObject *args)
             PyErr_Format(PyExc_ValueError, "file_read: %llu bytes do not fit in %zd", len, avail);
             goto out;
         }
-        ranges[i] = (ckptio_range){.offset = off, .len = len, .dst = ptr};
+        ranges[i] = (ckptio_range){.size = sizeof(ckptio_range), .offset = off, .len = len,
+                                   .dst = ptr};
     }
     ckptio_stats st;
     memset(&st, 0, sizeof st);

@@ -147,18 +147,30 @@ def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSav
     return StagedSave(items, doc, meta, deferred)
 
 
-def _write(
-    staged: StagedSave, path: PathLike, p: Any, t0: float | None = None
-) -> Stats:
-    """Write a staged tree as the checkpoint ``path`` (``p``: ckptio._options.params()) and
-    commit it; Stats' seconds count from ``t0`` (default: now)."""
-    if t0 is None:
-        t0 = time.perf_counter()
+def _open(path: PathLike, p: Any) -> _core.Writer:
+    """A writer for the checkpoint ``path`` (``p``: ckptio._options.params()), its missing
+    parent directories created."""
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         _make_parent(parent, path)  # as checkpoint managers do: "ckpts/step-100"
-    with _core.Writer(path, p) as w:
+    return _core.Writer(path, p)
+
+
+def _write(
+    staged: StagedSave,
+    path: PathLike,
+    p: Any,
+    t0: float | None = None,
+    writer: _core.Writer | None = None,
+) -> Stats:
+    """Write a staged tree as the checkpoint ``path`` (``p``: ckptio._options.params()) and
+    commit it; Stats' seconds count from ``t0`` (default: now). ``writer``: one _open()ed
+    already (save_async writes what its host buffers cannot hold before handing it over);
+    it is closed either way."""
+    if t0 is None:
+        t0 = time.perf_counter()
+    with writer if writer is not None else _open(path, p) as w:
         if not staged.deferred:
             w.add_many(staged.items)
         else:

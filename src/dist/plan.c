@@ -1,15 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The planner of a multi-rank save: holdings in and out of bytes, the coordinator's checks and assignment (pure, no I/O). */
+/* The planner of a multi-rank save: holdings on the wire, the coordinator's checks, assignment. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The format's box rules (pure helpers), so that plan and merge agree on what tiles. */
+#include "../format/box.h"
 #include "plan.h"
 
 #define U(x) ((unsigned long long)(x))
 #define NAME_SHOWN 200 /* bytes of a name quoted in a message */
+/* A box or shape in a message: "4096,1024", "scalar" for ndim 0. */
+#define DIMS(buf, d, n) ckptio__fmt_dims(buf, sizeof buf, d, n, "scalar")
 #define MSG_MAX 4096u  /* bytes of an error message carried in holdings or a plan */
 
 #define HOLD_MAGIC 0x444c484bu /* "KHLD" */
@@ -52,49 +56,6 @@ __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, 
     return code;
 }
 
-/* "4096,1024", "scalar" for ndim 0, clipped with "..." when buf is short. */
-static const char *fmt_dims(char *buf, size_t cap, const uint64_t *d, uint32_t ndim)
-{
-    size_t used = 0;
-    buf[0] = 0;
-    if (ndim == 0) snprintf(buf, cap, "scalar");
-    for (uint32_t i = 0; i < ndim; i++) {
-        int k = snprintf(buf + used, cap - used, i ? ",%llu" : "%llu", U(d[i]));
-        if (k < 0 || (size_t)k >= cap - used) {
-            snprintf(buf + (cap > 4 ? cap - 4 : 0), cap > 4 ? 4 : cap, "...");
-            break;
-        }
-        used += (size_t)k;
-    }
-    return buf;
-}
-
-/* Elements of a shape, false on overflow; a zero dimension makes it 0 whatever the others. */
-static bool shape_volume(const uint64_t *d, uint32_t ndim, uint64_t *out)
-{
-    for (uint32_t i = 0; i < ndim; i++)
-        if (d[i] == 0) {
-            *out = 0;
-            return true;
-        }
-    return ckptio__volume(d, ndim, 1, out);
-}
-
-static bool boxes_overlap(const uint64_t *ao, const uint64_t *as, const uint64_t *bo,
-                          const uint64_t *bs, uint32_t nd)
-{
-    for (uint32_t d = 0; d < nd; d++)
-        if (!(ao[d] < bo[d] + bs[d] && bo[d] < ao[d] + as[d])) return false;
-    return true;
-}
-
-static int name_cmp(const char *a, uint64_t alen, const char *b, uint64_t blen)
-{
-    int c = memcmp(a, b, alen < blen ? alen : blen);
-    if (c) return c;
-    return alen < blen ? -1 : alen > blen;
-}
-
 static const char *dt_name(uint32_t dt)
 {
     const char *s = ckptio_dtype_name((int)dt);
@@ -134,21 +95,21 @@ static int check_hold(const ckptio__hold *h, uint64_t i, char *err, size_t errle
         return fail(err, errlen, CKPTIO_E_USAGE, "tensor '%.*s': shape, offset or box missing",
                     nl, h->name);
     uint64_t vol = 0, bvol = 0, bytes = 0;
-    if (!shape_volume(h->shape, h->ndim, &vol) || !ckptio__mul(vol, es, &bytes))
+    if (!ckptio__shape_volume(h->shape, h->ndim, &vol) || !ckptio__mul(vol, es, &bytes))
         return fail(err, errlen, CKPTIO_E_LIMIT, "tensor '%.*s' [%s]: its size overflows", nl,
-                    h->name, fmt_dims(b1, sizeof b1, h->shape, h->ndim));
+                    h->name, DIMS(b1, h->shape, h->ndim));
     for (uint32_t d = 0; d < h->ndim; d++)
         if (h->offset[d] > h->shape[d] || h->box[d] > h->shape[d] - h->offset[d])
             return fail(err, errlen, CKPTIO_E_RANGE,
                         "tensor '%.*s' [%s]: box [offset %s shape %s] lies outside it", nl,
-                        h->name, fmt_dims(b1, sizeof b1, h->shape, h->ndim),
-                        fmt_dims(b2, sizeof b2, h->offset, h->ndim),
-                        fmt_dims(b3, sizeof b3, h->box, h->ndim));
-    (void)shape_volume(h->box, h->ndim, &bvol);
+                        h->name, DIMS(b1, h->shape, h->ndim),
+                        DIMS(b2, h->offset, h->ndim),
+                        DIMS(b3, h->box, h->ndim));
+    (void)ckptio__shape_volume(h->box, h->ndim, &bvol);
     if (bvol * es != h->nbytes)
         return fail(err, errlen, CKPTIO_E_SHAPE,
                     "tensor '%.*s': box [shape %s] of %s is %llu bytes, not %llu", nl, h->name,
-                    fmt_dims(b1, sizeof b1, h->box, h->ndim), dt_name(h->dtype), U(bvol * es),
+                    DIMS(b1, h->box, h->ndim), dt_name(h->dtype), U(bvol * es),
                     U(h->nbytes));
     return 0;
 }
@@ -247,7 +208,8 @@ int ckptio__holdings_decode(const uint8_t *buf, uint64_t len, ckptio__holdings *
     for (uint64_t i = 0; i < n; i++) {
         ckptio__hold *it = &h->items[i];
         CKPTIO__GOTO_IF((uint64_t)(buf + body_end - p) < HOLD_ITEM,
-                        fail(err, errlen, CKPTIO_E_CORRUPT, "holdings: item %llu is cut short", U(i)));
+                        fail(err, errlen, CKPTIO_E_CORRUPT, "holdings: item %llu is cut short",
+                             U(i)));
         it->name_len = get32(p);
         it->dtype = get32(p + 4);
         it->ndim = get32(p + 8);
@@ -335,7 +297,7 @@ static int cmp_dims(const uint64_t *a, const uint64_t *b, uint32_t n)
 static int pitem_cmp(const void *pa, const void *pb)
 {
     const pitem *a = pa, *b = pb;
-    int c = name_cmp(a->name, a->name_len, b->name, b->name_len);
+    int c = ckptio__name_cmp(a->name, a->name_len, b->name, b->name_len);
     if (c) return c;
     if (a->h->ndim != b->h->ndim) return a->h->ndim < b->h->ndim ? -1 : 1;
     if ((c = cmp_dims(a->h->offset, b->h->offset, a->h->ndim))) return c;
@@ -361,7 +323,7 @@ static int diverge(char *err, size_t errlen, const char *name, uint32_t name_len
                 "%s shape %s]; a plain tensor saved from every rank must be identical on all "
                 "ranks — save rank-specific values as rank-local",
                 (int)CKPTIO__MIN(name_len, NAME_SHOWN), name, ra, rb,
-                fmt_dims(b1, sizeof b1, h->offset, h->ndim), fmt_dims(b2, sizeof b2, h->box, h->ndim));
+                DIMS(b1, h->offset, h->ndim), DIMS(b2, h->box, h->ndim));
 }
 
 /* Stored names, the error a rank sent, and every item into x->it. */
@@ -426,8 +388,8 @@ static int check_agreement(pctx *x, uint64_t g0, uint64_t g1)
                         "tensor '%.*s': rank %u has %s [%s] but rank %u has %s [%s]; every rank "
                         "must give a tensor the same dtype and global shape",
                         TNAME(f), a->rank, dt_name(a->h->dtype),
-                        fmt_dims(b1, sizeof b1, a->h->shape, a->h->ndim), b->rank,
-                        dt_name(b->h->dtype), fmt_dims(b2, sizeof b2, b->h->shape, b->h->ndim));
+                        DIMS(b1, a->h->shape, a->h->ndim), b->rank,
+                        dt_name(b->h->dtype), DIMS(b2, b->h->shape, b->h->ndim));
         }
     }
     return 0;
@@ -475,12 +437,12 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
     uint32_t nd = f->h->ndim;
     uint64_t tvol = 0, covered = 0, n = 0, count[CKPTIO_MAX_NDIM] = {0};
     char b1s[256], b2s[256], b3s[256], b4s[256], b5s[256];
-    (void)shape_volume(shape, nd, &tvol);
+    (void)ckptio__shape_volume(shape, nd, &tvol);
     if (tvol == 0) return 0;
     for (uint64_t b = b0; b < b1; b++) {
         const ckptio__hold *h = x->it[x->box[b].first].h;
         uint64_t v = 0;
-        (void)shape_volume(h->box, nd, &v);
+        (void)ckptio__shape_volume(h->box, nd, &v);
         if (v == 0) continue;
         covered = covered + v < covered ? UINT64_MAX : covered + v;
         for (uint32_t d = 0; d < nd; d++) count[d] += h->box[d] < shape[d];
@@ -505,16 +467,17 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
                 if (q->hi <= x->spans[i].lo) continue;
                 x->active[kept++] = x->active[j];
                 const pitem *b = &x->it[x->box[q->k].first];
-                if (!boxes_overlap(a->h->offset, a->h->box, b->h->offset, b->h->box, nd)) continue;
+                if (!ckptio__boxes_overlap(a->h->offset, a->h->box, b->h->offset, b->h->box, nd))
+                    continue;
                 return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                             "tensor '%.*s' [%s]: rank %u's box [offset %s shape %s] overlaps "
                             "rank %u's box [offset %s shape %s]; the boxes saved of a tensor "
                             "must be disjoint or identical (replicas)",
-                            TNAME(f), fmt_dims(b5s, sizeof b5s, shape, nd), b->rank,
-                            fmt_dims(b1s, sizeof b1s, b->h->offset, nd),
-                            fmt_dims(b2s, sizeof b2s, b->h->box, nd), a->rank,
-                            fmt_dims(b3s, sizeof b3s, a->h->offset, nd),
-                            fmt_dims(b4s, sizeof b4s, a->h->box, nd));
+                            TNAME(f), DIMS(b5s, shape, nd), b->rank,
+                            DIMS(b1s, b->h->offset, nd),
+                            DIMS(b2s, b->h->box, nd), a->rank,
+                            DIMS(b3s, a->h->offset, nd),
+                            DIMS(b4s, a->h->box, nd));
             }
             n_active = kept;
             x->active[n_active++] = i;
@@ -529,7 +492,7 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
     if (!one_dim)
         return fail(x->err, x->errlen, CKPTIO_E_INCOMPLETE,
                     "tensor '%.*s' [%s]: %s; every element must be held by some rank", TNAME(f),
-                    fmt_dims(b1s, sizeof b1s, shape, nd), b4s);
+                    DIMS(b1s, shape, nd), b4s);
     /* Split along one dimension: the first gap in the sorted spans is a box nobody holds. */
     uint64_t cur = 0, lo = 0, hi = 0;
     for (uint64_t i = 0; i < n && hi == 0; i++) {
@@ -542,8 +505,8 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
     off[sweep] = lo, shp[sweep] = hi - lo;
     return fail(x->err, x->errlen, CKPTIO_E_INCOMPLETE,
                 "tensor '%.*s' [%s]: %s; no rank holds [offset %s shape %s]", TNAME(f),
-                fmt_dims(b1s, sizeof b1s, shape, nd), b4s, fmt_dims(b2s, sizeof b2s, off, nd),
-                fmt_dims(b3s, sizeof b3s, shp, nd));
+                DIMS(b1s, shape, nd), b4s, DIMS(b2s, off, nd),
+                DIMS(b3s, shp, nd));
 }
 
 /* The items of one tensor, it[g0 .. g1): agreement, replicas, distinct boxes, tiling. */
@@ -551,7 +514,7 @@ static int plan_tensor(pctx *x, uint64_t g0, uint64_t g1, uint64_t *seq)
 {
     CKPTIO__TRY(check_agreement(x, g0, g1));
     uint64_t b0 = x->n_box, tvol = 0;
-    (void)shape_volume(x->it[g0].h->shape, x->it[g0].h->ndim, &tvol);
+    (void)ckptio__shape_volume(x->it[g0].h->shape, x->it[g0].h->ndim, &tvol);
     for (uint64_t k = g0; k < g1;) {
         uint64_t e = k + 1;
         const pitem *f = &x->it[k];
@@ -561,8 +524,8 @@ static int plan_tensor(pctx *x, uint64_t g0, uint64_t g1, uint64_t *seq)
             if (p->rank == x->it[e - 1].rank)
                 return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                             "tensor '%.*s': rank %u lists the box [offset %s shape %s] twice",
-                            TNAME(f), p->rank, fmt_dims(b1, sizeof b1, f->h->offset, f->h->ndim),
-                            fmt_dims(b2, sizeof b2, f->h->box, f->h->ndim));
+                            TNAME(f), p->rank, DIMS(b1, f->h->offset, f->h->ndim),
+                            DIMS(b2, f->h->box, f->h->ndim));
             if (p->h->hash != f->h->hash)
                 return diverge(x->err, x->errlen, f->name, f->name_len, f->h, f->rank, p->rank);
         }
@@ -574,7 +537,7 @@ static int plan_tensor(pctx *x, uint64_t g0, uint64_t g1, uint64_t *seq)
     uint64_t kept = b0;
     for (uint64_t b = b0; b < x->n_box; b++) {
         uint64_t v = 0;
-        (void)shape_volume(x->it[x->box[b].first].h->box, x->it[g0].h->ndim, &v);
+        (void)ckptio__shape_volume(x->it[x->box[b].first].h->box, x->it[g0].h->ndim, &v);
         if (v > 0 || (tvol == 0 && kept == b0)) x->box[kept++] = x->box[b];
     }
     x->n_box = kept;
@@ -708,7 +671,8 @@ static int check_replicas(const ckptio__plan *pl, const ckptio__holdings *const 
         const ckptio__hold *f = &ranks[m[0]]->items[m[1]];
         for (uint64_t i = 1; i < pl->rep_first[g + 1] - pl->rep_first[g]; i++) {
             const ckptio__hold *h = &ranks[m[2 * i]]->items[m[2 * i + 1]];
-            if (h->hash != f->hash) return diverge(err, errlen, f->name, f->name_len, f, m[0], m[2 * i]);
+            if (h->hash != f->hash)
+                return diverge(err, errlen, f->name, f->name_len, f, m[0], m[2 * i]);
         }
     }
     return 0;
@@ -733,7 +697,8 @@ static int record_replicas(pctx *x, ckptio__plan *pl)
         if (x->box[b].n > 1) groups++, members += x->box[b].n;
     pl->rep_first = malloc((groups + 1) * sizeof *pl->rep_first);
     pl->rep = malloc(2 * members * sizeof *pl->rep + 1);
-    if (!pl->rep_first || !pl->rep) return fail(x->err, x->errlen, -ENOMEM, "out of memory planning");
+    if (!pl->rep_first || !pl->rep)
+        return fail(x->err, x->errlen, -ENOMEM, "out of memory planning");
     uint64_t at = 0;
     for (uint64_t b = 0; b < x->n_box; b++) {
         if (x->box[b].n < 2) continue;
@@ -761,7 +726,8 @@ int ckptio__plan_make(ckptio__plan_cache *cache, const ckptio__holdings *const *
     uint64_t klen = 0;
     int rc = 0;
     for (uint32_t r = 0; r < nranks; r++) {
-        CKPTIO__GOTO_IF(!ranks[r], fail(err, errlen, CKPTIO_E_USAGE, "rank %u's holdings are missing", r));
+        CKPTIO__GOTO_IF(!ranks[r], fail(err, errlen, CKPTIO_E_USAGE,
+                                        "rank %u's holdings are missing", r));
         CKPTIO__GOTO_IF(ranks[r]->code < 0,
                         fail(err, errlen, ranks[r]->code, "rank %u: %s", r,
                              ranks[r]->msg[0] ? ranks[r]->msg : ckptio_strerror(ranks[r]->code)));
@@ -786,7 +752,7 @@ int ckptio__plan_make(ckptio__plan_cache *cache, const ckptio__holdings *const *
     uint64_t seq = 0;
     for (uint64_t g0 = 0; g0 < x.n_it;) {
         uint64_t g1 = g0 + 1;
-        while (g1 < x.n_it && name_cmp(x.it[g1].name, x.it[g1].name_len, x.it[g0].name,
+        while (g1 < x.n_it && ckptio__name_cmp(x.it[g1].name, x.it[g1].name_len, x.it[g0].name,
                                        x.it[g0].name_len) == 0)
             g1++;
         CKPTIO__CHECK(plan_tensor(&x, g0, g1, &seq));
@@ -884,7 +850,8 @@ int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
         ckptio__assign a = {get32(p), get32(p + 4), get64(p + 8), get64(p + 16)};
         if (a.rank != rank) continue;
         if (a.item >= mine->n)
-            return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: rank %u has no item %u", rank, a.item);
+            return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: rank %u has no item %u", rank,
+                        a.item);
         const ckptio__hold *h = &mine->items[a.item];
         uint64_t rows = h->ndim ? h->box[0] : 0;
         if (a.start > rows || a.rows > rows - a.start || (a.rows == 0 && rows != 0))

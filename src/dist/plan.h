@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The plan of a multi-rank save: what each rank holds, checked and assigned by the coordinator (pure). */
+/* The plan of a multi-rank save: what each rank holds, checked and assigned by rank 0 (pure). */
 #ifndef CKPTIO_DIST_PLAN_H
 #define CKPTIO_DIST_PLAN_H
 

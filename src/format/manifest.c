@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "box.h"
 #include "manifest.h"
 
 /* ---- on-disk layout (doc/format.md is normative) ------------------------------------------ */
@@ -105,24 +106,9 @@ static int shown(const char *s, uint64_t len)
     return (int)n;
 }
 
-/* "128,1024" into buf; "()" for a scalar. */
 static const char *fmt_dims(char *buf, size_t cap, const uint64_t *d, uint32_t ndim)
 {
-    if (ndim == 0) {
-        snprintf(buf, cap, "()");
-        return buf;
-    }
-    size_t used = 0;
-    buf[0] = 0;
-    for (uint32_t i = 0; i < ndim; i++) {
-        int n = snprintf(buf + used, cap - used, i ? ",%llu" : "%llu", U(d[i]));
-        if (n < 0 || (size_t)n >= cap - used) {
-            snprintf(buf + (cap > 4 ? cap - 4 : 0), cap > 4 ? 4 : cap, "...");
-            break;
-        }
-        used += (size_t)n;
-    }
-    return buf;
+    return ckptio__fmt_dims(buf, cap, d, ndim, "()");
 }
 
 /* ---- validation ---------------------------------------------------------------------------- */
@@ -134,28 +120,9 @@ static const uint64_t *dims_at(const ckptio__manifest *m, uint64_t i)
     return m->dims ? m->dims + i : none;
 }
 
-/* Elements of a shape; false on overflow. A zero dimension makes it 0 whatever the others are,
- * so an empty [2^40, 2^40, 0] is not mistaken for an overflow. */
-static bool volume(const uint64_t *dims, uint32_t ndim, uint64_t *out)
-{
-    for (uint32_t d = 0; d < ndim; d++)
-        if (dims[d] == 0) {
-            *out = 0;
-            return true;
-        }
-    return ckptio__volume(dims, ndim, 1, out);
-}
-
 static bool in_range(uint64_t start, uint64_t n, uint64_t limit)
 {
     return start <= limit && n <= limit - start;
-}
-
-static int name_cmp(const char *a, uint64_t alen, const char *b, uint64_t blen)
-{
-    int c = memcmp(a, b, alen < blen ? alen : blen);
-    if (c) return c;
-    return alen < blen ? -1 : alen > blen;
 }
 
 /* Relative path of [A-Za-z0-9._-] components joined by '/'; none empty, "." or "..". */
@@ -229,7 +196,7 @@ typedef struct named {
 static int named_cmp(const void *pa, const void *pb)
 {
     const named *a = pa, *b = pb;
-    int c = name_cmp(a->s, a->len, b->s, b->len);
+    int c = ckptio__name_cmp(a->s, a->len, b->s, b->len);
     return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
 }
 
@@ -318,7 +285,7 @@ static int check_files(vctx *v)
     qsort(ns, m->n_files, sizeof *ns, named_cmp);
     int rc = 0;
     for (uint64_t i = 1; i < m->n_files; i++) {
-        if (name_cmp(ns[i - 1].s, ns[i - 1].len, ns[i].s, ns[i].len) == 0) {
+        if (ckptio__name_cmp(ns[i - 1].s, ns[i - 1].len, ns[i].s, ns[i].len) == 0) {
             rc = fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                       "files %llu and %llu are both named '%.*s'", U(ns[i - 1].idx),
                       U(ns[i].idx), (int)ns[i].len, ns[i].s);
@@ -327,15 +294,6 @@ static int check_files(vctx *v)
     }
     free(ns);
     return rc;
-}
-
-static bool boxes_overlap(const uint64_t *a, const uint64_t *b, uint32_t ndim)
-{
-    for (uint32_t d = 0; d < ndim; d++) {
-        /* offsets at [0, ndim), shapes at [ndim, 2 ndim); ends cannot overflow (inside checked) */
-        if (!(a[d] < b[d] + b[ndim + d] && b[d] < a[d] + a[ndim + d])) return false;
-    }
-    return true;
 }
 
 /* Pairwise disjointness of a tensor's chunks, already known to lie inside it: sort along the
@@ -387,7 +345,7 @@ static int check_disjoint(vctx *v, const ckptio__mtensor *t)
             if (o->hi <= s->lo) continue; /* closed for good: spans arrive in lo order */
             v->active[kept++] = v->active[j];
             const uint64_t *b = m->dims + m->chunks[t->chunk0 + o->k].dims;
-            if (boxes_overlap(a, b, ndim)) {
+            if (ckptio__boxes_overlap(a, a + ndim, b, b + ndim, ndim)) {
                 uint64_t k1 = CKPTIO__MIN(s->k, o->k), k2 = CKPTIO__MAX(s->k, o->k);
                 const uint64_t *p1 = k1 == s->k ? a : b, *p2 = k1 == s->k ? b : a;
                 return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
@@ -425,7 +383,8 @@ static int check_tensor(vctx *v, uint64_t ti)
                     "tensor %llu: name is empty, holds a NUL or is not valid UTF-8", U(ti));
     if (ti > 0) {
         const ckptio__mtensor *p = &m->tensors[ti - 1];
-        int c = name_cmp(m->strtab + p->name, p->name_len, m->strtab + t->name, t->name_len);
+        int c = ckptio__name_cmp(m->strtab + p->name, p->name_len, m->strtab + t->name,
+                                 t->name_len);
         if (c == 0)
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "tensor '%.*s' is listed twice",
                         TNAME(t));
@@ -449,7 +408,7 @@ static int check_tensor(vctx *v, uint64_t ti)
                     U(t->dims), U(m->n_dims));
     const uint64_t *tshape = dims_at(m, t->dims);
     uint64_t tvol, tbytes;
-    if (!volume(tshape, ndim, &tvol) || !ckptio__mul(tvol, esize, &tbytes))
+    if (!ckptio__shape_volume(tshape, ndim, &tvol) || !ckptio__mul(tvol, esize, &tbytes))
         return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                     "tensor '%.*s': size of shape %s overflows 64 bits", TNAME(t),
                     fmt_dims(b1, sizeof b1, tshape, ndim));
@@ -482,7 +441,8 @@ static int check_tensor(vctx *v, uint64_t ti)
                             fmt_dims(b3, sizeof b3, tshape, ndim));
         }
         uint64_t vol;
-        (void)volume(shp, ndim, &vol); /* cannot overflow: the box lies inside the tensor */
+        /* cannot overflow: the box lies inside the tensor */
+        (void)ckptio__shape_volume(shp, ndim, &vol);
         /* One canonical form for empty tensors (a single whole chunk, no bytes), so readers
          * never meet zero-volume chunks anywhere else. */
         if (tvol == 0) {
@@ -672,7 +632,7 @@ static int check_meta(vctx *v)
                         kl, key);
         if (i > 0) {
             const ckptio__mmeta *p = &m->meta[i - 1];
-            int c = name_cmp(m->strtab + p->key, p->key_len, key, e->key_len);
+            int c = ckptio__name_cmp(m->strtab + p->key, p->key_len, key, e->key_len);
             if (c == 0)
                 return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                             "metadata key '%.*s' is listed twice", kl, key);

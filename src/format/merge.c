@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "box.h"
 #include "manifest.h"
 
 #define U(x) ((unsigned long long)(x))
@@ -27,17 +28,7 @@ __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, 
 /* "4096,1024"; "" for a scalar (callers add the brackets). */
 static const char *fmt_dims(char *buf, size_t cap, const uint64_t *d, uint32_t ndim)
 {
-    size_t used = 0;
-    buf[0] = 0;
-    for (uint32_t i = 0; i < ndim; i++) {
-        int k = snprintf(buf + used, cap - used, i ? ",%llu" : "%llu", U(d[i]));
-        if (k < 0 || (size_t)k >= cap - used) {
-            snprintf(buf + (cap > 4 ? cap - 4 : 0), cap > 4 ? 4 : cap, "...");
-            break;
-        }
-        used += (size_t)k;
-    }
-    return buf;
+    return ckptio__fmt_dims(buf, cap, d, ndim, "");
 }
 
 static bool in_range(uint64_t start, uint64_t n, uint64_t limit)
@@ -48,28 +39,6 @@ static bool in_range(uint64_t start, uint64_t n, uint64_t limit)
 static bool str_in(const ckptio__manifest *m, uint64_t off, uint64_t len)
 {
     return in_range(off, len, m->strtab_len) && off + len < m->strtab_len;
-}
-
-static int name_cmp(const char *a, uint64_t alen, const char *b, uint64_t blen)
-{
-    int c = memcmp(a, b, alen < blen ? alen : blen);
-    if (c) return c;
-    return alen < blen ? -1 : alen > blen;
-}
-
-/* Elements of a shape, false on overflow; a zero dimension makes it 0 whatever the others. */
-static bool volume(const uint64_t *d, uint32_t ndim, uint64_t *out)
-{
-    uint64_t v = 1;
-    for (uint32_t i = 0; i < ndim; i++)
-        if (d[i] == 0) {
-            *out = 0;
-            return true;
-        }
-    for (uint32_t i = 0; i < ndim; i++)
-        if (!ckptio__mul(v, d[i], &v)) return false;
-    *out = v;
-    return true;
 }
 
 static const char *csum_name(uint32_t algo)
@@ -289,7 +258,7 @@ static int add_tensor(mctx *x, uint32_t p, uint64_t i)
     }
     const uint64_t *shape = m->dims + t->dims;
     uint64_t vol = 0;
-    if (!volume(shape, t->ndim, &vol))
+    if (!ckptio__shape_volume(shape, t->ndim, &vol))
         return fail(x->err, x->errlen, CKPTIO_E_CORRUPT,
                     "part %u: tensor '%.*s': shape [%s] overflows 64 bits", p, PNAME(m, t),
                     fmt_dims(b, sizeof b, shape, t->ndim));
@@ -343,7 +312,7 @@ static int count_chunks(mctx *x, uint32_t p, uint64_t i, mtens *e)
                             fmt_dims(b3, sizeof b3, shape, t->ndim));
         }
         uint64_t vol = 0;
-        (void)volume(shp, t->ndim, &vol); /* inside the shape: no overflow */
+        (void)ckptio__shape_volume(shp, t->ndim, &vol); /* inside the shape: no overflow */
         if (vol == 0) {
             if (c->stored_len != 0)
                 return fail(x->err, x->errlen, CKPTIO_E_CORRUPT,
@@ -391,14 +360,14 @@ static int merge_tensors(mctx *x)
 static int nref_cmp(const void *pa, const void *pb)
 {
     const nref *a = pa, *b = pb;
-    int c = name_cmp(a->s, a->len, b->s, b->len);
+    int c = ckptio__name_cmp(a->s, a->len, b->s, b->len);
     return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
 }
 
 static int mref_cmp(const void *pa, const void *pb)
 {
     const mref *a = pa, *b = pb;
-    int c = name_cmp(a->key, a->key_len, b->key, b->key_len);
+    int c = ckptio__name_cmp(a->key, a->key_len, b->key, b->key_len);
     return c ? c : (a->part > b->part) - (a->part < b->part);
 }
 
@@ -424,7 +393,7 @@ static int merge_meta(mctx *x)
         const mref *a = &x->meta[i];
         if (kept > 0) {
             const mref *b = &x->meta[kept - 1];
-            if (name_cmp(a->key, a->key_len, b->key, b->key_len) == 0) {
+            if (ckptio__name_cmp(a->key, a->key_len, b->key, b->key_len) == 0) {
                 if (a->val_len == b->val_len && !memcmp(a->val, b->val, a->val_len)) continue;
                 return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                             "metadata '%.*s': part %u and part %u give it different values",
@@ -492,7 +461,7 @@ static void place_chunks(mctx *x, ckptio__manifest *o)
             for (uint64_t k = 0; k < t->n_chunks; k++) {
                 const ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
                 uint64_t vol = 0;
-                (void)volume(m->dims + c->dims + t->ndim, t->ndim, &vol);
+                (void)ckptio__shape_volume(m->dims + c->dims + t->ndim, t->ndim, &vol);
                 if (vol == 0) {
                     if (e->vol == 0 && e->next == chunk0)
                         x->src[e->next++] = (src){p, 1, t->chunk0 + k};
@@ -593,13 +562,6 @@ static void sort_spans(span *s, uint64_t n)
     }
 }
 
-static bool boxes_overlap(const uint64_t *a, const uint64_t *b, uint32_t nd)
-{
-    for (uint32_t d = 0; d < nd; d++)
-        if (!(a[d] < b[d] + b[nd + d] && b[d] < a[d] + a[nd + d])) return false;
-    return true;
-}
-
 /* "parts 0, 1, 3" (chunks arrive in part order, so distinct parts are runs). */
 static const char *fmt_parts(char *buf, size_t cap, const src *s, uint64_t n)
 {
@@ -643,7 +605,7 @@ static int check_tiling(mctx *x, const ckptio__manifest *o, uint64_t r)
         const uint64_t *box = o->dims + o->chunks[t->chunk0 + k].dims;
         for (uint32_t d = 0; d < nd; d++) count[d] += box[nd + d] < shape[d];
         uint64_t v = 0;
-        (void)volume(box + nd, nd, &v);
+        (void)ckptio__shape_volume(box + nd, nd, &v);
         if (!ckptio__add(covered, v, &covered)) covered = UINT64_MAX;
     }
     for (uint32_t d = 0; d < nd; d++)
@@ -669,7 +631,7 @@ static int check_tiling(mctx *x, const ckptio__manifest *o, uint64_t r)
                 if (q->hi <= sp->lo) continue;
                 x->active[kept++] = x->active[j];
                 const uint64_t *b = o->dims + o->chunks[t->chunk0 + q->k].dims;
-                if (!boxes_overlap(a, b, nd)) continue;
+                if (!ckptio__boxes_overlap(a, a + nd, b, b + nd, nd)) continue;
                 uint32_t pa = s[q->k].part, pb = s[sp->k].part;
                 return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                             "tensor '%.*s': part %u's chunk [offset %s shape %s] overlaps part "

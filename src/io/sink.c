@@ -178,25 +178,41 @@ int ckptio__sink_seek(ckptio__sink *s, uint64_t off)
     return 0;
 }
 
-bool ckptio__sink_can_place(const ckptio__sink *s, const void *src, uint64_t n)
+static bool can_place(const ckptio__sink *s, const uint8_t *src, uint64_t n)
 {
     return n >= CKPTIO__SINK_IN_PLACE_MIN && s->cursor % s->off_align == 0 &&
            (uintptr_t)src % s->mem_align == 0;
 }
 
-int ckptio__sink_write_in_place(ckptio__sink *s, const void *src_, uint64_t n)
+int ckptio__sink_put(ckptio__sink *s, const void *src_, uint64_t n, uint64_t block,
+                     ckptio__sink_hook hook, void *ctx)
 {
     const uint8_t *src = src_;
     CKPTIO__TRY(s->err);
-    assert(ckptio__sink_can_place(s, src, n));
-    CKPTIO__TRY(window_submit(s));
-    uint64_t off = s->cursor, body = ckptio__align_down(n, s->off_align);
-    for (uint64_t i = 0; i < body; i += s->request) {
-        uint64_t len = CKPTIO__MIN(s->request, body - i);
-        CKPTIO__TRY(submit(s, (void *)(uintptr_t)(src + i), off + i, len, NULL));
+    if (!can_place(s, src, n)) {
+        uint64_t step = hook ? block : n;
+        for (uint64_t i = 0; i < n; i += step) {
+            uint64_t len = CKPTIO__MIN(step, n - i);
+            CKPTIO__TRY(ckptio__sink_write(s, src + i, len));
+            if (hook) hook(ctx, src + i, len, i);
+        }
+        return 0;
     }
-    s->cursor = off + body;
-    return body < n ? ckptio__sink_write(s, src + body, n - body) : 0;
+    assert(s->request % block == 0);
+    CKPTIO__TRY(window_submit(s));
+    /* Every piece but the last is a whole request, so the cursor stays aligned. */
+    for (uint64_t i = 0; i < n; i += s->request) {
+        uint64_t len = CKPTIO__MIN(s->request, n - i);
+        uint64_t body =
+            len >= CKPTIO__SINK_IN_PLACE_MIN ? ckptio__align_down(len, s->off_align) : 0;
+        if (body) {
+            CKPTIO__TRY(submit(s, (void *)(uintptr_t)(src + i), s->cursor, body, NULL));
+            s->cursor += body;
+        }
+        if (body < len) CKPTIO__TRY(ckptio__sink_write(s, src + i + body, len - body));
+        if (hook) hook(ctx, src + i, len, i);
+    }
+    return 0;
 }
 
 int ckptio__sink_finish(ckptio__sink *s)
@@ -218,20 +234,34 @@ int ckptio__sink_finish(ckptio__sink *s)
     return 0;
 }
 
+static void set_file(ckptio__sink *s, int fd, int direct, const char *label)
+{
+    s->fd = fd;
+    s->direct = direct;
+    s->label = label;
+    if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
+    else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
+    s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
+}
+
+int ckptio__sink_switch(ckptio__sink *s, int fd, int direct, const char *label)
+{
+    CKPTIO__TRY(s->err);
+    assert(!s->win && !s->eng->inflight);
+    set_file(s, fd, direct, label);
+    s->cursor = s->sent_end = s->reserved = 0;
+    return 0;
+}
+
 int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend, unsigned depth,
                       unsigned threads, uint64_t staging, uint64_t request, const char *label,
                       ckptio__msg *msg)
 {
     memset(s, 0, sizeof *s);
-    s->fd = fd;
-    s->direct = direct;
-    s->label = label;
+    set_file(s, fd, direct, label);
     s->msg = msg;
     s->request = request;
     s->depth = depth;
-    if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
-    else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
-    s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
     int rc = ckptio__engine_open(&s->eng, backend, depth, threads);
     if (rc < 0) {
         s->eng = NULL;

@@ -50,15 +50,25 @@ CKPTIO__HIDDEN void ckptio__sink_fini(ckptio__sink *s);
 CKPTIO__HIDDEN int ckptio__sink_seek(ckptio__sink *s, uint64_t off);
 /* Copy n bytes into staging at the cursor (the caller may reuse src at once). */
 CKPTIO__HIDDEN int ckptio__sink_write(ckptio__sink *s, const void *src, uint64_t n);
-/* Whether src (n bytes, to be written at the cursor) qualifies for ckptio__sink_write_in_place. */
-CKPTIO__HIDDEN bool ckptio__sink_can_place(const ckptio__sink *s, const void *src, uint64_t n);
-/* Write the aligned body of src straight from the caller's memory, the tail through staging.
- * src must stay valid and unchanged until ckptio__sink_drain() returns. */
-CKPTIO__HIDDEN int ckptio__sink_write_in_place(ckptio__sink *s, const void *src, uint64_t n);
+/* Told of each piece of a ckptio__sink_put once it is copied or submitted: `n` bytes of the
+ * source starting `at` bytes into it. */
+typedef void (*ckptio__sink_hook)(void *ctx, const uint8_t *piece, uint64_t n, uint64_t at);
+/* Write n bytes at the cursor, choosing the way once: a source aligned to the memory alignment,
+ * of at least CKPTIO__SINK_IN_PLACE_MIN bytes, put at an aligned cursor, is written in place in
+ * `request`-byte pieces (no copy; only its unaligned tail goes through staging) and must stay
+ * valid and unchanged until ckptio__sink_drain() returns; any other source is copied through
+ * staging in `block`-byte pieces (the caller may reuse it at once). `hook`, if not NULL, sees
+ * every piece in order, a staged one while it is still in cache. `block` must divide the
+ * request size. */
+CKPTIO__HIDDEN int ckptio__sink_put(ckptio__sink *s, const void *src, uint64_t n, uint64_t block,
+                                    ckptio__sink_hook hook, void *ctx);
 /* Wait for every submitted write. */
 CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
 /* Send the last window, wait for everything, and cut the file to `cursor` bytes (the last
  * write was padded to the alignment). Does not fsync. */
 CKPTIO__HIDDEN int ckptio__sink_finish(ckptio__sink *s);
+/* After ckptio__sink_finish, go on in another file, from its offset 0, keeping the engine, the
+ * staging pool and io_bytes: a writer rolling over to its next data file. */
+CKPTIO__HIDDEN int ckptio__sink_switch(ckptio__sink *s, int fd, int direct, const char *label);
 
 #endif

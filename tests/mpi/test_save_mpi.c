@@ -35,7 +35,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     char dir[256] = "";
     if (rank == 0) {
-        snprintf(dir, sizeof dir, "%s/ckptio-mpi-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(dir, sizeof dir, "%s/ckptio-mpi-XXXXXX", tmp);
         if (!mkdtemp(dir)) dir[0] = 0;
     }
     MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -85,13 +86,15 @@ int main(int argc, char **argv)
         ckptio_reader *rd = NULL;
         EXPECT(ckptio_reader_open(&rd, path, NULL) == 0);
         float *all = malloc(sizeof(float) * wshape[0] * COLS);
-        EXPECT(rd && ckptio_reader_read_tensor(rd, "w", all, sizeof(float) * wshape[0] * COLS) == 0);
+        uint64_t wbytes = sizeof(float) * wshape[0] * COLS;
+        EXPECT(rd && ckptio_reader_read_tensor(rd, "w", all, wbytes) == 0);
         int ok = 1;
         for (uint64_t r = 0; r < wshape[0]; r++)
             for (uint64_t k = 0; k < COLS; k++) ok &= all[r * COLS + k] == value(r, k);
         EXPECT(ok);
         double bb[16];
-        EXPECT(rd && ckptio_reader_read_tensor(rd, "b", bb, sizeof bb) == 0 && !memcmp(bb, b, sizeof b));
+        EXPECT(rd && ckptio_reader_read_tensor(rd, "b", bb, sizeof bb) == 0 &&
+               !memcmp(bb, b, sizeof b));
         for (int r = 0; r < nranks && rd; r++) {
             char name[32];
             int64_t v = 0;

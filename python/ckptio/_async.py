@@ -1,0 +1,437 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio.save_async: snapshot a tree into a bounded pool of host buffers, write it in a thread.
+
+The call stages the tree as save() does, copies every tensor into an exact-size, aligned host
+buffer from a pool that is reused across saves, and returns; a background thread streams the
+buffers to the writer and commits. Tensors that do not fit under ``max_host_bytes`` are
+written from the caller's memory before the call returns, so host memory stays bounded and the
+stall is only what the cap cannot absorb.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._adapters import Deferred
+from ._core import AddItem
+from ._errors import USAGE, CheckpointError, InvalidType, error
+from ._options import Stats, params
+from ._save import PathLike, StagedSave, _open, _stage, _write
+from ._tree import pause_gc
+
+__all__ = ["save_async", "AsyncSave", "release_buffers", "default_max_host_bytes"]
+
+# Copies are cut into pieces of about this size and spread over _COPY_THREADS threads (numpy
+# releases the GIL while it copies).
+_COPY_PIECE = 64 << 20
+_COPY_THREADS = 2
+# The writer's staging memory when part of a state is written during the call: a quarter of
+# the cap, within these bounds (the library's default is the upper one).
+_MIN_STAGING = 16 << 20
+_MAX_STAGING = 64 << 20
+# A tensor that does not fit is split (part copied, part written during the call) only if at
+# least this much of it fits.
+_MIN_SPLIT = 1 << 20
+
+
+def default_max_host_bytes() -> int:
+    """The default ``max_host_bytes``: a quarter of the machine's physical memory."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 4
+    except (ValueError, OSError):
+        return 4 << 30
+
+
+class _Pool:
+    """Host buffers (ckptio._core.Buffer: aligned, exact size) kept between saves, by size.
+
+    ``held`` counts every buffer the pool owns, lent or free; a save never makes it exceed its
+    cap (free buffers of sizes it does not need are released first)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free: dict[int, list[_core.Buffer]] = {}
+        self.held = 0
+
+    def take(self, sizes: list[int], cap: int) -> list[_core.Buffer]:
+        """Buffers of exactly ``sizes`` (sum(sizes) <= cap), reusing free ones."""
+        with self.lock:
+            out: list[_core.Buffer | None] = []
+            missing = 0
+            for n in sizes:
+                lst = self.free.get(n)
+                if lst:
+                    out.append(lst.pop())
+                else:
+                    out.append(None)
+                    missing += n
+            # Release what this save does not reuse until the new buffers fit under the cap.
+            for n in sorted(self.free, reverse=True):
+                lst = self.free[n]
+                while lst and self.held + missing > cap:
+                    lst.pop()
+                    self.held -= n
+                if not lst:
+                    del self.free[n]
+            bufs: list[_core.Buffer] = []
+            try:
+                for n, b in zip(sizes, out):
+                    if b is None:
+                        b = _core.Buffer(n)
+                        self.held += n
+                    bufs.append(b)
+            except BaseException:  # MemoryError: keep what was made for the next save
+                for b in bufs + [b for b in out[len(bufs) :] if b is not None]:
+                    self.free.setdefault(len(b), []).append(b)
+                raise
+            return bufs
+
+    def give(self, bufs: list[_core.Buffer]) -> None:
+        with self.lock:
+            for b in bufs:
+                self.free.setdefault(len(b), []).append(b)
+
+    def release(self) -> int:
+        """Free every buffer not lent to a save; returns the bytes freed."""
+        with self.lock:
+            freed = 0
+            for n, lst in self.free.items():
+                freed += n * len(lst)
+            self.held -= freed
+            self.free.clear()
+            return freed
+
+
+_POOL = _Pool()
+_COPIER: ThreadPoolExecutor | None = None
+
+
+def release_buffers() -> int:
+    """Free the host buffers save_async keeps for reuse (they are kept between saves so that
+    the next snapshot allocates nothing); returns the bytes freed. Buffers of a save still in
+    flight are kept. Called at interpreter exit too."""
+    return _POOL.release()
+
+
+def _as_array(data: Any) -> np.ndarray:
+    return data if isinstance(data, np.ndarray) else np.asarray(memoryview(data))
+
+
+def _copy_into(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy each (dst, src) pair of flat uint8 arrays, in pieces, on up to two threads."""
+    global _COPIER
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []
+    total = 0
+    for dst, src in pairs:
+        n = src.size
+        total += n
+        for a in range(0, n, _COPY_PIECE):
+            pieces.append((dst[a : a + _COPY_PIECE], src[a : a + _COPY_PIECE]))
+    if total < 2 * _COPY_PIECE or _COPY_THREADS < 2:
+        for d, s in pieces:
+            np.copyto(d, s)
+        return
+    if _COPIER is None:
+        _COPIER = ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="ckptio-copy")
+    half = len(pieces) // 2
+    fut = _COPIER.submit(lambda: [np.copyto(d, s) for d, s in pieces[half:]])
+    for d, s in pieces[:half]:
+        np.copyto(d, s)
+    fut.result()
+
+
+class AsyncSave:
+    """A save running in the background (what ckptio.save_async returns).
+
+    ``wait()`` blocks until the checkpoint is committed and returns its Stats, or raises the
+    save's error; ``done()`` says whether it has finished; ``path`` is the checkpoint's path;
+    ``stall_seconds`` is how long the save_async call blocked the caller."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.stall_seconds = 0.0
+        self._done = threading.Event()
+        self._stats: Stats | None = None
+        self._error: BaseException | None = None
+        self._observed = False
+        self._thread: threading.Thread | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Stats:
+        """The save's Stats once it is committed; raises its error, or TimeoutError when
+        ``timeout`` seconds pass first."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the async save to '{self.path}' is still running")
+        self._observed = True
+        if self._error is not None:
+            raise self._error
+        assert self._stats is not None
+        return self._stats
+
+    def _finish(self, stats: Stats | None, err: BaseException | None) -> None:
+        self._stats = stats
+        self._error = err
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done() else ("failed" if self._error else "committed")
+        return f"<ckptio.AsyncSave '{self.path}' {state}>"
+
+
+# The one save in flight (a second waits for it) and the last save whose error nobody saw.
+_LOCK = threading.Lock()
+_pending: AsyncSave | None = None
+
+
+def _unreported(h: AsyncSave | None) -> BaseException | None:
+    if h is None or not h.done() or h._observed or h._error is None:
+        return None
+    h._observed = True
+    return h._error
+
+
+def _wait_previous() -> None:
+    """Wait for the save in flight; raise its error if nobody has seen it."""
+    h = _pending
+    if h is None:
+        return
+    h._done.wait()
+    err = _unreported(h)
+    if err is not None:
+        err.add_note(
+            f"ckptio: this is the error of the earlier async save to '{h.path}', which nobody "
+            "waited for; that checkpoint was not written, and the save_async call raising "
+            "it did not start"
+        )
+        raise err
+
+
+def save_async(
+    tree: Any,
+    path: PathLike,
+    *,
+    max_host_bytes: int | None = None,
+    overwrite: bool = False,
+    metadata: Mapping[str, str] | None = None,
+    **io_options: Any,
+) -> AsyncSave:
+    """Save ``tree`` as ckptio.save does, in the background; returns an AsyncSave once the
+    tree's tensors may be changed.
+
+    The checkpoint holds the values as they were at the call: every tensor is copied into a
+    host buffer before the call returns (jax arrays too, so they may be donated right away).
+    ``max_host_bytes`` caps the host memory these copies take (default:
+    default_max_host_bytes(), a quarter of physical memory); tensors beyond it are written from
+    their own memory during the call, which then blocks for their write only. The buffers are
+    kept for the next save (ckptio.release_buffers() frees them).
+
+    One save runs at a time: a call while one is in flight waits for it. Errors of the
+    background part (I/O, an existing ``path`` without ``overwrite``) are raised by
+    ``wait()``; one nobody waited for is raised by the next save_async call, or printed at
+    interpreter exit, which also waits for a save in flight. Errors in the tree itself (types,
+    options) are raised by the call.
+    """
+    return _save_async(
+        tree, path, max_host_bytes=max_host_bytes, overwrite=overwrite, metadata=metadata,
+        io_options=io_options,
+    )  # fmt: skip
+
+
+def _save_async(
+    tree: Any,
+    path: PathLike,
+    *,
+    max_host_bytes: int | None,
+    overwrite: bool,
+    metadata: Mapping[str, str] | None,
+    io_options: dict[str, Any],
+    after: Callable[[], None] | None = None,
+) -> AsyncSave:
+    """save_async; ``after`` runs in the background thread once the checkpoint is committed
+    (ckptio.Manager's retention); its error is the save's error."""
+    global _pending
+    cap = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise error(USAGE, f"max_host_bytes must be an int >= 0, got {cap!r}", InvalidType)
+    p = dict(params(io_options, overwrite=overwrite))
+    spath = os.fspath(path)
+    with _LOCK:
+        _wait_previous()
+        t0 = time.perf_counter()
+        with pause_gc():
+            staged = _stage(tree, metadata=metadata)
+        h = AsyncSave(spath)
+        writer: _core.Writer | None = None
+        bufs: list[_core.Buffer] = []
+        try:
+            items, writer = _snapshot(staged, spath, p, cap, bufs)
+        except (OSError, CheckpointError) as e:
+            _POOL.give(bufs)
+            # An I/O error while writing what the cap could not hold: the save has failed,
+            # and says so on wait() like any other I/O error.
+            h.stall_seconds = time.perf_counter() - t0
+            h._finish(None, e)
+            _pending = h
+            return h
+        snap = StagedSave(items, staged.tree, staged.meta, False)
+        del staged
+        th = threading.Thread(
+            target=_background, args=(h, snap, spath, p, t0, writer, bufs, after),
+            name="ckptio-save-async", daemon=True,
+        )  # fmt: skip
+        h._thread = th
+        _pending = h
+        th.start()
+        h.stall_seconds = time.perf_counter() - t0
+        return h
+
+
+def _snapshot(
+    staged: StagedSave, path: str, p: Any, cap: int, bufs: list[_core.Buffer]
+) -> tuple[list[Any], _core.Writer | None]:
+    """The staged items re-pointed at pooled copies (those within ``cap``; the buffers taken
+    are appended to ``bufs``), and the writer that already wrote the rest (None when
+    everything fit)."""
+    plan: list[tuple[int, Any, np.ndarray]] = []  # (index in out, item, source array)
+    out: list[Any] = []
+    overflow: list[Any] = []
+    deferred: list[Deferred] = []
+    used = 0
+    total = 0
+    for it in staged.items:
+        total += it.nbytes if type(it) is Deferred else _as_array(it.data).nbytes
+    if total > cap:
+        # Part of the state is written during the call, through the writer's staging memory
+        # (caller's buffers are rarely aligned): that memory counts against the cap too.
+        if not p["staging_bytes"]:
+            p["staging_bytes"] = min(max(cap // 4, _MIN_STAGING), _MAX_STAGING)
+        cap = max(cap - p["staging_bytes"], 0)
+    for it in staged.items:
+        if type(it) is Deferred:
+            deferred.append(it)
+            continue
+        src = _as_array(it.data)
+        n = src.nbytes
+        if n == 0:
+            out.append(AddItem((it.name, it.dtype, it.shape, np.empty(src.shape, src.dtype),
+                                it.offset, it.chunk_shape)))  # fmt: skip
+        elif used + n <= cap:
+            used += n
+            plan.append((len(out), it, src))
+            out.append(None)
+        else:
+            head, tail = _split(it, src, cap - used)
+            if head is not None:
+                used += head[1].nbytes
+                plan.append((len(out), head[0], head[1]))
+                out.append(None)
+            overflow.append(tail)
+    bufs.extend(_POOL.take([src.nbytes for _, _, src in plan], cap))
+    pairs = []
+    for (i, it, src), b in zip(plan, bufs):
+        dst = np.ndarray(src.shape, src.dtype, b)
+        pairs.append((np.frombuffer(b, np.uint8), src.reshape(-1).view(np.uint8)))
+        out[i] = AddItem((it.name, it.dtype, it.shape, dst, it.offset, it.chunk_shape))
+    del plan
+    writer = None
+    if overflow or deferred:
+        # What the cap cannot hold is written now, from the caller's memory; device tensors'
+        # host copies are made (and written) one batch at a time, as save() does.
+        writer = _open(path, p)
+        try:
+            _copy_into(pairs)
+            pairs.clear()
+            if overflow:
+                writer.add_many(overflow)
+                writer.flush()
+            for d in deferred:
+                writer.add_many(d.make())
+                writer.flush()
+        except BaseException:
+            writer.close()
+            raise
+    else:
+        _copy_into(pairs)
+    return out, writer
+
+
+def _split(it: Any, src: np.ndarray, room: int) -> tuple[tuple[Any, np.ndarray] | None, Any]:
+    """Cut item ``it`` (data ``src``) along its first dimension so that the head fits in
+    ``room`` bytes: ((head item, head's bytes) or None, tail item). Head and tail are chunks
+    of the tensor, written from a copy and from the caller's memory."""
+    shape = it.shape if it.shape is not None else src.shape
+    chunk = it.chunk_shape if it.chunk_shape is not None else shape
+    rows = chunk[0] if chunk else 0
+    if rows < 2 or src.nbytes % rows or room < _MIN_SPLIT:
+        return None, it
+    row_bytes = src.nbytes // rows
+    k = min(room // row_bytes, rows - 1)
+    if k < 1:
+        return None, it
+    off = it.offset if it.offset is not None else (0,) * len(shape)
+    u8 = src.reshape(-1).view(np.uint8)
+    cut = k * row_bytes
+    head = AddItem((it.name, it.dtype, shape, u8[:cut], off, (k,) + tuple(chunk[1:])))
+    tail = AddItem((it.name, it.dtype, shape, u8[cut:], (off[0] + k,) + tuple(off[1:]),
+                    (rows - k,) + tuple(chunk[1:])))  # fmt: skip
+    return (head, u8[:cut]), tail
+
+
+def _background(
+    h: AsyncSave,
+    snap: StagedSave,
+    path: str,
+    p: Any,
+    t0: float,
+    writer: _core.Writer | None,
+    bufs: list[_core.Buffer],
+    after: Callable[[], None] | None,
+) -> None:
+    stats: Stats | None = None
+    err: BaseException | None = None
+    try:
+        stats = _write(snap, path, p, t0, writer)
+        del snap
+        if after is not None:
+            after()
+    except BaseException as e:  # every error is the save's, raised by wait()
+        err = e
+    _POOL.give(bufs)
+    h._finish(stats, err)
+
+
+def _at_exit() -> None:
+    h = _pending
+    if h is not None and not h.done():
+        print(f"ckptio: waiting for the async save to '{h.path}' to finish...", file=sys.stderr)
+        try:
+            h._done.wait()
+        except KeyboardInterrupt:
+            print(
+                f"ckptio: interrupted; the async save to '{h.path}' was NOT committed (an "
+                "older checkpoint at that path, if any, is intact)",
+                file=sys.stderr,
+            )
+            return
+    err = _unreported(h)
+    if err is not None and h is not None:
+        print(
+            f"ckptio: the async save to '{h.path}' FAILED and nobody waited for it: {err}",
+            file=sys.stderr,
+        )
+    release_buffers()
+
+
+atexit.register(_at_exit)

@@ -1,0 +1,215 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio.Manager: numbered checkpoints in one directory, saved in the background, old ones
+pruned only once a newer one is committed."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ._async import AsyncSave, _save_async
+from ._errors import USAGE, InvalidType, _from_code, error
+from ._load import load
+from ._save import PathLike, save
+
+__all__ = ["Manager"]
+
+_STEP = re.compile(r"0|[1-9][0-9]*")
+# A step being deleted is first renamed to "<step>.deleting-<pid>": it stops being listed at
+# once, and a crash halfway through its removal leaves only this name.
+_DELETING = re.compile(r"(?:0|[1-9][0-9]*)\.deleting-([0-9]+)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Manager:
+    """Checkpoints of a training run, one directory per step: ``<directory>/<step>``.
+
+    ``keep``: how many of the newest steps to keep (None: all); ``keep_every``: steps that are
+    a multiple of it are kept as well; ``async_save``: save() returns once the state is
+    copied (ckptio.save_async) instead of once it is written; ``max_host_bytes``: the cap of
+    that copy; ``save_options``: passed to every save (I/O options such as ``fsync``).
+
+    A step is listed (``all_steps()``, ``latest_step()``) only once it is committed, so a crash
+    at any point never lists a half-written step. Older steps are deleted only after a newer
+    one is committed, and each is first renamed out of the listing (durably) and then removed,
+    so a crash during the deletion leaves every listed step loadable.
+
+    ``comm``: multi-process runs (one coordinator deleting, every rank saving its shards) are
+    not supported yet; pass None.
+    """
+
+    def __init__(
+        self,
+        directory: PathLike,
+        keep: int | None = 3,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        *,
+        max_host_bytes: int | None = None,
+        comm: Any = None,
+        **save_options: Any,
+    ) -> None:
+        if comm is not None:
+            raise NotImplementedError(
+                "ckptio.Manager(comm=...): multi-process checkpoint managers are not supported "
+                "yet; use one Manager per process with its own directory, or comm=None"
+            )
+        for name, v in (("keep", keep), ("keep_every", keep_every)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise error(USAGE, f"{name} must be None or an int >= 1, got {v!r}", InvalidType)
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.keep = keep
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.max_host_bytes = max_host_bytes
+        self.save_options = save_options
+        self._pending: AsyncSave | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        os.makedirs(self.directory, exist_ok=True)
+        self._remove_leftovers()
+
+    # ---- listing ----
+    def all_steps(self) -> list[int]:
+        """The committed steps, ascending."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        steps = []
+        for n in names:
+            if _STEP.fullmatch(n) and os.path.isfile(os.path.join(self.directory, n, "manifest")):
+                steps.append(int(n))
+        return sorted(steps)
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def step_path(self, step: int) -> str:
+        """The directory of ``step``'s checkpoint."""
+        return os.path.join(self.directory, str(int(step)))
+
+    # ---- save / restore ----
+    def save(
+        self, step: int, tree: Any, *, metadata: Mapping[str, str] | None = None
+    ) -> bool:
+        """Save ``tree`` as step ``step`` (an int >= 0); with async_save, returns once the
+        tree may be changed. A save still in flight is waited for first (its error is raised
+        here if nobody waited for it). Afterwards the steps that ``keep`` / ``keep_every`` no
+        longer hold are deleted (in the background with async_save). Returns True."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise error(USAGE, f"step must be an int >= 0, got {step!r}", InvalidType)
+        self._check_open()
+        with self._lock:
+            self._wait_pending()
+            path = self.step_path(step)
+            if self.async_save:
+                self._pending = _save_async(
+                    tree, path, max_host_bytes=self.max_host_bytes, overwrite=False,
+                    metadata=metadata, io_options=self.save_options,
+                    after=lambda: self._prune(step),
+                )  # fmt: skip
+            else:
+                save(tree, path, metadata=metadata, **self.save_options)
+                self._prune(step)
+        return True
+
+    def restore(self, step: int | None = None, like: Any = None, **load_options: Any) -> Any:
+        """Load step ``step`` (default: the latest committed one), as ckptio.load(path,
+        like=like, **load_options) does. A save in flight is waited for first. Listing and
+        restoring work after close() too."""
+        self.wait_until_finished()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise _from_code(
+                    -errno.ENOENT, "ENOENT", f"no checkpoint in '{self.directory}' to restore"
+                )
+        return load(self.step_path(step), like=like, **load_options)
+
+    def wait_until_finished(self) -> None:
+        """Wait for the save in flight, raising its error."""
+        with self._lock:
+            self._wait_pending()
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its error); the manager saves no more."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self._wait_pending()
+
+    def __enter__(self) -> Manager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----
+    def _check_open(self) -> None:
+        if self._closed:
+            raise error(USAGE, f"this Manager of '{self.directory}' is closed")
+
+    def _wait_pending(self) -> None:
+        h, self._pending = self._pending, None
+        if h is not None:
+            h.wait()
+
+    def _prune(self, newest: int) -> None:
+        """Delete the steps older than ``newest`` (committed) that the policy lets go."""
+        if self.keep is None:
+            return
+        steps = [s for s in self.all_steps() if s <= newest]
+        keep = set(steps[-self.keep :])
+        keep.update(s for s in self.all_steps() if s > newest)
+        doomed = [
+            s for s in steps
+            if s not in keep and not (self.keep_every and s % self.keep_every == 0)
+        ]  # fmt: skip
+        if not doomed:
+            return
+        moved = []
+        for s in doomed:
+            src = self.step_path(s)
+            dst = f"{src}.deleting-{os.getpid()}"
+            os.rename(src, dst)
+            moved.append(dst)
+        # The renames must be durable before anything is removed: otherwise a crash could
+        # bring back a listed step with some of its files gone.
+        _fsync_dir(self.directory)
+        for d in moved:
+            shutil.rmtree(d)
+
+    def _remove_leftovers(self) -> None:
+        for n in os.listdir(self.directory):
+            m = _DELETING.fullmatch(n)
+            if m and (int(m.group(1)) == os.getpid() or not _pid_alive(int(m.group(1)))):
+                shutil.rmtree(os.path.join(self.directory, n), ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"ckptio.Manager('{self.directory}', keep={self.keep}, steps={self.all_steps()})"

@@ -1,0 +1,403 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio.save_async: snapshot semantics, the host-memory cap, errors, exit and kill."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import _async
+
+from conftest import leftovers
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Holds every background write until the test sets the event: whatever the caller does
+    after save_async returns happens before a single byte is written from the snapshot."""
+    ev = threading.Event()
+    real = _async._write
+
+    def held(*args: Any) -> Any:
+        assert ev.wait(60), "the test never opened the gate"
+        return real(*args)
+
+    monkeypatch.setattr(_async, "_write", held)
+    yield ev
+    ev.set()
+    ckptio_wait_all()
+
+
+@pytest.fixture(autouse=True)
+def small_copy_pieces(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # Small pieces so that modest arrays take the two-thread copy path.
+    monkeypatch.setattr(_async, "_COPY_PIECE", 1 << 16)
+    # And tensors split (part copied, part written in the call) under small caps.
+    monkeypatch.setattr(_async, "_MIN_SPLIT", 1)
+    yield
+    ckptio_wait_all()
+
+
+def ckptio_wait_all() -> None:
+    h = _async._pending
+    if h is not None:
+        h._done.wait(60)
+        h._observed = True
+
+
+def numpy_state() -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    return {
+        "w": rng.standard_normal((256, 300)).astype(np.float32),
+        "b": np.arange(1000, dtype=np.int64),
+        "t": rng.standard_normal((64, 64))[:, ::2],  # not contiguous
+        "h": np.ones(5, np.float16),
+        "s": np.float64(3.5),
+        "list": [np.zeros(7, np.uint8), np.full((3, 3), 2, np.int32)],
+        "step": 10,
+    }
+
+
+def mutate_numpy(tree: Any) -> None:
+    if isinstance(tree, dict):
+        for v in tree.values():
+            mutate_numpy(v)
+    elif isinstance(tree, list):
+        for v in tree:
+            mutate_numpy(v)
+    elif isinstance(tree, np.ndarray):
+        tree[...] = 99
+
+
+def assert_same(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, list):
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    elif isinstance(a, (np.ndarray, np.generic)):
+        np.testing.assert_array_equal(np.asarray(b), a)
+    else:
+        assert a == b
+
+
+def copy_tree(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: copy_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [copy_tree(v) for v in tree]
+    if isinstance(tree, np.ndarray):
+        return tree.copy()
+    return tree
+
+
+@pytest.mark.parametrize("cap", [None, 0, 200_000, 400_000])
+def test_numpy_mutated_after_return(ckpt: pathlib.Path, gate: threading.Event, cap: Any) -> None:
+    state = numpy_state()
+    snap = copy_tree(state)
+    h = ckptio.save_async(state, ckpt, max_host_bytes=cap)
+    mutate_numpy(state)  # every tensor, in place, before the background write starts
+    assert not h.done()
+    gate.set()
+    st = h.wait()
+    assert h.done() and st.bytes > 0
+    assert_same(snap, ckptio.load(ckpt))
+    assert leftovers(ckpt.parent) == []
+
+
+@pytest.mark.parametrize("cap", [None, 20_000])
+def test_torch_mutated_after_return(ckpt: pathlib.Path, gate: threading.Event, cap: Any) -> None:
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    state = {
+        "model": lin.state_dict(keep_vars=True),
+        "bf16": torch.randn(100, 30, generator=g).to(torch.bfloat16),
+        "i64": torch.arange(500),
+        "view": torch.randn(40, 40, generator=g).t(),
+        "tied": [lin.weight, lin.weight],
+    }
+    snap = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else None)
+            for k, v in state.items()}  # fmt: skip
+    w0 = lin.weight.detach().clone()
+    b0 = lin.bias.detach().clone()
+    h = ckptio.save_async(state, ckpt, max_host_bytes=cap)
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+        lin.bias.mul_(-3.0)
+        state["bf16"].fill_(7)
+        state["i64"].zero_()
+        state["view"].fill_(-1)
+    gate.set()
+    h.wait()
+    out = ckptio.load(ckpt)
+    assert torch.equal(out["model"]["weight"], w0) and torch.equal(out["model"]["bias"], b0)
+    assert torch.equal(out["tied"][0], w0) and torch.equal(out["tied"][1], w0)
+    for k in ("bf16", "i64", "view"):
+        assert out[k].dtype == snap[k].dtype and torch.equal(out[k], snap[k]), k
+
+
+@pytest.mark.parametrize("cap", [None, 9000])
+def test_jax_donated_after_return(ckpt: pathlib.Path, gate: threading.Event, cap: Any) -> None:
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    sharded = NamedSharding(mesh, PartitionSpec("x"))
+    params = {
+        "w": jax.device_put(jnp.arange(4096, dtype=jnp.float32).reshape(64, 64), sharded),
+        "b": jnp.ones(33, jnp.bfloat16),
+        "n": jnp.arange(10, dtype=jnp.int32),
+    }
+    snap = {k: np.asarray(v) for k, v in params.items()}
+
+    @jax.jit
+    def step(p: Any) -> Any:
+        return {k: v * 3 + 1 for k, v in p.items()}
+
+    step_donating = jax.jit(step, donate_argnums=0)
+    h = ckptio.save_async(params, ckpt, max_host_bytes=cap)
+    new = step_donating(params)  # the old buffers may be reused right away
+    new = step_donating(new)
+    jax.block_until_ready(new)
+    gate.set()
+    h.wait()
+    out = ckptio.load(ckpt)
+    for k, v in snap.items():
+        assert isinstance(out[k], jax.Array)
+        np.testing.assert_array_equal(np.asarray(out[k]), v)
+
+
+def test_pool_reuses_exact_size_buffers(tmp_path: pathlib.Path) -> None:
+    ckptio_wait_all()
+    ckptio.release_buffers()
+    state = {"a": np.ones(10_001, np.uint8), "b": np.ones((3, 7), np.float32)}
+    ckptio.save_async(state, tmp_path / "1").wait()
+    pool = _async._POOL
+    assert pool.held == 10_001 + 84  # exact sizes, no rounding
+    addrs = sorted(b.address for lst in pool.free.values() for b in lst)
+    ckptio.save_async(state, tmp_path / "2").wait()
+    assert sorted(b.address for lst in pool.free.values() for b in lst) == addrs
+    assert all(a % 4096 == 0 for a in addrs)
+    # A different state under a small cap: the unused sizes go first.
+    ckptio.save_async({"c": np.ones(20_000, np.uint8)}, tmp_path / "3", max_host_bytes=20_000).wait()
+    assert pool.held == 20_000
+    assert ckptio.release_buffers() == 20_000 and pool.held == 0
+
+
+def test_second_save_waits_for_the_first(tmp_path: pathlib.Path, gate: threading.Event) -> None:
+    state = numpy_state()
+    h1 = ckptio.save_async(state, tmp_path / "1")
+    seen: list[bool] = []
+
+    def second() -> None:
+        h2 = ckptio.save_async(state, tmp_path / "2")
+        seen.append(h1.done())
+        h2.wait()
+
+    t = threading.Thread(target=second)
+    t.start()
+    time.sleep(0.2)
+    assert not seen  # still waiting for the first save
+    gate.set()
+    t.join(60)
+    assert seen == [True]
+    h1.wait()
+    assert_same(state, ckptio.load(tmp_path / "2"))
+
+
+def test_existing_path_error_surfaces_on_wait(ckpt: pathlib.Path) -> None:
+    ckptio.save({"a": np.zeros(3)}, ckpt)
+    for cap in (None, 0):  # in the background, or while writing the overflow in the call
+        h = ckptio.save_async({"a": np.ones(3)}, ckpt, max_host_bytes=cap)
+        with pytest.raises(ckptio.CheckpointExists):
+            h.wait()
+        with pytest.raises(ckptio.CheckpointExists):  # again: the error stays
+            h.wait()
+    assert ckptio.load(ckpt)["a"].tolist() == [0, 0, 0]
+    h = ckptio.save_async({"a": np.ones(3)}, ckpt, overwrite=True)
+    h.wait()
+    assert ckptio.load(ckpt)["a"].tolist() == [1, 1, 1]
+
+
+def test_unwaited_error_is_raised_by_the_next_save(tmp_path: pathlib.Path) -> None:
+    ckptio.save({"a": np.zeros(3)}, tmp_path / "x")
+    ckptio.save_async({"a": np.ones(3)}, tmp_path / "x")  # fails; nobody waits
+    with pytest.raises(ckptio.CheckpointExists) as e:
+        ckptio.save_async({"a": np.ones(3)}, tmp_path / "y")
+    assert "nobody waited" in "".join(getattr(e.value, "__notes__", []))
+    assert not (tmp_path / "y").exists()
+    ckptio.save_async({"a": np.ones(3)}, tmp_path / "y").wait()  # reported once only
+    assert ckptio.load(tmp_path / "y")["a"].tolist() == [1, 1, 1]
+
+
+def test_invalid_tree_raises_in_the_call(ckpt: pathlib.Path) -> None:
+    with pytest.raises(ckptio.InvalidType):
+        ckptio.save_async({"a": object()}, ckpt)
+    with pytest.raises(ckptio.InvalidType):
+        ckptio.save_async({"a": np.zeros(1)}, ckpt, max_host_bytes=-1)
+    assert not ckpt.exists()
+
+
+def run_py(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+FULL_DISK = """
+import errno, sys, numpy as np, ckptio
+for cap in (None, 1 << 20):
+    h = ckptio.save_async({"a": np.ones(4 << 20, np.uint8)}, sys.argv[1] + "/ckpt",
+                          max_host_bytes=cap)
+    try:
+        h.wait()
+    except ckptio.CheckpointIOError as e:
+        print(e.errno, e.name, sep="|")
+    else:
+        print("saved")
+"""
+
+
+def test_enospc_surfaces_on_wait(tmp_path: pathlib.Path) -> None:
+    # A full file system: a 1 MiB tmpfs in a private mount namespace (as root).
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare command")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    script = f"mount -t tmpfs -o size=1m ckptio-test {mnt} && exec {sys.executable} -c \"$0\" {mnt}"
+    res = subprocess.run(["unshare", "-m", "sh", "-c", script, FULL_DISK],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    if res.returncode != 0 and "mount" in res.stderr and "ckptio" not in res.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["28|ENOSPC", "28|ENOSPC"], res.stdout
+
+
+CAP_SCRIPT = """
+import os, sys, threading, numpy as np, ckptio
+
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+
+cap = int(sys.argv[2])
+state = {"layers": [np.full(16 << 20, i, np.float32) for i in range(4)]}  # 4 x 64 MiB
+base = rss()
+peak = [base]
+stop = threading.Event()
+def sample():
+    while not stop.is_set():
+        peak[0] = max(peak[0], rss())
+        stop.wait(0.0005)
+t = threading.Thread(target=sample)
+t.start()
+for i in range(2):
+    h = ckptio.save_async(state, f"{sys.argv[1]}/{i}", max_host_bytes=cap, fsync=False)
+    for a in state["layers"]:
+        a += 1
+    h.wait()
+stop.set()
+t.join()
+out = ckptio.load(f"{sys.argv[1]}/1")
+assert [float(a[0]) for a in out["layers"]] == [1.0, 2.0, 3.0, 4.0]
+print(peak[0] - base)
+"""
+
+
+def test_host_memory_stays_under_the_cap(tmp_path: pathlib.Path) -> None:
+    mib = 1 << 20
+    cap = 64 * mib  # a quarter of the state
+    res = run_py(CAP_SCRIPT, str(tmp_path), str(cap))
+    assert res.returncode == 0, res.stderr
+    extra = int(res.stdout)
+    # The snapshot buffers (<= cap) plus the writer's own staging and the interpreter's noise.
+    assert extra <= cap + 64 * mib, f"peak extra {extra / mib:.0f} MiB over a {cap // mib} MiB cap"
+    assert extra >= cap // 2, f"peak extra {extra / mib:.0f} MiB: the sampler saw no copy"
+
+
+EXIT_SCRIPT = """
+import sys, numpy as np, ckptio
+ckptio.save_async({"a": np.full(32 << 20, 5, np.uint8), "step": 1}, sys.argv[1])
+# exits at once, with the save in flight
+"""
+
+EXIT_FAIL_SCRIPT = """
+import sys, numpy as np, ckptio
+ckptio.save({"a": np.zeros(1)}, sys.argv[1])
+ckptio.save_async({"a": np.ones(1)}, sys.argv[1])  # fails: exists; nobody waits
+"""
+
+
+def test_exit_finishes_a_pending_save(ckpt: pathlib.Path) -> None:
+    res = run_py(EXIT_SCRIPT, str(ckpt))
+    assert res.returncode == 0, res.stderr
+    out = ckptio.load(ckpt)
+    assert out["step"] == 1 and int(out["a"][-1]) == 5
+
+
+def test_exit_reports_an_unwaited_error(ckpt: pathlib.Path) -> None:
+    res = run_py(EXIT_FAIL_SCRIPT, str(ckpt))
+    assert res.returncode == 0, res.stderr
+    assert "FAILED and nobody waited" in res.stderr and str(ckpt) in res.stderr, res.stderr
+    assert "already exists" in res.stderr
+
+
+KILL_SCRIPT = """
+import sys, time, numpy as np, ckptio
+from ckptio import _async, _save
+
+path = sys.argv[1]
+ckptio.save({"a": np.zeros(1 << 20, np.uint8), "v": 1}, path)
+
+def stuck(snap, path, p, t0, writer):
+    w = writer if writer is not None else _save._open(path, p)
+    w.add_many(snap.items[:1])
+    w.flush()  # part of the new checkpoint is on disk, in its temporary directory
+    print("writing", flush=True)
+    time.sleep(600)
+
+_async._write = stuck
+ckptio.save_async({"a": np.ones(1 << 20, np.uint8), "v": 2}, path, overwrite=True)
+time.sleep(600)
+"""
+
+
+def test_sigkill_during_async_save_keeps_the_previous_checkpoint(ckpt: pathlib.Path) -> None:
+    p = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(ckpt)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "writing", p.stderr.read() if p.stderr else ""
+        assert leftovers(ckpt.parent)  # the new save is under way
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    out = ckptio.load(ckpt)
+    assert out["v"] == 1 and int(out["a"].max()) == 0
+    ckptio.save_async({"a": np.ones(3), "v": 3}, ckpt, overwrite=True).wait()
+    assert ckptio.load(ckpt)["v"] == 3
+    assert leftovers(ckpt.parent) == []  # the dead save's temporary directory is gone
+
+
+def test_exports() -> None:
+    assert ckptio.save_async is _async.save_async
+    assert "save_async" in ckptio.__all__ and "release_buffers" in ckptio.__all__
+    assert _async.default_max_host_bytes() > 0
+    assert os.path.basename(_async.__file__) == "_async.py"

@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio.Manager: listing, retention, restore, and crashes during a save or a deletion."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import _async
+
+
+def state(step: int) -> dict[str, object]:
+    return {"w": np.full((64, 8), step, np.float32), "step": step}
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_retention_and_restore(tmp_path: pathlib.Path, async_save: bool) -> None:
+    with ckptio.Manager(tmp_path / "run", keep=2, keep_every=3, async_save=async_save) as m:
+        assert m.all_steps() == [] and m.latest_step() is None
+        for s in range(8):
+            assert m.save(s, state(s))
+        m.wait_until_finished()
+        assert m.all_steps() == [0, 3, 6, 7] and m.latest_step() == 7
+        assert m.restore()["step"] == 7
+        out = m.restore(3, like={"w": np.zeros((64, 8), np.float64), "step": 0})
+        assert out["w"].dtype == np.float64 and out["w"][0, 0] == 3.0
+    assert sorted(os.listdir(tmp_path / "run")) == ["0", "3", "6", "7"]
+    with pytest.raises(ckptio.CheckpointError):
+        m.save(8, state(8))  # closed
+
+
+def test_keep_none_keeps_everything(tmp_path: pathlib.Path) -> None:
+    m = ckptio.Manager(tmp_path, keep=None)
+    for s in (10, 20, 30, 40):
+        m.save(s, state(s))
+    m.close()
+    assert m.all_steps() == [10, 20, 30, 40]
+
+
+def test_old_steps_go_only_after_a_newer_commit(tmp_path: pathlib.Path) -> None:
+    m = ckptio.Manager(tmp_path, keep=1)
+    m.save(1, state(1))
+    m.wait_until_finished()
+    ckptio.save({"x": np.zeros(1)}, tmp_path / "2")  # step 2 exists: the save of 2 fails
+    m.save(2, state(2))
+    with pytest.raises(ckptio.CheckpointExists):
+        m.wait_until_finished()
+    assert m.all_steps() == [1, 2]  # nothing deleted: the failed save committed nothing
+    m.save(3, state(3))
+    m.close()
+    assert m.all_steps() == [3]
+
+
+def test_unfinished_steps_are_not_listed(tmp_path: pathlib.Path) -> None:
+    m = ckptio.Manager(tmp_path, keep=None, async_save=False)
+    m.save(1, state(1))
+    (tmp_path / "5.tmp-999999.0").mkdir()  # a save that died before its commit
+    (tmp_path / "6").mkdir()  # a directory without a manifest
+    (tmp_path / "notastep").mkdir()
+    (tmp_path / "007").mkdir()
+    assert m.all_steps() == [1] and m.latest_step() == 1
+
+
+def test_restore_without_steps(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ckptio.CheckpointNotFound):
+        ckptio.Manager(tmp_path).restore()
+
+
+def test_bad_arguments(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(NotImplementedError, match="multi-process"):
+        ckptio.Manager(tmp_path, comm=object())
+    with pytest.raises(ckptio.InvalidType):
+        ckptio.Manager(tmp_path, keep=0)
+    m = ckptio.Manager(tmp_path)
+    with pytest.raises(ckptio.InvalidType):
+        m.save(-1, state(0))
+
+
+CRASH_IN_RETENTION = """
+import os, signal, sys, numpy as np, ckptio
+from ckptio import _manager
+
+def crash(path, *a, **k):
+    # Remove part of the step being deleted, then die.
+    for root, dirs, files in os.walk(path):
+        for f in files:
+            os.unlink(os.path.join(root, f))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+m = ckptio.Manager(sys.argv[1], keep=2, async_save=sys.argv[2] == "1")
+for s in range(3):
+    if s == 2:
+        _manager.shutil.rmtree = crash
+    m.save(s, {"w": np.full(1000, s, np.float32), "step": s})
+m.wait_until_finished()
+"""
+
+
+@pytest.mark.parametrize("async_save", ["1", "0"])
+def test_crash_during_retention(tmp_path: pathlib.Path, async_save: str) -> None:
+    res = subprocess.run([sys.executable, "-c", CRASH_IN_RETENTION, str(tmp_path), async_save],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert any(".deleting-" in n for n in os.listdir(tmp_path))  # it died mid-deletion
+    m = ckptio.Manager(tmp_path, keep=2)
+    assert m.all_steps() == [1, 2]
+    for s in m.all_steps():
+        assert ckptio.load(m.step_path(s))["step"] == s
+    assert sorted(os.listdir(tmp_path)) == ["1", "2"]  # the leftover is gone
+
+
+CRASH_IN_SAVE = """
+import sys, time, numpy as np, ckptio
+from ckptio import _async, _save
+
+def stuck(snap, path, p, t0, writer):
+    w = writer if writer is not None else _save._open(path, p)
+    w.add_many(snap.items[:1])
+    w.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+
+m = ckptio.Manager(sys.argv[1], keep=2)
+m.save(1, {"w": np.ones(1000), "step": 1})
+m.wait_until_finished()
+_async._write = stuck
+m.save(2, {"w": np.ones(1000), "step": 2})
+time.sleep(600)
+"""
+
+
+def test_crash_during_save(tmp_path: pathlib.Path) -> None:
+    p = subprocess.Popen([sys.executable, "-c", CRASH_IN_SAVE, str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "writing"
+    finally:
+        p.kill()
+        p.wait()
+    m = ckptio.Manager(tmp_path, keep=2)
+    assert m.all_steps() == [1] and m.restore()["step"] == 1
+    m.save(2, {"w": np.ones(3), "step": 2})  # the dead save's leftovers do not stand in the way
+    m.close()
+    assert m.all_steps() == [1, 2]
+
+
+def test_manager_uses_the_shared_pool(tmp_path: pathlib.Path) -> None:
+    with ckptio.Manager(tmp_path, max_host_bytes=1 << 20) as m:
+        m.save(1, state(1))
+    assert _async._POOL.held <= 1 << 20
