@@ -213,8 +213,9 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
         ckptio__holdings view = {.n = local < 0 ? 0 : n, .items = holds, .msg = ""};
         int pc = ckptio__plan_decode_rank(planb.data, planb.len, rank, &view, &assign, why,
                                           sizeof why);
-        /* A failed plan is the same bytes on every rank: every rank stops here, nothing written. */
-        if (pc < 0 && pc != CKPTIO_E_CORRUPT) {
+        /* A failed plan is the same bytes on every rank: every rank stops here, nothing written.
+         * Anything else wrong with it is this rank's own failure, told at the agreement. */
+        if (pc < 0 && ckptio__plan_status(planb.data, planb.len) < 0) {
             rc = ckptio__fail(NULL, pc, "%s", why);
             goto out;
         }

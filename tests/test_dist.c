@@ -411,6 +411,12 @@ static int test_plan_rank_error(void)
     char got[512];
     CHECK_ERR(ckptio__plan_decode_rank(b.data, b.len, 2, h[2], &mine, got, sizeof got), -ENOSPC);
     CHECK(strcmp(got, err) == 0 && mine.len == 0);
+    CHECK(ckptio__plan_status(b.data, b.len) == -ENOSPC);
+    /* Even when the coordinator's error is CORRUPT (a rank's holdings it could not decode),
+     * every rank knows it for the plan's verdict, not for damage to its own copy. */
+    CHECK_OK(ckptio__plan_encode(NULL, CKPTIO_E_CORRUPT, "rank 1: holdings: cut short", &b));
+    CHECK(ckptio__plan_status(b.data, b.len) == CKPTIO_E_CORRUPT);
+    CHECK(ckptio__plan_status(b.data, 7) == 1);
     /* An invalid item is refused by encode, naming it. */
     R[0].it[0].nbytes = 3;
     CHECK_ERR(ckptio__holdings_encode(R[0].it, R[0].n, &b, err, sizeof err), CKPTIO_E_SHAPE);

@@ -826,6 +826,14 @@ int ckptio__plan_encode(const ckptio__plan *plan, int code, const char *msg, ckp
     return 0;
 }
 
+int ckptio__plan_status(const uint8_t *buf, uint64_t len)
+{
+    if (!buf || len < PLAN_HEAD || get32(buf) != PLAN_MAGIC || get32(buf + 4) != WIRE_VERSION)
+        return 1;
+    int code = (int)get32(buf + 8);
+    return code > 0 ? 1 : code;
+}
+
 int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
                              const ckptio__holdings *mine, ckptio__vec *out, char *err,
                              size_t errlen)

@@ -139,6 +139,10 @@ CKPTIO__HIDDEN int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, ui
                                             const ckptio__holdings *mine, ckptio__vec *out,
                                             char *err, size_t errlen);
 
+/* The code an encoded plan carries (0, or the coordinator's error, the same for every rank), or
+ * 1 when the bytes are no plan at all. */
+CKPTIO__HIDDEN int ckptio__plan_status(const uint8_t *buf, uint64_t len);
+
 /* The name rank `rank` stores rank-local item `name` under ("<name>@rank<R>"), into buf;
  * returns its length, or 0 when it does not fit in cap - 1 bytes. */
 CKPTIO__HIDDEN size_t ckptio__rank_local_name(char *buf, size_t cap, const char *name,
