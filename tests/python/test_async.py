@@ -401,3 +401,21 @@ def test_exports() -> None:
     assert "save_async" in ckptio.__all__ and "release_buffers" in ckptio.__all__
     assert _async.default_max_host_bytes() > 0
     assert os.path.basename(_async.__file__) == "_async.py"
+
+
+def test_populated_buffer_is_exact_size_and_copies() -> None:
+    from ckptio import _core
+
+    n = (5 << 20) + 123  # not a multiple of the huge page size
+    b = _core.Buffer(n, populate=True)
+    assert len(b) == n and b.address % 4096 == 0
+    src = np.arange(n, dtype=np.uint64).astype(np.uint8)
+    b.copy_from(src[: n - 10], 10)
+    b.copy_from(src[n - 10 :])
+    got = np.frombuffer(b, np.uint8)
+    np.testing.assert_array_equal(got[10:], src[: n - 10])
+    np.testing.assert_array_equal(got[:10], src[n - 10 :])
+    with pytest.raises(ValueError):
+        b.copy_from(src[:11], n - 10)
+    with pytest.raises(ValueError):
+        b.copy_from(src[:1], -1)
