@@ -34,6 +34,7 @@ static int gated_fsync(int fd)
 
 static ckptio__vfs g_vfs;
 
+/* Install the vfs (before any writer exists: the I/O threads read the table unlocked). */
 static void gate_install(int open, int err)
 {
     g_vfs = ckptio__vfs_real;
@@ -42,6 +43,13 @@ static void gate_install(int open, int err)
     g_fsync_err = err;
     g_fsyncs = 0;
     ckptio__vfs_set(&g_vfs);
+}
+
+static void gate_fail(int err)
+{
+    pthread_mutex_lock(&g_lock);
+    g_fsync_err = err;
+    pthread_mutex_unlock(&g_lock);
 }
 
 static void gate_release(void)
@@ -120,8 +128,8 @@ static int test_async_pending(void)
     unsigned char *buf = t_alloc(N);
     ckptio_writer *w;
     const char *path = t_path("ck");
-    CHECK(start(path, buf, &w) == 0);
     gate_install(0, 0);
+    CHECK(start(path, buf, &w) == 0);
     ckptio_completion *c;
     CHECK_OK(ckptio_writer_commit_async(w, &c));
     while (fsyncs_seen() == 0) usleep(1000); /* the commit is inside its first fsync */
@@ -148,6 +156,7 @@ static int test_async_error_on_wait(void)
     unsigned char *buf = t_alloc(N);
     const char *path = t_path("ck");
     ckptio_writer *w;
+    gate_install(1, 0);
     CHECK(start(path, buf, &w) == 0);
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
@@ -160,7 +169,7 @@ static int test_async_error_on_wait(void)
     uint64_t shape[1] = {N};
     CHECK_OK(ckptio_writer_open(&w, path, &p));
     CHECK_OK(ckptio_writer_add(w, "t", CKPTIO_DT_U8, 1, shape, NULL, NULL, buf2, N));
-    gate_install(1, ENOSPC);
+    gate_fail(ENOSPC);
     ckptio_completion *c;
     CHECK_OK(ckptio_writer_commit_async(w, &c)); /* the call itself succeeds */
     CHECK_ERR(ckptio_completion_wait(c, -1), -ENOSPC);
@@ -190,8 +199,8 @@ static int test_async_free_waits(void)
     unsigned char *buf = t_alloc(N);
     ckptio_writer *w;
     const char *path = t_path("ck");
-    CHECK(start(path, buf, &w) == 0);
     gate_install(0, 0);
+    CHECK(start(path, buf, &w) == 0);
     ckptio_completion *c;
     CHECK_OK(ckptio_writer_commit_async(w, &c));
     while (fsyncs_seen() == 0) usleep(1000);
@@ -223,8 +232,8 @@ static int test_async_many_waiters(void)
 {
     unsigned char *buf = t_alloc(N);
     ckptio_writer *w;
-    CHECK(start(t_path("ck"), buf, &w) == 0);
     gate_install(0, 0);
+    CHECK(start(t_path("ck"), buf, &w) == 0);
     ckptio_completion *c;
     CHECK_OK(ckptio_writer_commit_async(w, &c));
     struct waiter ws[4];
