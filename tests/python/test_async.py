@@ -419,3 +419,23 @@ def test_populated_buffer_is_exact_size_and_copies() -> None:
         b.copy_from(src[:11], n - 10)
     with pytest.raises(ValueError):
         b.copy_from(src[:1], -1)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_pool_buffers_are_faulted_in_when_made() -> None:
+    # The copy of a save must not page-fault: the pool's buffers are populated when made, so
+    # the memory is resident before anything is copied into it.
+    ckptio_wait_all()
+    ckptio.release_buffers()
+    n = 64 << 20
+    before = _rss()
+    bufs = _async._POOL.take([n], n)
+    try:
+        assert _rss() - before >= n * 9 // 10
+    finally:
+        _async._POOL.give(bufs)
+        ckptio.release_buffers()
