@@ -263,6 +263,20 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _meminfo() -> dict[str, int]:
+    """The host's memory and page cache (kB), as /proc/meminfo says: the cache state a run saw."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                if k in ("MemTotal", "MemAvailable", "Cached", "Dirty", "Writeback", "AnonHugePages"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="1.3b")
@@ -278,12 +292,14 @@ def main() -> None:
         print(json.dumps(one(a.one, a.model, a.steps, a.every, a.dir)))
         return
     t0 = time.time()
+    mem0 = _meminfo()
     rows = run(a.model, a.steps, a.every, a.dir, [m for m in a.mechanisms.split(",") if m], rounds=a.rounds)
     shutil.rmtree(a.dir, ignore_errors=True)
     print("\n".join(summarize(rows)))
     if a.out:
         doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": a.model, "steps": a.steps,
-               "every": a.every, "rounds": a.rounds, "load_before": os.getloadavg(), "dir": os.path.abspath(a.dir), "cpus": os.cpu_count(),
+               "every": a.every, "rounds": a.rounds, "load_before": os.getloadavg(),
+               "meminfo_kb_before": mem0, "meminfo_kb_after": _meminfo(), "load_after": os.getloadavg(), "dir": os.path.abspath(a.dir), "cpus": os.cpu_count(),
                "seconds": round(time.time() - t0, 1), "rows": rows}  # fmt: skip
         with open(a.out, "w") as f:
             f.write(json.dumps(doc, indent=1) + "\n")
