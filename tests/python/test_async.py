@@ -439,3 +439,26 @@ def test_pool_buffers_are_faulted_in_when_made() -> None:
     finally:
         _async._POOL.give(bufs)
         ckptio.release_buffers()
+
+
+def test_cap_splits_one_tensor_in_two_and_opens_one_writer(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under a cap the state is written as it would be without one, less one cut: the tensor
+    # that straddles the cap becomes two chunks (never many small ones), and the part written
+    # during the call and the part written in the background share one writer.
+    ckptio_wait_all()
+    opened: list[str] = []
+    real_open = _async._open
+    monkeypatch.setattr(_async, "_open", lambda p, q: opened.append(p) or real_open(p, q))
+    mib = 1 << 20
+    state = {f"t{i}": np.full((64, mib // 16), i, np.uint8) for i in range(8)}  # 4 MiB each
+    cap = mib + 14 * mib  # 1 MiB of staging, then 3.5 tensors
+    ckptio.save_async(state, tmp_path / "ck", max_host_bytes=cap, staging_bytes=mib).wait()
+    assert opened == [str(tmp_path / "ck")]
+    with ckptio._core.Reader(str(tmp_path / "ck")) as r:
+        chunks = {t.name: t.num_chunks for t in r.tensors()}
+    assert sorted(chunks.values()) == [1] * 7 + [2], chunks
+    out = ckptio.load(tmp_path / "ck")
+    for k, v in state.items():
+        np.testing.assert_array_equal(out[k], v)
