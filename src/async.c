@@ -2,6 +2,7 @@
 /* Background commits: ckptio_writer_commit() on a thread of ckptio's, with a completion to wait on. */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,13 @@ int ckptio_writer_commit_async(ckptio_writer *w, ckptio_completion **out)
                                       "variable; the writer is unchanged, commit it directly");
     }
     pthread_mutex_init(&c->lock, NULL);
+    /* The commit thread takes no signals: they stay with the caller's threads, whose
+     * handlers (Python's Ctrl-C among them) expect them. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     e = pthread_create(&c->thread, NULL, commit_thread, c);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (e) {
         pthread_cond_destroy(&c->cond);
         pthread_mutex_destroy(&c->lock);
@@ -78,7 +85,9 @@ int ckptio_writer_commit_async(ckptio_writer *w, ckptio_completion **out)
 
 int ckptio_completion_wait(ckptio_completion *c, double timeout)
 {
-    if (!c) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_completion_wait: NULL completion");
+    if (!c || timeout != timeout)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_completion_wait: NULL completion or NaN timeout");
     pthread_mutex_lock(&c->lock);
     if (timeout < 0) {
         while (!c->done) pthread_cond_wait(&c->cond, &c->lock);

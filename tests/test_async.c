@@ -259,6 +259,14 @@ static int test_async_usage(void)
     CHECK_ERR(ckptio_writer_commit_async(NULL, &c), CKPTIO_E_USAGE);
     CHECK(c == NULL);
     CHECK_ERR(ckptio_completion_wait(NULL, 0), CKPTIO_E_USAGE);
+    unsigned char *buf = t_alloc(N);
+    ckptio_writer *w;
+    CHECK(start(t_path("ck"), buf, &w) == 0);
+    CHECK_OK(ckptio_writer_commit_async(w, &c));
+    CHECK_ERR(ckptio_completion_wait(c, 0.0 / 0.0), CKPTIO_E_USAGE);
+    CHECK_OK(ckptio_completion_wait(c, -1));
+    ckptio_completion_free(c);
+    t_free(buf, N);
     CHECK(ckptio_completion_done(NULL) == 0);
     ckptio_completion_free(NULL);
     return 0;
