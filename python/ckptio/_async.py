@@ -159,9 +159,11 @@ def _copy_into(pairs: list[tuple[_core.Buffer, np.ndarray]]) -> None:
             nxt[0].copy_from(nxt[1], nxt[2])
 
     futs = [_COPIER.submit(run) for _ in range(_COPY_THREADS - 1)]
-    run()
-    for f in futs:
-        f.result()
+    try:
+        run()
+    finally:  # no copy may still be running once the buffers are someone else's
+        for f in futs:
+            f.result()
 
 
 class AsyncSave:
