@@ -293,12 +293,13 @@ def main() -> None:
         return
     t0 = time.time()
     mem0 = _meminfo()
+    load0 = os.getloadavg()
     rows = run(a.model, a.steps, a.every, a.dir, [m for m in a.mechanisms.split(",") if m], rounds=a.rounds)
     shutil.rmtree(a.dir, ignore_errors=True)
     print("\n".join(summarize(rows)))
     if a.out:
         doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": a.model, "steps": a.steps,
-               "every": a.every, "rounds": a.rounds, "load_before": os.getloadavg(),
+               "every": a.every, "rounds": a.rounds, "load_before": load0,
                "meminfo_kb_before": mem0, "meminfo_kb_after": _meminfo(), "load_after": os.getloadavg(), "dir": os.path.abspath(a.dir), "cpus": os.cpu_count(),
                "seconds": round(time.time() - t0, 1), "rows": rows}  # fmt: skip
         with open(a.out, "w") as f:
