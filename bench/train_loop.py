@@ -12,7 +12,14 @@ from /proc/self/statm every millisecond) is its own; "extra" is the peak over th
 the state is built and one step has run. The stall of a checkpoint is the time the loop
 spends in the save call, plus any wait for the previous save to finish before the next one.
 
-    python bench/train_loop.py [--model 1.3b] [--steps 10] [--every 3] [--out FILE]
+    python bench/train_loop.py [--model 1.3b] [--steps 10] [--every 3] [--rounds 1] [--out FILE]
+
+With --rounds R the mechanisms run R times, interleaved (round 1: every mechanism, round 2:
+every mechanism...), so that a shared machine's load changes hit them alike; each row is the
+medians over the rounds, with every round's row kept under "rounds". The first stall of each
+process is reported apart too ("first_stall_s"): a save_async then allocates its buffers.
+Steps are split into those that follow a checkpoint (they overlap its background write) and
+the others.
 """
 
 from __future__ import annotations
@@ -145,11 +152,14 @@ def one(mech: str, model: str, steps: int, every: int, d: str) -> dict[str, Any]
     peak = Peak()
     stalls: list[float] = []
     step_s: list[float] = []
+    after_ckpt: list[float] = []  # the step right after a checkpoint
     t_loop = time.perf_counter()
     for i in range(1, steps + 1):
         t0 = time.perf_counter()
         train_step()
         step_s.append(time.perf_counter() - t0)
+        if i > every and (i - 1) % every == 0:
+            after_ckpt.append(step_s[-1])
         if i % every == 0:
             path = os.path.join(d, f"{mech.replace(' ', '_').replace('/', '_')}-{i}")
             t0 = time.perf_counter()
@@ -170,7 +180,12 @@ def one(mech: str, model: str, steps: int, every: int, d: str) -> dict[str, Any]
     return {
         "mechanism": mech, "state_bytes": nbytes, "checkpoints": len(stalls),
         "stall_s": [round(x, 4) for x in stalls], "stall_median_s": round(statistics.median(stalls), 4),
-        "step_median_s": round(statistics.median(step_s), 4), "final_wait_s": round(tail, 4),
+        "first_stall_s": round(stalls[0], 4),
+        "later_stall_median_s": round(statistics.median(stalls[1:]), 4) if len(stalls) > 1 else None,
+        "step_median_s": round(statistics.median(step_s), 4),
+        "step_after_checkpoint_median_s": round(statistics.median(after_ckpt), 4) if after_ckpt else None,
+        "step_other_median_s": round(statistics.median([x for x in step_s if x not in after_ckpt]), 4),
+        "final_wait_s": round(tail, 4),
         "loop_s": round(loop_s, 3), "peak_extra_bytes": extra,
         "max_host_bytes": cap if "cap" in mech else _default_cap() if mech == "ckptio.save_async" else None,
     }  # fmt: skip
@@ -182,39 +197,84 @@ def _default_cap() -> int:
     return default_max_host_bytes()
 
 
-def run(model: str, steps: int, every: int, d: str, mechs: list[str], quiet: bool = False) -> list[dict[str, Any]]:
-    """Each mechanism in a fresh process; returns their rows."""
+def run(model: str, steps: int, every: int, d: str, mechs: list[str], quiet: bool = False,
+        rounds: int = 1) -> list[dict[str, Any]]:
+    """Each mechanism in a fresh process, ``rounds`` times interleaved; returns their rows
+    (medians over the rounds)."""
     os.makedirs(d, exist_ok=True)
-    rows = []
-    for m in mechs:
-        if not quiet:
-            print(f"train loop: {m}...", file=sys.stderr, flush=True)
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", m, "--model", model,
-               "--steps", str(steps), "--every", str(every), "--dir", d]  # fmt: skip
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            rows.append({"mechanism": m, "error": res.stderr.strip().splitlines()[-1:] or ["?"]})
-            continue
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    return rows
+    per: dict[str, list[dict[str, Any]]] = {m: [] for m in mechs}
+    for r in range(rounds):
+        for m in mechs:
+            if not quiet:
+                print(f"train loop: round {r + 1}/{rounds}: {m}...", file=sys.stderr, flush=True)
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", m, "--model", model,
+                   "--steps", str(steps), "--every", str(every), "--dir", d]  # fmt: skip
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                per[m].append({"mechanism": m, "error": res.stderr.strip().splitlines()[-1:] or ["?"]})
+                continue
+            per[m].append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return [_merge(m, per[m]) if rounds > 1 else per[m][0] for m in mechs]
+
+
+def _merge(m: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from a mechanism's rounds: medians of the numbers, all stalls, every round."""
+    ok = [r for r in rs if "error" not in r]
+    if not ok:
+        return rs[0]
+    out: dict[str, Any] = {"mechanism": m, "rounds_ok": len(ok), "rounds_failed": len(rs) - len(ok)}
+    for k, v in ok[0].items():
+        vals = [r[k] for r in ok if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+        if k == "stall_s":
+            out[k] = [x for r in ok for x in r[k]]
+        elif len(vals) == len(ok) and k not in ("state_bytes", "checkpoints", "max_host_bytes"):
+            out[k] = round(statistics.median(vals), 4)
+        else:
+            out[k] = v
+    out["stall_median_s"] = round(statistics.median(out["stall_s"]), 4)
+    out["rounds"] = rs
+    return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[str]:
     by = {r["mechanism"]: r for r in rows if "error" not in r}
-    lines = [f"{'mechanism':28} {'stall (median)':>15} {'peak extra':>12}  stalls"]
+    lines = [f"{'mechanism':28} {'stall (median)':>15} {'first':>8} {'peak extra':>12} {'step/after ckpt':>16}  stalls"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['mechanism']:28} failed: {r['error']}")
             continue
-        lines.append(f"{r['mechanism']:28} {r['stall_median_s']:>13.3f} s {r['peak_extra_bytes'] / 2**20:>8.0f} MiB  {r['stall_s']}")
+        sa = r.get("step_after_checkpoint_median_s")
+        lines.append(f"{r['mechanism']:28} {r['stall_median_s']:>13.3f} s {r['first_stall_s']:>6.2f} s "
+                     f"{r['peak_extra_bytes'] / 2**20:>8.0f} MiB {r['step_other_median_s']:>6.2f}/{sa if sa is not None else float('nan'):.2f} s  {r['stall_s']}")
     blocking = by.get("ckptio.save")
     a = by.get("ckptio.save_async")
     dcp = by.get("dcp.async_save")
     if a and blocking:
         lines.append(f"ckptio async / blocking stall: {a['stall_median_s'] / blocking['stall_median_s']:.2f}x (target <= 0.3x)")
+    c = by.get("ckptio.save_async cap=1/4")
+    if c and blocking and a:
+        # What the cap cannot absorb, written during the call, plus the copy of what it can.
+        frac = 1 - c["max_host_bytes"] / c["state_bytes"]
+        want = blocking["stall_median_s"] * frac + a["stall_median_s"] * (1 - frac)
+        lines.append(f"ckptio async cap=1/4 stall: {c['stall_median_s']:.3f} s; blocking x {frac:.2f} + "
+                     f"copy of the rest = {want:.3f} s ({c['stall_median_s'] / blocking['stall_median_s']:.2f}x blocking)")
     if a and dcp:
         lines.append(f"ckptio async / DCP async_save stall: {a['stall_median_s'] / dcp['stall_median_s']:.2f}x (target <= 0.5x)")
     return lines
+
+
+def _meminfo() -> dict[str, int]:
+    """The host's memory and page cache (kB), as /proc/meminfo says: the cache state a run saw."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                if k in ("MemTotal", "MemAvailable", "Cached", "Dirty", "Writeback", "AnonHugePages"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
 
 
 def main() -> None:
@@ -224,6 +284,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=3)
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data", "train-loop"))
     ap.add_argument("--mechanisms", default=",".join(MECHS))
+    ap.add_argument("--rounds", type=int, default=1, help="run the mechanisms this many times, interleaved")
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -231,12 +292,15 @@ def main() -> None:
         print(json.dumps(one(a.one, a.model, a.steps, a.every, a.dir)))
         return
     t0 = time.time()
-    rows = run(a.model, a.steps, a.every, a.dir, [m for m in a.mechanisms.split(",") if m])
+    mem0 = _meminfo()
+    load0 = os.getloadavg()
+    rows = run(a.model, a.steps, a.every, a.dir, [m for m in a.mechanisms.split(",") if m], rounds=a.rounds)
     shutil.rmtree(a.dir, ignore_errors=True)
     print("\n".join(summarize(rows)))
     if a.out:
         doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": a.model, "steps": a.steps,
-               "every": a.every, "dir": os.path.abspath(a.dir), "cpus": os.cpu_count(),
+               "every": a.every, "rounds": a.rounds, "load_before": load0,
+               "meminfo_kb_before": mem0, "meminfo_kb_after": _meminfo(), "load_after": os.getloadavg(), "dir": os.path.abspath(a.dir), "cpus": os.cpu_count(),
                "seconds": round(time.time() - t0, 1), "rows": rows}  # fmt: skip
         with open(a.out, "w") as f:
             f.write(json.dumps(doc, indent=1) + "\n")

@@ -421,6 +421,41 @@ CKPTIO_API int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
+/* Commit in the background. Experimental: define CKPTIO_EXPERIMENTAL to use them.            */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* A commit running on a thread of its own (ckptio_writer_commit_async). Since 0.2. */
+typedef struct ckptio_completion ckptio_completion;
+
+/* Start ckptio_writer_commit(w) (which flushes first) on a thread that ckptio owns, and return
+ * at once. On success *out owns `w`: the caller makes no further call on w, not even close;
+ * ckptio_completion_free() closes it. Every buffer given to ckptio_writer_add() must stay valid
+ * and unchanged until the completion is done (ckptio_completion_wait() returned something
+ * other than -ETIMEDOUT, or ckptio_completion_done() returned 1): copy into buffers of your
+ * own before the call if the originals must change sooner. The commit's result is returned by
+ * wait, never by this call. On failure (-EAGAIN: no thread; CKPTIO_E_USAGE) *out is NULL,
+ * nothing was started and w is still the caller's, in the state it was. Since 0.2. */
+CKPTIO_API int ckptio_writer_commit_async(ckptio_writer *w, ckptio_completion **out);
+
+/* Wait up to `timeout` seconds (< 0: without limit) for the commit to finish; return its
+ * result, the value ckptio_writer_commit() returned (0, CKPTIO_E_NOT_DURABLE, -ENOSPC...),
+ * with its message in ckptio_last_error() and ckptio_completion_errmsg(). -ETIMEDOUT if it
+ * is still running (then call again or free). May be called any number of times, from any
+ * thread, concurrently with ckptio_completion_done(). Since 0.2. */
+CKPTIO_API int ckptio_completion_wait(ckptio_completion *c, double timeout);
+/* 1 once the commit has finished (wait would return at once), else 0. Since 0.2. */
+CKPTIO_API int ckptio_completion_done(const ckptio_completion *c);
+/* The finished commit's message ("" on success, or while it runs). Since 0.2. */
+CKPTIO_API const char *ckptio_completion_errmsg(const ckptio_completion *c);
+/* The writer's stats once the commit has finished; CKPTIO_E_STATE while it runs. Since 0.2. */
+CKPTIO_API int ckptio_completion_stats(const ckptio_completion *c, ckptio_stats *out);
+/* Wait for the commit if it is still running, then close the writer and release everything.
+ * Called once, when no other call on c is in progress. Accepts NULL. Since 0.2. */
+CKPTIO_API void ckptio_completion_free(ckptio_completion *c);
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Communicators (several ranks saving one checkpoint). Experimental: define CKPTIO_EXPERIMENTAL */
 /* ------------------------------------------------------------------------------------------ */
 #if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)

@@ -401,3 +401,64 @@ def test_exports() -> None:
     assert "save_async" in ckptio.__all__ and "release_buffers" in ckptio.__all__
     assert _async.default_max_host_bytes() > 0
     assert os.path.basename(_async.__file__) == "_async.py"
+
+
+def test_populated_buffer_is_exact_size_and_copies() -> None:
+    from ckptio import _core
+
+    n = (5 << 20) + 123  # not a multiple of the huge page size
+    b = _core.Buffer(n, populate=True)
+    assert len(b) == n and b.address % 4096 == 0
+    src = np.arange(n, dtype=np.uint64).astype(np.uint8)
+    b.copy_from(src[: n - 10], 10)
+    b.copy_from(src[n - 10 :])
+    got = np.frombuffer(b, np.uint8)
+    np.testing.assert_array_equal(got[10:], src[: n - 10])
+    np.testing.assert_array_equal(got[:10], src[n - 10 :])
+    with pytest.raises(ValueError):
+        b.copy_from(src[:11], n - 10)
+    with pytest.raises(ValueError):
+        b.copy_from(src[:1], -1)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_pool_buffers_are_faulted_in_when_made() -> None:
+    # The copy of a save must not page-fault: the pool's buffers are populated when made, so
+    # the memory is resident before anything is copied into it.
+    ckptio_wait_all()
+    ckptio.release_buffers()
+    n = 64 << 20
+    before = _rss()
+    bufs = _async._POOL.take([n], n)
+    try:
+        assert _rss() - before >= n * 9 // 10
+    finally:
+        _async._POOL.give(bufs)
+        ckptio.release_buffers()
+
+
+def test_cap_splits_one_tensor_in_two_and_opens_one_writer(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under a cap the state is written as it would be without one, less one cut: the tensor
+    # that straddles the cap becomes two chunks (never many small ones), and the part written
+    # during the call and the part written in the background share one writer.
+    ckptio_wait_all()
+    opened: list[str] = []
+    real_open = _async._open
+    monkeypatch.setattr(_async, "_open", lambda p, q: opened.append(p) or real_open(p, q))
+    mib = 1 << 20
+    state = {f"t{i}": np.full((64, mib // 16), i, np.uint8) for i in range(8)}  # 4 MiB each
+    cap = mib + 14 * mib  # 1 MiB of staging, then 3.5 tensors
+    ckptio.save_async(state, tmp_path / "ck", max_host_bytes=cap, staging_bytes=mib).wait()
+    assert opened == [str(tmp_path / "ck")]
+    with ckptio._core.Reader(str(tmp_path / "ck")) as r:
+        chunks = {t.name: t.num_chunks for t in r.tensors()}
+    assert sorted(chunks.values()) == [1] * 7 + [2], chunks
+    out = ckptio.load(tmp_path / "ck")
+    for k, v in state.items():
+        np.testing.assert_array_equal(out[k], v)
