@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The format's box rules (pure helpers), so that plan and merge agree on what tiles. */
-#include "../format/box.h"
+/* Box geometry (common/), the same the format validates with: plan and merge agree on tiling. */
+#include "../common/box.h"
 #include "plan.h"
 
 #define U(x) ((unsigned long long)(x))

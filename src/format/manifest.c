@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
+#include "../common/box.h"
 #include "manifest.h"
 
 /* ---- on-disk layout (doc/format.md is normative) ------------------------------------------ */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
+#include "../common/box.h"
 #include "manifest.h"
 
 #define U(x) ((unsigned long long)(x))

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Pure helpers on names, shapes and chunk boxes, shared by the writer, validate and merge. */
+/* Pure geometry on names, shapes and boxes of tensors, shared by the writer, the format (validate,
+ * merge) and the plan of a multi-rank save. */
 #ifndef CKPTIO_BOX_H
 #define CKPTIO_BOX_H
 
 #include <string.h>
 
-#include "../common/common.h"
+#include "common.h"
 
 /* The format's name order: bytewise, a prefix first. */
 static inline int ckptio__name_cmp(const char *a, uint64_t alen, const char *b, uint64_t blen)

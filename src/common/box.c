@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Formatting of shapes for messages (see box.h). */
+/* Box helpers that are not inline (see box.h): how shapes are printed. */
 #include <stdio.h>
 
 #include "box.h"
