@@ -11,7 +11,7 @@
 
 #include "commit/txn.h"
 #include "common/hasher.h"
-#include "format/box.h"
+#include "common/box.h"
 #include "format/manifest.h"
 #include "internal.h"
 #include "io/engine.h"

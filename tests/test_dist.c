@@ -288,6 +288,16 @@ static int test_plan_overlap(void)
     hold_rows(&R[0], "w", CKPTIO_DT_F32, 4, 4, 0, 4, 1);
     CHECK_ERR(plan_ranks(&t, R, 1, &pl), CKPTIO_E_DUPLICATE);
     CHECK(t_contains(t.err, "rank 0 lists the box [offset 0,0 shape 4,4] twice"));
+    /* Swept along columns, which the box order (rows first) does not follow: the box met first
+     * along the sweep (rank 2's, from column 3) is named first, not the lower in box order. */
+    reset(3);
+    uint64_t shape[2] = {4, 8};
+    hold(&R[0], "g", CKPTIO_DT_U8, 2, shape, (uint64_t[]){0, 4}, (uint64_t[]){4, 4}, 1, 0);
+    hold(&R[1], "g", CKPTIO_DT_U8, 2, shape, (uint64_t[]){0, 0}, (uint64_t[]){4, 2}, 2, 0);
+    hold(&R[2], "g", CKPTIO_DT_U8, 2, shape, (uint64_t[]){1, 3}, (uint64_t[]){2, 2}, 3, 0);
+    CHECK_ERR(plan_ranks(&t, R, 3, &pl), CKPTIO_E_DUPLICATE);
+    CHECK(t_contains(t.err, "rank 2's box [offset 1,3 shape 2,2] overlaps rank 0's box "
+                            "[offset 0,4 shape 4,4]"));
     tplan_free(&t);
     return 0;
 }

@@ -285,6 +285,17 @@ static int test_overlap(void)
     CHECK(t_contains(errbuf, "part 0's chunk [offset 0,0 shape 6,4] overlaps part 1's chunk "
                              "[offset 4,0 shape 6,4]"));
     free_parts(p, 2);
+    /* Part 1 starts first along the rows: it is named first, whatever the part numbers. */
+    for (int i = 0; i < 2; i++) {
+        p_init(&p[i], 0, 0);
+        p_file(&p[i], i ? "b" : "a");
+        p_tensor(&p[i], "w", CKPTIO_DT_F32, 2, (uint64_t[]){10, 4});
+        p_chunk(&p[i], (uint64_t[]){i ? 0 : 4, 0}, (uint64_t[]){6, 4}, 0);
+    }
+    CHECK_ERR(merge(p, 2, &m), CKPTIO_E_DUPLICATE);
+    CHECK(t_contains(errbuf, "part 1's chunk [offset 0,0 shape 6,4] overlaps part 0's chunk "
+                             "[offset 4,0 shape 6,4]"));
+    free_parts(p, 2);
     return 0;
 }
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The format's box rules (pure helpers), so that plan and merge agree on what tiles. */
-#include "../format/box.h"
+/* Box geometry (common/), the same the format validates with: plan and merge agree on tiling. */
+#include "../common/box.h"
 #include "plan.h"
 
 #define U(x) ((unsigned long long)(x))
@@ -267,10 +267,6 @@ typedef struct dbox {
     uint64_t seq; /* position in name and box order: the tie-break of the assignment */
 } dbox;
 
-typedef struct span {
-    uint64_t lo, hi, k;
-} span;
-
 typedef struct pctx {
     const ckptio__holdings *const *ranks;
     uint32_t nranks;
@@ -281,8 +277,8 @@ typedef struct pctx {
     char *lnames; /* stored names of rank-local items */
     dbox *box;
     uint64_t n_box;
-    span *spans;
-    uint64_t *active;
+    uint64_t *live; /* the non-empty boxes of the tensor being checked, in box order */
+    ckptio__sweep sweep;
     uint64_t *load;
     ckptio__vec assign;
 } pctx;
@@ -395,13 +391,6 @@ static int check_agreement(pctx *x, uint64_t g0, uint64_t g1)
     return 0;
 }
 
-static int span_cmp(const void *pa, const void *pb)
-{
-    const span *a = pa, *b = pb;
-    if (a->lo != b->lo) return a->lo < b->lo ? -1 : 1;
-    return (a->k > b->k) - (a->k < b->k);
-}
-
 /* "0, 1, 3" : the first holders of the tensor's boxes, distinct, at most 8. */
 static const char *fmt_ranks(char *buf, size_t cap, const pctx *x, uint64_t b0, uint64_t b1)
 {
@@ -435,78 +424,51 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
     const pitem *f = &x->it[x->box[b0].first];
     const uint64_t *shape = f->h->shape;
     uint32_t nd = f->h->ndim;
-    uint64_t tvol = 0, covered = 0, n = 0, count[CKPTIO_MAX_NDIM] = {0};
+    uint64_t tvol = 0, covered = 0, n = 0, ka = 0, kb = 0;
     char b1s[256], b2s[256], b3s[256], b4s[256], b5s[256];
     (void)ckptio__shape_volume(shape, nd, &tvol);
     if (tvol == 0) return 0;
+    if (ckptio__sweep_reserve(&x->sweep, b1 - b0))
+        return fail(x->err, x->errlen, -ENOMEM, "out of memory planning");
     for (uint64_t b = b0; b < b1; b++) {
         const ckptio__hold *h = x->it[x->box[b].first].h;
         uint64_t v = 0;
         (void)ckptio__shape_volume(h->box, nd, &v);
         if (v == 0) continue;
         covered = covered + v < covered ? UINT64_MAX : covered + v;
-        for (uint32_t d = 0; d < nd; d++) count[d] += h->box[d] < shape[d];
-        x->spans[n++] = (span){0, 0, b};
+        x->live[n] = b;
+        x->sweep.off[n] = h->offset;
+        x->sweep.shp[n++] = h->box;
     }
-    uint32_t sweep = 0;
-    for (uint32_t d = 0; d < nd; d++)
-        if (count[d] > count[sweep]) sweep = d;
-    if (nd > 0) {
-        for (uint64_t i = 0; i < n; i++) {
-            const ckptio__hold *h = x->it[x->box[x->spans[i].k].first].h;
-            x->spans[i].lo = h->offset[sweep];
-            x->spans[i].hi = h->offset[sweep] + h->box[sweep];
-        }
-        qsort(x->spans, n, sizeof *x->spans, span_cmp);
-        uint64_t n_active = 0;
-        for (uint64_t i = 0; i < n; i++) {
-            const pitem *a = &x->it[x->box[x->spans[i].k].first];
-            uint64_t kept = 0;
-            for (uint64_t j = 0; j < n_active; j++) {
-                const span *q = &x->spans[x->active[j]];
-                if (q->hi <= x->spans[i].lo) continue;
-                x->active[kept++] = x->active[j];
-                const pitem *b = &x->it[x->box[q->k].first];
-                if (!ckptio__boxes_overlap(a->h->offset, a->h->box, b->h->offset, b->h->box, nd))
-                    continue;
-                return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
-                            "tensor '%.*s' [%s]: rank %u's box [offset %s shape %s] overlaps "
-                            "rank %u's box [offset %s shape %s]; the boxes saved of a tensor "
-                            "must be disjoint or identical (replicas)",
-                            TNAME(f), DIMS(b5s, shape, nd), b->rank,
-                            DIMS(b1s, b->h->offset, nd),
-                            DIMS(b2s, b->h->box, nd), a->rank,
-                            DIMS(b3s, a->h->offset, nd),
-                            DIMS(b4s, a->h->box, nd));
-            }
-            n_active = kept;
-            x->active[n_active++] = i;
-        }
+    /* Distinct boxes of a scalar: one at most, so no overlap to look for. */
+    if (nd > 0 && ckptio__first_overlap(&x->sweep, shape, nd, n, &ka, &kb)) {
+        /* ka is met first along the sweep: named first, as the rank that already holds it */
+        const pitem *a = &x->it[x->box[x->live[ka]].first], *b = &x->it[x->box[x->live[kb]].first];
+        return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
+                    "tensor '%.*s' [%s]: rank %u's box [offset %s shape %s] overlaps "
+                    "rank %u's box [offset %s shape %s]; the boxes saved of a tensor "
+                    "must be disjoint or identical (replicas)",
+                    TNAME(f), DIMS(b5s, shape, nd), a->rank, DIMS(b1s, a->h->offset, nd),
+                    DIMS(b2s, a->h->box, nd), b->rank, DIMS(b3s, b->h->offset, nd),
+                    DIMS(b4s, b->h->box, nd));
     }
     if (covered == tvol) return 0;
     char ranks[128];
     snprintf(b4s, sizeof b4s, "the boxes of ranks %s cover %llu of its %llu elements",
              fmt_ranks(ranks, sizeof ranks, x, b0, b1), U(covered), U(tvol));
-    bool one_dim = nd > 0;
-    for (uint32_t d = 0; d < nd; d++) one_dim = one_dim && (d == sweep || count[d] == 0);
-    if (!one_dim)
+    if (nd == 0 || !x->sweep.one_dim)
         return fail(x->err, x->errlen, CKPTIO_E_INCOMPLETE,
                     "tensor '%.*s' [%s]: %s; every element must be held by some rank", TNAME(f),
                     DIMS(b1s, shape, nd), b4s);
     /* Split along one dimension: the first gap in the sorted spans is a box nobody holds. */
-    uint64_t cur = 0, lo = 0, hi = 0;
-    for (uint64_t i = 0; i < n && hi == 0; i++) {
-        if (x->spans[i].lo > cur) lo = cur, hi = x->spans[i].lo;
-        cur = CKPTIO__MAX(cur, x->spans[i].hi);
-    }
-    if (hi == 0) lo = cur, hi = shape[sweep];
-    uint64_t off[CKPTIO_MAX_NDIM] = {0}, shp[CKPTIO_MAX_NDIM];
+    uint32_t d = x->sweep.dim;
+    uint64_t lo, hi, off[CKPTIO_MAX_NDIM] = {0}, shp[CKPTIO_MAX_NDIM];
+    ckptio__sweep_gap(&x->sweep, n, shape[d], &lo, &hi);
     memcpy(shp, shape, nd * 8);
-    off[sweep] = lo, shp[sweep] = hi - lo;
+    off[d] = lo, shp[d] = hi - lo;
     return fail(x->err, x->errlen, CKPTIO_E_INCOMPLETE,
                 "tensor '%.*s' [%s]: %s; no rank holds [offset %s shape %s]", TNAME(f),
-                DIMS(b1s, shape, nd), b4s, DIMS(b2s, off, nd),
-                DIMS(b3s, shp, nd));
+                DIMS(b1s, shape, nd), b4s, DIMS(b2s, off, nd), DIMS(b3s, shp, nd));
 }
 
 /* The items of one tensor, it[g0 .. g1): agreement, replicas, distinct boxes, tiling. */
@@ -743,11 +705,10 @@ int ckptio__plan_make(ckptio__plan_cache *cache, const ckptio__holdings *const *
     CKPTIO__CHECK(collect(&x));
     qsort(x.it, x.n_it, sizeof *x.it, pitem_cmp);
     x.box = malloc(x.n_it * sizeof *x.box + 1);
-    x.spans = malloc(x.n_it * sizeof *x.spans + 1);
-    x.active = malloc(x.n_it * sizeof *x.active + 1);
+    x.live = malloc(x.n_it * sizeof *x.live + 1);
     x.load = calloc(nranks, sizeof *x.load);
     pl = calloc(1, sizeof *pl);
-    CKPTIO__GOTO_IF(!x.box || !x.spans || !x.active || !x.load || !pl,
+    CKPTIO__GOTO_IF(!x.box || !x.live || !x.load || !pl,
                     fail(err, errlen, -ENOMEM, "out of memory planning"));
     uint64_t seq = 0;
     for (uint64_t g0 = 0; g0 < x.n_it;) {
@@ -782,8 +743,8 @@ out:
     free(x.it);
     free(x.lnames);
     free(x.box);
-    free(x.spans);
-    free(x.active);
+    free(x.live);
+    ckptio__sweep_fini(&x.sweep);
     free(x.load);
     ckptio__vec_free(&x.assign);
     return rc;

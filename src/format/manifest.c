@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
+#include "../common/box.h"
 #include "manifest.h"
 
 /* ---- on-disk layout (doc/format.md is normative) ------------------------------------------ */
@@ -200,45 +200,11 @@ static int named_cmp(const void *pa, const void *pb)
     return c ? c : (a->idx > b->idx) - (a->idx < b->idx);
 }
 
-/* Chunks of one tensor ordered along the sweep dimension. */
-typedef struct span {
-    uint64_t lo, hi; /* [lo, hi) along the sweep dimension */
-    uint64_t k;      /* chunk index within the tensor */
-} span;
-
-static int span_cmp(const void *pa, const void *pb)
-{
-    const span *a = pa, *b = pb;
-    if (a->lo != b->lo) return a->lo < b->lo ? -1 : 1;
-    return (a->k > b->k) - (a->k < b->k);
-}
-
-/* Most tensors have a handful of chunks, often already in order: skip qsort for those. */
-static void sort_spans(span *s, uint64_t n)
-{
-    if (n > 32) {
-        for (uint64_t i = 1; i < n; i++)
-            if (s[i].lo < s[i - 1].lo) {
-                qsort(s, n, sizeof *s, span_cmp);
-                return;
-            }
-        return;
-    }
-    for (uint64_t i = 1; i < n; i++) {
-        span x = s[i];
-        uint64_t j = i;
-        for (; j > 0 && span_cmp(&s[j - 1], &x) > 0; j--) s[j] = s[j - 1];
-        s[j] = x;
-    }
-}
-
 typedef struct vctx {
     const ckptio__manifest *m;
     char *err;
     size_t errlen;
-    span *spans;
-    uint64_t *active;
-    uint64_t scratch_cap; /* entries of spans and active */
+    ckptio__sweep sweep;
     uint8_t *claimed;     /* bitmap over chunks, only when tensors' ranges are not consecutive */
     bool partial;         /* CKPTIO__MANIFEST_PARTIAL: chunks need not cover their tensor */
 } vctx;
@@ -296,71 +262,35 @@ static int check_files(vctx *v)
     return rc;
 }
 
-/* Pairwise disjointness of a tensor's chunks, already known to lie inside it: sort along the
- * dimension most chunks split, then compare each chunk only with those whose range along that
- * dimension is still open. Row-, column- and grid-sharded tensors stay near-linear. */
+/* Pairwise disjointness of a tensor's chunks, already known to lie inside it and be non-empty. */
 static int check_disjoint(vctx *v, const ckptio__mtensor *t)
 {
     const ckptio__manifest *m = v->m;
-    const uint64_t *tshape = dims_at(m, t->dims);
     uint32_t ndim = t->ndim;
-    uint64_t n = t->n_chunks;
+    uint64_t n = t->n_chunks, k1, k2;
     char b1[256], b2[256], b3[256], b4[256];
     if (ndim == 0) /* two chunks of a scalar both hold its one element */
         return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                     "tensor '%.*s': chunks 0 and 1 overlap (scalar with %llu chunks)", TNAME(t),
                     U(n));
-    if (n > v->scratch_cap) {
-        free(v->spans);
-        free(v->active);
-        v->active = NULL;
-        v->spans = malloc(n * sizeof *v->spans);
-        if (v->spans) v->active = malloc(n * sizeof *v->active);
-        if (!v->spans || !v->active) {
-            v->scratch_cap = 0;
-            return -ENOMEM;
-        }
-        v->scratch_cap = n;
-    }
-    uint32_t sweep = 0;
-    uint64_t best = 0, count[CKPTIO_MAX_NDIM] = {0};
+    CKPTIO__TRY(ckptio__sweep_reserve(&v->sweep, n));
     for (uint64_t k = 0; k < n; k++) {
-        const uint64_t *shp = m->dims + m->chunks[t->chunk0 + k].dims + ndim;
-        for (uint32_t d = 0; d < ndim; d++) count[d] += shp[d] < tshape[d];
+        v->sweep.off[k] = m->dims + m->chunks[t->chunk0 + k].dims;
+        v->sweep.shp[k] = v->sweep.off[k] + ndim;
     }
-    for (uint32_t d = 0; d < ndim; d++)
-        if (count[d] > best) best = count[d], sweep = d;
-    for (uint64_t k = 0; k < n; k++) {
-        const uint64_t *box = m->dims + m->chunks[t->chunk0 + k].dims;
-        v->spans[k] = (span){box[sweep], box[sweep] + box[ndim + sweep], k};
+    if (!ckptio__first_overlap(&v->sweep, dims_at(m, t->dims), ndim, n, &k1, &k2)) return 0;
+    if (k1 > k2) {
+        uint64_t tmp = k1;
+        k1 = k2, k2 = tmp;
     }
-    sort_spans(v->spans, n);
-    uint64_t n_active = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        const span *s = &v->spans[i];
-        const uint64_t *a = m->dims + m->chunks[t->chunk0 + s->k].dims;
-        uint64_t kept = 0;
-        for (uint64_t j = 0; j < n_active; j++) {
-            const span *o = &v->spans[v->active[j]];
-            if (o->hi <= s->lo) continue; /* closed for good: spans arrive in lo order */
-            v->active[kept++] = v->active[j];
-            const uint64_t *b = m->dims + m->chunks[t->chunk0 + o->k].dims;
-            if (ckptio__boxes_overlap(a, a + ndim, b, b + ndim, ndim)) {
-                uint64_t k1 = CKPTIO__MIN(s->k, o->k), k2 = CKPTIO__MAX(s->k, o->k);
-                const uint64_t *p1 = k1 == s->k ? a : b, *p2 = k1 == s->k ? b : a;
-                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
-                            "tensor '%.*s': chunk %llu [offset %s shape %s] overlaps chunk %llu "
-                            "[offset %s shape %s]",
-                            TNAME(t), U(k1), fmt_dims(b1, sizeof b1, p1, ndim),
-                            fmt_dims(b2, sizeof b2, p1 + ndim, ndim), U(k2),
-                            fmt_dims(b3, sizeof b3, p2, ndim),
-                            fmt_dims(b4, sizeof b4, p2 + ndim, ndim));
-            }
-        }
-        n_active = kept;
-        v->active[n_active++] = i;
-    }
-    return 0;
+    const uint64_t *p1 = m->dims + m->chunks[t->chunk0 + k1].dims;
+    const uint64_t *p2 = m->dims + m->chunks[t->chunk0 + k2].dims;
+    return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                "tensor '%.*s': chunk %llu [offset %s shape %s] overlaps chunk %llu "
+                "[offset %s shape %s]",
+                TNAME(t), U(k1), fmt_dims(b1, sizeof b1, p1, ndim),
+                fmt_dims(b2, sizeof b2, p1 + ndim, ndim), U(k2), fmt_dims(b3, sizeof b3, p2, ndim),
+                fmt_dims(b4, sizeof b4, p2 + ndim, ndim));
 }
 
 static int check_tensor(vctx *v, uint64_t ti)
@@ -694,8 +624,7 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
     CKPTIO__CHECK(check_extents(&v));
     CKPTIO__CHECK(check_meta(&v));
 out:
-    free(v.spans);
-    free(v.active);
+    ckptio__sweep_fini(&v.sweep);
     free(v.claimed);
     return rc;
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
+#include "../common/box.h"
 #include "manifest.h"
 
 #define U(x) ((unsigned long long)(x))
@@ -82,10 +82,6 @@ typedef struct mref {
     uint32_t key_len, part;
 } mref;
 
-typedef struct span {
-    uint64_t lo, hi, k;
-} span;
-
 typedef struct mctx {
     const ckptio__manifest *const *parts;
     uint32_t n;
@@ -101,8 +97,7 @@ typedef struct mctx {
     mref *meta;
     uint64_t n_meta_in, n_meta;
     src *src;
-    span *spans;
-    uint64_t *active;
+    ckptio__sweep sweep;
     uint64_t n_chunks, n_csums, n_dims, strtab_len;
     uint32_t csum_part; /* the part whose checksum settings the output takes */
     bool csum_set;
@@ -540,28 +535,6 @@ static void fill(mctx *x, ckptio__manifest *o)
     }
 }
 
-static int span_cmp(const void *pa, const void *pb)
-{
-    const span *a = pa, *b = pb;
-    if (a->lo != b->lo) return a->lo < b->lo ? -1 : 1;
-    return (a->k > b->k) - (a->k < b->k);
-}
-
-/* Most tensors are split a handful of ways: insertion sort beats qsort's calls there. */
-static void sort_spans(span *s, uint64_t n)
-{
-    if (n > 32) {
-        qsort(s, n, sizeof *s, span_cmp);
-        return;
-    }
-    for (uint64_t i = 1; i < n; i++) {
-        span v = s[i];
-        uint64_t j = i;
-        for (; j > 0 && span_cmp(&s[j - 1], &v) > 0; j--) s[j] = s[j - 1];
-        s[j] = v;
-    }
-}
-
 /* "parts 0, 1, 3" (chunks arrive in part order, so distinct parts are runs). */
 static const char *fmt_parts(char *buf, size_t cap, const src *s, uint64_t n)
 {
@@ -590,7 +563,7 @@ static int check_tiling(mctx *x, const ckptio__manifest *o, uint64_t r)
     const uint64_t *shape = o->dims + t->dims;
     const src *s = x->src + t->chunk0;
     uint32_t nd = t->ndim;
-    uint64_t n = t->n_chunks, tvol = x->mt[x->order[r].idx].vol;
+    uint64_t n = t->n_chunks, tvol = x->mt[x->order[r].idx].vol, covered = 0, ka, kb;
     char b1[256], b2[256], b3[256], b4[256], bp[128];
     int tl = (int)CKPTIO__MIN(t->name_len, NAME_SHOWN);
     const char *tn = o->strtab + t->name;
@@ -599,75 +572,46 @@ static int check_tiling(mctx *x, const ckptio__manifest *o, uint64_t r)
                     "tensor '%.*s' [%s]: %u part(s) list it but none holds any of it", tl, tn,
                     fmt_dims(b1, sizeof b1, shape, nd), x->mt[x->order[r].idx].n_parts);
     if (tvol == 0) return 0;
-    uint32_t sweep = 0;
-    uint64_t best = 0, count[CKPTIO_MAX_NDIM] = {0}, covered = 0;
     for (uint64_t k = 0; k < n; k++) {
-        const uint64_t *box = o->dims + o->chunks[t->chunk0 + k].dims;
-        for (uint32_t d = 0; d < nd; d++) count[d] += box[nd + d] < shape[d];
         uint64_t v = 0;
-        (void)ckptio__shape_volume(box + nd, nd, &v);
+        (void)ckptio__shape_volume(o->dims + o->chunks[t->chunk0 + k].dims + nd, nd, &v);
         if (!ckptio__add(covered, v, &covered)) covered = UINT64_MAX;
     }
-    for (uint32_t d = 0; d < nd; d++)
-        if (count[d] > best) best = count[d], sweep = d;
-    if (n > 1) {
-        if (nd == 0)
-            return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
-                        "tensor '%.*s' (a scalar) is held by part %u and part %u: a replicated "
-                        "tensor must be saved by one part only",
-                        tl, tn, s[0].part, s[1].part);
-        for (uint64_t k = 0; k < n; k++) {
-            const uint64_t *box = o->dims + o->chunks[t->chunk0 + k].dims;
-            x->spans[k] = (span){box[sweep], box[sweep] + box[nd + sweep], k};
-        }
-        sort_spans(x->spans, n);
-        uint64_t n_active = 0;
-        for (uint64_t i = 0; i < n; i++) {
-            const span *sp = &x->spans[i];
-            const uint64_t *a = o->dims + o->chunks[t->chunk0 + sp->k].dims;
-            uint64_t kept = 0;
-            for (uint64_t j = 0; j < n_active; j++) {
-                const span *q = &x->spans[x->active[j]];
-                if (q->hi <= sp->lo) continue;
-                x->active[kept++] = x->active[j];
-                const uint64_t *b = o->dims + o->chunks[t->chunk0 + q->k].dims;
-                if (!ckptio__boxes_overlap(a, a + nd, b, b + nd, nd)) continue;
-                uint32_t pa = s[q->k].part, pb = s[sp->k].part;
-                return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
-                            "tensor '%.*s': part %u's chunk [offset %s shape %s] overlaps part "
-                            "%u's chunk [offset %s shape %s]%s",
-                            tl, tn, pa, fmt_dims(b1, sizeof b1, b, nd),
-                            fmt_dims(b2, sizeof b2, b + nd, nd), pb,
-                            fmt_dims(b3, sizeof b3, a, nd), fmt_dims(b4, sizeof b4, a + nd, nd),
-                            pa == pb ? ""
-                                     : " (a replicated tensor or shard must be saved by one "
-                                       "part only)");
-            }
-            n_active = kept;
-            x->active[n_active++] = i;
-        }
+    if (n > 1 && nd == 0)
+        return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
+                    "tensor '%.*s' (a scalar) is held by part %u and part %u: a replicated "
+                    "tensor must be saved by one part only",
+                    tl, tn, s[0].part, s[1].part);
+    if (ckptio__sweep_reserve(&x->sweep, n))
+        return fail(x->err, x->errlen, -ENOMEM, "out of memory merging");
+    for (uint64_t k = 0; k < n; k++) {
+        x->sweep.off[k] = o->dims + o->chunks[t->chunk0 + k].dims;
+        x->sweep.shp[k] = x->sweep.off[k] + nd;
+    }
+    if (ckptio__first_overlap(&x->sweep, shape, nd, n, &ka, &kb)) {
+        /* ka is met first along the sweep: named first, as the part that already holds it */
+        const uint64_t *a = o->dims + o->chunks[t->chunk0 + ka].dims;
+        const uint64_t *b = o->dims + o->chunks[t->chunk0 + kb].dims;
+        uint32_t pa = s[ka].part, pb = s[kb].part;
+        return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
+                    "tensor '%.*s': part %u's chunk [offset %s shape %s] overlaps part "
+                    "%u's chunk [offset %s shape %s]%s",
+                    tl, tn, pa, fmt_dims(b1, sizeof b1, a, nd), fmt_dims(b2, sizeof b2, a + nd, nd),
+                    pb, fmt_dims(b3, sizeof b3, b, nd), fmt_dims(b4, sizeof b4, b + nd, nd),
+                    pa == pb ? ""
+                             : " (a replicated tensor or shard must be saved by one part only)");
     }
     if (covered == tvol) return 0;
     /* Disjoint boxes inside the shape cover less than it: say which box is missing when the
      * chunks split one dimension only (row or column sharding), else the volumes. */
     snprintf(b4, sizeof b4, "chunks from parts %s cover %llu of the %llu elements",
              fmt_parts(bp, sizeof bp, s, n), U(covered), U(tvol));
-    bool one_dim = true;
-    for (uint32_t d = 0; d < nd; d++) one_dim = one_dim && (d == sweep || count[d] == 0);
-    if (one_dim && n > 0) {
-        uint64_t cur = 0, lo = 0, hi = 0;
-        if (n == 1) {
-            const uint64_t *box = o->dims + o->chunks[t->chunk0].dims;
-            x->spans[0] = (span){box[sweep], box[sweep] + box[nd + sweep], 0};
-        }
-        for (uint64_t i = 0; i < n && hi == 0; i++) {
-            if (x->spans[i].lo > cur) lo = cur, hi = x->spans[i].lo;
-            cur = CKPTIO__MAX(cur, x->spans[i].hi);
-        }
-        if (hi == 0) lo = cur, hi = shape[sweep];
-        uint64_t off[CKPTIO_MAX_NDIM] = {0}, shp[CKPTIO_MAX_NDIM];
+    if (x->sweep.one_dim) {
+        uint32_t d = x->sweep.dim;
+        uint64_t lo, hi, off[CKPTIO_MAX_NDIM] = {0}, shp[CKPTIO_MAX_NDIM];
+        ckptio__sweep_gap(&x->sweep, n, shape[d], &lo, &hi);
         memcpy(shp, shape, nd * 8);
-        off[sweep] = lo, shp[sweep] = hi - lo;
+        off[d] = lo, shp[d] = hi - lo;
         return fail(x->err, x->errlen, CKPTIO_E_INCOMPLETE,
                     "tensor '%.*s' [%s]: %s; no part holds [offset %s shape %s]", tl, tn,
                     fmt_dims(b1, sizeof b1, shape, nd), b4, fmt_dims(b2, sizeof b2, off, nd),
@@ -715,11 +659,7 @@ int ckptio__manifest_merge(const ckptio__manifest *const *parts, size_t n, ckpti
 
     x.order = malloc(x.n_mt * sizeof *x.order + 1);
     x.src = malloc(x.n_chunks * sizeof *x.src + 1);
-    uint64_t most = 1;
-    for (uint64_t j = 0; j < x.n_mt; j++) most = CKPTIO__MAX(most, x.mt[j].n_chunks);
-    x.spans = malloc(most * sizeof *x.spans);
-    x.active = malloc(most * sizeof *x.active);
-    CKPTIO__GOTO_IF(!x.order || !x.src || !x.spans || !x.active,
+    CKPTIO__GOTO_IF(!x.order || !x.src,
                     fail(err, errlen, -ENOMEM, "out of memory merging"));
     for (uint64_t j = 0; j < x.n_mt; j++) {
         const ckptio__manifest *m = parts[x.mt[j].part];
@@ -749,7 +689,6 @@ out:
     free(x.order);
     free(x.meta);
     free(x.src);
-    free(x.spans);
-    free(x.active);
+    ckptio__sweep_fini(&x.sweep);
     return rc;
 }
