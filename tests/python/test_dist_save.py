@@ -12,6 +12,8 @@ import os
 import pathlib
 import shutil
 import sys
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,3 +171,61 @@ def test_mpi4py_shards(tmp_path: pathlib.Path) -> None:
     assert np.array_equal(full["x"], np.arange(8 * 3, dtype=np.int64).reshape(8, 3))
     assert np.array_equal(full["bias"], np.ones(3))
     assert {r: int(v) for r, v in full["count"].items()} == {0: 0, 1: 10, 2: 20, 3: 30}
+
+
+def save_in_threads(trees: list[Any], path: pathlib.Path, timeout: float = 20.0) -> list[Any]:
+    """ckptio.save of trees[r] from rank r, the ranks being threads of this process; what each
+    returned or raised."""
+    from test_comm import ThreadComm, ThreadGroup
+
+    group = ThreadGroup(len(trees))
+    out: list[Any] = [None] * len(trees)
+
+    def one(r: int) -> None:
+        try:
+            out[r] = ckptio.save(trees[r], path, comm=ThreadComm(group, r), timeout=timeout)
+        except Exception as e:  # judged by the test
+            out[r] = e
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(len(trees))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 10)
+    return out
+
+
+def test_ranks_with_different_trees_fail_naming_the_ranks(tmp_path: pathlib.Path) -> None:
+    a = np.arange(4.0)
+    trees = [{"w": ckptio.Shard(a[:2], (0,), (4,)), "step": 3},
+             {"w": ckptio.Shard(a[2:], (2,), (4,)), "step": 4}]
+    out = save_in_threads(trees, tmp_path / "c")
+    for e in out:
+        assert isinstance(e, ckptio.DuplicateTensor), e
+        assert "the ranks saved different trees" in str(e) and "ranks 0 and 1" in str(e), e
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_rank_that_cannot_stage_fails_every_rank_at_once(tmp_path: pathlib.Path) -> None:
+    a = np.arange(4.0)
+    trees = [{"w": ckptio.Shard(a[:2], (0,), (4,))}, {"w": ckptio.Shard(a[2:], (2,), (4,)),
+                                                      "bad": object()}]
+    out = save_in_threads(trees, tmp_path / "c", timeout=60.0)
+    assert isinstance(out[1], ckptio.InvalidType) and "'bad'" in str(out[1])
+    # Rank 0 learns it from the plan, naming rank 1 and its error, not from a timeout.
+    assert isinstance(out[0], ckptio.CheckpointError) and out[0].code != -errno.ETIMEDOUT, out[0]
+    assert "rank 1" in str(out[0]) and "cannot stage" in str(out[0]), out[0]
+    assert not (tmp_path / "c").exists()
+
+
+def test_dtensor_placement_that_is_not_a_box_is_refused() -> None:
+    pytest.importorskip("torch")
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from ckptio import _dist
+
+    class Fake:  # what FSDP2 + TP leave on a parameter: not a box of the global tensor
+        placements = (_StridedShard(0, split_factor=2),)
+
+    with pytest.raises(ckptio.InvalidType, match="tensor 'w': DTensor placement"):
+        _dist._stage_dtensor("w", Fake(), {})
