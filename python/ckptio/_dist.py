@@ -102,13 +102,16 @@ def runtime_of(tree: Any) -> str | None:
     several processes, "jax" for a jax.Array that is not fully addressable, "local" for Shard
     and RankLocal leaves only (a one-rank distributed save), None for a plain save."""
     dtensor = _dtensor_type()
+    multi = False
+    if dtensor is not None:
+        dist = sys.modules.get("torch.distributed")
+        multi = dist is not None and dist.is_initialized() and dist.get_world_size() > 1
     jax_multi = False
-    j = sys.modules.get("jax")
-    if j is not None:
-        try:
-            jax_multi = j.process_count() > 1
-        except Exception:  # jax not initialized in a way that answers: a plain save
-            jax_multi = False
+    if "jax" in sys.modules:
+        # Asking jax.process_count() would start a backend; the distributed client's state
+        # says the same without side effects.
+        state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
+        jax_multi = int(getattr(state, "num_processes", None) or 1) > 1
     if dtensor is None and not jax_multi and not _wrappers_used:
         return None
     found: list[str] = []
@@ -124,8 +127,8 @@ def runtime_of(tree: Any) -> str | None:
         elif isinstance(obj, (Shard, RankLocal)):
             found.append("local")
         elif dtensor is not None and isinstance(obj, dtensor):
-            if obj.device_mesh.size() > 1:
-                found.append("torch")
+            # A mesh of this process alone is a one-rank save.
+            found.append("torch" if multi and obj.device_mesh.size() > 1 else "local")
         elif jax_multi and _is_global_jax(obj):
             found.append("jax")
 

@@ -98,6 +98,15 @@ def test_torch_gloo(tmp_path: pathlib.Path) -> None:
     assert not [e for e in after["entries"] if e.startswith(".killed") or "tmp" in e], after
 
 
+def test_torch_mesh_of_one_process(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("torch")
+    argv = [sys.executable, str(DIST / "save_torch.py"), "one", str(tmp_path)]
+    launch([argv], torch_env(1), tmp_path)
+    res = results(tmp_path, "one")
+    no_error(res, 1)
+    assert res[0]["full_ok"] and res[0]["param"] and res[0]["dtensor"], res
+
+
 def launch_killed(argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path) -> None:
     """launch(), where rank 1 is expected to die by SIGKILL."""
     import subprocess
