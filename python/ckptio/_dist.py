@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from typing import Any
 
@@ -371,16 +372,34 @@ def save(
     try:
         return _core.save_dist(path, comm, items, meta_items, p, timeout)
     except CheckpointError as e:
-        msg = str(e)
-        if f"'{TREE_DIGEST}'" in msg:
-            raise type(e)(
-                f"{msg.split(':', 1)[0]}: the ranks saved different trees (another structure, "
-                "other plain values or dtypes); every rank must pass the same tree, with "
-                "rank-specific values wrapped in ckptio.RankLocal. (" + msg + ")",
-                e.code,
-                e.name,
-            ) from None
-        raise
+        raise _explain(e) from e.__cause__
+
+
+_STAGE_FAILED = re.compile(r"rank (\d+)(?: of \d+)?: tensor 'cannot stage: (.*)': unknown dtype", re.S)
+_RANKS = re.compile(r"ranks (\d+) and (\d+)")
+
+
+def _explain(e: CheckpointError) -> CheckpointError:
+    """The plan's error, said in the terms of the Python layer where it comes from it."""
+    msg = str(e)
+    m = _STAGE_FAILED.search(msg)
+    if m:
+        return error(
+            USAGE,
+            f"rank {m.group(1)} could not stage its part of the tree, so nothing was saved: "
+            f"{m.group(2)}",
+        )
+    if f"'{TREE_DIGEST}'" in msg:
+        r = _RANKS.search(msg)
+        who = f"ranks {r.group(1)} and {r.group(2)}" if r else "the ranks"
+        return type(e)(
+            f"{who} saved different trees (structure, plain values or dtypes), so nothing was "
+            "saved: every rank must pass the same tree, with rank-specific values wrapped in "
+            "ckptio.RankLocal",
+            e.code,
+            e.name,
+        )
+    return e
 
 
 # ---- loading rank-local state ----
