@@ -195,8 +195,9 @@ if mode == "three":
     run("first", first)
 
     def killed() -> dict[str, Any]:
-        # Rank 1 dies at its third collective call: after the plan, while the ranks write.
-        c = Killing(comm, 3 if rank == 1 else 0)
+        # Rank 1 dies at its fourth collective call: every rank has written its data files into
+        # the temporary directory and is about to agree on the outcome.
+        c = Killing(comm, 4 if rank == 1 else 0)
         ckptio.save({"w": distribute_tensor(full_w() * 2, mesh, [Shard(0)]), "step": 2}, path,
                     comm=c, timeout=5, overwrite=True)
         return {}
