@@ -130,7 +130,7 @@ def _comm_selftest(comm: Any, timeout: float, fail_rank: int = ...) -> dict[str,
 def save_dist(
     path: Any,
     comm: Any,
-    items: list[tuple[str, int, tuple[int, ...], Any, tuple[int, ...] | None, tuple[int, ...] | None, int]],
+    items: list[tuple[str, int, tuple[int, ...], Any, Any, Any, int]],  # + offset, box: dims or None
     meta: list[tuple[str, bytes]],
     params: Params | None,
     timeout: float,

@@ -63,7 +63,8 @@ class Shard:
                 )
 
     def __repr__(self) -> str:
-        return f"Shard(shape={tuple(self.data.shape)}, offset={self.offset}, global_shape={self.global_shape})"
+        shape = tuple(self.data.shape)
+        return f"Shard(shape={shape}, offset={self.offset}, global_shape={self.global_shape})"
 
 
 class RankLocal:
@@ -171,7 +172,9 @@ _SHARD = _Kind("shard")
 _DTENSOR = _Kind("torch")
 _GLOBAL_JAX = _Kind("jax")
 
-DistItem = tuple[str, int, tuple[int, ...], Any, "tuple[int, ...] | None", "tuple[int, ...] | None", int]
+Dims = tuple[int, ...]
+# (name, dtype code, global shape, data, offset or None, box or None, flags)
+DistItem = tuple[str, int, Dims, Any, "Dims | None", "Dims | None", int]
 
 
 def _from_add(
@@ -375,7 +378,9 @@ def save(
         raise _explain(e) from e.__cause__
 
 
-_STAGE_FAILED = re.compile(r"rank (\d+)(?: of \d+)?: tensor 'cannot stage: (.*)': unknown dtype", re.S)
+_STAGE_FAILED = re.compile(
+    r"rank (\d+)(?: of \d+)?: tensor 'cannot stage: (.*)': unknown dtype", re.S
+)
 _RANKS = re.compile(r"ranks (\d+) and (\d+)")
 
 
@@ -424,7 +429,9 @@ def _load_one(reader: Any, path: str, rank: int) -> Any:
     raw = reader._raw()
     doc_name = f"{base}/{LOCAL_TREE}{suffix}"
     if doc_name not in raw:
-        raise error(NOT_FOUND, f"{reader.path}: rank-local state '{base}' of rank {rank} is missing")
+        raise error(
+            NOT_FOUND, f"{reader.path}: rank-local state '{base}' of rank {rank} is missing"
+        )
     doc = reader._build({doc_name: ({"t": "tensor", "f": "numpy"}, None)})[doc_name]
     sub = parse_document(json.loads(bytes(np.asarray(doc))))
     wanted: dict[str, tuple[Node, Any]] = {}
@@ -501,7 +508,9 @@ def dtensor_target(tgt: Any, node: Node, like: Any) -> bool:
                 "ckptio loads into Shard(dim) and Replicate placements",
                 InvalidType,
             )
-    lshape, goff = compute_local_shape_and_global_offset(like.shape, like.device_mesh, like.placements)
+    lshape, goff = compute_local_shape_and_global_offset(
+        like.shape, like.device_mesh, like.placements
+    )
     tgt.box = (tuple(int(o) for o in goff), tuple(int(d) for d in lshape))
     tgt.place = like.to_local().device
     tgt.place_key = str(tgt.place)
@@ -512,7 +521,9 @@ def dtensor_target(tgt: Any, node: Node, like: Any) -> bool:
     def wrap(t: Any) -> Any:
         import torch
 
-        d = dtensor.from_local(t.detach(), mesh, placements, run_check=False, shape=shape, stride=stride)
+        d = dtensor.from_local(
+            t.detach(), mesh, placements, run_check=False, shape=shape, stride=stride
+        )
         if param:
             return torch.nn.Parameter(d, requires_grad=grad)
         if grad:

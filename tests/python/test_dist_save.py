@@ -125,7 +125,8 @@ def launch_killed(argvs: list[list[str]], env: list[dict[str, str]], out: pathli
                 p.kill()
                 p.wait()
     codes = [p.returncode for p in procs]
-    assert codes == [0, -9, 0], f"exit codes {codes}:\n" + "\n---\n".join(o[-3000:] for o in outputs)
+    tails = "\n---\n".join(o[-3000:] for o in outputs)
+    assert codes == [0, -9, 0], f"exit codes {codes}:\n{tails}"
 
 
 def test_one_process_shard_and_rank_local(tmp_path: pathlib.Path) -> None:

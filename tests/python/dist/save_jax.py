@@ -39,7 +39,8 @@ try:
     assert not x.is_fully_addressable
     ckptio.save({"x": x, "rep": rep, "step": 5}, os.path.join(root, "ckpt"), timeout=30)
     mesh8 = Mesh(np.array(jax.devices()), ("d",))
-    like = {"x": jax.ShapeDtypeStruct(full.shape, full.dtype, sharding=NamedSharding(mesh8, P("d"))),
+    rows = NamedSharding(mesh8, P("d"))
+    like = {"x": jax.ShapeDtypeStruct(full.shape, full.dtype, sharding=rows),
             "rep": jax.ShapeDtypeStruct(full.shape, full.dtype,
                                         sharding=NamedSharding(mesh8, P()))}
     out = ckptio.load(os.path.join(root, "ckpt"), like=like)
