@@ -57,6 +57,9 @@ def test_torch_gloo(tmp_path: pathlib.Path) -> None:
         assert v["error"] == "DuplicateTensor", v
         assert "tensor 'stats'" in v["message"] and "ranks 0 and 2" in v["message"], v
     assert len({v["message"] for v in div.values()}) == 1
+    # `if rank == 0: ckptio.save(plain tree)` in a job of 4 ranks saves from rank 0 alone.
+    no_error(results(out, "rank0"), 1)
+    assert ckptio.load(tmp_path / "rank0")["step"] == 1
     # The last rank raised in its own code before the save: the others fail within 3 s.
     absent = results(out, "absent")
     assert absent[3]["error"] == "RuntimeError"
@@ -96,7 +99,7 @@ def test_torch_gloo(tmp_path: pathlib.Path) -> None:
         assert v["code"] in (-errno.ECONNRESET, -errno.ETIMEDOUT, -errno.ECOMM), v
     after = results(out3, "after")[0]
     assert after["step"] == 1 and after["w_ok"], after
-    assert after["entries"] == ["ckpt", "killed", "out", "out3"], after  # no temporary left
+    assert after["entries"] == ["ckpt", "killed", "out", "out3", "rank0"], after  # no temporary
 
 
 def test_torch_mesh_of_one_process(tmp_path: pathlib.Path) -> None:

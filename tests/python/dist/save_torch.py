@@ -137,6 +137,10 @@ if mode == "four":
 
     run("diverge", diverge)
 
+    if rank == 0:  # a plain tree saved by one rank alone: a one-process save, no waiting
+        run("rank0", lambda: {"bytes": ckptio.save(
+            {"e": torch.ones(3), "step": 1}, os.path.join(root, "rank0")).bytes})
+
     tree = {"w": distribute_tensor(full_w(), mesh, [Shard(0)])}  # collective: before the fault
 
     def raise_before() -> dict[str, Any]:
