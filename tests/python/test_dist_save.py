@@ -140,6 +140,16 @@ def test_one_process_shard_and_rank_local(tmp_path: pathlib.Path) -> None:
     out = ckptio.load(tmp_path / "c")
     assert np.array_equal(out["w"], a) and out["step"] == 3
     assert list(out["rng"]) == [0] and out["rng"][0]["k"] == "x"
+    # With comm=, a rank gets its own value; a rank the save did not have gets None.
+    from ckptio._dist import SingleRank
+
+    class Rank5(SingleRank):
+        rank, size = 5, 6
+
+    assert ckptio.load(tmp_path / "c", comm=SingleRank())["rng"]["k"] == "x"
+    assert ckptio.load(tmp_path / "c", comm=Rank5())["rng"] is None
+    with pytest.raises(ckptio.InvalidRequest, match="timeout must be > 0"):
+        ckptio.save(tree, tmp_path / "t", timeout=0)
     # A box that does not cover the global array fails naming the tensor and the hole.
     with pytest.raises(ckptio.IncompleteTensor, match="tensor 'w'.*no rank holds"):
         ckptio.save({"w": ckptio.Shard(a[:2], (0, 0), (4, 6))}, tmp_path / "d")
