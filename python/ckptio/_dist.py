@@ -188,8 +188,8 @@ def _from_add(
     with ``gshape``/``offset``: the AddItem holds the whole of a box at ``offset`` of a global
     tensor of shape ``gshape`` (raw-byte dtypes get their trailing item-size dimension)."""
     nm, code, shape, data, off, cshape = it
-    if shape is None:
-        shape = tuple(memoryview(data).shape)
+    if shape is None:  # the data's own
+        shape = tuple(data.shape) if hasattr(data, "shape") else memoryview(data).shape
     shape = tuple(shape)
     if gshape is not None:
         assert off is None
