@@ -128,3 +128,11 @@ def errors() -> dict[str, int]: ...
 # Communicators (python/ckptio/_comm.c): `comm` is a ckptio._comm.Communicator.
 def _comm_new(comm: Any) -> Any: ...  # a capsule named "ckptio.comm" holding a ckptio_comm*
 def _comm_selftest(comm: Any, timeout: float, fail_rank: int = ...) -> dict[str, Any]: ...
+def save_dist(
+    path: Any,
+    comm: Any,
+    items: list[tuple[str, int, tuple[int, ...], Any, Any, Any, int]],  # + offset, box: dims or None
+    meta: list[tuple[str, bytes]],
+    params: Params | None,
+    timeout: float,
+) -> IOStats: ...
