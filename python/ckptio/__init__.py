@@ -41,6 +41,7 @@ from . import _core
 from ._load import Reader, TensorInfo, last_load_stats, load, open
 from ._options import IO_OPTIONS, Stats
 from ._save import save
+from ._dist import RankLocal, Shard
 from ._async import AsyncSave, release_buffers, save_async
 from ._manager import Manager
 
@@ -52,6 +53,8 @@ format_version: int = _core.format_version
 __all__ = [
     "save",
     "save_async",
+    "Shard",
+    "RankLocal",
     "AsyncSave",
     "release_buffers",
     "Manager",

@@ -38,10 +38,11 @@ class Target:
 
     ``dtype`` is the framework's dtype (numpy for numpy and jax, torch for torch);
     ``place`` the torch device or jax sharding; ``place_key`` a hashable stand-in for it;
-    ``cast`` a dtype to convert to after reading; ``box`` the region of the tensor to read.
+    ``cast`` a dtype to convert to after reading; ``box`` the region of the tensor to read;
+    ``wrap`` a function applied to the built object (a DTensor made from the local box).
     """
 
-    __slots__ = ("kind", "dtype", "place", "place_key", "cast", "box")
+    __slots__ = ("kind", "dtype", "place", "place_key", "cast", "box", "wrap")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -50,6 +51,7 @@ class Target:
         self.place_key: Any = None
         self.cast: Any = None
         self.box: Box | None = None
+        self.wrap: Any = None
 
 
 class Adapter(Protocol):

@@ -1619,7 +1619,139 @@ static PyObject *mod_errors(PyObject *mod, PyObject *unused)
     return d;
 }
 
+/* One parsed save_dist item: its dims and buffer live here while the GIL is released. */
+typedef struct {
+    uint64_t shape[CKPTIO_MAX_NDIM], off[CKPTIO_MAX_NDIM], box[CKPTIO_MAX_NDIM];
+    Py_buffer view;
+    int has_view;
+} dist_slot;
+
+static int dist_dims(PyObject *o, uint64_t *out, uint32_t ndim, const char *what, const char *name)
+{
+    int n = parse_dims(o, out, what, name);
+    if (n < 0) return -1;
+    if ((uint32_t)n != ndim) {
+        PyErr_Format(PyExc_ValueError, "tensor '%s': %s has %d dims, shape %u", name, what, n,
+                     ndim);
+        return -1;
+    }
+    return 0;
+}
+
+/* save_dist(path, comm, items, meta, params, timeout) -> IOStats: ckptio_save_dist on the
+ * communicator `comm` (a ckptio._comm.Communicator) with the GIL released. items: [(name,
+ * dtype code, global shape, data (C-contiguous), offset or None, box or None, flags)]; meta:
+ * [(key, bytes)] (used on rank 0 only). Collective: every rank calls it. */
+static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *comm_obj, *items, *meta, *params;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O&OOOOd:save_dist", PyUnicode_FSConverter, &path_obj, &comm_obj,
+                          &items, &meta, &params, &timeout))
+        return NULL;
+    PyObject *result = NULL, *fitems = NULL, *fmeta = NULL;
+    ckptio_dist_item *ds = NULL;
+    dist_slot *slots = NULL;
+    const char **mkeys = NULL;
+    const void **mvals = NULL;
+    size_t *mlens = NULL;
+    Py_ssize_t n = 0, nm = 0;
+    ckptio_comm *c = NULL;
+    ckptio_params p;
+    if (parse_params(params, &p) < 0) goto out;
+    fitems = PySequence_Fast(items, "save_dist: items must be a sequence");
+    fmeta = fitems ? PySequence_Fast(meta, "save_dist: meta must be a sequence") : NULL;
+    if (!fmeta) goto out;
+    n = PySequence_Fast_GET_SIZE(fitems);
+    nm = PySequence_Fast_GET_SIZE(fmeta);
+    ds = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ds);
+    slots = PyMem_Calloc((size_t)(n ? n : 1), sizeof *slots);
+    mkeys = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mkeys);
+    mvals = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mvals);
+    mlens = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mlens);
+    if (!ds || !slots || !mkeys || !mvals || !mlens) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fitems, i);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+            PyErr_SetString(PyExc_TypeError, "save_dist: each item is (name, dtype, shape, data, "
+                                             "offset, box, flags)");
+            goto out;
+        }
+        ckptio_dist_item *d = &ds[i];
+        dist_slot *s = &slots[i];
+        d->size = sizeof *d;
+        d->name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 0));
+        if (!d->name) goto out;
+        d->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+        if (d->dtype == -1 && PyErr_Occurred()) goto out;
+        int nd = parse_dims(PyTuple_GET_ITEM(t, 2), s->shape, "shape", d->name);
+        if (nd < 0) goto out;
+        d->ndim = (uint32_t)nd;
+        d->shape = s->shape;
+        if (PyTuple_GET_ITEM(t, 4) != Py_None) {
+            if (dist_dims(PyTuple_GET_ITEM(t, 4), s->off, d->ndim, "offset", d->name) < 0) goto out;
+            d->offset = s->off;
+        }
+        if (PyTuple_GET_ITEM(t, 5) != Py_None) {
+            if (dist_dims(PyTuple_GET_ITEM(t, 5), s->box, d->ndim, "box", d->name) < 0) goto out;
+            d->box = s->box;
+        }
+        unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 6));
+        if (flags == (unsigned long)-1 && PyErr_Occurred()) goto out;
+        d->flags = (uint32_t)flags;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 3), &s->view, PyBUF_C_CONTIGUOUS) < 0) goto out;
+        s->has_view = 1;
+        d->data = s->view.buf;
+        d->nbytes = (uint64_t)s->view.len;
+    }
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        PyObject *kv = PySequence_Fast_GET_ITEM(fmeta, i);
+        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(kv, 1))) {
+            PyErr_SetString(PyExc_TypeError, "save_dist: meta is [(str, bytes)]");
+            goto out;
+        }
+        mkeys[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kv, 0));
+        if (!mkeys[i]) goto out;
+        mvals[i] = PyBytes_AS_STRING(PyTuple_GET_ITEM(kv, 1));
+        mlens[i] = (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(kv, 1));
+    }
+    c = ckptio__pycomm_new(comm_obj);
+    if (!c) goto out;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    ckptio_stats st;
+    memset(&st, 0, sizeof st);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_save_dist(path, c, ds, (size_t)n, mkeys, mvals, mlens, (size_t)nm, &p, timeout,
+                          &st);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        ckptio__pycomm_raise(c, rc);
+    else
+        result = stats_tuple(&st);
+out:
+    if (c) ckptio_comm_free(c);
+    for (Py_ssize_t i = 0; slots && i < n; i++)
+        if (slots[i].has_view) PyBuffer_Release(&slots[i].view);
+    PyMem_Free(ds);
+    PyMem_Free(slots);
+    PyMem_Free(mkeys);
+    PyMem_Free(mvals);
+    PyMem_Free(mlens);
+    Py_XDECREF(fitems);
+    Py_XDECREF(fmeta);
+    Py_XDECREF(path_obj);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
+    {"save_dist", mod_save_dist, METH_VARARGS,
+     "save_dist(path, comm, items, meta, params, timeout) -> IOStats (collective)"},
     {"stage_arrays", mod_stage_arrays, METH_VARARGS,
      "stage_arrays(d, prefix, ndarray, codes, names, first, items) -> (keys, values, children, "
      "todo)"},

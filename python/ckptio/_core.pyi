@@ -127,3 +127,11 @@ def errors() -> dict[str, int]: ...
 # Communicators (python/ckptio/_comm.c): `comm` is a ckptio._comm.Communicator.
 def _comm_new(comm: Any) -> Any: ...  # a capsule named "ckptio.comm" holding a ckptio_comm*
 def _comm_selftest(comm: Any, timeout: float, fail_rank: int = ...) -> dict[str, Any]: ...
+def save_dist(
+    path: Any,
+    comm: Any,
+    items: list[tuple[str, int, tuple[int, ...], Any, tuple[int, ...] | None, tuple[int, ...] | None, int]],
+    meta: list[tuple[str, bytes]],
+    params: Params | None,
+    timeout: float,
+) -> IOStats: ...

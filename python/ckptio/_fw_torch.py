@@ -198,6 +198,10 @@ class TorchAdapter:
             if like.dtype != tgt.dtype:
                 tgt.cast = like.dtype
             tgt.place = like.device
+            from ._dist import dtensor_target
+
+            if not region and dtensor_target(tgt, node, like):
+                return
         elif device is not None and _adapters.device_owner(device) is None:
             tgt.place = device
         tgt.place_key = str(tgt.place)

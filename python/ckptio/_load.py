@@ -199,6 +199,8 @@ class Reader:
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
         self._has_tree = False
+        # The rank whose RankLocal values load gives (load(comm=...)); None: every rank's.
+        self._rank: int | None = None
 
     # ---- context ----
     def close(self) -> None:
@@ -318,6 +320,14 @@ class Reader:
             return self._build({path: (node, None)})[path]
         if node["t"] in ("dict", "odict", "list", "tuple"):
             return self._subtree(path, node)
+        return self._value(path, node)
+
+    def _value(self, path: str, node: Node) -> Any:
+        """A non-tensor leaf: a plain value, or rank-local state (ckptio.RankLocal)."""
+        if node["t"] == "ranklocal":
+            from . import _dist
+
+            return _dist.load_rank_local(self, path, node, self._rank)
         return decode_value(node)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -332,7 +342,7 @@ class Reader:
             if n["t"] == "tensor":
                 wanted[p] = (n, None)
         built = self._build(wanted)
-        return unflatten(node, lambda p, n: built[p], base=path)
+        return unflatten(node, lambda p, n: built[p], base=path, value=self._value)
 
     def verify(self) -> None:
         """Read every stored byte and check every checksum; raises CorruptCheckpoint if any
@@ -401,10 +411,12 @@ class Reader:
 
             unflatten(root, collect, keyset)  # learns which leaves the keys select
         built = self._build(wanted, device=device, framework=framework)
-        return unflatten(root, lambda p, n: built[p], keyset)
+        return unflatten(root, lambda p, n: built[p], keyset, value=self._value)
 
     def _load_like(self, like: Any, device: Any, framework: str | None) -> Any:
-        like_root, like_leaves = flatten(like, classify=_adapters.classify_like)
+        from ._dist import classify_like
+
+        like_root, like_leaves = flatten(like, classify=classify_like)
         targets = {
             (name if name != "." else ""): obj for name, obj, _ in like_leaves
         }  # path -> like leaf
@@ -417,7 +429,7 @@ class Reader:
             saved[path] = found[1]
             if found[1]["t"] == "tensor":
                 tgt = None
-                if path in targets:
+                if path in targets and targets[path] is not None:
                     node = found[1]
                     info = self.info(path if path else ".")
                     real = self._tensor_nodes().get(info.name, node)
@@ -428,7 +440,7 @@ class Reader:
         def leaf(path: str, node: Node) -> Any:
             if path in built:
                 return built[path]
-            return decode_value(saved[path])
+            return self._value(path, saved[path])
 
         return unflatten(like_root, leaf, value=leaf)
 
@@ -512,7 +524,7 @@ class Reader:
             info = self._info(name)
             if tgt is None:
                 tgt = self._target(real, info, None, framework, device)
-            sig = (name, tgt.kind, tgt.dtype, tgt.place_key, tgt.cast, tgt.box)
+            sig = (name, tgt.kind, tgt.dtype, tgt.place_key, tgt.cast, tgt.box, tgt.wrap)
             leaf_plan[path] = (sig, node)
             if sig in plans:
                 continue
@@ -563,7 +575,8 @@ class Reader:
         self, name: str, node: Node, info: TensorInfo, tgt: Target, pieces: list[_Piece]
     ) -> Any:
         full = self._elem_shape(node, info)
-        return _adapters.BY_NAME[tgt.kind].build(node, tgt, full, pieces)
+        obj = _adapters.BY_NAME[tgt.kind].build(node, tgt, full, pieces)
+        return obj if tgt.wrap is None else tgt.wrap(obj)
 
 
 def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's name
@@ -586,6 +599,7 @@ def load(
     keys: Iterable[str] | None = None,
     device: Any = None,
     framework: str | None = None,
+    comm: Any = None,
     **io_options: Any,
 ) -> Any:
     """Load the tree saved at ``path``.
@@ -602,6 +616,12 @@ def load(
     read per device, only the box each device holds: any saved sharding loads into any other).
     ``device``: a torch device for torch tensors ("cpu", "cuda:0"; the GPU is reached through
     a host copy), or a jax Device or Sharding for jax arrays.
+    ``comm``: on the ranks of a job (a torch.distributed ProcessGroup, an mpi4py communicator,
+    "torch", "jax" or "mpi"), each rank gets its own ckptio.RankLocal values; without it, a
+    ``like`` holding DTensors or jax arrays spanning processes takes the rank from their
+    runtime, and otherwise RankLocal values come back as {rank: value}. Loading needs no
+    exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
+    as DTensors with like's mesh and placements).
     ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
 
     >>> import numpy as np, ckptio, tempfile, os
@@ -612,6 +632,10 @@ def load(
     """
     t0 = time.perf_counter()
     with Reader(path, **io_options) as r, pause_gc():
+        if comm is not None or like is not None:
+            from . import _dist
+
+            r._rank = _dist.rank_of(comm, like)
         out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()

@@ -202,6 +202,8 @@ def save(
     *,
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
+    comm: Any = None,
+    timeout: float | None = None,
     **io_options: Any,
 ) -> Stats:
     """Save a tree of tensors and plain values as a checkpoint directory at ``path``.
@@ -215,6 +217,15 @@ def save(
     fails. Ctrl-C aborts the save and leaves no temporary directory behind.
 
     ``metadata``: str -> str entries stored with the checkpoint (``Reader.metadata``).
+    ``comm``: save one checkpoint from every rank of a job, each passing its own part (DTensor
+    shards, jax arrays spanning processes, ckptio.Shard boxes, ckptio.RankLocal state): a
+    torch.distributed ProcessGroup, an mpi4py communicator, or "torch", "jax", "mpi". Every
+    rank calls save with the same path and tree structure; only rank 0's plain values and
+    metadata are stored (the ranks' trees are compared). Without ``comm``, a tree holding
+    DTensors on a multi-process mesh or jax arrays that are not fully addressable uses their
+    runtime; any other tree is saved by this process alone. ``timeout``: seconds a distributed
+    save waits for the other ranks at each step (default 300): a rank that fails or dies makes
+    the others fail within it, and nothing is published.
     ``io_options``: backend ("auto", "io_uring", "psync", "buffered"), direct (None = O_DIRECT
     where allowed, True, False), fsync (True), checksums (True), queue_depth, io_threads,
     staging_bytes, request_bytes.
@@ -231,5 +242,22 @@ def save(
     """
     t0 = time.perf_counter()
     p = params(io_options, overwrite=overwrite)
+    from . import _dist
+
+    kind = _dist.runtime_of(tree) if comm is None else "comm"
+    if kind is not None:
+        from . import _comm
+
+        c = _comm.resolve(comm if comm is not None else kind) if kind != "local" else None
+        with pause_gc():
+            st = _dist.save(
+                tree,
+                os.fspath(path),
+                c if c is not None else _dist.SingleRank(),
+                _meta_items(metadata),
+                p,
+                _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout),
+            )
+        return Stats._from_core(st, time.perf_counter() - t0)
     with pause_gc():
         return _write(_stage(tree, metadata=metadata), path, p, t0)

@@ -1,0 +1,501 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Saving one checkpoint from many processes: the leaf wrappers (Shard, RankLocal), the staging
+of a rank's part of the tree as ckptio_save_dist items, and the rank-local state on load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import _adapters, _core, _dtypes
+from ._adapters import Deferred, Node
+from ._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, error
+from ._tree import flatten, leaf_name, make_document
+
+__all__ = ["Shard", "RankLocal", "DEFAULT_TIMEOUT"]
+
+#: Seconds a distributed save waits for the other ranks at each step.
+DEFAULT_TIMEOUT = 300.0
+RANK_LOCAL = 1  # CKPTIO_DIST_RANK_LOCAL
+#: A digest of each rank's tree document, saved as a plain (replicated) tensor: ranks whose
+#: trees differ fail the save with the C plan's diverging-replica check, at no extra exchange.
+TREE_DIGEST = "ckptio.tree-digest"
+#: Within a RankLocal leaf at path P: the subtree's document is tensor "P/#tree", its tensors
+#: "P/<name>"; the C library stores each as "<name>@rank<R>".
+LOCAL_TREE = "#tree"
+
+# Set once a Shard or RankLocal exists, so that plain saves never walk the tree looking for them.
+_wrappers_used = False
+
+
+class Shard:
+    """A box of a global array: ``data`` (a numpy array, a torch tensor...) is the part at
+    ``offset`` of an array of shape ``global_shape``. In ``ckptio.save(..., comm=...)`` every
+    rank passes its own boxes; together they must cover the global array exactly (boxes held
+    by several ranks must be equal). Loading gives the global array."""
+
+    __slots__ = ("data", "offset", "global_shape")
+
+    def __init__(self, data: Any, offset: tuple[int, ...], global_shape: tuple[int, ...]) -> None:
+        global _wrappers_used
+        _wrappers_used = True
+        self.data = data
+        self.offset = tuple(int(o) for o in offset)
+        self.global_shape = tuple(int(d) for d in global_shape)
+        shape = tuple(getattr(data, "shape", ()))
+        if len(self.offset) != len(shape) or len(self.global_shape) != len(shape):
+            raise error(
+                USAGE,
+                f"Shard: data of shape {shape} needs an offset and a global_shape of "
+                f"{len(shape)} dimensions (got {self.offset} and {self.global_shape})",
+            )
+        for o, n, g in zip(self.offset, shape, self.global_shape):
+            if o < 0 or o + n > g:
+                raise error(
+                    USAGE,
+                    f"Shard: the box at offset {self.offset} of shape {shape} is not inside "
+                    f"the global shape {self.global_shape}",
+                )
+
+    def __repr__(self) -> str:
+        return f"Shard(shape={tuple(self.data.shape)}, offset={self.offset}, global_shape={self.global_shape})"
+
+
+class RankLocal:
+    """State that is each rank's own (an RNG state, a data loader position): any subtree of
+    tensors and plain values, saved per rank and never compared between ranks. Loading it on
+    the ranks of a communicator gives each rank its own value (None on a rank the save did not
+    have); loading it in one process without ``comm=`` gives a dict {rank: value}."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        global _wrappers_used
+        _wrappers_used = True
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"RankLocal({self.value!r})"
+
+
+# ---- finding what needs a distributed save ----
+
+
+def _dtensor_type() -> Any:
+    if "torch" not in sys.modules:
+        return None
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def _is_global_jax(obj: Any) -> bool:
+    j = sys.modules.get("jax")
+    return j is not None and isinstance(obj, j.Array) and not obj.is_fully_addressable
+
+
+def runtime_of(tree: Any) -> str | None:
+    """The communicator a save without ``comm=`` needs: "torch" for a DTensor on a mesh of
+    several processes, "jax" for a jax.Array that is not fully addressable, "local" for Shard
+    and RankLocal leaves only (a one-rank distributed save), None for a plain save."""
+    dtensor = _dtensor_type()
+    jax_multi = False
+    j = sys.modules.get("jax")
+    if j is not None:
+        try:
+            jax_multi = j.process_count() > 1
+        except Exception:  # jax not initialized in a way that answers: a plain save
+            jax_multi = False
+    if dtensor is None and not jax_multi and not _wrappers_used:
+        return None
+    found: list[str] = []
+
+    def visit(obj: Any) -> None:
+        tp = type(obj)
+        if tp is dict or isinstance(obj, dict):
+            for v in obj.values():
+                visit(v)
+        elif tp is list or tp is tuple or isinstance(obj, (list, tuple)):
+            for v in obj:
+                visit(v)
+        elif isinstance(obj, (Shard, RankLocal)):
+            found.append("local")
+        elif dtensor is not None and isinstance(obj, dtensor):
+            if obj.device_mesh.size() > 1:
+                found.append("torch")
+        elif jax_multi and _is_global_jax(obj):
+            found.append("jax")
+
+    visit(tree)
+    for kind in ("torch", "jax", "local"):
+        if kind in found:
+            return kind
+    return None
+
+
+class SingleRank:
+    """The communicator of a one-rank distributed save (Shard and RankLocal without comm=)."""
+
+    rank = 0
+    size = 1
+
+    def barrier(self, timeout: float) -> None:
+        return None
+
+    def broadcast(self, root: int, data: bytes | None, timeout: float) -> bytes:
+        return bytes(data or b"")
+
+    def gather(self, root: int, data: bytes, timeout: float) -> list[bytes]:
+        return [bytes(data)]
+
+
+# ---- staging ----
+
+
+class _Kind:
+    """What flatten() records as a leaf's "f" for the wrappers and distributed arrays."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_RANK_LOCAL = _Kind("ranklocal")
+_SHARD = _Kind("shard")
+_DTENSOR = _Kind("torch")
+_GLOBAL_JAX = _Kind("jax")
+
+DistItem = tuple[str, int, tuple[int, ...], Any, "tuple[int, ...] | None", "tuple[int, ...] | None", int]
+
+
+def _from_add(
+    it: Any,
+    gshape: tuple[int, ...] | None = None,
+    offset: tuple[int, ...] | None = None,
+    name: str | None = None,
+    flags: int = 0,
+) -> DistItem:
+    """A save_dist item from an AddItem (name, code, shape, data, chunk offset, chunk shape);
+    with ``gshape``/``offset``: the AddItem holds the whole of a box at ``offset`` of a global
+    tensor of shape ``gshape`` (raw-byte dtypes get their trailing item-size dimension)."""
+    nm, code, shape, data, off, cshape = it
+    if shape is None:
+        shape = tuple(memoryview(data).shape)
+    shape = tuple(shape)
+    if gshape is not None:
+        assert off is None
+        extra = shape[len(gshape) :]  # (itemsize,) for raw bytes
+        box: tuple[int, ...] | None = shape
+        off = tuple(offset or (0,) * len(gshape)) + (0,) * len(extra)
+        shape = tuple(gshape) + extra
+    else:
+        box = tuple(cshape) if cshape is not None else None
+        off = tuple(off) if off is not None else None
+    return (name or nm, code, shape, data, off, box, flags)
+
+
+def _items_of(staged: Any) -> list[Any]:
+    return staged.make() if type(staged) is Deferred else staged
+
+
+def _stage_dtensor(name: str, t: Any, node: Node) -> list[DistItem]:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from ._fw_torch import TORCH, _host_item
+
+    for p in t.placements:
+        if type(p) is not TShard and type(p) is not Replicate:
+            raise error(
+                USAGE,
+                f"tensor '{name}': DTensor placement {p!r} is not a plain box of the global "
+                "tensor; ckptio saves Shard(dim) and Replicate placements (redistribute it "
+                "first, e.g. t.redistribute(placements=[Shard(0)]))",
+                InvalidType,
+            )
+    TORCH.describe(name, t, node)
+    node.pop("device", None)  # each rank's own; load places tensors by like= or device=
+    node["dist"] = [str(p) for p in t.placements]
+    local = t.to_local()
+    gshape = tuple(t.shape)
+    lshape, goff = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    lshape, goff = tuple(lshape), tuple(goff)
+    if tuple(local.shape) != lshape:
+        raise error(
+            USAGE,
+            f"tensor '{name}': the local shard has shape {tuple(local.shape)} but its placements "
+            f"{node['dist']} on this rank give {lshape}; ckptio saves evenly chunked shards "
+            "(torch.chunk's split) only",
+            InvalidType,
+        )
+    return [_from_add(_host_item(name, local), gshape, goff)]
+
+
+def _stage_global_jax(name: str, x: Any, node: Node) -> list[DistItem]:
+    from ._fw_jax import JAX, index_box
+
+    JAX.describe(name, x, node)
+    try:
+        dt = np.dtype(x.dtype)
+    except TypeError:
+        raise error(
+            USAGE, f"jax array '{name}' has dtype {x.dtype}, which has no fixed byte layout"
+        ) from None
+    code = _dtypes.np_to_code().get(dt)
+    shape = tuple(x.shape)
+    out: list[DistItem] = []
+    seen: set[Any] = set()
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:  # the replica with id 0 is on exactly one process
+            continue
+        box = index_box(shard.index, shape)
+        if box in seen:
+            continue
+        seen.add(box)
+        host = np.ascontiguousarray(np.asarray(shard.data))
+        if code is None:
+            node["dtype"] = _dtypes.np_dtype_name(dt)
+            raw = host.reshape(-1).view(np.uint8) if host.size else np.empty(0, np.uint8)
+            out.append((name, _dtypes.BYTES, shape + (dt.itemsize,), raw,
+                        box[0] + (0,), box[1] + (dt.itemsize,), 0))  # fmt: skip
+        else:
+            out.append((name, code, shape, host, box[0], box[1], 0))
+    return out
+
+
+def _stage_shard(name: str, s: Shard, node: Node) -> list[DistItem]:
+    ad = _adapters.classify(s.data)
+    if ad is None:
+        raise error(USAGE, f"Shard at '{name}': data must be an array or tensor", InvalidType)
+    node["f"] = ad.name
+    ad.describe(name, s.data, node)
+    node.pop("device", None)
+    node.pop("sharding", None)
+    staged = _items_of(ad.stage(name, s.data, node))
+    if len(staged) != 1 or staged[0][4] is not None:
+        raise error(USAGE, f"Shard at '{name}': data must be one array held by this process")
+    return [_from_add(staged[0], s.global_shape, s.offset)]
+
+
+def _stage_rank_local(name: str, r: RankLocal, node: Node, nranks: int) -> list[DistItem]:
+    from ._save import _stage
+
+    sub = _stage(r.value)
+    out: list[DistItem] = []
+    for it in sub.items:
+        for a in it.make() if type(it) is Deferred else [it]:
+            out.append(_from_add(a, name=f"{name}/{a[0]}", flags=RANK_LOCAL))
+    doc = np.frombuffer(sub.tree, np.uint8)
+    out.append((f"{name}/{LOCAL_TREE}", _dtypes.U8, (doc.size,), doc, None, None, RANK_LOCAL))
+    node.clear()
+    node.update({"t": "ranklocal", "n": nranks})
+    return out
+
+
+def stage(tree: Any, nranks: int) -> tuple[list[DistItem], bytes]:
+    """This rank's items for ckptio_save_dist and the tree document (rank 0's is stored)."""
+    dtensor = _dtensor_type()
+
+    def classify(obj: Any) -> Any:
+        if isinstance(obj, RankLocal):
+            return _RANK_LOCAL
+        if isinstance(obj, Shard):
+            return _SHARD
+        if dtensor is not None and isinstance(obj, dtensor):
+            return _DTENSOR
+        if _is_global_jax(obj):
+            return _GLOBAL_JAX
+        return _adapters.classify(obj)
+
+    root, leaves = flatten(tree, classify=classify)
+    items: list[DistItem] = []
+    for name, obj, node in leaves:
+        if isinstance(obj, RankLocal):
+            items.extend(_stage_rank_local(name, obj, node, nranks))
+        elif isinstance(obj, Shard):
+            items.extend(_stage_shard(name, obj, node))
+        elif dtensor is not None and isinstance(obj, dtensor):
+            items.extend(_stage_dtensor(name, obj, node))
+        elif _is_global_jax(obj):
+            items.extend(_stage_global_jax(name, obj, node))
+        else:
+            ad = _adapters.BY_NAME[node["f"]]
+            ad.describe(name, obj, node)
+            node.pop("device", None)
+            for a in _items_of(ad.stage(name, obj, node)):
+                items.append(_from_add(a))
+    doc = json.dumps(make_document(root), separators=(",", ":")).encode()
+    digest = np.frombuffer(hashlib.blake2b(doc, digest_size=16).digest(), np.uint8)
+    items.append((TREE_DIGEST, _dtypes.U8, (16,), digest, None, None, 0))
+    return items, doc
+
+
+def save(
+    tree: Any,
+    path: str,
+    comm: Any,
+    meta: list[tuple[str, bytes]],
+    p: Any,
+    timeout: float,
+) -> Any:
+    """ckptio_save_dist of ``tree`` over ``comm`` (a ckptio._comm.Communicator): collective."""
+    from ._tree import TREE_KEY
+
+    if not timeout > 0:
+        raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
+    try:
+        items, doc = stage(tree, int(comm.size))
+    except CheckpointError as e:
+        # Still take part, with an item the plan refuses (an invalid dtype) named after the
+        # error, so the other ranks fail at once naming this rank instead of at the timeout.
+        bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
+        try:
+            _core.save_dist(path, comm, bad, [], p, timeout)
+        except CheckpointError:
+            pass
+        raise
+    import os
+
+    from ._save import _make_parent
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _make_parent(parent, path)
+    meta_items = [(TREE_KEY, doc)] + meta if comm.rank == 0 else []
+    try:
+        return _core.save_dist(path, comm, items, meta_items, p, timeout)
+    except CheckpointError as e:
+        msg = str(e)
+        if f"'{TREE_DIGEST}'" in msg:
+            raise type(e)(
+                f"{msg.split(':', 1)[0]}: the ranks saved different trees (another structure, "
+                "other plain values or dtypes); every rank must pass the same tree, with "
+                "rank-specific values wrapped in ckptio.RankLocal. (" + msg + ")",
+                e.code,
+                e.name,
+            ) from None
+        raise
+
+
+# ---- loading rank-local state ----
+
+
+def load_rank_local(reader: Any, path: str, node: Node, rank: int | None) -> Any:
+    """The value of the RankLocal leaf at ``path``: rank ``rank``'s, or {rank: value} for all
+    ranks when ``rank`` is None."""
+    n = int(node.get("n", 0))
+    if rank is None:
+        return {r: _load_one(reader, path, r) for r in range(n)}
+    if rank >= n:
+        return None
+    return _load_one(reader, path, rank)
+
+
+def _load_one(reader: Any, path: str, rank: int) -> Any:
+    from ._tree import iter_leaves, parse_document, unflatten
+
+    base = leaf_name(path)
+    suffix = f"@rank{rank}"
+    raw = reader._raw()
+    doc_name = f"{base}/{LOCAL_TREE}{suffix}"
+    if doc_name not in raw:
+        raise error(NOT_FOUND, f"{reader.path}: rank-local state '{base}' of rank {rank} is missing")
+    doc = reader._build({doc_name: ({"t": "tensor", "f": "numpy"}, None)})[doc_name]
+    sub = parse_document(json.loads(bytes(np.asarray(doc))))
+    wanted: dict[str, tuple[Node, Any]] = {}
+    stored: dict[str, str] = {}
+    for p, n in iter_leaves(sub):
+        if n["t"] != "tensor":
+            continue
+        name = f"{base}/{n.get('alias', leaf_name(p))}{suffix}"
+        plain = {k: v for k, v in n.items() if k not in ("alias", "same")}
+        stored[p] = name
+        wanted[name] = (plain, None)
+    built = reader._build(wanted)
+    return unflatten(sub, lambda p, n: built[stored[p]])
+
+
+def classify_like(obj: Any) -> Any:
+    """load's like= leaves: a framework's arrays, or a RankLocal (its saved value comes back)."""
+    if isinstance(obj, RankLocal):
+        return _RANK_LOCAL
+    return _adapters.classify_like(obj)
+
+
+def rank_of(comm: Any, like: Any) -> int | None:
+    """This process's rank for rank-local state on load: from ``comm``, else from the runtime
+    of like's arrays that span processes, else None (every rank's state)."""
+    if comm is None:
+        kind = runtime_of(like) if like is not None else None
+        if kind == "torch":
+            import torch.distributed as dist
+
+            return int(dist.get_rank())
+        if kind == "jax":
+            import jax
+
+            return int(jax.process_index())
+        return None
+    if isinstance(comm, str):
+        if comm == "torch":
+            import torch.distributed as dist
+
+            return int(dist.get_rank())
+        if comm == "jax":
+            import jax
+
+            return int(jax.process_index())
+        if comm == "mpi":
+            from mpi4py import MPI
+
+            return int(MPI.COMM_WORLD.Get_rank())
+        raise error(USAGE, f"comm={comm!r}: use 'torch', 'jax', 'mpi' or a communicator")
+    module = type(comm).__module__ or ""
+    if module.startswith("torch"):
+        return int(comm.rank())
+    if module.startswith("mpi4py"):
+        return int(comm.Get_rank())
+    return int(comm.rank)
+
+
+def dtensor_target(tgt: Any, node: Node, like: Any) -> bool:
+    """For a like= DTensor: read only this rank's box and make a DTensor with like's mesh,
+    placements, global shape and stride. False if ``like`` is not a DTensor."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(like, dtensor):
+        return False
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for p in like.placements:
+        if type(p) is not TShard and type(p) is not Replicate:
+            raise error(
+                USAGE,
+                f"like= DTensor placement {p!r} is not a plain box of the global tensor; "
+                "ckptio loads into Shard(dim) and Replicate placements",
+                InvalidType,
+            )
+    lshape, goff = compute_local_shape_and_global_offset(like.shape, like.device_mesh, like.placements)
+    tgt.box = (tuple(int(o) for o in goff), tuple(int(d) for d in lshape))
+    tgt.place = like.to_local().device
+    tgt.place_key = str(tgt.place)
+    mesh, placements = like.device_mesh, tuple(like.placements)
+    shape, stride = like.shape, like.stride()
+    param, grad = bool(node.get("param")), bool(node.get("grad"))
+
+    def wrap(t: Any) -> Any:
+        import torch
+
+        d = dtensor.from_local(t.detach(), mesh, placements, run_check=False, shape=shape, stride=stride)
+        if param:
+            return torch.nn.Parameter(d, requires_grad=grad)
+        if grad:
+            d.requires_grad_(True)
+        return d
+
+    tgt.wrap = wrap
+    return True
