@@ -93,6 +93,34 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+# ckptio_save_dist's collectives in order (an agreement is a gather then a broadcast): holdings
+# to the coordinator, the plan back, the temporary directory; after this rank's writes the
+# agreement and the gather of partial manifests; after rank 0's merge and publish, the last
+# agreement.
+SAVE_COLLECTIVES = ["gather", "broadcast", "broadcast", "gather", "broadcast", "gather", "gather", "broadcast"]
+PHASES = ("stage", "plan", "open", "write", "wait_writers", "publish", "total")
+
+
+def save_phases(trace: list[list[Any]]) -> dict[str, float] | None:
+    """Seconds per step of one rank's ckptio save from its trace: staging the tree (Python),
+    the plan (holdings gathered, checked, broadcast), the temporary directory, this rank's own
+    writes and fsyncs, waiting for every rank's writes (agreement + partial manifests), and
+    rank 0's merge, manifest and atomic publish (other ranks wait for it there)."""
+    tr = sorted(trace, key=lambda x: x[1])
+    coll = [x for x in tr if x[0] in ("gather", "broadcast", "barrier")]
+    st = next((x for x in tr if x[0] == "stage"), None)
+    sd = next((x for x in tr if x[0] == "save_dist"), None)
+    if [x[0] for x in coll] != SAVE_COLLECTIVES or st is None or sd is None:
+        return None
+
+    def end(x: list[Any]) -> float:
+        return float(x[1] + x[2])
+
+    return {"stage": st[2], "plan": end(coll[1]) - sd[1], "open": end(coll[2]) - end(coll[1]),
+            "write": coll[3][1] - end(coll[2]), "wait_writers": end(coll[5]) - coll[3][1],
+            "publish": end(sd) - end(coll[5]), "total": end(sd)}  # fmt: skip
+
+
 def summarize(layout: str, docs: list[dict[str, Any]], nbytes: int, mechs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
     """Rows (one per mechanism x op) from every rank's rounds: a round's time is the slowest
     rank's barrier-to-barrier time; GB/s = the global state's bytes / that time."""
@@ -114,6 +142,13 @@ def summarize(layout: str, docs: list[dict[str, Any]], nbytes: int, mechs: list[
                               for k in ("seconds", "call_s", "fsync_s", "touch_s", "wait_s") if k in d["rounds"][0][m][op]}
                              for d in docs],
             }  # fmt: skip
+            if m == "ckptio":
+                # The last round's steps per rank: [what, start (s after the opening barrier), seconds].
+                row["trace_per_rank"] = [d["rounds"][-1][m][op].get("trace", []) for d in docs]
+                if op == "save":
+                    ph = [[save_phases(rd[m][op].get("trace", [])) for rd in d["rounds"]] for d in docs]
+                    if all(p is not None for per in ph for p in per):
+                        row["phases_per_rank"] = [{k: round(med([p[k] for p in per if p]), 4) for k in PHASES} for per in ph]
             if op == "save":
                 per = [d["rounds"][-1][m]["save"]["bytes_written"] for d in docs]
                 row["bytes_written_per_rank"] = per
@@ -162,6 +197,12 @@ def print_table(rows: list[dict[str, Any]], raw_w: float, raw_r: float) -> list[
     print()
     for v in verdicts:
         print("  " + v)
+    for r in rows:
+        if r.get("phases_per_rank"):
+            print(f"\n{r['benchmark']} {r['mechanism']}: seconds per step (medians over rounds)")
+            print("  rank " + " ".join(f"{k:>12s}" for k in PHASES))
+            for i, ph in enumerate(r["phases_per_rank"]):
+                print(f"  {i:4d} " + " ".join(f"{ph[k]:12.3f}" for k in PHASES))
     return verdicts
 
 
@@ -228,7 +269,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--timeout", type=float, default=900, help="seconds one layout's launch may take before every rank is killed")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     from run import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__)
@@ -238,10 +279,26 @@ def main() -> None:
     ap.add_argument("--collective-timeout", type=float, default=300, help="seconds a rank waits in one collective")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where multirank-<time>.json and multirank-latest.json go ('' for nowhere)")
     ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args()
+    return ap
+
+
+def defaults(**over: Any) -> argparse.Namespace:
+    """The cell's default arguments with ``over`` replacing some (for bench/run.py --multirank)."""
+    from run import parse_size
+
+    a = parser().parse_args([])
+    for k, v in over.items():
+        setattr(a, k, v)
+    a.size = parse_size(a.size) if isinstance(a.size, str) else a.size
+    return a
+
+
+def main() -> None:
+    from run import parse_size
+
+    a = parser().parse_args()
     a.size = parse_size(a.size)
-    doc = run(a)
-    write(doc, a.out)
+    write(run(a), a.out)
 
 
 def write(doc: dict[str, Any], out: str) -> None:

@@ -25,6 +25,40 @@ import mechanisms as M  # noqa: E402
 
 MECHS = ("ckptio", "dcp")
 
+# (what, start, end) of each step of ckptio's calls that Python sees: staging the tree, the C
+# save_dist or read, and each collective the C library makes through the communicator.
+TRACE: list[tuple[str, float, float]] = []
+
+
+def _timed(obj: Any, attr: str, label: str) -> None:
+    f = getattr(obj, attr)
+
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return f(*args, **kw)
+        finally:
+            TRACE.append((label, t, time.perf_counter()))
+
+    setattr(obj, attr, wrapper)
+
+
+def trace_ckptio() -> None:
+    """Time ckptio's steps from outside: the collectives mark the save's phases (the plan
+    exchange, this rank's writes until it reports its manifest, the merge and publish)."""
+    from ckptio import _comm, _core, _dist
+
+    for op in ("barrier", "broadcast", "gather"):
+        _timed(_comm.TorchCommunicator, op, op)
+    _timed(_dist, "stage", "stage")
+    _timed(_core, "save_dist", "save_dist")
+
+
+def spans(t0: float) -> list[list[Any]]:
+    out = [[w, round(a - t0, 4), round(b - a, 4)] for w, a, b in TRACE]
+    TRACE.clear()
+    return out
+
 
 def build_state(ntensors: int, tensor_bytes: int, layout: str, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     """``ntensors`` bf16 tensors of ``tensor_bytes`` each, rows of 2048 elements, values from
@@ -102,12 +136,14 @@ def save(mech: str, st: dict[str, Any], path: str, pg: Any, rank: int) -> dict[s
     """One durable save, timed from a barrier before the call to a barrier after it."""
     rec: dict[str, Any] = {}
     dist.barrier(pg)
+    TRACE.clear()
     t0 = time.perf_counter()
     if mech == "ckptio":
         import ckptio
 
         stats = ckptio.save(st, path, comm=pg)  # fsyncs files and directories itself
         t1 = time.perf_counter()
+        rec["trace"] = spans(t0)
         rec["stats"] = {"bytes": stats.bytes, "io_bytes": stats.io_bytes, "seconds": stats.seconds,
                         "io_seconds": stats.io_seconds, "backend": stats.backend, "direct": stats.direct}  # fmt: skip
         t2 = t1
@@ -138,11 +174,14 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     target = empty_like_state(st)
     gc.collect()
     dist.barrier(pg)
+    TRACE.clear()
     t0 = time.perf_counter()
+    trace: list[list[Any]] = []
     if mech == "ckptio":
         import ckptio
 
         out = ckptio.load(path, like=target, comm=pg)
+        trace = spans(t0)
     else:
         from torch.distributed.checkpoint import FileSystemReader
 
@@ -156,7 +195,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     bad = same(st, out)
     del out, target
     gc.collect()
-    return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad}
+    return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad, "trace": trace}
 
 
 def main() -> None:
@@ -176,6 +215,8 @@ def main() -> None:
     pg = dist.group.WORLD
     mesh = init_device_mesh("cpu", (world,)) if a.layout == "shard0" else None
     mechs = [m for m in a.mechanisms.split(",") if m]
+    if "ckptio" in mechs:
+        trace_ckptio()
 
     # Untimed warm-up: imports, the first collectives, each mechanism's first save and load.
     warm = build_state(2, 1 << 20, a.layout, mesh, rank, world)
