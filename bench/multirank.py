@@ -98,12 +98,13 @@ def med(xs: list[float]) -> float:
 # agreement and the gather of partial manifests; after rank 0's merge and publish, the last
 # agreement.
 SAVE_COLLECTIVES = ["gather", "broadcast", "broadcast", "gather", "broadcast", "gather", "gather", "broadcast"]
-PHASES = ("stage", "plan", "open", "write", "wait_writers", "publish", "total")
+PHASES = ("stage", "hash", "plan", "open", "write", "wait_writers", "publish", "total")
 
 
 def save_phases(trace: list[list[Any]]) -> dict[str, float] | None:
     """Seconds per step of one rank's ckptio save from its trace: staging the tree (Python),
-    the plan (holdings gathered, checked, broadcast), the temporary directory, this rank's own
+    hashing every box this rank holds (so the coordinator can compare replicas), the plan
+    (holdings gathered, checked, broadcast), the temporary directory, this rank's own
     writes and fsyncs, waiting for every rank's writes (agreement + partial manifests), and
     rank 0's merge, manifest and atomic publish (other ranks wait for it there)."""
     tr = sorted(trace, key=lambda x: x[1])
@@ -116,7 +117,7 @@ def save_phases(trace: list[list[Any]]) -> dict[str, float] | None:
     def end(x: list[Any]) -> float:
         return float(x[1] + x[2])
 
-    return {"stage": st[2], "plan": end(coll[1]) - sd[1], "open": end(coll[2]) - end(coll[1]),
+    return {"stage": st[2], "hash": coll[0][1] - sd[1], "plan": end(coll[1]) - coll[0][1], "open": end(coll[2]) - end(coll[1]),
             "write": coll[3][1] - end(coll[2]), "wait_writers": end(coll[5]) - coll[3][1],
             "publish": end(sd) - end(coll[5]), "total": end(sd)}  # fmt: skip
 
@@ -198,6 +199,13 @@ def print_table(rows: list[dict[str, Any]], raw_w: float, raw_r: float) -> list[
     for v in verdicts:
         print("  " + v)
     for r in rows:
+        if r["mech"] == "ckptio" and r["op"] == "load" and r.get("trace_per_rank"):
+            # Opening the checkpoint (manifest) is the time before the read starts.
+            opened = [next((x[1] for x in tr if x[0] == "read"), None) for tr in r["trace_per_rank"]]
+            reads = [next((x[2] for x in tr if x[0] == "read"), None) for tr in r["trace_per_rank"]]
+            if None not in opened and None not in reads:
+                print(f"\n{r['benchmark']} {r['mechanism']} (last round): open " + " ".join(f"{x:.3f}" for x in opened)
+                      + " s, read " + " ".join(f"{x:.3f}" for x in reads) + " s per rank")  # fmt: skip
         if r.get("phases_per_rank"):
             print(f"\n{r['benchmark']} {r['mechanism']}: seconds per step (medians over rounds)")
             print("  rank " + " ".join(f"{k:>12s}" for k in PHASES))

@@ -46,12 +46,13 @@ def _timed(obj: Any, attr: str, label: str) -> None:
 def trace_ckptio() -> None:
     """Time ckptio's steps from outside: the collectives mark the save's phases (the plan
     exchange, this rank's writes until it reports its manifest, the merge and publish)."""
-    from ckptio import _comm, _core, _dist
+    from ckptio import _comm, _core, _dist, _load
 
     for op in ("barrier", "broadcast", "gather"):
         _timed(_comm.TorchCommunicator, op, op)
     _timed(_dist, "stage", "stage")
     _timed(_core, "save_dist", "save_dist")
+    _timed(_load.Reader, "load", "read")
 
 
 def spans(t0: float) -> list[list[Any]]:
