@@ -245,6 +245,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if made:
             shutil.rmtree(a.dir, ignore_errors=True)
     raw_w, raw_r = med(raw["write"]), med(raw["read"])
+    for r in rows:
+        r["raw_write_gbps"], r["raw_read_gbps"] = round(raw_w, 4), round(raw_r, 4)
     verdicts = print_table(rows, raw_w, raw_r)
     elapsed = time.time() - t_start
     print(f"\n{a.ranks} ranks, {a.rounds} rounds per layout, mechanisms interleaved; {elapsed:.0f} s")
