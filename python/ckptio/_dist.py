@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from typing import Any
 
@@ -102,13 +103,16 @@ def runtime_of(tree: Any) -> str | None:
     several processes, "jax" for a jax.Array that is not fully addressable, "local" for Shard
     and RankLocal leaves only (a one-rank distributed save), None for a plain save."""
     dtensor = _dtensor_type()
+    multi = False
+    if dtensor is not None:
+        dist = sys.modules.get("torch.distributed")
+        multi = dist is not None and dist.is_initialized() and dist.get_world_size() > 1
     jax_multi = False
-    j = sys.modules.get("jax")
-    if j is not None:
-        try:
-            jax_multi = j.process_count() > 1
-        except Exception:  # jax not initialized in a way that answers: a plain save
-            jax_multi = False
+    if "jax" in sys.modules:
+        # Asking jax.process_count() would start a backend; the distributed client's state
+        # says the same without side effects.
+        state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
+        jax_multi = int(getattr(state, "num_processes", None) or 1) > 1
     if dtensor is None and not jax_multi and not _wrappers_used:
         return None
     found: list[str] = []
@@ -124,8 +128,8 @@ def runtime_of(tree: Any) -> str | None:
         elif isinstance(obj, (Shard, RankLocal)):
             found.append("local")
         elif dtensor is not None and isinstance(obj, dtensor):
-            if obj.device_mesh.size() > 1:
-                found.append("torch")
+            # A mesh of this process alone is a one-rank save.
+            found.append("torch" if multi and obj.device_mesh.size() > 1 else "local")
         elif jax_multi and _is_global_jax(obj):
             found.append("jax")
 
@@ -368,16 +372,34 @@ def save(
     try:
         return _core.save_dist(path, comm, items, meta_items, p, timeout)
     except CheckpointError as e:
-        msg = str(e)
-        if f"'{TREE_DIGEST}'" in msg:
-            raise type(e)(
-                f"{msg.split(':', 1)[0]}: the ranks saved different trees (another structure, "
-                "other plain values or dtypes); every rank must pass the same tree, with "
-                "rank-specific values wrapped in ckptio.RankLocal. (" + msg + ")",
-                e.code,
-                e.name,
-            ) from None
-        raise
+        raise _explain(e) from e.__cause__
+
+
+_STAGE_FAILED = re.compile(r"rank (\d+)(?: of \d+)?: tensor 'cannot stage: (.*)': unknown dtype", re.S)
+_RANKS = re.compile(r"ranks (\d+) and (\d+)")
+
+
+def _explain(e: CheckpointError) -> CheckpointError:
+    """The plan's error, said in the terms of the Python layer where it comes from it."""
+    msg = str(e)
+    m = _STAGE_FAILED.search(msg)
+    if m:
+        return error(
+            USAGE,
+            f"rank {m.group(1)} could not stage its part of the tree, so nothing was saved: "
+            f"{m.group(2)}",
+        )
+    if f"'{TREE_DIGEST}'" in msg:
+        r = _RANKS.search(msg)
+        who = f"ranks {r.group(1)} and {r.group(2)}" if r else "the ranks"
+        return type(e)(
+            f"{who} saved different trees (structure, plain values or dtypes), so nothing was "
+            "saved: every rank must pass the same tree, with rank-specific values wrapped in "
+            "ckptio.RankLocal",
+            e.code,
+            e.name,
+        )
+    return e
 
 
 # ---- loading rank-local state ----

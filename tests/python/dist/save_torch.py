@@ -7,6 +7,7 @@ tensors, plain values and RankLocal state without comm= (the DTensors' runtime i
 them back on the 4 ranks with like= DTensors of other placements; save diverging replicas
 (every rank must fail naming the tensor); then the last rank raises before calling save and
 the others must fail within the timeout, publishing nothing.
+"one" (1 rank): DTensors on a mesh of one process.
 "three" (3 ranks): load the "four" checkpoint with Shard(1)/Replicate like= DTensors; save a
 checkpoint, then save over it while rank 1 is killed (SIGKILL) in the middle of the save: the
 others must fail within the timeout and the first checkpoint stay intact."""
@@ -149,6 +150,23 @@ if mode == "four":
         time.sleep(5)  # still alive (handling its error) while the others time out
     emit("published", {"rank": rank, "absent": os.path.exists(os.path.join(root, "absent"))})
     os._exit(0)  # abandoned gloo operations keep the group busy; leave without teardown
+
+if mode == "one":
+    # A mesh of this process alone, no comm=: a one-rank save; like= gives a DTensor back.
+    def one() -> dict[str, Any]:
+        path = os.path.join(root, "one")
+        ckptio.save({"w": distribute_tensor(full_w(), mesh, [Shard(0)]),
+                     "p": torch.nn.Parameter(torch.ones(2))}, path)
+        out = ckptio.load(path)
+        like = {"w": distribute_tensor(torch.zeros(8, 6), mesh, [Shard(1)])}
+        back = ckptio.load(path, like=like)["w"]
+        return {"full_ok": torch.equal(out["w"], full_w()),
+                "param": isinstance(out["p"], torch.nn.Parameter),
+                "dtensor": isinstance(back, DTensor) and back.placements == (Shard(1),)
+                and torch.equal(back.to_local(), full_w())}
+
+    run("one", one)
+    os._exit(0)
 
 if mode == "three":
     src = os.path.join(root, "ckpt")
