@@ -226,6 +226,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where latest.json/png go ('' for nowhere)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--train-loop", action="store_true", help="also the training-loop cell (bench/train_loop.py: checkpoint stalls of save_async, DCP async_save, Orbax async; a few minutes)")
+    ap.add_argument("--multirank", action="store_true", help="also the multi-rank cell (bench/multirank.py: 4 local ranks save and cold-load 1 GiB, replicated and Shard(0), ckptio next to torch DCP; a few minutes)")
     a = ap.parse_args()
     mechs = [m for m in a.mechanisms.split(",") if m]
     for m in mechs:
@@ -276,6 +277,12 @@ def main() -> None:
         loop_rows = train_loop.run(a.model if a.model != "none" else "1.3b", 10, 3, os.path.join(a.dir, "train-loop"), train_loop.MECHS, a.quiet)
         shutil.rmtree(os.path.join(a.dir, "train-loop"), ignore_errors=True)
         print("\n".join(train_loop.summarize(loop_rows)))
+    if a.multirank:
+        import multirank
+
+        mr = multirank.defaults(dir=os.path.join(a.dir, "multirank"), quiet=a.quiet)
+        multirank.write(multirank.run(mr), a.out)
+        shutil.rmtree(mr.dir, ignore_errors=True)
     elapsed = time.time() - t_start
     print(f"{a.runs} runs per save_tensor cell, {a.model_runs} per save_model cell, mechanisms interleaved; {elapsed:.0f} s")
     if a.out:
