@@ -55,7 +55,8 @@ typedef struct ckptio__hold {
     const uint64_t *offset; /* the box's offset, ndim entries */
     const uint64_t *box;   /* the box's shape, ndim entries */
     uint64_t nbytes;       /* volume(box) * dtype size */
-    uint64_t hash;         /* XXH3-64 of the box's bytes, row-major (ckptio__hash) */
+    uint64_t hash;         /* XXH3-64 of the box's bytes, row-major (ckptio__hash), or 0:
+                            * ckptio_save_dist compares replicas after writing instead */
 } ckptio__hold;
 
 /* One rank's holdings, decoded: items and their dims and names in one arena. A rank that failed
