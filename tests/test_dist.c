@@ -166,6 +166,13 @@ static int check_cover(tplan *t, const ckptio__plan *pl)
         ckptio__vec_free(&reps);
     }
     CHECK(members == (pl->n_rep ? pl->rep_first[pl->n_rep] : 0));
+    for (uint64_t len = 0; len < wire.len; len++) { /* cut short: refused, never over-read */
+        ckptio__vec reps;
+        ckptio__vec_init(&reps, sizeof(ckptio__replica));
+        CHECK(ckptio__plan_decode_replicas(wire.data, len, 0, t->h[0], &reps, t->err,
+                                           sizeof t->err) == CKPTIO_E_CORRUPT);
+        ckptio__vec_free(&reps);
+    }
     ckptio_bytes_free(&wire);
     return 0;
 }
