@@ -578,12 +578,13 @@ typedef struct ckptio_dist_item {
 
 /* Save one checkpoint at `path` from every rank of `comm`: collective, every rank calls it with
  * its own items and the same path, params and timeout. Rank 0 coordinates: it checks that the
- * ranks' boxes tile each tensor exactly and that replicas agree (a hole, an overlap, a dtype or
- * shape disagreement or diverging replicas fail on every rank before any byte is written),
- * assigns each distinct box to one holder (replicated state split about evenly), begins the
- * checkpoint's temporary directory, and after every rank has written its pieces into its own
- * data files there (data/rNNNNN-*.ckd), merges their partial manifests, writes the manifest and
- * publishes atomically. Metadata is taken from rank 0 only (other ranks' meta arguments are
+ * ranks' boxes tile each tensor exactly (a hole, an overlap, a dtype or shape disagreement fail
+ * on every rank before any byte is written), assigns each distinct box to one holder
+ * (replicated state split about evenly), begins the checkpoint's temporary directory, and after
+ * every rank has written its pieces into its own data files there (data/rNNNNN-*.ckd), checks
+ * that replicas agree (the other holders' hashes against the writer's block checksums:
+ * diverging replicas fail every rank, nothing published), merges their partial manifests,
+ * writes the manifest and publishes atomically. Metadata is taken from rank 0 only (other ranks' meta arguments are
  * ignored; pass n_meta 0 there).
  *
  * Every rank returns the same result: 0, or the same error code with ckptio_last_error()

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/box.h"
 #include "dist/plan.h"
 #include "format/manifest.h"
 #include "internal.h"
@@ -17,7 +18,8 @@ static ckptio__plan_cache cache;
 static const void *cache_ctx;
 static int32_t cache_nranks;
 
-/* Items in, holdings out: checks the public struct, hashes each box. */
+/* Items in, holdings out: checks the public struct. The holdings carry no hashes: replicas are
+ * compared after the writes (see the replica checks below). */
 static int make_holds(const ckptio_dist_item *items, size_t n, ckptio__hold *h, uint64_t *zeros,
                       char *why, size_t wl)
 {
@@ -49,14 +51,279 @@ static int make_holds(const ckptio_dist_item *items, size_t n, ckptio__hold *h, 
             return CKPTIO_E_USAGE;
         }
     }
-    /* Checked before hashing, so an invalid item costs no pass over the data. */
-    for (size_t i = 0; i < n; i++) {
-        ckptio_bytes tmp = CKPTIO_BYTES_INIT;
-        int rc = ckptio__holdings_encode(&h[i], 1, &tmp, why, wl);
-        ckptio_bytes_free(&tmp);
-        if (rc < 0) return rc;
+    return 0;
+}
+
+/* ---- replica checks ----
+ * A holder of a replicated box hashes, per 1 block of csum_block bytes, each slab of it that
+ * it does not write (and the ones it writes too when its checksums are off), on a thread of
+ * its own while the writes run. The hashes travel after its partial manifest; the coordinator
+ * compares them with the writer's block checksums before it publishes. */
+
+static inline void put64le(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint64_t get64le(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* One slab to hash (this rank), or one received (the coordinator). */
+typedef struct rcheck {
+    const char *name;
+    uint32_t name_len, ndim, rank;
+    uint64_t off[CKPTIO_MAX_NDIM], box[CKPTIO_MAX_NDIM];
+    const uint8_t *data;
+    uint64_t nbytes, block, n, at; /* n hashes at hashes[at] */
+} rcheck;
+
+typedef struct rhash {
+    rcheck *c;
+    size_t n;
+    uint64_t *hashes;
+    pthread_t tid;
+    bool started;
+} rhash;
+
+static void *rhash_run(void *arg)
+{
+    rhash *h = arg;
+    for (size_t i = 0; i < h->n; i++) {
+        const rcheck *c = &h->c[i];
+        for (uint64_t k = 0; k < c->n; k++)
+            h->hashes[c->at + k] = ckptio__hash(c->data + k * c->block,
+                                                CKPTIO__MIN(c->block, c->nbytes - k * c->block));
     }
-    for (size_t i = 0; i < n; i++) h[i].hash = ckptio__hash(items[i].data, items[i].nbytes);
+    return NULL;
+}
+
+/* The slabs this rank hashes, from the plan's replica list and its own assignments; the hashing
+ * starts on a thread (inline if none can be started). */
+static int rhash_start(rhash *rh, const ckptio_dist_item *items, const ckptio__hold *holds,
+                       const ckptio__vec *reps, const ckptio__vec *assign, const ckptio__cfg *cfg)
+{
+    size_t cap = 0, n = 0;
+    uint64_t total = 0, B = cfg->csum_block;
+    for (size_t i = 0; i < reps->len; i++)
+        cap += CKPTIO__VEC_AT(reps, ckptio__replica, i)->slabs;
+    rh->c = calloc(cap + 1, sizeof *rh->c);
+    if (!rh->c) return -ENOMEM;
+    for (size_t i = 0; i < reps->len; i++) {
+        const ckptio__replica *r = CKPTIO__VEC_AT(reps, ckptio__replica, i);
+        const ckptio__hold *h = &holds[r->item];
+        uint64_t rows = h->ndim ? h->box[0] : 0, row = rows ? h->nbytes / rows : 0;
+        for (uint64_t j = 0; j < r->slabs; j++) {
+            uint64_t lo = (uint64_t)((unsigned __int128)rows * j / r->slabs);
+            uint64_t hi = (uint64_t)((unsigned __int128)rows * (j + 1) / r->slabs);
+            bool writes = false;
+            for (size_t a = 0; a < assign->len && !writes; a++) {
+                const ckptio__assign *x = CKPTIO__VEC_AT(assign, ckptio__assign, a);
+                writes = x->item == r->item && x->start == lo;
+            }
+            uint64_t nb = r->slabs == 1 ? h->nbytes : (hi - lo) * row;
+            if ((writes && cfg->checksums) || nb == 0) continue;
+            rcheck *c = &rh->c[n++];
+            *c = (rcheck){.name = h->name, .name_len = h->name_len, .ndim = h->ndim,
+                          .data = (const uint8_t *)items[r->item].data + lo * row, .nbytes = nb,
+                          .block = B, .n = (nb + B - 1) / B, .at = total};
+            memcpy(c->off, h->offset, h->ndim * 8);
+            memcpy(c->box, h->box, h->ndim * 8);
+            if (h->ndim) c->off[0] += lo, c->box[0] = hi - lo;
+            total += c->n;
+        }
+    }
+    rh->n = n;
+    rh->hashes = malloc(total * sizeof *rh->hashes + 1);
+    if (!rh->hashes) return -ENOMEM;
+    if (n && pthread_create(&rh->tid, NULL, rhash_run, rh) == 0) rh->started = true;
+    else rhash_run(rh);
+    return 0;
+}
+
+static void rhash_join(rhash *rh)
+{
+    if (rh->started) pthread_join(rh->tid, NULL);
+    rh->started = false;
+}
+
+static void rhash_free(rhash *rh)
+{
+    rhash_join(rh);
+    free(rh->c);
+    free(rh->hashes);
+}
+
+/* What a rank sends: [8: part length][part][8: checks] then per check: name length, ndim,
+ * block, hash count, the name, offset and box, the hashes. */
+static int pack_part(const ckptio_bytes *part, const rhash *rh, ckptio_bytes *out)
+{
+    uint64_t len = 16 + part->len;
+    for (size_t i = 0; i < rh->n; i++)
+        len += 24 + rh->c[i].name_len + 16ull * rh->c[i].ndim + 8 * rh->c[i].n;
+    CKPTIO__TRY(ckptio_bytes_resize(out, (size_t)len));
+    uint8_t *p = out->data;
+    put64le(p, part->len), p += 8;
+    if (part->len) memcpy(p, part->data, part->len);
+    p += part->len;
+    put64le(p, rh->n), p += 8;
+    for (size_t i = 0; i < rh->n; i++) {
+        const rcheck *c = &rh->c[i];
+        put64le(p, (uint64_t)c->ndim << 32 | c->name_len), put64le(p + 8, c->block);
+        put64le(p + 16, c->n), p += 24;
+        memcpy(p, c->name, c->name_len), p += c->name_len;
+        for (uint32_t d = 0; d < c->ndim; d++, p += 8) put64le(p, c->off[d]);
+        for (uint32_t d = 0; d < c->ndim; d++, p += 8) put64le(p, c->box[d]);
+        for (uint64_t k = 0; k < c->n; k++, p += 8) put64le(p, rh->hashes[c->at + k]);
+    }
+    return 0;
+}
+
+/* The coordinator: rank r's checks from p[0 .. len), appended to *cs (hashes into *hs). */
+static int unpack_checks(const uint8_t *p, uint64_t len, uint32_t r, ckptio__vec *cs,
+                         ckptio__vec *hs, char *why, size_t wl)
+{
+    const uint8_t *end = p + len;
+    if (len < 8) return snprintf(why, wl, "rank %u sent no replica checks", r), CKPTIO_E_CORRUPT;
+    uint64_t n = get64le(p);
+    p += 8;
+    for (uint64_t i = 0; i < n; i++) {
+        rcheck c = {.rank = r};
+        if ((uint64_t)(end - p) < 24) goto bad;
+        c.name_len = (uint32_t)get64le(p), c.ndim = (uint32_t)(get64le(p) >> 32);
+        c.block = get64le(p + 8), c.n = get64le(p + 16);
+        p += 24;
+        if (c.name_len > CKPTIO_MAX_NAME || c.ndim > CKPTIO_MAX_NDIM || c.block == 0 ||
+            (uint64_t)(end - p) < c.name_len + 16ull * c.ndim ||
+            c.n > ((uint64_t)(end - p) - c.name_len - 16ull * c.ndim) / 8)
+            goto bad;
+        c.name = (const char *)p, p += c.name_len;
+        for (uint32_t d = 0; d < c.ndim; d++, p += 8) c.off[d] = get64le(p);
+        for (uint32_t d = 0; d < c.ndim; d++, p += 8) c.box[d] = get64le(p);
+        int64_t at = ckptio__vec_push(hs, NULL, c.n);
+        if (at < 0) return snprintf(why, wl, "out of memory checking replicas"), -ENOMEM;
+        c.at = (uint64_t)at;
+        for (uint64_t k = 0; k < c.n; k++, p += 8)
+            *CKPTIO__VEC_AT(hs, uint64_t, c.at + k) = get64le(p);
+        if (ckptio__vec_push(cs, &c, 1) < 0)
+            return snprintf(why, wl, "out of memory checking replicas"), -ENOMEM;
+    }
+    if (p == end) return 0;
+bad:
+    snprintf(why, wl, "rank %u's replica checks are malformed", r);
+    return CKPTIO_E_CORRUPT;
+}
+
+static int rcheck_cmp(const void *pa, const void *pb)
+{
+    const rcheck *a = pa, *b = pb;
+    int c = ckptio__name_cmp(a->name, a->name_len, b->name, b->name_len);
+    if (c) return c;
+    if (a->ndim != b->ndim) return a->ndim < b->ndim ? -1 : 1;
+    for (uint32_t d = 0; d < a->ndim; d++) {
+        if (a->off[d] != b->off[d]) return a->off[d] < b->off[d] ? -1 : 1;
+        if (a->box[d] != b->box[d]) return a->box[d] < b->box[d] ? -1 : 1;
+    }
+    return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+static bool same_slab(const rcheck *a, const rcheck *b)
+{
+    rcheck x = *a;
+    x.rank = b->rank;
+    return rcheck_cmp(&x, b) == 0;
+}
+
+/* The merged chunk written for a slab, and the rank whose part it came from. */
+static const ckptio__mchunk *find_chunk(const ckptio__manifest *m,
+                                        const ckptio__manifest *const *parts, uint32_t nparts,
+                                        const rcheck *c, uint32_t *rank)
+{
+    uint64_t lo = 0, hi = m->n_tensors;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        const ckptio__mtensor *t = &m->tensors[mid];
+        int k = ckptio__name_cmp(m->strtab + t->name, t->name_len, c->name, c->name_len);
+        if (k == 0) {
+            if (t->ndim != c->ndim) return NULL;
+            for (uint64_t i = t->chunk0; i < t->chunk0 + t->n_chunks; i++) {
+                const uint64_t *d = m->dims + m->chunks[i].dims;
+                if (memcmp(d, c->off, 8ull * c->ndim) || memcmp(d + c->ndim, c->box, 8ull * c->ndim))
+                    continue;
+                uint64_t f = m->chunks[i].file;
+                for (uint32_t p = 0; p < nparts; f -= parts[p]->n_files, p++)
+                    if (f < parts[p]->n_files) return *rank = p, &m->chunks[i];
+                return NULL;
+            }
+            return NULL;
+        }
+        if (k < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* Every slab's holders against the lowest-ranked one: the writer's block checksums (or its own
+ * hashes when its checksums are off) and the other holders' hashes. */
+static int check_replicas(const ckptio__manifest *m, const ckptio__manifest *const *parts,
+                          uint32_t nparts, ckptio__vec *cs, const ckptio__vec *hs, char *why,
+                          size_t wl)
+{
+    qsort(cs->items, cs->len, sizeof(rcheck), rcheck_cmp);
+    char b1[256], b2[256];
+    for (size_t g0 = 0, g1; g0 < cs->len; g0 = g1) {
+        const rcheck *f = CKPTIO__VEC_AT(cs, rcheck, g0);
+        for (g1 = g0 + 1; g1 < cs->len && same_slab(CKPTIO__VEC_AT(cs, rcheck, g1), f); g1++) {}
+        uint32_t wr = 0;
+        const ckptio__mchunk *ch = find_chunk(m, parts, nparts, f, &wr);
+        bool wr_listed = false;
+        for (size_t i = g0; i < g1; i++) wr_listed |= CKPTIO__VEC_AT(cs, rcheck, i)->rank == wr;
+        if (!ch)
+            return snprintf(why, wl, "tensor '%.*s': no rank wrote the replicated box [offset %s "
+                            "shape %s] rank %u holds (ranks disagree on the plan?)",
+                            (int)CKPTIO__MIN(f->name_len, 200u), f->name,
+                            ckptio__fmt_dims(b1, sizeof b1, f->off, f->ndim, "scalar"),
+                            ckptio__fmt_dims(b2, sizeof b2, f->box, f->ndim, "scalar"), f->rank),
+                   CKPTIO_E_CORRUPT;
+        /* The members in rank order; the writer's checksums slot in at its rank. */
+        rcheck w = {.rank = wr, .block = m->csum_block, .n = ch->n_csums};
+        bool use_w = !wr_listed && m->csum_algo == CKPTIO__CSUM_XXH3_64;
+        if (!wr_listed && !use_w)
+            return snprintf(why, wl, "tensor '%.*s': rank %u wrote a replicated box without "
+                            "checksums and sent no hashes of it",
+                            (int)CKPTIO__MIN(f->name_len, 200u), f->name, wr), CKPTIO_E_CORRUPT;
+        const rcheck *ref = use_w && wr < f->rank ? &w : f;
+        const uint64_t *rh = ref == &w ? m->csums + ch->csums : CKPTIO__VEC_AT(hs, uint64_t, f->at);
+        size_t i = g0;
+        for (bool wdone = !use_w;;) {
+            const rcheck *c;
+            if (!wdone && (i >= g1 || CKPTIO__VEC_AT(cs, rcheck, i)->rank > wr)) c = &w, wdone = true;
+            else if (i < g1) c = CKPTIO__VEC_AT(cs, rcheck, i++);
+            else break;
+            if (c == ref) continue;
+            const uint64_t *ch_h = c == &w ? m->csums + ch->csums : CKPTIO__VEC_AT(hs, uint64_t, c->at);
+            if (c->block != ref->block)
+                return snprintf(why, wl, "tensor '%.*s': ranks %u and %u hash replicas in blocks "
+                                "of %llu and %llu bytes; give every rank the same params",
+                                (int)CKPTIO__MIN(f->name_len, 200u), f->name, ref->rank, c->rank,
+                                (unsigned long long)ref->block, (unsigned long long)c->block),
+                       CKPTIO_E_USAGE;
+            if (c->n != ref->n || memcmp(ch_h, rh, 8 * c->n)) {
+                uint32_t a = CKPTIO__MIN(ref->rank, c->rank), b = CKPTIO__MAX(ref->rank, c->rank);
+                return snprintf(why, wl,
+                                "tensor '%.*s': ranks %u and %u hold different values for the "
+                                "same box [offset %s shape %s]; a plain tensor saved from every "
+                                "rank must be identical on all ranks — save rank-specific "
+                                "values as rank-local",
+                                (int)CKPTIO__MIN(f->name_len, 200u), f->name, a, b,
+                                ckptio__fmt_dims(b1, sizeof b1, f->off, f->ndim, "scalar"),
+                                ckptio__fmt_dims(b2, sizeof b2, f->box, f->ndim, "scalar")),
+                       CKPTIO_E_DUPLICATE;
+            }
+        }
+    }
     return 0;
 }
 
@@ -141,16 +408,28 @@ static int publish(const ckptio_comm *comm, ckptio_writer *w, const ckptio_bytes
     uint8_t *buf = NULL;
     char sub[CKPTIO__MSG_LEN];
     int rc = 0;
+    ckptio__vec cs, hs;
+    ckptio__vec_init(&cs, sizeof(rcheck));
+    ckptio__vec_init(&hs, sizeof(uint64_t));
     if (!parts) return snprintf(why, wl, "out of memory merging"), -ENOMEM;
     uint64_t at = 0, len = 0;
     for (uint32_t r = 0; r < n; r++) {
-        rc = ckptio__manifest_decode_ex((const uint8_t *)all->data + at, lens[r],
-                                        CKPTIO__MANIFEST_PARTIAL, &parts[r], sub, sizeof sub);
+        const uint8_t *b = (const uint8_t *)all->data + at;
+        uint64_t pl = lens[r] >= 8 ? get64le(b) : UINT64_MAX;
         at += lens[r];
+        if (pl > lens[r] - 8) {
+            rc = CKPTIO_E_CORRUPT;
+            snprintf(why, wl, "rank %u's partial manifest is cut short", r);
+            goto out;
+        }
+        rc = ckptio__manifest_decode_ex(b + 8, pl, CKPTIO__MANIFEST_PARTIAL, &parts[r], sub,
+                                        sizeof sub);
         if (rc < 0) {
             snprintf(why, wl, "rank %u's partial manifest: %.900s", r, sub);
             goto out;
         }
+        rc = unpack_checks(b + 8 + pl, lens[r] - 8 - pl, r, &cs, &hs, why, wl);
+        if (rc < 0) goto out;
     }
     rc = ckptio__manifest_merge((const ckptio__manifest *const *)parts, n, &merged, sub,
                                 sizeof sub);
@@ -158,6 +437,9 @@ static int publish(const ckptio_comm *comm, ckptio_writer *w, const ckptio_bytes
         snprintf(why, wl, "merging the ranks' manifests (part N is rank N): %.900s", sub);
         goto out;
     }
+    /* Diverging replicas fail the save here, before anything is published. */
+    rc = check_replicas(merged, (const ckptio__manifest *const *)parts, n, &cs, &hs, why, wl);
+    if (rc < 0) goto out;
     rc = ckptio__manifest_encoded_size(merged, &len);
     if (rc == 0 && !(buf = malloc(len))) rc = -ENOMEM;
     if (rc == 0) rc = ckptio__manifest_encode(merged, buf, len);
@@ -170,6 +452,8 @@ static int publish(const ckptio_comm *comm, ckptio_writer *w, const ckptio_bytes
 out:
     for (uint32_t r = 0; r < n; r++) ckptio__manifest_free(parts[r]);
     free(parts);
+    ckptio__vec_free(&cs);
+    ckptio__vec_free(&hs);
     ckptio__manifest_free(merged);
     free(buf);
     return rc;
@@ -192,10 +476,12 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
     uint64_t *lens = rank == 0 ? calloc(nranks, sizeof *lens) : NULL;
     uint64_t zeros[CKPTIO_MAX_NDIM] = {0};
     ckptio__hold *holds = calloc(n + 1, sizeof *holds);
-    ckptio__vec assign;
+    ckptio__vec assign, reps;
     ckptio__vec_init(&assign, sizeof(ckptio__assign));
+    ckptio__vec_init(&reps, sizeof(ckptio__replica));
+    rhash rh = {0};
     ckptio_writer *w = NULL;
-    ckptio_bytes part = CKPTIO_BYTES_INIT;
+    ckptio_bytes part = CKPTIO_BYTES_INIT, packed = CKPTIO_BYTES_INIT;
     double t0 = ckptio__now();
     if (!holds || (rank == 0 && !lens)) {
         local = -ENOMEM;
@@ -219,7 +505,20 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
             rc = ckptio__fail(NULL, pc, "%s", why);
             goto out;
         }
+        if (pc == 0)
+            pc = ckptio__plan_decode_replicas(planb.data, planb.len, rank, &view, &reps, why,
+                                              sizeof why);
         if (pc < 0 && local == 0) local = pc;
+    }
+    /* The replicas' hashes, on a thread of their own while this rank writes. */
+    if (local == 0 && reps.len) {
+        ckptio__cfg cfg;
+        ckptio__msg m;
+        local = ckptio__cfg_resolve(p, &cfg, &m);
+        if (local < 0) snprintf(why, sizeof why, "%s", m.text);
+        if (local == 0 && !cfg.csum_block) cfg.csum_block = 1u << 20;
+        if (local == 0 && (local = rhash_start(&rh, items, holds, &reps, &assign, &cfg)) < 0)
+            snprintf(why, sizeof why, "out of memory hashing replicas");
     }
 
     /* 2. The coordinator begins the temporary directory; the others join it. */
@@ -271,9 +570,15 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
         local = ckptio__writer_finish_part(w, &part);
         if (local < 0) snprintf(why, sizeof why, "%s", ckptio_writer_errmsg(w));
     }
+    rhash_join(&rh);
+    if (local == 0 && pack_part(&part, &rh, &packed) < 0) {
+        local = -ENOMEM;
+        snprintf(why, sizeof why, "out of memory packing the partial manifest");
+    }
     rc = ckptio_comm_agree(comm, local, why, timeout);
-    if (rc == 0) rc = ckptio_comm_gather(comm, 0, part.data, part.len, &all, lens, timeout);
+    if (rc == 0) rc = ckptio_comm_gather(comm, 0, packed.data, packed.len, &all, lens, timeout);
     ckptio_bytes_free(&part);
+    ckptio_bytes_free(&packed);
     if (rc < 0) goto out;
 
     /* 4. The coordinator merges and publishes; every rank returns its outcome. */
@@ -300,7 +605,10 @@ out:
     ckptio_bytes_free(&planb);
     ckptio_bytes_free(&tmpb);
     ckptio_bytes_free(&part);
+    ckptio_bytes_free(&packed);
+    rhash_free(&rh);
     ckptio__vec_free(&assign);
+    ckptio__vec_free(&reps);
     free(lens);
     free(holds);
     return rc;

@@ -142,6 +142,37 @@ static int check_cover(tplan *t, const ckptio__plan *pl)
         ckptio__vec_free(&mine);
     }
     CHECK(seen == pl->n_assign);
+    /* Every holder of a replicated box learns it, and how many slabs the box is written as. */
+    uint64_t members = 0;
+    for (uint32_t r = 0; r < t->n; r++) {
+        ckptio__vec reps;
+        ckptio__vec_init(&reps, sizeof(ckptio__replica));
+        CHECK_OK(ckptio__plan_decode_replicas(wire.data, wire.len, r, t->h[r], &reps, t->err,
+                                              sizeof t->err));
+        for (size_t i = 0; i < reps.len; i++) {
+            const ckptio__replica *x = CKPTIO__VEC_AT(&reps, ckptio__replica, i);
+            const ckptio__hold *h = &t->h[r]->items[x->item];
+            uint64_t pieces = 0;
+            for (uint64_t k = 0; k < pl->n_assign; k++) {
+                const ckptio__hold *o = &t->h[pl->assign[k].rank]->items[pl->assign[k].item];
+                pieces += o->name_len == h->name_len && !memcmp(o->name, h->name, h->name_len) &&
+                          !(o->flags & CKPTIO__HOLD_RANK_LOCAL) &&
+                          !memcmp(o->offset, h->offset, 8 * h->ndim) &&
+                          !memcmp(o->box, h->box, 8 * h->ndim);
+            }
+            CHECK(!(h->flags & CKPTIO__HOLD_RANK_LOCAL) && pieces == x->slabs);
+        }
+        members += reps.len;
+        ckptio__vec_free(&reps);
+    }
+    CHECK(members == (pl->n_rep ? pl->rep_first[pl->n_rep] : 0));
+    for (uint64_t len = 0; len < wire.len; len++) { /* cut short: refused, never over-read */
+        ckptio__vec reps;
+        ckptio__vec_init(&reps, sizeof(ckptio__replica));
+        CHECK(ckptio__plan_decode_replicas(wire.data, len, 0, t->h[0], &reps, t->err,
+                                           sizeof t->err) == CKPTIO_E_CORRUPT);
+        ckptio__vec_free(&reps);
+    }
     ckptio_bytes_free(&wire);
     return 0;
 }
@@ -602,6 +633,7 @@ typedef struct djob {
     size_t n;
     bool absent; /* never calls: a rank that hangs or died before the save */
     bool keep;   /* overwrite off */
+    bool nosum;  /* checksums off */
     double timeout;
     int result;
     char msg[1024];
@@ -659,6 +691,7 @@ static void *d_main(void *p)
     static const void *vals[] = {"1000"};
     static const size_t lens[] = {4};
     ckptio_params prm = fparams(!j->keep);
+    if (j->nosum) prm.checksums = CKPTIO_OFF;
     j->result = ckptio_save_dist("ckpt", j->c, j->it, j->n, keys, vals, lens, 1, &prm, j->timeout,
                                  &j->st);
     snprintf(j->msg, sizeof j->msg, "%s", j->result < 0 ? ckptio_last_error() : "");
@@ -788,8 +821,50 @@ static int d_intact(void)
     return 0;
 }
 
-/* Rank 2 fails before writing (an invalid item; diverging replicas): every rank returns the
- * same error, naming it, before any byte is written. */
+/* Replicas compared after the writes: whichever rank differs (one that writes the slab, or
+ * one that only hashes it), with checksums on (the writer's block checksums) or off (the
+ * writer's own hashes), every rank fails naming the tensor and the ranks; nothing published. */
+static int test_save_replicas_diverge(void)
+{
+    static const uint64_t gs[2] = {BIG_ROWS, 1024}, bs[1] = {10};
+    float *other = malloc(sizeof(float) * BIG_ROWS * 1024);
+    CHECK(other != NULL);
+    for (int nosum = 0; nosum < 2; nosum++)
+        for (int bad = 0; bad < 4; bad++) {
+            CHECK(d_previous() == 0);
+            memcpy(other, BIGd, sizeof(float) * BIG_ROWS * 1024);
+            other[(size_t)(BIG_ROWS - 2) * 1024 + 7] += 1.0f; /* in the last slab */
+            for (int r = 0; r < 4; r++) {
+                d_item(&J[r], "big", CKPTIO_DT_F32, 2, gs, NULL, NULL, r == bad ? other : BIGd, 0);
+                d_item(&J[r], "b", CKPTIO_DT_I64, 1, bs, NULL, NULL, Bd, 0);
+                J[r].nosum = nosum;
+            }
+            CHECK(d_run(4, NULL) == 0);
+            char want[64];
+            snprintf(want, sizeof want, "tensor 'big': ranks %d and %d hold different values",
+                     bad ? 0 : 1, bad ? bad : 0);
+            if (bad == 0) snprintf(want, sizeof want, "tensor 'big': ranks 0 and 1 hold");
+            for (int r = 0; r < 4; r++) {
+                CHECK_ERR(J[r].result, CKPTIO_E_DUPLICATE);
+                CHECK(t_contains(J[r].msg, want));
+            }
+            CHECK(d_intact() == 0);
+        }
+    free(other);
+    /* Agreeing replicas, checksums off: saved. */
+    CHECK(d_setup() == 0);
+    for (int r = 0; r < 4; r++) {
+        d_item(&J[r], "big", CKPTIO_DT_F32, 2, gs, NULL, NULL, BIGd, 0);
+        J[r].nosum = true;
+    }
+    CHECK(d_run(4, NULL) == 0);
+    for (int r = 0; r < 4; r++) CHECK_OK(J[r].result);
+    return 0;
+}
+
+/* Rank 2 fails before writing (an invalid item): every rank returns the same error, naming it,
+ * before any byte is written. Diverging replicas fail every rank before anything is
+ * published. */
 static int test_save_rank_error(void)
 {
     CHECK(d_previous() == 0);
@@ -917,6 +992,7 @@ const ckptio_test tests_dist[] = {
     {"dist/plan_many_ranks", test_plan_many_ranks, 0, 120},
     {"dist/save_shard0", test_save_shard0, T_PER_BACKEND, 60},
     {"dist/save_replicated", test_save_replicated, 0, 60},
+    {"dist/save_replicas_diverge", test_save_replicas_diverge, 0, 60},
     {"dist/save_rank_error", test_save_rank_error, 0, 60},
     {"dist/save_rank_dies", test_save_rank_dies, 0, 60},
     {"dist/save_enospc", test_save_enospc, 0, 60},

@@ -21,8 +21,9 @@
 #define WIRE_VERSION 1u
 #define HOLD_HEAD 24u /* magic, version, code, msg_len, n */
 #define HOLD_ITEM 24u /* name_len, dtype, ndim, flags, nbytes; then name and 3 x ndim dims */
-#define PLAN_HEAD 32u /* magic, version, code, msg_len, nranks, reserved, n_assign */
+#define PLAN_HEAD 32u /* magic, version, code, msg_len, nranks, n_rep members, n_assign */
 #define PLAN_ENTRY 24u
+#define PLAN_REP 16u /* rank, item, slabs: one holder of a replicated box */
 
 /* ---- bytes: little-endian whatever the host ---- */
 
@@ -540,6 +541,15 @@ static int whole_rows(const ckptio__hold *h, uint64_t *rows)
     return 0;
 }
 
+/* How many slabs a replicated box of `holders` holders is written as (1: whole). */
+static uint64_t slab_count(const ckptio__hold *h, uint64_t bytes, uint64_t holders)
+{
+    uint64_t rows = h->ndim ? h->box[0] : 0, k = 1;
+    if (h->ndim && bytes >= 2 * CKPTIO__PLAN_MIN_SLAB)
+        k = CKPTIO__MIN(CKPTIO__MIN(holders, rows), bytes / CKPTIO__PLAN_MIN_SLAB);
+    return k ? k : 1;
+}
+
 /* Boxes held by one rank go to it; replicated boxes, largest first, to the least loaded
  * holders, split into slabs along dimension 0 when large. */
 static int assign_all(pctx *x)
@@ -562,10 +572,8 @@ static int assign_all(pctx *x)
     for (uint64_t b = 0; b < n_rep; b++) {
         const dbox *d = &x->box[b];
         const ckptio__hold *h = x->it[d->first].h;
-        uint64_t rows = 0, k = 1;
+        uint64_t rows = 0, k = slab_count(h, d->bytes, d->n);
         whole_rows(h, &rows);
-        if (h->ndim && d->bytes >= 2 * CKPTIO__PLAN_MIN_SLAB)
-            k = CKPTIO__MIN(CKPTIO__MIN(d->n, rows), d->bytes / CKPTIO__PLAN_MIN_SLAB);
         if (k <= 1) {
             uint64_t best = d->first;
             for (uint64_t i = d->first + 1; i < d->first + d->n; i++)
@@ -647,6 +655,7 @@ static void plan_free(ckptio__plan *pl)
     free(pl->rank_bytes);
     free(pl->rep_first);
     free(pl->rep);
+    free(pl->rep_slabs);
     free(pl);
 }
 
@@ -659,11 +668,14 @@ static int record_replicas(pctx *x, ckptio__plan *pl)
         if (x->box[b].n > 1) groups++, members += x->box[b].n;
     pl->rep_first = malloc((groups + 1) * sizeof *pl->rep_first);
     pl->rep = malloc(2 * members * sizeof *pl->rep + 1);
-    if (!pl->rep_first || !pl->rep)
+    pl->rep_slabs = malloc(groups * sizeof *pl->rep_slabs + 1);
+    if (!pl->rep_first || !pl->rep || !pl->rep_slabs)
         return fail(x->err, x->errlen, -ENOMEM, "out of memory planning");
     uint64_t at = 0;
     for (uint64_t b = 0; b < x->n_box; b++) {
         if (x->box[b].n < 2) continue;
+        pl->rep_slabs[pl->n_rep] = slab_count(x->it[x->box[b].first].h, x->box[b].bytes,
+                                              x->box[b].n);
         pl->rep_first[pl->n_rep++] = at;
         for (uint64_t i = 0; i < x->box[b].n; i++, at++) {
             pl->rep[2 * at] = x->it[x->box[b].first + i].rank;
@@ -764,16 +776,19 @@ int ckptio__plan_encode(const ckptio__plan *plan, int code, const char *msg, ckp
 {
     size_t ml = code < 0 && msg ? strnlen(msg, MSG_MAX) : 0;
     uint64_t n = code < 0 || !plan ? 0 : plan->n_assign;
+    uint64_t nr = code < 0 || !plan || !plan->n_rep ? 0 : plan->rep_first[plan->n_rep];
     if (code >= 0 && !plan) return CKPTIO_E_USAGE;
-    if (n > (SIZE_MAX - PLAN_HEAD - ml) / PLAN_ENTRY) return CKPTIO_E_LIMIT;
-    CKPTIO__TRY(ckptio_bytes_resize(out, PLAN_HEAD + ml + n * PLAN_ENTRY));
+    if (n > (SIZE_MAX - PLAN_HEAD - ml) / PLAN_ENTRY / 2 || nr > UINT32_MAX ||
+        nr > (SIZE_MAX - PLAN_HEAD - ml) / PLAN_REP / 2)
+        return CKPTIO_E_LIMIT;
+    CKPTIO__TRY(ckptio_bytes_resize(out, PLAN_HEAD + ml + n * PLAN_ENTRY + nr * PLAN_REP));
     uint8_t *p = out->data;
     put32(p, PLAN_MAGIC);
     put32(p + 4, WIRE_VERSION);
     put32(p + 8, (uint32_t)(code < 0 ? code : 0));
     put32(p + 12, (uint32_t)ml);
     put32(p + 16, plan && code >= 0 ? plan->nranks : 0);
-    put32(p + 20, 0);
+    put32(p + 20, (uint32_t)nr);
     put64(p + 24, n);
     if (ml) memcpy(p + PLAN_HEAD, msg, ml);
     p += PLAN_HEAD + ml;
@@ -784,6 +799,12 @@ int ckptio__plan_encode(const ckptio__plan *plan, int code, const char *msg, ckp
         put64(p + 8, a->start);
         put64(p + 16, a->rows);
     }
+    for (uint64_t g = 0; nr && g < plan->n_rep; g++)
+        for (uint64_t i = plan->rep_first[g]; i < plan->rep_first[g + 1]; i++, p += PLAN_REP) {
+            put32(p, plan->rep[2 * i]);
+            put32(p + 4, plan->rep[2 * i + 1]);
+            put64(p + 8, plan->rep_slabs[g]);
+        }
     return 0;
 }
 
@@ -804,10 +825,11 @@ int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
         return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: not a ckptio plan of version %u",
                     WIRE_VERSION);
     int code = (int)get32(buf + 8);
-    uint32_t ml = get32(buf + 12), nranks = get32(buf + 16);
+    uint32_t ml = get32(buf + 12), nranks = get32(buf + 16), nr = get32(buf + 20);
     uint64_t n = get64(buf + 24);
     if (code > 0 || ml > MSG_MAX || len - PLAN_HEAD < ml ||
-        n != (len - PLAN_HEAD - ml) / PLAN_ENTRY || (len - PLAN_HEAD - ml) % PLAN_ENTRY)
+        (len - PLAN_HEAD - ml) / PLAN_ENTRY < n ||
+        len - PLAN_HEAD - ml - n * PLAN_ENTRY != (uint64_t)nr * PLAN_REP)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: inconsistent header");
     if (code < 0)
         return fail(err, errlen, code, "%.*s", (int)ml, (const char *)buf + PLAN_HEAD);
@@ -828,6 +850,35 @@ int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
                         "plan: rows %llu+%llu of tensor '%.*s' lie outside its box", U(a.start),
                         U(a.rows), (int)CKPTIO__MIN(h->name_len, NAME_SHOWN), h->name);
         if (ckptio__vec_push(out, &a, 1) < 0) return fail(err, errlen, -ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+int ckptio__plan_decode_replicas(const uint8_t *buf, uint64_t len, uint32_t rank,
+                                 const ckptio__holdings *mine, ckptio__vec *out, char *err,
+                                 size_t errlen)
+{
+    if (ckptio__plan_status(buf, len) != 0)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: no valid plan");
+    uint32_t ml = get32(buf + 12), nr = get32(buf + 20);
+    uint64_t n = get64(buf + 24);
+    if (len - PLAN_HEAD < ml || (len - PLAN_HEAD - ml) / PLAN_ENTRY < n ||
+        len - PLAN_HEAD - ml - n * PLAN_ENTRY != (uint64_t)nr * PLAN_REP)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: inconsistent header");
+    const uint8_t *p = buf + PLAN_HEAD + ml + n * PLAN_ENTRY;
+    for (uint32_t i = 0; i < nr; i++, p += PLAN_REP) {
+        ckptio__replica r = {get32(p + 4), get64(p + 8)};
+        if (get32(p) != rank) continue;
+        if (r.item >= mine->n)
+            return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: rank %u has no item %u", rank,
+                        r.item);
+        const ckptio__hold *h = &mine->items[r.item];
+        uint64_t rows = h->ndim ? h->box[0] : 0;
+        if (r.slabs == 0 || r.slabs > CKPTIO__MAX(rows, 1))
+            return fail(err, errlen, CKPTIO_E_CORRUPT,
+                        "plan: %llu slabs of tensor '%.*s' for %llu rows", U(r.slabs),
+                        (int)CKPTIO__MIN(h->name_len, NAME_SHOWN), h->name, U(rows));
+        if (ckptio__vec_push(out, &r, 1) < 0) return fail(err, errlen, -ENOMEM, "out of memory");
     }
     return 0;
 }

@@ -55,7 +55,8 @@ typedef struct ckptio__hold {
     const uint64_t *offset; /* the box's offset, ndim entries */
     const uint64_t *box;   /* the box's shape, ndim entries */
     uint64_t nbytes;       /* volume(box) * dtype size */
-    uint64_t hash;         /* XXH3-64 of the box's bytes, row-major (ckptio__hash) */
+    uint64_t hash;         /* XXH3-64 of the box's bytes, row-major (ckptio__hash), or 0:
+                            * ckptio_save_dist compares replicas after writing instead */
 } ckptio__hold;
 
 /* One rank's holdings, decoded: items and their dims and names in one arena. A rank that failed
@@ -104,6 +105,7 @@ typedef struct ckptio__plan {
     uint64_t n_rep;
     uint64_t *rep_first; /* n_rep + 1 entries */
     uint32_t *rep;       /* 2 entries per member: rank, item */
+    uint64_t *rep_slabs; /* n_rep entries: the slabs each group is written as (1: whole) */
 } ckptio__plan;
 
 /* Plans are cached while the structure of what the ranks hold (everything but the hashes) does
@@ -138,6 +140,22 @@ CKPTIO__HIDDEN int ckptio__plan_encode(const ckptio__plan *plan, int code, const
 CKPTIO__HIDDEN int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
                                             const ckptio__holdings *mine, ckptio__vec *out,
                                             char *err, size_t errlen);
+
+/* One of a rank's items that other ranks hold too, and the number of slabs k it is written
+ * as: slab j is rows [rows * j / k, rows * (j + 1) / k) of its box along dimension 0 (the
+ * whole box when k is 1). Every holder hashes the slabs it does not write, after planning,
+ * so that the coordinator can compare replicas with the writer's block checksums. */
+typedef struct ckptio__replica {
+    uint32_t item;
+    uint64_t slabs;
+} ckptio__replica;
+
+/* Rank `rank`'s replicated items in an encoded plan (16 bytes per holder of a replicated box,
+ * after the assignments), checked against its holdings, appended to `out` (a vec of
+ * ckptio__replica). 0, or CKPTIO_E_CORRUPT. */
+CKPTIO__HIDDEN int ckptio__plan_decode_replicas(const uint8_t *buf, uint64_t len, uint32_t rank,
+                                                const ckptio__holdings *mine, ckptio__vec *out,
+                                                char *err, size_t errlen);
 
 /* The code an encoded plan carries (0, or the coordinator's error, the same for every rank), or
  * 1 when the bytes are no plan at all. */
