@@ -74,8 +74,10 @@ def test_restore_without_steps(tmp_path: pathlib.Path) -> None:
 
 
 def test_bad_arguments(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(NotImplementedError, match="multi-process"):
+    with pytest.raises(ckptio.InvalidType, match="comm="):
         ckptio.Manager(tmp_path, comm=object())
+    with pytest.raises(ckptio.CheckpointError, match="timeout"):
+        ckptio.Manager(tmp_path, timeout=0)
     with pytest.raises(ckptio.InvalidType):
         ckptio.Manager(tmp_path, keep=0)
     m = ckptio.Manager(tmp_path)
@@ -155,3 +157,33 @@ def test_manager_uses_the_shared_pool(tmp_path: pathlib.Path) -> None:
     with ckptio.Manager(tmp_path, max_host_bytes=1 << 20) as m:
         m.save(1, state(1))
     assert _async._POOL.held <= 1 << 20
+
+
+def test_torch_four_ranks(tmp_path: pathlib.Path) -> None:
+    """Every rank saves its shards through its Manager; only rank 0 deletes old steps, and every
+    rank lists the same steps once save() returns (sync), or once the save finishes (async)."""
+    pytest.importorskip("torch")
+    from test_comm_dist import DIST, launch, results
+    from test_dist_save import no_error, torch_env
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path)]
+    launch([argv] * 4, torch_env(4), out)
+    sync = results(out, "sync")
+    no_error(sync, 4)
+    for r, v in sync.items():
+        assert v["seen"] == [[0], [0, 1], [1, 2], [2, 3]], (r, v)
+        assert v["steps"] == [2, 3] and v["ok"], (r, v)
+        # rank 0 removed steps 0 and 1 (renamed out of the listing first); nobody else did
+        assert v["removed"] == ([f"0.deleting-{v['pid']}", f"1.deleting-{v['pid']}"]
+                                if r == 0 else []), (r, v)
+    bg = results(out, "async")
+    no_error(bg, 4)
+    for r, v in bg.items():
+        assert v["steps"] == [2, 3] and v["ok"], (r, v)
+        assert len(v["removed"]) == (2 if r == 0 else 0), (r, v)
+    assert sorted(os.listdir(tmp_path / "sync")) == ["2", "3"]
+    assert sorted(os.listdir(tmp_path / "async")) == ["2", "3"]
+    full = ckptio.load(tmp_path / "async" / "3")
+    assert full["step"] == 3 and full["w"][0, 0].item() == 300.0
