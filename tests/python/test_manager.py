@@ -187,3 +187,51 @@ def test_torch_four_ranks(tmp_path: pathlib.Path) -> None:
     assert sorted(os.listdir(tmp_path / "async")) == ["2", "3"]
     full = ckptio.load(tmp_path / "async" / "3")
     assert full["step"] == 3 and full["w"][0, 0].item() == 300.0
+
+
+def test_mpi_four_ranks(tmp_path: pathlib.Path) -> None:
+    """Manager(comm=COMM_WORLD, async_save=True) under mpirun: rank 0 alone deletes; the
+    collective saves run in the save thread where MPI allows it (MPI_THREAD_MULTIPLE)."""
+    import importlib.util
+    import shutil
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpirun and mpi4py")
+    from test_comm_dist import DIST, LAUNCH_TIMEOUT, launch, results
+    from test_dist_save import no_error
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["timeout", str(LAUNCH_TIMEOUT), mpirun, "--allow-run-as-root", "--oversubscribe",
+            "-np", "4", sys.executable, str(DIST / "manager_mpi.py"), str(tmp_path / "run")]
+    launch([argv], [{}], out)
+    res = results(out, "mpi")
+    no_error(res, 4)
+    for r, v in res.items():
+        assert v["steps"] == [2, 3] and v["back"] == [True, True], (r, v)
+        assert v["removed"] == (2 if r == 0 else 0), (r, v)
+        # Below MPI_THREAD_MULTIPLE the saves ran during the calls, saying so.
+        assert bool(v["warnings"]) != v["multiple"], (r, v)
+    assert sorted(os.listdir(tmp_path / "run")) == ["2", "3"]
+
+
+def test_jax_two_processes(tmp_path: pathlib.Path) -> None:
+    """Manager(async_save=True) of jax arrays spanning 2 processes, without comm=."""
+    pytest.importorskip("jax")
+    from test_comm_dist import DIST, free_port, launch, results
+    from test_dist_save import no_error
+
+    port = free_port()
+    argvs = [[sys.executable, str(DIST / "manager_jax.py"), str(port), str(i), "2",
+              str(tmp_path / "run")] for i in range(2)]
+    env = [dict(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+           for _ in range(2)]
+    out = tmp_path / "out"
+    out.mkdir()
+    launch(argvs, env, out)
+    res = results(out, "jax")
+    no_error(res, 2)
+    for r, v in res.items():
+        assert v["steps"] == [2, 3] and v["back"] == [True, True], (r, v)
+        assert v["removed"] == (2 if r == 0 else 0), (r, v)
