@@ -228,7 +228,15 @@ class Manager:
             if err is not None:
                 raise err
             return
-        got = c.broadcast(0, None, self.timeout)
+        try:
+            got = c.broadcast(0, None, self.timeout)
+        except Exception as e:
+            e.add_note(
+                f"ckptio.Manager: step {newest} of '{self.directory}' was committed on every "
+                "rank; this rank was waiting for rank 0 to delete older steps, and every "
+                "listed step is loadable"
+            )
+            raise
         if got:
             raise _from_code(
                 -errno.EIO, "EIO",

@@ -168,7 +168,7 @@ def test_torch_four_ranks(tmp_path: pathlib.Path) -> None:
 
     out = tmp_path / "out"
     out.mkdir()
-    argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path)]
+    argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path), "run"]
     launch([argv] * 4, torch_env(4), out)
     sync = results(out, "sync")
     no_error(sync, 4)
@@ -235,3 +235,39 @@ def test_jax_two_processes(tmp_path: pathlib.Path) -> None:
     for r, v in res.items():
         assert v["steps"] == [2, 3] and v["back"] == [True, True], (r, v)
         assert v["removed"] == (2 if r == 0 else 0), (r, v)
+
+
+def test_torch_rank_0_killed_while_deleting(tmp_path: pathlib.Path) -> None:
+    """Rank 0 dies after renaming an old step out of the listing, before removing it: the other
+    ranks' save() fails within its timeout, the new step is listed and loadable, and the next
+    Manager on the directory removes what the dead rank left."""
+    pytest.importorskip("torch")
+    from test_comm_dist import DIST, LAUNCH_TIMEOUT, results
+    from test_dist_save import torch_env
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path), "kill"]
+    procs = [subprocess.Popen(argv, env=dict(os.environ, CKPTIO_TEST_OUT=str(out), **e),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for e in torch_env(3)]  # fmt: skip
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=LAUNCH_TIMEOUT)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    assert codes == [-signal.SIGKILL, 0, 0], (codes, "\n---\n".join(o[-3000:] for o in outputs))
+    killed = results(out, "kill")
+    assert sorted(killed) == [1, 2], killed
+    for v in killed.values():  # rank 0's connection drops, or the wait times out
+        assert v["error"] in ("TimeoutError", "ConnectionError", "ConnectionResetError"), v
+        assert any("step 1 of" in n and "committed on every rank" in n for n in v["notes"]), v
+    after = results(out, "after")[1]
+    assert after["steps"] == [1] and after["w_ok"], after
+    assert len(after["entries"]) == 2 and after["entries"][0].startswith("0.deleting-"), after
+    assert after["left"] == ["1"], after

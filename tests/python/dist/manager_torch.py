@@ -5,6 +5,8 @@ MASTER_ADDR/PORT, RANK and WORLD_SIZE come from the environment, the run folder 
 "sync": a Manager with keep=2 and no comm= (the DTensors' runtime) saves 4 steps of a tree
 with a Shard(0) DTensor and a plain replicated tensor; every rank lists the last two steps
 and restores them with like= DTensors; only rank 0 removes anything (a spy on shutil.rmtree).
+"kill" (3 ranks): rank 0 is killed (SIGKILL) while it deletes an old step, after renaming it
+out of the listing: the others fail within the timeout, and the listed step is loadable.
 "async": the same with comm=WORLD and async_save=True; every rank changes its tensors as soon
 as save() returns and runs its own all_reduce on WORLD while the save runs in the background
 (ckptio's background collectives use a group of their own)."""
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -26,8 +30,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _report import emit  # noqa: E402
 
 import ckptio  # noqa: E402
+from ckptio._manager import _pid_alive  # noqa: E402
 
-root = sys.argv[1]
+root, mode = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")
 rank, n = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh("cpu", (n,))
@@ -74,7 +79,7 @@ def run(tag: str, fn: Any) -> None:
         emit(tag, dict(rank=rank, **fn()))
     except Exception as e:
         emit(tag, {"rank": rank, "error": type(e).__name__, "message": str(e),
-                   "trace": traceback.format_exc()})
+                   "notes": getattr(e, "__notes__", []), "trace": traceback.format_exc()})
 
 
 def sync() -> dict[str, Any]:
@@ -109,6 +114,34 @@ def background() -> dict[str, Any]:
     return {"steps": steps, "ok": ok, "removed": sorted(removed)}
 
 
+def kill() -> dict[str, Any]:
+    def die(path: Any, *a: Any, **k: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    m = ckptio.Manager(os.path.join(root, "kill"), keep=1, async_save=False, timeout=3)
+    m.save(0, tree(0))
+    if rank == 0:
+        shutil.rmtree = die  # type: ignore[assignment]
+    m.save(1, tree(1))  # rank 0 dies deleting step 0; the others wait for it, in vain
+    return {}
+
+
+if mode == "kill":
+    run("kill", kill)
+    if rank == 1:  # rank 0 is dead: this rank looks at what it left, as a new run would
+        d = os.path.join(root, "kill")
+        entries = sorted(os.listdir(d))
+        # The dead rank's process is gone once the launcher has reaped it (a zombie still
+        # counts as alive, and a live owner's deletion is never interfered with).
+        dead = int(entries[0].rsplit("-", 1)[1]) if "deleting" in entries[0] else 0
+        until = time.monotonic() + 20
+        while dead and _pid_alive(dead) and time.monotonic() < until:
+            time.sleep(0.05)
+        m = ckptio.Manager(d, keep=1, async_save=False)  # removes the dead rank's leftovers
+        out = ckptio.load(m.step_path(1))
+        emit("after", {"rank": 1, "entries": entries, "steps": m.all_steps(),
+                       "w_ok": torch.equal(out["w"], full_w(1)), "left": sorted(os.listdir(d))})
+    os._exit(0)  # the group lost a rank: leave without teardown
 run("sync", sync)
 run("async", background)
 dist.barrier()
