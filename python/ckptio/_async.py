@@ -15,19 +15,20 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _comm, _core, _dist
 from ._adapters import Deferred
 from ._core import AddItem
 from ._errors import USAGE, CheckpointError, InvalidType, error
 from ._options import Stats, params
-from ._save import PathLike, StagedSave, _open, _stage, _write
-from ._tree import pause_gc
+from ._save import PathLike, StagedSave, _make_parent, _meta_items, _open, _stage, _write
+from ._tree import TREE_KEY, pause_gc
 
 __all__ = ["save_async", "AsyncSave", "release_buffers", "default_max_host_bytes"]
 
@@ -241,6 +242,8 @@ def save_async(
     max_host_bytes: int | None = None,
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
+    comm: Any = None,
+    timeout: float | None = None,
     **io_options: Any,
 ) -> AsyncSave:
     """Save ``tree`` as ckptio.save does, in the background; returns an AsyncSave once the
@@ -260,10 +263,23 @@ def save_async(
     ``wait()``; one nobody waited for is raised by the next save_async call, or printed at
     interpreter exit, which also waits for a save in flight. Errors in the tree itself (types,
     options) are raised by the call.
+
+    ``comm``, ``timeout``: a distributed save, as ckptio.save(comm=...) (and, without
+    ``comm``, a tree of DTensors on a multi-process mesh or of jax arrays spanning processes):
+    every rank calls save_async with its part of the tree, each snapshots its part, and the
+    collective save runs in every rank's background thread. Its collectives never use the
+    caller's group, so the training loop may keep using its own at the same time: with
+    torch.distributed the first such call creates a gloo group over the same ranks
+    (torch.distributed.new_group, collective over the whole default group: every rank of the
+    job must make that first call), with JAX a key space of its own, with mpi4py a duplicate
+    communicator. MPI allows calls from two threads only at MPI_THREAD_MULTIPLE: below it the
+    collective save runs during the call, with a RuntimeWarning. A ckptio Communicator of your
+    own is called from the background thread. A rank's part that does not fit under
+    ``max_host_bytes`` is saved during the call (the others' background saves take part).
     """
     return _save_async(
         tree, path, max_host_bytes=max_host_bytes, overwrite=overwrite, metadata=metadata,
-        io_options=io_options,
+        io_options=io_options, comm=comm, timeout=timeout,
     )  # fmt: skip
 
 
@@ -275,16 +291,30 @@ def _save_async(
     overwrite: bool,
     metadata: Mapping[str, str] | None,
     io_options: dict[str, Any],
-    after: Callable[[], None] | None = None,
+    comm: Any = None,
+    timeout: float | None = None,
+    after: Callable[[Any], None] | None = None,
 ) -> AsyncSave:
     """save_async; ``after`` runs in the background thread once the checkpoint is committed
-    (ckptio.Manager's retention); its error is the save's error."""
+    (ckptio.Manager's retention), given the communicator the save used (None for a save of
+    this process alone); its error is the save's error."""
     global _pending
     cap = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise error(USAGE, f"max_host_bytes must be an int >= 0, got {cap!r}", InvalidType)
     p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
+    kind = _dist.runtime_of(tree) if comm is None else "comm"
+    if kind is not None:
+        t = _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        if not t > 0:
+            raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
+        c = _comm.resolve(comm if comm is not None else kind) if kind != "local" else None
+        with _LOCK:
+            _wait_previous()
+            h = _dist_async(tree, spath, c or _dist.SingleRank(), p, cap, metadata, t, after)
+            _pending = h
+            return h
     with _LOCK:
         _wait_previous()
         t0 = time.perf_counter()
@@ -423,7 +453,151 @@ def _background(
         stats = _write(snap, path, p, t0, writer)
         del snap
         if after is not None:
-            after()
+            after(None)
+    except BaseException as e:  # every error is the save's, raised by wait()
+        err = e
+    _POOL.give(bufs)
+    h._finish(stats, err)
+
+
+# ---- distributed saves ----
+
+# The communicator each of the caller's communicators has for background saves (keyed by id,
+# the caller's kept alive with it): the save thread's collectives must never interleave with
+# the caller's own on the same group or key space.
+_bg_comms: dict[int, tuple[Any, Any]] = {}
+
+
+def _background_comm(c: Any) -> Any:
+    """``c``'s counterpart for collectives issued from the save thread, or None where the
+    runtime does not allow them (MPI below MPI_THREAD_MULTIPLE). Collective on first use."""
+    if isinstance(c, _dist.SingleRank) or c.size == 1:
+        return c
+    hit = _bg_comms.get(id(c))
+    if hit is not None and hit[0] is c:
+        return hit[1]
+    bg: Any
+    if isinstance(c, _comm.TorchCommunicator):
+        group = c._dist.new_group(
+            ranks=c._global, backend="gloo", timeout=_comm.GLOO_GROUP_TIMEOUT
+        )
+        bg = _comm.TorchCommunicator(group)
+    elif isinstance(c, _comm.JaxCommunicator):
+        bg = _comm.JaxCommunicator()
+    elif isinstance(c, _comm.MPICommunicator):
+        MPI = c._MPI
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            warnings.warn(
+                "ckptio.save_async(comm=<MPI>): MPI was initialized below "
+                "MPI_THREAD_MULTIPLE, so the collective save cannot run in a background "
+                "thread; it runs during the call instead (initialize MPI with "
+                "MPI_THREAD_MULTIPLE, e.g. mpi4py.rc.thread_level = 'multiple' before "
+                "importing mpi4py.MPI, to save in the background)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
+        bg = _comm.MPICommunicator(c._comm)
+    else:
+        bg = c  # a Communicator of the caller's: documented to be called from the thread
+    _bg_comms[id(c)] = (c, bg)
+    return bg
+
+
+def _dist_async(
+    tree: Any,
+    path: str,
+    c: Any,
+    p: Any,
+    cap: int,
+    metadata: Mapping[str, str] | None,
+    timeout: float,
+    after: Callable[[Any], None] | None,
+) -> AsyncSave:
+    """save_async of a distributed save over ``c``: this rank's part copied into pooled
+    buffers, then ckptio_save_dist in the background thread (during the call where the
+    runtime forbids background collectives or the part exceeds ``cap``)."""
+    t0 = time.perf_counter()
+    h = AsyncSave(path)
+    meta = _meta_items(metadata)
+    bg = _background_comm(c)
+    blocking = bg is None
+    if blocking:
+        bg = c
+    try:
+        with pause_gc():
+            items, doc = _dist.stage(tree, int(bg.size))
+    except CheckpointError as e:
+        # Take part anyway, with an item the plan refuses named after the error (as
+        # ckptio.save does), so the other ranks' saves fail at once naming this rank.
+        bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
+        try:
+            _core.save_dist(path, bg, bad, [], p, timeout)
+        except CheckpointError:
+            pass
+        raise
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _make_parent(parent, path)
+    meta_items = [(TREE_KEY, doc)] + meta if bg.rank == 0 else []
+    srcs = [np.ascontiguousarray(_as_array(it[3])) for it in items]
+    total = sum(a.nbytes for a in srcs)
+    bufs: list[_core.Buffer] = []
+    if not blocking and total <= cap:
+        sized = [a for a in srcs if a.nbytes]
+        bufs = _POOL.take([a.nbytes for a in sized], cap)
+        pairs = [(b, a.reshape(-1).view(np.uint8)) for a, b in zip(sized, bufs)]
+        try:
+            _copy_into(pairs)
+        except BaseException:
+            _POOL.give(bufs)
+            raise
+        del pairs
+        it_bufs = iter(bufs)
+        snap = []
+        for it, a in zip(items, srcs):
+            data = np.ndarray(a.shape, a.dtype, next(it_bufs)) if a.nbytes else a.copy()
+            snap.append(it[:3] + (data,) + it[4:])
+        del items, srcs
+        th = threading.Thread(
+            target=_dist_background, args=(h, snap, path, bg, meta_items, p, timeout, t0,
+                                           bufs, after),
+            name="ckptio-save-async", daemon=True,
+        )  # fmt: skip
+        h._thread = th
+        th.start()
+        h.stall_seconds = time.perf_counter() - t0
+        return h
+    # Saved during the call: on the background communicator all the same, since the other
+    # ranks' saves of this step may be running in their save threads.
+    _dist_background(h, items, path, bg, meta_items, p, timeout, t0, bufs, after)
+    h.stall_seconds = time.perf_counter() - t0
+    return h
+
+
+def _dist_background(
+    h: AsyncSave,
+    items: list[Any],
+    path: str,
+    c: Any,
+    meta_items: list[tuple[str, bytes]],
+    p: Any,
+    timeout: float,
+    t0: float,
+    bufs: list[_core.Buffer],
+    after: Callable[[Any], None] | None,
+) -> None:
+    stats: Stats | None = None
+    err: BaseException | None = None
+    try:
+        try:
+            st = _core.save_dist(path, c, items, meta_items, p, timeout)
+        except CheckpointError as e:
+            raise _dist._explain(e) from e.__cause__
+        del items
+        stats = Stats._from_core(st, time.perf_counter() - t0)
+        if after is not None:
+            after(c)
     except BaseException as e:  # every error is the save's, raised by wait()
         err = e
     _POOL.give(bufs)

@@ -12,7 +12,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from . import _comm, _dist
 from ._async import AsyncSave, _save_async
+from ._comm import Communicator
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
 from ._save import PathLike, save
@@ -56,8 +58,19 @@ class Manager:
     one is committed, and each is first renamed out of the listing (durably) and then removed,
     so a crash during the deletion leaves every listed step loadable.
 
-    ``comm``: multi-process runs (one coordinator deleting, every rank saving its shards) are
-    not supported yet; pass None.
+    ``comm``: a job of several ranks (a torch.distributed ProcessGroup, an mpi4py
+    communicator, "torch", "jax", "mpi"): every rank creates the Manager on the same
+    (shared) directory and calls save(step, tree) with its part of the tree; each save is the
+    collective ckptio.save(..., comm=). Without ``comm``, a tree holding DTensors on a
+    multi-process mesh or jax arrays spanning processes uses their runtime, as ckptio.save
+    does. Once a save has committed (every rank saw it succeed), only rank 0 deletes the steps
+    the policy lets go, then tells the other ranks, which wait for it (bounded by
+    ``timeout``, the save's timeout) so that save() returns on every rank with the same steps
+    listed and no rank restores a step while it is being deleted. A crash of any rank at any
+    point leaves every listed step loadable: the other ranks' save fails and nothing is
+    published, or the deletion is a durable rename followed by a removal. With
+    ``async_save`` the collective save and the deletion run in ckptio's background thread
+    (see ckptio.save_async for which communicators allow it).
     """
 
     def __init__(
@@ -69,13 +82,9 @@ class Manager:
         *,
         max_host_bytes: int | None = None,
         comm: Any = None,
+        timeout: float | None = None,
         **save_options: Any,
     ) -> None:
-        if comm is not None:
-            raise NotImplementedError(
-                "ckptio.Manager(comm=...): multi-process checkpoint managers are not supported "
-                "yet; use one Manager per process with its own directory, or comm=None"
-            )
         for name, v in (("keep", keep), ("keep_every", keep_every)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise error(USAGE, f"{name} must be None or an int >= 1, got {v!r}", InvalidType)
@@ -85,11 +94,18 @@ class Manager:
         self.async_save = async_save
         self.max_host_bytes = max_host_bytes
         self.save_options = save_options
+        self.timeout = _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        if not self.timeout > 0:
+            raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
+        # Resolved now: resolving is collective the first time (it may create a group), and
+        # every rank creates its Manager at the same point of the program.
+        self.comm: Communicator | None = _comm.resolve(comm)
         self._pending: AsyncSave | None = None
         self._lock = threading.Lock()
         self._closed = False
         os.makedirs(self.directory, exist_ok=True)
-        self._remove_leftovers()
+        if self.comm is None or self.comm.rank == 0:
+            self._remove_leftovers()
 
     # ---- listing ----
     def all_steps(self) -> list[int]:
@@ -127,21 +143,27 @@ class Manager:
         with self._lock:
             self._wait_pending()
             path = self.step_path(step)
+            c = self._comm_for(tree)
             if self.async_save:
                 self._pending = _save_async(
                     tree, path, max_host_bytes=self.max_host_bytes, overwrite=False,
-                    metadata=metadata, io_options=self.save_options,
-                    after=lambda: self._prune(step),
+                    metadata=metadata, io_options=self.save_options, comm=c,
+                    timeout=self.timeout, after=lambda cc: self._retain(step, cc),
                 )  # fmt: skip
             else:
-                save(tree, path, metadata=metadata, **self.save_options)
-                self._prune(step)
+                if c is None:
+                    save(tree, path, metadata=metadata, **self.save_options)
+                else:
+                    save(tree, path, metadata=metadata, comm=c, timeout=self.timeout,
+                         **self.save_options)  # fmt: skip
+                self._retain(step, c)
         return True
 
     def restore(self, step: int | None = None, like: Any = None, **load_options: Any) -> Any:
         """Load step ``step`` (default: the latest committed one), as ckptio.load(path,
-        like=like, **load_options) does. A save in flight is waited for first. Listing and
-        restoring work after close() too."""
+        like=like, **load_options) does (``comm=`` too: pass it to load on the ranks of a
+        job). A save in flight is waited for first. Listing and restoring work after close()
+        too."""
         self.wait_until_finished()
         if step is None:
             step = self.latest_step()
@@ -179,6 +201,49 @@ class Manager:
         h, self._pending = self._pending, None
         if h is not None:
             h.wait()
+
+    def _comm_for(self, tree: Any) -> Communicator | None:
+        """The communicator of a save of ``tree``: the Manager's, else the runtime of the
+        tree's distributed arrays (as ckptio.save finds it), else None (this process alone)."""
+        if self.comm is not None:
+            return self.comm
+        kind = _dist.runtime_of(tree)
+        if kind is None or kind == "local":
+            return None  # Shard / RankLocal leaves alone: ckptio.save makes it one rank's
+        return _comm.resolve(kind)
+
+    def _retain(self, newest: int, c: Communicator | None) -> None:
+        """After step ``newest`` committed on every rank: rank 0 deletes, the others wait for
+        it to finish (and raise its error, if it failed, so every rank reports it)."""
+        if c is None or c.size == 1:
+            self._prune(newest)
+            return
+        if c.rank == 0:
+            err: Exception | None = None
+            try:
+                self._prune(newest)
+            except Exception as e:  # told to the other ranks, then raised here
+                err = e
+            c.broadcast(0, f"{type(err).__name__}: {err}".encode() if err else b"", self.timeout)
+            if err is not None:
+                raise err
+            return
+        try:
+            got = c.broadcast(0, None, self.timeout)
+        except Exception as e:
+            e.add_note(
+                f"ckptio.Manager: step {newest} of '{self.directory}' was committed on every "
+                "rank; this rank was waiting for rank 0 to delete older steps, and every "
+                "listed step is loadable"
+            )
+            raise
+        if got:
+            raise _from_code(
+                -errno.EIO, "EIO",
+                f"rank 0 could not delete old steps of '{self.directory}' after step {newest} "
+                f"was committed: {got.decode(errors='replace')}; every listed step is still "
+                "loadable",
+            )  # fmt: skip
 
     def _prune(self, newest: int) -> None:
         """Delete the steps older than ``newest`` (committed) that the policy lets go."""

@@ -462,3 +462,85 @@ def test_cap_splits_one_tensor_in_two_and_opens_one_writer(
     out = ckptio.load(tmp_path / "ck")
     for k, v in state.items():
         np.testing.assert_array_equal(out[k], v)
+
+
+class _OneRank:
+    """A ckptio Communicator of one rank that counts its calls and the threads making them."""
+
+    rank, size = 0, 1
+
+    def __init__(self) -> None:
+        self.threads: set[str] = set()
+
+    def barrier(self, timeout: float) -> None:
+        self.threads.add(threading.current_thread().name)
+
+    def broadcast(self, root: int, data: bytes | None, timeout: float) -> bytes:
+        self.threads.add(threading.current_thread().name)
+        return bytes(data or b"")
+
+    def gather(self, root: int, data: bytes, timeout: float) -> list[bytes]:
+        self.threads.add(threading.current_thread().name)
+        return [bytes(data)]
+
+
+def test_distributed_snapshot(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_async(comm=): the collective save runs in the save thread, from a snapshot."""
+    ev = threading.Event()
+    real = _async._core.save_dist
+
+    def held(*args: Any) -> Any:
+        assert ev.wait(60), "the test never opened the gate"
+        return real(*args)
+
+    monkeypatch.setattr(_async._core, "save_dist", held)
+    a = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    rl = np.arange(3)
+    tree = {"w": ckptio.Shard(a, (0, 0), (64, 64)), "rng": ckptio.RankLocal({"s": rl}), "n": 1}
+    c = _OneRank()
+    h = ckptio.save_async(tree, tmp_path / "c", comm=c, timeout=30)
+    a += 1000  # the save has not started: it must write the snapshot
+    rl[:] = -1
+    assert not h.done()
+    ev.set()
+    h.wait(60)
+    out = ckptio.load(tmp_path / "c")
+    assert np.array_equal(out["w"], np.arange(4096, dtype=np.float32).reshape(64, 64))
+    assert out["rng"][0]["s"].tolist() == [0, 1, 2] and out["n"] == 1
+    assert c.threads == {"ckptio-save-async"}
+    # Without comm=: Shard and RankLocal leaves make a one-rank distributed save, in the
+    # background too; over the cap it is written during the call.
+    h = ckptio.save_async(tree, tmp_path / "d", max_host_bytes=0)
+    assert h.done()
+    h.wait()
+    assert np.array_equal(ckptio.load(tmp_path / "d")["w"], a)
+
+
+def test_distributed_staging_error(tmp_path: pathlib.Path) -> None:
+    c = _OneRank()
+    with pytest.raises(ckptio.CheckpointError, match="tensor 'w'"):
+        ckptio.save_async({"w": ckptio.Shard(np.array(["x"], object), (0,), (1,))},
+                          tmp_path / "c", comm=c)  # fmt: skip
+    # It still took part in the collective save (the other ranks fail naming this one).
+    assert c.threads == {threading.current_thread().name}
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(ckptio.CheckpointError, match="timeout"):
+        ckptio.save_async({"w": np.ones(2)}, tmp_path / "c", comm=c, timeout=0)
+
+
+def test_mpi_without_thread_multiple_saves_during_the_call() -> None:
+    """MPI below MPI_THREAD_MULTIPLE forbids the save thread's collectives: no background
+    communicator, and a warning saying why."""
+    from ckptio import _comm
+
+    class FakeMPI:
+        THREAD_MULTIPLE = 3
+
+        @staticmethod
+        def Query_thread() -> int:
+            return 1  # MPI_THREAD_FUNNELED
+
+    c = _comm.MPICommunicator.__new__(_comm.MPICommunicator)
+    c._MPI, c.rank, c.size = FakeMPI, 0, 2
+    with pytest.warns(RuntimeWarning, match="MPI_THREAD_MULTIPLE"):
+        assert _async._background_comm(c) is None

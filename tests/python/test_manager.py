@@ -74,8 +74,10 @@ def test_restore_without_steps(tmp_path: pathlib.Path) -> None:
 
 
 def test_bad_arguments(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(NotImplementedError, match="multi-process"):
+    with pytest.raises(ckptio.InvalidType, match="comm="):
         ckptio.Manager(tmp_path, comm=object())
+    with pytest.raises(ckptio.CheckpointError, match="timeout"):
+        ckptio.Manager(tmp_path, timeout=0)
     with pytest.raises(ckptio.InvalidType):
         ckptio.Manager(tmp_path, keep=0)
     m = ckptio.Manager(tmp_path)
@@ -155,3 +157,117 @@ def test_manager_uses_the_shared_pool(tmp_path: pathlib.Path) -> None:
     with ckptio.Manager(tmp_path, max_host_bytes=1 << 20) as m:
         m.save(1, state(1))
     assert _async._POOL.held <= 1 << 20
+
+
+def test_torch_four_ranks(tmp_path: pathlib.Path) -> None:
+    """Every rank saves its shards through its Manager; only rank 0 deletes old steps, and every
+    rank lists the same steps once save() returns (sync), or once the save finishes (async)."""
+    pytest.importorskip("torch")
+    from test_comm_dist import DIST, launch, results
+    from test_dist_save import no_error, torch_env
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path), "run"]
+    launch([argv] * 4, torch_env(4), out)
+    sync = results(out, "sync")
+    no_error(sync, 4)
+    for r, v in sync.items():
+        assert v["seen"] == [[0], [0, 1], [1, 2], [2, 3]], (r, v)
+        assert v["steps"] == [2, 3] and v["ok"], (r, v)
+        # rank 0 removed steps 0 and 1 (renamed out of the listing first); nobody else did
+        assert v["removed"] == ([f"0.deleting-{v['pid']}", f"1.deleting-{v['pid']}"]
+                                if r == 0 else []), (r, v)
+    bg = results(out, "async")
+    no_error(bg, 4)
+    for r, v in bg.items():
+        assert v["steps"] == [2, 3] and v["ok"], (r, v)
+        assert len(v["removed"]) == (2 if r == 0 else 0), (r, v)
+    assert sorted(os.listdir(tmp_path / "sync")) == ["2", "3"]
+    assert sorted(os.listdir(tmp_path / "async")) == ["2", "3"]
+    full = ckptio.load(tmp_path / "async" / "3")
+    assert full["step"] == 3 and full["w"][0, 0].item() == 300.0
+
+
+def test_mpi_four_ranks(tmp_path: pathlib.Path) -> None:
+    """Manager(comm=COMM_WORLD, async_save=True) under mpirun: rank 0 alone deletes; the
+    collective saves run in the save thread where MPI allows it (MPI_THREAD_MULTIPLE)."""
+    import importlib.util
+    import shutil
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpirun and mpi4py")
+    from test_comm_dist import DIST, LAUNCH_TIMEOUT, launch, results
+    from test_dist_save import no_error
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["timeout", str(LAUNCH_TIMEOUT), mpirun, "--allow-run-as-root", "--oversubscribe",
+            "-np", "4", sys.executable, str(DIST / "manager_mpi.py"), str(tmp_path / "run")]
+    launch([argv], [{}], out)
+    res = results(out, "mpi")
+    no_error(res, 4)
+    for r, v in res.items():
+        assert v["steps"] == [2, 3] and v["back"] == [True, True], (r, v)
+        assert v["removed"] == (2 if r == 0 else 0), (r, v)
+        # Below MPI_THREAD_MULTIPLE the saves ran during the calls, saying so.
+        assert bool(v["warnings"]) != v["multiple"], (r, v)
+    assert sorted(os.listdir(tmp_path / "run")) == ["2", "3"]
+
+
+def test_jax_two_processes(tmp_path: pathlib.Path) -> None:
+    """Manager(async_save=True) of jax arrays spanning 2 processes, without comm=."""
+    pytest.importorskip("jax")
+    from test_comm_dist import DIST, free_port, launch, results
+    from test_dist_save import no_error
+
+    port = free_port()
+    argvs = [[sys.executable, str(DIST / "manager_jax.py"), str(port), str(i), "2",
+              str(tmp_path / "run")] for i in range(2)]
+    env = [dict(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+           for _ in range(2)]
+    out = tmp_path / "out"
+    out.mkdir()
+    launch(argvs, env, out)
+    res = results(out, "jax")
+    no_error(res, 2)
+    for r, v in res.items():
+        assert v["steps"] == [2, 3] and v["back"] == [True, True], (r, v)
+        assert v["removed"] == (2 if r == 0 else 0), (r, v)
+
+
+def test_torch_rank_0_killed_while_deleting(tmp_path: pathlib.Path) -> None:
+    """Rank 0 dies after renaming an old step out of the listing, before removing it: the other
+    ranks' save() fails within its timeout, the new step is listed and loadable, and the next
+    Manager on the directory removes what the dead rank left."""
+    pytest.importorskip("torch")
+    from test_comm_dist import DIST, LAUNCH_TIMEOUT, results
+    from test_dist_save import torch_env
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path), "kill"]
+    procs = [subprocess.Popen(argv, env=dict(os.environ, CKPTIO_TEST_OUT=str(out), **e),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for e in torch_env(3)]  # fmt: skip
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=LAUNCH_TIMEOUT)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    assert codes == [-signal.SIGKILL, 0, 0], (codes, "\n---\n".join(o[-3000:] for o in outputs))
+    killed = results(out, "kill")
+    assert sorted(killed) == [1, 2], killed
+    for v in killed.values():  # rank 0's connection drops, or the wait times out
+        assert v["error"] in ("TimeoutError", "ConnectionError", "ConnectionResetError"), v
+        assert any("step 1 of" in n and "committed on every rank" in n for n in v["notes"]), v
+    after = results(out, "after")[1]
+    assert after["steps"] == [1] and after["w_ok"], after
+    assert len(after["entries"]) == 2 and after["entries"][0].startswith("0.deleting-"), after
+    assert after["left"] == ["1"], after
