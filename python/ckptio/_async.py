@@ -524,18 +524,8 @@ def _dist_async(
     blocking = bg is None
     if blocking:
         bg = c
-    try:
-        with pause_gc():
-            items, doc = _dist.stage(tree, int(bg.size))
-    except CheckpointError as e:
-        # Take part anyway, with an item the plan refuses named after the error (as
-        # ckptio.save does), so the other ranks' saves fail at once naming this rank.
-        bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
-        try:
-            _core.save_dist(path, bg, bad, [], p, timeout)
-        except CheckpointError:
-            pass
-        raise
+    with pause_gc():
+        items, doc = _dist.stage_or_refuse(tree, bg, path, p, timeout)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         _make_parent(parent, path)

@@ -340,6 +340,23 @@ def stage(tree: Any, nranks: int) -> tuple[list[DistItem], bytes]:
     return items, doc
 
 
+def stage_or_refuse(
+    tree: Any, comm: Any, path: str, p: Any, timeout: float
+) -> tuple[list[tuple[Any, ...]], bytes]:
+    """stage(tree) for a collective save over ``comm``; when this rank cannot stage, it still
+    takes part, with an item the plan refuses (an invalid dtype) named after the error, so the
+    other ranks fail at once naming this rank instead of at the timeout; then it raises."""
+    try:
+        return stage(tree, int(comm.size))
+    except CheckpointError as e:
+        bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
+        try:
+            _core.save_dist(path, comm, bad, [], p, timeout)
+        except CheckpointError:
+            pass
+        raise
+
+
 def save(
     tree: Any,
     path: str,
@@ -353,17 +370,7 @@ def save(
 
     if not timeout > 0:
         raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
-    try:
-        items, doc = stage(tree, int(comm.size))
-    except CheckpointError as e:
-        # Still take part, with an item the plan refuses (an invalid dtype) named after the
-        # error, so the other ranks fail at once naming this rank instead of at the timeout.
-        bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
-        try:
-            _core.save_dist(path, comm, bad, [], p, timeout)
-        except CheckpointError:
-            pass
-        raise
+    items, doc = stage_or_refuse(tree, comm, path, p, timeout)
     import os
 
     from ._save import _make_parent

@@ -58,6 +58,10 @@ CKPTIO__HIDDEN int ckptio__fail(ckptio__msg *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 CKPTIO__HIDDEN int ckptio__vfail(ckptio__msg *m, int code, const char *fmt, va_list ap);
 CKPTIO__HIDDEN void ckptio__msg_clear(ckptio__msg *m);
+/* For the pure rooms (format/, dist/ plans) that report into a caller's buffer, not a handle:
+ * format into err (errlen bytes; either may be 0/NULL) and return code. */
+CKPTIO__HIDDEN int ckptio__errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Raise again, with `code`, what `src` says (or `fallback` where it says nothing; with neither,
  * nothing happens): after the printf-style prefix `fmt` when that is not NULL, the text goes to
  * the thread's last error and to `dst` (may be NULL). The text is copied first, so dst may be

@@ -71,6 +71,17 @@ int ckptio__fail(ckptio__msg *m, int code, const char *fmt, ...)
     return code;
 }
 
+int ckptio__errf(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
 void ckptio__msg_clear(ckptio__msg *m)
 {
     if (m) m->text[0] = 0;

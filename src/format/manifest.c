@@ -85,17 +85,7 @@ static inline void put64(uint8_t *p, uint64_t v)
 
 #define U(x) ((unsigned long long)(x))
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-                                                      const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+#define fail ckptio__errf /* report into the caller's err buffer (common/error.c) */
 
 /* Bytes of a (valid UTF-8) name to quote: clipped at a character boundary. */
 static int shown(const char *s, uint64_t len)

@@ -13,17 +13,7 @@
 #define NAME_SHOWN 200 /* bytes of a name quoted in a message */
 #define PARTS_SHOWN 8  /* part numbers listed in a message */
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-                                                      const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+#define fail ckptio__errf /* report into the caller's err buffer (common/error.c) */
 
 /* "4096,1024"; "" for a scalar (callers add the brackets). */
 static const char *fmt_dims(char *buf, size_t cap, const uint64_t *d, uint32_t ndim)
