@@ -61,13 +61,13 @@ test-sanitize: deps
 # leaves its reproducer in $(BUILD)-fuzz/ and fails the target. A 64 KiB input must never need
 # more than 256 MiB (-malloc_limit_mb).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := manifest merge
+FUZZ_TARGETS := manifest merge safetensors
 .PHONY: fuzz
 fuzz: deps
 	@[ -f $(BUILD)-fuzz/build.ninja ] || CC=clang $(MESON) setup $(BUILD)-fuzz -Dfuzzers=true \
 		-Db_sanitize=address,undefined -Db_lundef=false -Dc_args=-fsanitize=fuzzer-no-link >/dev/null
-	@$(MESON) compile -C $(BUILD)-fuzz fuzz/fuzz-manifest fuzz/fuzz-merge >/dev/null
-	@half=$$(( ($(FUZZ_SECONDS) + 1) / 2 )); \
+	@$(MESON) compile -C $(BUILD)-fuzz $(addprefix fuzz/fuzz-,$(FUZZ_TARGETS)) >/dev/null
+	@k=$(words $(FUZZ_TARGETS)); half=$$(( ($(FUZZ_SECONDS) + k - 1) / k )); \
 	for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(BUILD)-fuzz/corpus-new/$$t; echo "fuzz-$$t: $$half s"; \
 		( cd $(BUILD)-fuzz && ./fuzz/fuzz-$$t -max_total_time=$$half -max_len=65536 \

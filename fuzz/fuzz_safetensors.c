@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libFuzzer target for the safetensors header parser: whatever parses must hold its invariants. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/format/safetensors.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define REQUIRE(cond)                                                                          \
+    do {                                                                                       \
+        if (!(cond)) abort();                                                                  \
+    } while (0)
+
+/* The input: 8 bytes, little-endian, the length of the data section, then the header's JSON
+ * bytes. The parser sees a file of 8 + header + data bytes. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 8) return 0;
+    uint64_t dlen = 0;
+    for (int i = 7; i >= 0; i--) dlen = dlen << 8 | data[i];
+    uint64_t n = size - 8;
+    uint64_t file_size = 8 + n + dlen < 8 + n ? UINT64_MAX : 8 + n + dlen;
+    /* A private copy of exactly n bytes, so a sanitizer flags any read past the header. */
+    uint8_t *hdr = malloc(n ? n : 1);
+    REQUIRE(hdr);
+    memcpy(hdr, data + 8, n);
+    char err[512];
+    err[0] = 0;
+    ckptio__st_header *h = (ckptio__st_header *)&err; /* must be reset to NULL */
+    int rc = ckptio__st_parse(hdr, n, file_size, &h, err, sizeof err);
+    if (rc < 0) {
+        REQUIRE(h == NULL && err[0] != 0); /* every refusal says why */
+        REQUIRE(rc == CKPTIO_E_CORRUPT || rc == CKPTIO_E_LIMIT || rc == CKPTIO_E_DTYPE ||
+                rc == CKPTIO_E_DUPLICATE || rc == CKPTIO_E_SHAPE || rc == -ENOMEM);
+    } else {
+        REQUIRE(rc == 0 && h && h->data_start == 8 + n);
+        uint64_t at = 0;
+        for (uint64_t i = 0; i < h->n_tensors; i++) {
+            const ckptio__st_tensor *t = &h->tensors[i];
+            REQUIRE(t->begin == at && t->end >= t->begin);
+            at = t->end;
+            REQUIRE(t->name + t->name_len < h->strtab_len && h->strtab[t->name + t->name_len] == 0);
+            REQUIRE(!memchr(h->strtab + t->name, 0, t->name_len));
+            REQUIRE(t->ndim <= CKPTIO_MAX_NDIM && t->dims + t->ndim <= h->n_dims);
+            REQUIRE(ckptio__st_dtype_name((int)t->st_dtype) != NULL);
+        }
+        REQUIRE(at == dlen);
+        for (uint64_t i = 0; i < h->n_meta; i++) {
+            const ckptio__st_meta *m = &h->meta[i];
+            REQUIRE(m->key + m->key_len < h->strtab_len && m->val + m->val_len < h->strtab_len);
+            REQUIRE(h->strtab[m->val + m->val_len] == 0);
+        }
+        REQUIRE(h->strtab_len <= n + 1);
+        ckptio__st_free(h);
+    }
+    free(hdr);
+    return 0;
+}

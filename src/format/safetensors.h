@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The safetensors header (a JSON object after a u64 length) as flat structures: pure code, fuzzed. */
+#ifndef CKPTIO_SAFETENSORS_H
+#define CKPTIO_SAFETENSORS_H
+
+#include "../common/common.h"
+
+/* Largest header length accepted, as in the reference implementation. */
+#define CKPTIO__ST_MAX_HEADER 100000000ull
+
+/* The safetensors dtypes. Sizes are in bits: F4 and F6_* pack below a byte, and a tensor of
+ * those takes ceil(bits * element count / 8) bytes (the rule this parser checks offsets by). */
+#define CKPTIO__ST_DTYPE_TABLE(X)                                                              \
+    X(BOOL, 8, CKPTIO_DT_BOOL)                                                                 \
+    X(F4, 4, 0)                                                                                \
+    X(F6_E2M3, 6, 0)                                                                           \
+    X(F6_E3M2, 6, 0)                                                                           \
+    X(U8, 8, CKPTIO_DT_U8)                                                                     \
+    X(I8, 8, CKPTIO_DT_I8)                                                                     \
+    X(F8_E5M2, 8, CKPTIO_DT_F8_E5M2)                                                           \
+    X(F8_E4M3, 8, CKPTIO_DT_F8_E4M3FN)                                                         \
+    X(F8_E8M0, 8, 0)                                                                           \
+    X(F8_E4M3FNUZ, 8, 0)                                                                       \
+    X(F8_E5M2FNUZ, 8, 0)                                                                       \
+    X(I16, 16, CKPTIO_DT_I16)                                                                  \
+    X(U16, 16, CKPTIO_DT_U16)                                                                  \
+    X(F16, 16, CKPTIO_DT_F16)                                                                  \
+    X(BF16, 16, CKPTIO_DT_BF16)                                                                \
+    X(I32, 32, CKPTIO_DT_I32)                                                                  \
+    X(U32, 32, CKPTIO_DT_U32)                                                                  \
+    X(F32, 32, CKPTIO_DT_F32)                                                                  \
+    X(C64, 64, CKPTIO_DT_C64)                                                                  \
+    X(F64, 64, CKPTIO_DT_F64)                                                                  \
+    X(I64, 64, CKPTIO_DT_I64)                                                                  \
+    X(U64, 64, CKPTIO_DT_U64)
+
+typedef enum ckptio__st_dtype {
+    CKPTIO__ST_NONE = 0,
+#define CKPTIO__ST_X_ENUM(name, bits, dt) CKPTIO__ST_##name,
+    CKPTIO__ST_DTYPE_TABLE(CKPTIO__ST_X_ENUM)
+#undef CKPTIO__ST_X_ENUM
+    CKPTIO__ST_COUNT
+} ckptio__st_dtype;
+
+/* Name ("F8_E4M3"), bits per element, and CKPTIO_DT_* (0 where ckptio has no code for the
+ * dtype: F4, F6_*, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ; a caller loads those as bytes or
+ * refuses them). Unknown st: NULL / 0 / 0. */
+CKPTIO__HIDDEN const char *ckptio__st_dtype_name(int st);
+CKPTIO__HIDDEN unsigned ckptio__st_dtype_bits(int st);
+CKPTIO__HIDDEN int ckptio__st_dtype_ckptio(int st);
+
+typedef struct ckptio__st_tensor {
+    uint64_t name;     /* strtab offset; strtab[name + name_len] == 0 */
+    uint32_t name_len;
+    uint32_t st_dtype; /* CKPTIO__ST_* */
+    int32_t dtype;     /* CKPTIO_DT_*, or 0 where ckptio has none (see above) */
+    uint32_t ndim;     /* <= CKPTIO_MAX_NDIM; 0 for a scalar */
+    uint64_t dims;     /* index into dims[] of ndim entries */
+    uint64_t begin;    /* data_offsets, relative to the data start (8 + header length) */
+    uint64_t end;
+} ckptio__st_tensor;
+
+typedef struct ckptio__st_meta {
+    uint64_t key; /* strtab offsets, each string followed by a NUL */
+    uint32_t key_len;
+    uint32_t reserved;
+    uint64_t val;
+    uint64_t val_len; /* a value may hold NULs of its own (\u0000): use val_len */
+} ckptio__st_meta;
+
+typedef struct ckptio__st_header {
+    uint64_t header_len; /* N */
+    uint64_t data_start; /* 8 + N */
+    uint64_t n_tensors, n_meta, n_dims, strtab_len;
+    ckptio__st_tensor *tensors; /* sorted by (begin, end, order in the header) */
+    ckptio__st_meta *meta;      /* in header order; keys unique */
+    uint64_t *dims;
+    char *strtab;
+} ckptio__st_header;
+
+/* Parse the n JSON bytes `hdr` of a safetensors file of file_size bytes (whose first 8 bytes
+ * hold n). The header must be UTF-8, start with '{', and end with the object's '}' followed
+ * only by spaces. Accepted: one object of tensor name -> {"dtype", "shape", "data_offsets"}
+ * (each exactly once, nothing else) and at most one "__metadata__" -> {string: string}.
+ * Names are unique, without NUL; shape and offsets are non-negative integers < 2^64. Checked:
+ * end - begin = ceil(bits * prod(shape) / 8) and the tensors, by offset, tile the data from 0 to
+ * file_size - 8 - n exactly. On success *out lives in one allocation bounded by a small
+ * multiple of n (free with ckptio__st_free). On failure: CKPTIO_E_LIMIT (n too large, too many
+ * dimensions), CKPTIO_E_DTYPE (unknown dtype), CKPTIO_E_DUPLICATE (a name twice),
+ * CKPTIO_E_SHAPE (size mismatch), CKPTIO_E_CORRUPT (anything else), -ENOMEM; err says why,
+ * naming the tensor and the byte. */
+CKPTIO__HIDDEN int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size,
+                                    ckptio__st_header **out, char *err, size_t errlen);
+CKPTIO__HIDDEN void ckptio__st_free(ckptio__st_header *h);
+
+#endif
