@@ -53,6 +53,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             REQUIRE(h->strtab[m->val + m->val_len] == 0);
         }
         REQUIRE(h->strtab_len <= n + 1);
+        /* what parses encodes, and the encoding parses to the same header */
+        uint8_t *buf;
+        uint64_t len;
+        REQUIRE(ckptio__st_encode(h, 4096, &buf, &len, err, sizeof err) == 0);
+        REQUIRE(len % 4096 == 0);
+        ckptio__st_header *g;
+        REQUIRE(ckptio__st_parse(buf + 8, len - 8, len + dlen, &g, err, sizeof err) == 0);
+        REQUIRE(g->n_tensors == h->n_tensors && g->n_meta == h->n_meta);
+        REQUIRE(g->n_dims == h->n_dims && !memcmp(g->dims, h->dims, h->n_dims * 8));
+        for (uint64_t i = 0; i < h->n_tensors; i++) {
+            const ckptio__st_tensor *x = &h->tensors[i], *y = &g->tensors[i];
+            REQUIRE(x->name_len == y->name_len && x->st_dtype == y->st_dtype &&
+                    x->ndim == y->ndim && x->begin == y->begin && x->end == y->end);
+            REQUIRE(!memcmp(h->strtab + x->name, g->strtab + y->name, x->name_len));
+        }
+        for (uint64_t i = 0; i < h->n_meta; i++) {
+            const ckptio__st_meta *x = &h->meta[i], *y = &g->meta[i];
+            REQUIRE(x->key_len == y->key_len && x->val_len == y->val_len);
+            REQUIRE(!memcmp(h->strtab + x->key, g->strtab + y->key, x->key_len));
+            REQUIRE(!memcmp(h->strtab + x->val, g->strtab + y->val, x->val_len));
+        }
+        ckptio__st_free(g);
+        free(buf);
         ckptio__st_free(h);
     }
     free(hdr);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of the safetensors header parser: valid headers, each refusal and its message, corpus. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "../src/format/safetensors.h"
@@ -255,6 +256,82 @@ static int test_lengths(void)
     return 0;
 }
 
+static bool same_str(const ckptio__st_header *a, uint64_t ao, uint64_t al,
+                     const ckptio__st_header *b, uint64_t bo, uint64_t bl)
+{
+    return al == bl && !memcmp(a->strtab + ao, b->strtab + bo, al);
+}
+
+static bool same_header(const ckptio__st_header *a, const ckptio__st_header *b)
+{
+    if (a->n_tensors != b->n_tensors || a->n_meta != b->n_meta) return false;
+    for (uint64_t i = 0; i < a->n_tensors; i++) {
+        const ckptio__st_tensor *x = &a->tensors[i], *y = &b->tensors[i];
+        if (!same_str(a, x->name, x->name_len, b, y->name, y->name_len) ||
+            x->st_dtype != y->st_dtype || x->dtype != y->dtype || x->ndim != y->ndim ||
+            x->begin != y->begin || x->end != y->end ||
+            (x->ndim && memcmp(a->dims + x->dims, b->dims + y->dims, x->ndim * 8)))
+            return false;
+    }
+    for (uint64_t i = 0; i < a->n_meta; i++) {
+        const ckptio__st_meta *x = &a->meta[i], *y = &b->meta[i];
+        if (!same_str(a, x->key, x->key_len, b, y->key, y->key_len) ||
+            !same_str(a, x->val, x->val_len, b, y->val, y->val_len))
+            return false;
+    }
+    return true;
+}
+
+/* parse(encode(parse(json))) == parse(json), with the data start a multiple of align. */
+static int round_trip(const char *json, uint64_t dlen, uint64_t align)
+{
+    ckptio__st_header *a, *b;
+    CHECK_OK(parse(json, dlen, &a));
+    uint8_t *buf;
+    uint64_t len;
+    CHECK_OK(ckptio__st_encode(a, align, &buf, &len, err, sizeof err));
+    CHECK(len % align == 0 && len >= 8);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | buf[i];
+    CHECK(n == len - 8);
+    if (align == 1) CHECK(buf[len - 1] == '}');
+    int rc = ckptio__st_parse(buf + 8, n, len + dlen, &b, err, sizeof err);
+    if (rc) fprintf(stderr, "%.*s\n -> %s\n", (int)n, (const char *)buf + 8, err);
+    CHECK(rc == 0);
+    CHECK(same_header(a, b));
+    CHECK(b->data_start == len);
+    free(buf);
+    ckptio__st_free(a);
+    ckptio__st_free(b);
+    return 0;
+}
+
+static int test_encode(void)
+{
+    const char *j = "{\"__metadata__\":{\"format\":\"pt\",\"k\":\"v\\u0000w\\\"\"},"
+                    "\"b\\\\\\\"\\u0001\\u00e9\":"
+                    "{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[16,24]},"
+                    "\"a\":{\"shape\":[2,2],\"data_offsets\":[0,16],\"dtype\":\"F32\"},"
+                    "\"s\":{\"dtype\":\"F4\",\"shape\":[],\"data_offsets\":[24,25]},"
+                    "\"z\":{\"dtype\":\"F64\",\"shape\":[3,0],\"data_offsets\":[25,25]}}";
+    CHECK(round_trip(j, 25, 4096) == 0);
+    CHECK(round_trip(j, 25, 1) == 0);
+    CHECK(round_trip(j, 25, 8) == 0);
+    CHECK(round_trip("{}", 0, 4096) == 0);
+    CHECK(round_trip("{\"__metadata__\":{}}", 0, 64) == 0);
+    ckptio__st_header *h;
+    CHECK_OK(parse(j, 25, &h));
+    uint8_t *buf;
+    uint64_t len;
+    CHECK(ckptio__st_encode(h, 3000, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
+    CHECK(ckptio__st_encode(h, 0, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
+    h->tensors[0].st_dtype = CKPTIO__ST_COUNT;
+    CHECK(ckptio__st_encode(h, 1, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
+    CHECK(buf == NULL && strstr(err, "unknown dtype"));
+    ckptio__st_free(h);
+    return 0;
+}
+
 #ifdef CKPTIO_FUZZ_ST_REPLAY
 static int test_corpus(void)
 {
@@ -271,6 +348,7 @@ const ckptio_test tests_safetensors[] = {
     {"safetensors/layout", test_layout, 0, 0},
     {"safetensors/structure", test_structure, 0, 0},
     {"safetensors/lengths", test_lengths, 0, 0},
+    {"safetensors/encode", test_encode, 0, 0},
 #ifdef CKPTIO_FUZZ_ST_REPLAY
     {"safetensors/corpus", test_corpus, 0, 0},
 #endif

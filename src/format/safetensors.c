@@ -3,6 +3,7 @@
 #include "safetensors.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -536,7 +537,10 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
      * every dimension is followed by ',' or ']'. The + 1 leaves room for the entry that runs
      * into the end, so a cut-off header fails on its syntax, never on these bounds. */
     uint64_t colons = 0, seps = 0;
-    for (uint64_t i = 0; i < n; i++) colons += hdr[i] == ':', seps += hdr[i] == ',' || hdr[i] == ']';
+    for (uint64_t i = 0; i < n; i++) {
+        colons += hdr[i] == ':';
+        seps += hdr[i] == ',' || hdr[i] == ']';
+    }
     rd r = {.p = hdr, .n = n, .err = err, .errlen = errlen};
     r.cap_tensors = colons / 4 + 1;
     r.cap_meta = colons;
@@ -572,4 +576,134 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
 void ckptio__st_free(ckptio__st_header *h)
 {
     free(h);
+}
+
+/* ---- the writer ---------------------------------------------------------------------------- */
+
+/* Appends to buf when it is set, else only counts. */
+typedef struct wr {
+    uint8_t *buf;
+    uint64_t len;
+} wr;
+
+static void put(wr *w, const char *s, size_t n)
+{
+    if (w->buf) memcpy(w->buf + w->len, s, n);
+    w->len += n;
+}
+
+static void puts_(wr *w, const char *s)
+{
+    put(w, s, strlen(s));
+}
+
+static void put_u64(wr *w, uint64_t v)
+{
+    char d[24];
+    int n = snprintf(d, sizeof d, "%llu", U(v));
+    put(w, d, (size_t)n);
+}
+
+/* A JSON string: '"' and '\\' escaped, control bytes as \u00XX, everything else as is. */
+static void put_str(wr *w, const char *s, uint64_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    put(w, "\"", 1);
+    for (uint64_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            put(w, e, 2);
+        } else if (c < 0x20) {
+            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            put(w, e, 6);
+        } else {
+            put(w, (const char *)&c, 1);
+        }
+    }
+    put(w, "\"", 1);
+}
+
+static void put_json(wr *w, const ckptio__st_header *h)
+{
+    puts_(w, "{");
+    if (h->n_meta) {
+        puts_(w, "\"__metadata__\":{");
+        for (uint64_t i = 0; i < h->n_meta; i++) {
+            const ckptio__st_meta *m = &h->meta[i];
+            if (i) puts_(w, ",");
+            put_str(w, h->strtab + m->key, m->key_len);
+            puts_(w, ":");
+            put_str(w, h->strtab + m->val, m->val_len);
+        }
+        puts_(w, "}");
+    }
+    for (uint64_t i = 0; i < h->n_tensors; i++) {
+        const ckptio__st_tensor *t = &h->tensors[i];
+        if (i || h->n_meta) puts_(w, ",");
+        put_str(w, h->strtab + t->name, t->name_len);
+        puts_(w, ":{\"dtype\":\"");
+        puts_(w, ckptio__st_dtype_name((int)t->st_dtype));
+        puts_(w, "\",\"shape\":[");
+        for (uint32_t k = 0; k < t->ndim; k++) {
+            if (k) puts_(w, ",");
+            put_u64(w, h->dims[t->dims + k]);
+        }
+        puts_(w, "],\"data_offsets\":[");
+        put_u64(w, t->begin);
+        puts_(w, ",");
+        put_u64(w, t->end);
+        puts_(w, "]}");
+    }
+    puts_(w, "}");
+}
+
+static bool utf8_ok(const char *s, uint64_t n)
+{
+    return utf8_prefix((const uint8_t *)s, n) == n;
+}
+
+int ckptio__st_encode(const ckptio__st_header *h, uint64_t align, uint8_t **out, uint64_t *len,
+                      char *err, size_t errlen)
+{
+    *out = NULL;
+    *len = 0;
+    if (align == 0 || (align & (align - 1)) || align > (1u << 30))
+        return fail(err, errlen, CKPTIO_E_USAGE,
+                    "safetensors encode: alignment %llu is not a power of two up to 1 GiB",
+                    U(align));
+    for (uint64_t i = 0; i < h->n_tensors; i++) {
+        const ckptio__st_tensor *t = &h->tensors[i];
+        const char *name = h->strtab + t->name;
+        if (!utf8_ok(name, t->name_len) || memchr(name, 0, t->name_len))
+            return fail(err, errlen, CKPTIO_E_USAGE,
+                        "safetensors encode: tensor %llu: name is not UTF-8 or holds a NUL", U(i));
+        if (!ckptio__st_dtype_name((int)t->st_dtype) || t->ndim > CKPTIO_MAX_NDIM)
+            return fail(err, errlen, CKPTIO_E_USAGE,
+                        "safetensors encode: tensor '%.*s': unknown dtype %u or %u dimensions",
+                        shown(name, t->name_len), name, t->st_dtype, t->ndim);
+    }
+    for (uint64_t i = 0; i < h->n_meta; i++) {
+        const ckptio__st_meta *m = &h->meta[i];
+        if (!utf8_ok(h->strtab + m->key, m->key_len) || !utf8_ok(h->strtab + m->val, m->val_len))
+            return fail(err, errlen, CKPTIO_E_USAGE,
+                        "safetensors encode: metadata %llu is not UTF-8", U(i));
+    }
+    wr w = {0};
+    put_json(&w, h);
+    uint64_t total = (8 + w.len + align - 1) / align * align;
+    if (total - 8 > CKPTIO__ST_MAX_HEADER)
+        return fail(err, errlen, CKPTIO_E_LIMIT,
+                    "safetensors encode: header of %llu bytes exceeds %llu", U(total - 8),
+                    U(CKPTIO__ST_MAX_HEADER));
+    uint8_t *buf = malloc((size_t)total);
+    if (!buf) return fail(err, errlen, -ENOMEM, "safetensors encode: out of memory");
+    uint64_t n = total - 8;
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)(n >> (8 * i));
+    w = (wr){buf + 8, 0};
+    put_json(&w, h);
+    memset(buf + 8 + w.len, ' ', (size_t)(n - w.len));
+    *out = buf;
+    *len = total;
+    return 0;
 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The safetensors header (a JSON object after a u64 length) as flat structures: pure code, fuzzed. */
+/* The safetensors header (JSON after a u64 length) as flat structures: pure code, fuzzed. */
 #ifndef CKPTIO_SAFETENSORS_H
 #define CKPTIO_SAFETENSORS_H
 
@@ -92,5 +92,19 @@ typedef struct ckptio__st_header {
 CKPTIO__HIDDEN int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size,
                                     ckptio__st_header **out, char *err, size_t errlen);
 CKPTIO__HIDDEN void ckptio__st_free(ckptio__st_header *h);
+
+/* Encode h (its tensors, meta, dims and strtab; header_len and data_start are ignored) as the
+ * start of a safetensors file: the u64 length word, then the JSON, padded with spaces so that
+ * the data start 8 + N is a multiple of `align` (a power of two, e.g. 4096, so that the data
+ * can be written and read with O_DIRECT; 1 for no padding). Key order: "__metadata__" first
+ * (left out when there is none), then the tensors in the order of h->tensors, each as
+ * {"dtype", "shape", "data_offsets"}. Offsets are written as given; the caller lays them out,
+ * tiling [0, data length) in the order of h->tensors. A writer that wants every large tensor
+ * aligned puts first the tensors whose sizes are multiples of `align` (each then starts
+ * aligned, the data start being aligned), then the rest. On success *out (malloc'ed, free())
+ * holds *len bytes. CKPTIO_E_USAGE (bad align, a name or value not UTF-8, a name with a NUL,
+ * an unknown dtype), CKPTIO_E_LIMIT (N over the limit) or -ENOMEM, with err. */
+CKPTIO__HIDDEN int ckptio__st_encode(const ckptio__st_header *h, uint64_t align, uint8_t **out,
+                                     uint64_t *len, char *err, size_t errlen);
 
 #endif
