@@ -532,19 +532,20 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
     if (ok != n)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "safetensors header is not UTF-8 at byte %llu",
                     U(ok));
-    /* Upper bounds from a scan, so the one allocation is a small multiple of n: every tensor
-     * takes at least four ':' (name, dtype, shape, data_offsets), every metadata entry one, and
-     * every dimension is followed by ',' or ']'. The + 1 leaves room for the entry that runs
-     * into the end, so a cut-off header fails on its syntax, never on these bounds. */
+    /* Upper bounds, so the one allocation stays near 11 n bytes at worst: every tensor takes at
+     * least four ':' (name, dtype, shape, data_offsets) and 49 bytes
+     * ("":{"dtype":"U8","shape":[],"data_offsets":[0,0]}), every metadata entry 5 ("":""),
+     * every dimension 2 and is followed by ',' or ']'. The + 1 leaves room for the entry that
+     * runs into the end, so a cut-off header fails on its syntax, never on these bounds. */
     uint64_t colons = 0, seps = 0;
     for (uint64_t i = 0; i < n; i++) {
         colons += hdr[i] == ':';
         seps += hdr[i] == ',' || hdr[i] == ']';
     }
     rd r = {.p = hdr, .n = n, .err = err, .errlen = errlen};
-    r.cap_tensors = colons / 4 + 1;
-    r.cap_meta = colons;
-    r.cap_dims = seps + 1;
+    r.cap_tensors = (colons / 4 < n / 49 ? colons / 4 : n / 49) + 1;
+    r.cap_meta = (colons < n / 5 ? colons : n / 5) + 1;
+    r.cap_dims = (seps < n / 2 ? seps : n / 2) + 1;
     r.cap_str = n + 1;
     uint64_t bytes = sizeof(ckptio__st_header) + r.cap_tensors * sizeof(ckptio__st_tensor) +
                      r.cap_tensors * sizeof(by_name) + r.cap_meta * sizeof(ckptio__st_meta) +
