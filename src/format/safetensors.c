@@ -285,11 +285,6 @@ static int metadata(rd *r)
             (rc = string(r, &vo, &vl, "metadata value")))
             return rc;
         ckptio__st_header *h = r->h;
-        for (uint64_t i = 0; i < h->n_meta; i++)
-            if (h->meta[i].key_len == kl && !memcmp(h->strtab + h->meta[i].key, h->strtab + ko, kl))
-                return fail(r->err, r->errlen, CKPTIO_E_DUPLICATE,
-                            "safetensors header: metadata key '%.*s' appears twice",
-                            shown(h->strtab + ko, kl), h->strtab + ko);
         if (h->n_meta == r->cap_meta || kl > UINT32_MAX)
             return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
                         "safetensors header: too many metadata entries");
@@ -443,6 +438,15 @@ static int check(rd *r, uint64_t data_len, by_name *names)
             return fail(r->err, r->errlen, CKPTIO_E_DUPLICATE,
                         "safetensors header: tensor '%.*s' appears twice",
                         shown(names[i].s, names[i].len), names[i].s);
+    /* Metadata keys unique: sorted in the same scratch, so a huge header costs n log n. */
+    for (uint64_t i = 0; i < h->n_meta; i++)
+        names[i] = (by_name){h->strtab + h->meta[i].key, h->meta[i].key_len};
+    if (h->n_meta) qsort(names, h->n_meta, sizeof *names, cmp_name);
+    for (uint64_t i = 1; i < h->n_meta; i++)
+        if (!cmp_name(&names[i - 1], &names[i]))
+            return fail(r->err, r->errlen, CKPTIO_E_DUPLICATE,
+                        "safetensors header: metadata key '%.*s' appears twice",
+                        shown(names[i].s, names[i].len), names[i].s);
     if (h->n_tensors) qsort(h->tensors, h->n_tensors, sizeof *h->tensors, cmp_offset);
     uint64_t at = 0;
     for (uint64_t i = 0; i < h->n_tensors; i++) {
@@ -532,7 +536,7 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
     if (ok != n)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "safetensors header is not UTF-8 at byte %llu",
                     U(ok));
-    /* Upper bounds, so the one allocation stays near 11 n bytes at worst: every tensor takes at
+    /* Upper bounds, so the one allocation stays near 14 n bytes at worst: every tensor takes at
      * least four ':' (name, dtype, shape, data_offsets) and 49 bytes
      * ("":{"dtype":"U8","shape":[],"data_offsets":[0,0]}), every metadata entry 5 ("":""),
      * every dimension 2 and is followed by ',' or ']'. The + 1 leaves room for the entry that
@@ -547,8 +551,9 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
     r.cap_meta = (colons < n / 5 ? colons : n / 5) + 1;
     r.cap_dims = (seps < n / 2 ? seps : n / 2) + 1;
     r.cap_str = n + 1;
+    uint64_t cap_names = r.cap_tensors > r.cap_meta ? r.cap_tensors : r.cap_meta;
     uint64_t bytes = sizeof(ckptio__st_header) + r.cap_tensors * sizeof(ckptio__st_tensor) +
-                     r.cap_tensors * sizeof(by_name) + r.cap_meta * sizeof(ckptio__st_meta) +
+                     cap_names * sizeof(by_name) + r.cap_meta * sizeof(ckptio__st_meta) +
                      r.cap_dims * sizeof(uint64_t) + r.cap_str;
     uint8_t *a = calloc(1, (size_t)bytes);
     if (!a) return fail(err, errlen, -ENOMEM, "safetensors header: out of memory (%llu bytes)",
@@ -557,7 +562,7 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
     uint8_t *p = a + sizeof *h;
     h->tensors = (ckptio__st_tensor *)p, p += r.cap_tensors * sizeof(ckptio__st_tensor);
     by_name *names = (by_name *)p;
-    p += r.cap_tensors * sizeof(by_name);
+    p += cap_names * sizeof(by_name);
     h->meta = (ckptio__st_meta *)p, p += r.cap_meta * sizeof(ckptio__st_meta);
     h->dims = (uint64_t *)p, p += r.cap_dims * sizeof(uint64_t);
     h->strtab = (char *)p;

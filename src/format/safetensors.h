@@ -85,7 +85,7 @@ typedef struct ckptio__st_header {
  * Names are unique, without NUL; shape and offsets are non-negative integers < 2^64. Checked:
  * end - begin = ceil(bits * prod(shape) / 8) and the tensors, by offset, tile the data from 0 to
  * file_size - 8 - n exactly. On success *out lives in one allocation of at most about
- * 11 n bytes (free with ckptio__st_free). On failure: CKPTIO_E_LIMIT (n too large, too many
+ * 14 n bytes (free with ckptio__st_free). On failure: CKPTIO_E_LIMIT (n too large, too many
  * dimensions), CKPTIO_E_DTYPE (unknown dtype), CKPTIO_E_DUPLICATE (a name twice),
  * CKPTIO_E_SHAPE (size mismatch), CKPTIO_E_CORRUPT (anything else), -ENOMEM; err says why,
  * naming the tensor and the byte. */
