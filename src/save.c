@@ -750,6 +750,22 @@ static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
     return rc;
 }
 
+/* The end of the data: the hasher done with the caller's memory (first, whatever happens
+ * next), the sink drained, the current data file fsynced and closed. */
+static int seal_data(ckptio_writer *w)
+{
+    settle_hashes(w);
+    CKPTIO__TRY(ckptio__sink_finish(&w->sink));
+    w->stats.io_bytes = w->sink.io_bytes;
+    int rc;
+    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
+        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                            w->data_label);
+    close(w->fd);
+    w->fd = -1;
+    return 0;
+}
+
 int ckptio_writer_commit(ckptio_writer *w)
 {
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_commit: writer is NULL");
@@ -758,16 +774,7 @@ int ckptio_writer_commit(ckptio_writer *w)
     uint8_t *man = NULL;
     uint64_t man_len = 0;
     int rc;
-    settle_hashes(w); /* first: whatever happens next, the hasher is done with the caller's memory */
-    CKPTIO__CHECK(ckptio__sink_finish(&w->sink));
-    w->stats.io_bytes = w->sink.io_bytes;
-    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0) {
-        ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
-                     w->data_label);
-        goto out;
-    }
-    close(w->fd);
-    w->fd = -1;
+    CKPTIO__CHECK(seal_data(w));
     CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, false));
     rc = publish_with(w, man, man_len);
 out:
@@ -786,16 +793,7 @@ int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part)
     uint8_t *man = NULL;
     uint64_t man_len = 0;
     int rc;
-    settle_hashes(w);
-    CKPTIO__CHECK(ckptio__sink_finish(&w->sink));
-    w->stats.io_bytes = w->sink.io_bytes;
-    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0) {
-        ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
-                     w->data_label);
-        goto out;
-    }
-    close(w->fd);
-    w->fd = -1;
+    CKPTIO__CHECK(seal_data(w));
     CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, true));
     CKPTIO__GOTO_IF(ckptio_bytes_set(part, man, man_len) < 0, -ENOMEM);
     if (w->cfg.fsync) {
