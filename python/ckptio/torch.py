@@ -355,3 +355,25 @@ def load(
     # A file weights_only refuses: torch.load raises the same error, with its own explanation.
     del records
     return defer(path)
+
+
+def _dcp_module() -> Any:
+    """ckptio.torch.dcp (ckptio._torch_dcp), registered under both names and executed on first
+    use, so that importing ckptio.torch does not import torch.distributed."""
+    import importlib.util
+    import sys
+
+    name = "ckptio._torch_dcp"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.loader is not None
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    sys.modules[__name__ + ".dcp"] = mod
+    return mod
+
+
+dcp = _dcp_module()
