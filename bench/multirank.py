@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The multi-rank cell of `make bench`: WORLD_SIZE local ranks (gloo, CPU) save and cold-load one state, replicated and Shard(0), with ckptio (comm=) and torch DCP, next to the raw device bandwidth measured in the same run."""
+"""The multi-rank cell of `make bench`: WORLD_SIZE local ranks (gloo, CPU) save and cold-load one state, replicated and Shard(0), with ckptio (comm=), torch DCP (FileSystemWriter/Reader) and DCP through ckptio.torch.dcp's StorageWriter/Reader, next to the raw device bandwidth measured in the same run."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LAYOUTS = ("replicated", "shard0")
-MECHS = ("ckptio", "dcp")
-NAMES = {"ckptio": ("ckptio.save(comm=)", "ckptio.load(like=)"), "dcp": ("dcp.save FileSystemWriter", "dcp.load FileSystemReader")}
+MECHS = ("ckptio", "dcp", "ckptio-dcp")
+NAMES = {"ckptio": ("ckptio.save(comm=)", "ckptio.load(like=)"), "dcp": ("dcp.save FileSystemWriter", "dcp.load FileSystemReader"),
+         "ckptio-dcp": ("dcp.save ckptio StorageWriter", "dcp.load ckptio StorageReader")}
 # What issue 10 asks of this cell.
 TARGET_X_DCP = 1.5
 TARGET_OF_RAW = 0.9

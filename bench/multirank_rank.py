@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One rank of the multi-rank cell (bench/multirank.py launches WORLD_SIZE of them): saves and cold-loads the same state with ckptio and torch DCP, timed between barriers, and writes what it measured as JSON."""
+"""One rank of the multi-rank cell (bench/multirank.py launches WORLD_SIZE of them): saves and cold-loads the same state with ckptio, torch DCP and DCP through ckptio.torch.dcp, timed between barriers, and writes what it measured as JSON."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor, Shard, init_device_mesh  # noqa: E
 
 import mechanisms as M  # noqa: E402
 
-MECHS = ("ckptio", "dcp")
+MECHS = ("ckptio", "dcp", "ckptio-dcp")
 
 # (what, start, end) of each step of ckptio's calls that Python sees: staging the tree, the C
 # save_dist or read, and each collective the C library makes through the communicator.
@@ -128,7 +128,7 @@ def fsync_paths(paths: list[str]) -> None:
 
 def rank_files(mech: str, path: str, rank: int) -> list[str]:
     """The data files this rank wrote: ckptio's data/rNNNNN-*, DCP's __<rank>_*.distcp."""
-    if mech == "ckptio":
+    if mech in ("ckptio", "ckptio-dcp"):
         return sorted(glob.glob(os.path.join(path, "data", f"r{rank:05d}-*")))
     return sorted(glob.glob(os.path.join(path, f"__{rank}_*.distcp")))
 
@@ -148,6 +148,12 @@ def save(mech: str, st: dict[str, Any], path: str, pg: Any, rank: int) -> dict[s
         rec["stats"] = {"bytes": stats.bytes, "io_bytes": stats.io_bytes, "seconds": stats.seconds,
                         "io_seconds": stats.io_seconds, "backend": stats.backend, "direct": stats.direct}  # fmt: skip
         t2 = t1
+    elif mech == "ckptio-dcp":
+        from ckptio.torch.dcp import StorageWriter
+
+        # Durable when dcp.save returns: ckptio fsyncs files and directories itself.
+        dcp.save(st, storage_writer=StorageWriter(path, process_group=pg), process_group=pg)
+        t1 = t2 = time.perf_counter()
     else:
         from torch.distributed.checkpoint import FileSystemWriter
 
@@ -183,6 +189,11 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
 
         out = ckptio.load(path, like=target, comm=pg)
         trace = spans(t0)
+    elif mech == "ckptio-dcp":
+        from ckptio.torch.dcp import StorageReader
+
+        dcp.load(target, storage_reader=StorageReader(path), process_group=pg)
+        out = target
     else:
         from torch.distributed.checkpoint import FileSystemReader
 
