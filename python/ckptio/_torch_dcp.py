@@ -58,13 +58,23 @@ __all__ = ["StorageWriter", "StorageReader", "METADATA_KEY"]
 METADATA_KEY = "ckptio.dcp.metadata"
 
 
-def _comm_for(group: Any) -> Any:
-    """The communicator of the save: the DCP process group's ranks, or this process alone."""
-    if not (dist.is_available() and dist.is_initialized()):
+def _comm_for(group: Any, nplans: int | None) -> Any:
+    """The communicator of the save: the process group's ranks, or this process alone (no
+    torch.distributed, or a coordinator that planned for itself only: dcp.save(no_dist=True)
+    on one rank of a job)."""
+    if not (dist.is_available() and dist.is_initialized()) or nplans == 1:
         return _dist.SingleRank()
     from . import _comm
 
-    return _comm.resolve(group if group is not None else "torch")
+    comm = _comm.resolve(group if group is not None else "torch")
+    if nplans is not None and nplans != comm.size:
+        raise error(
+            USAGE,
+            f"dcp.save planned for {nplans} ranks but the StorageWriter's group has "
+            f"{comm.size}: pass the process group given to dcp.save as "
+            "StorageWriter(path, process_group=...)",
+        )
+    return comm
 
 
 def _tree_document(md: Metadata) -> bytes:
@@ -136,11 +146,14 @@ class StorageWriter(_storage.StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
+        self._nplans: int | None = None
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # Only the coordinator learns how many ranks take part; the others are in the group.
+        self._nplans = len(plans)
         return plans
 
     def _stage(self, plan: SavePlan, planner: SavePlanner) -> list[_dist.DistItem]:
@@ -170,7 +183,7 @@ class StorageWriter(_storage.StorageWriter):
         return [(TREE_KEY, _tree_document(md)), (METADATA_KEY, pickle.dumps(md))]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[Any]]:
-        comm = _comm_for(self.process_group)
+        comm = _comm_for(self.process_group, getattr(self, "_nplans", None))
         p = params(self.io_options, overwrite=self.overwrite)
         try:
             items = self._stage(plan, planner)

@@ -182,7 +182,7 @@ def test_two_ranks_save_three_ranks_load(tmp_path: pathlib.Path) -> None:
     out.mkdir()
     prog = str(DIST / "dcp_torch.py")
     launch([[sys.executable, prog, "save", str(tmp_path)]] * 2, torch_env(2), out)
-    for tag in ("fsdp", "plain", "async_thread", "async_process", "native"):
+    for tag in ("fsdp", "plain", "async_thread", "async_process", "native", "solo"):
         no_error(results(out, tag), 2)
     assert all(v["dtensor"] for v in results(out, "fsdp").values())
     # Rank 1 raised inside write_data: every rank fails naming it, nothing half-written, the
@@ -192,7 +192,9 @@ def test_two_ranks_save_three_ranks_load(tmp_path: pathlib.Path) -> None:
     assert "rank 1 failed to stage its state" in failed[1]["message"], failed[1]
     assert "rank 1" in failed[0]["message"], failed[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "async-process", "async-thread", "fsdp", "fsdp-expected.pt", "native", "out", "plain"]
+        "async-process", "async-thread", "fsdp", "fsdp-expected.pt", "native", "out", "plain",
+        "solo"]
+    assert ckptio.load(tmp_path / "solo")["x"].tolist() == [0.0, 1.0, 2.0]
     full = ckptio.load(tmp_path / "plain")
     assert sorted(full) == ["bias", "e", "extra.name", "extra.step", "w"]
     assert torch.equal(full["w"], torch.arange(72, dtype=torch.float32).reshape(12, 6))

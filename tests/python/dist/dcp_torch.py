@@ -162,6 +162,16 @@ def save() -> None:
 
     run("native", native)
 
+    def solo() -> dict[str, Any]:
+        # One rank saves alone (no_dist) while the job has two: a one-rank save.
+        if rank == 0:
+            w = StorageWriter(os.path.join(root, "solo"), timeout=TIMEOUT)
+            dcp.save({"x": torch.arange(3.0)}, storage_writer=w, no_dist=True)
+        return {}
+
+    run("solo", solo)
+    dist.barrier()
+
     def failed() -> dict[str, Any]:
         path = os.path.join(root, "plain")
         other = {"other": distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)]), "step": 8}
