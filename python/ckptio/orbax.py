@@ -74,6 +74,9 @@ class ArrayHandler(ocp_types.TypeHandler):  # type: ignore[misc]
         self._timeout = float(timeout)
         self._io = dict(io_options)
         self._fallback = ocp_types.ArrayHandler()
+        # Orbax asks the jax.Array handler for its store of tensorstore write shapes; ckptio
+        # has none, and saying so keeps Orbax from looking for one.
+        self._array_metadata_store = None
 
     def typestr(self) -> str:
         return TYPESTR

@@ -208,6 +208,8 @@ def test_two_processes(tmp_path: pathlib.Path) -> None:
     # Both processes wrote a data file; one process reads the whole checkpoint, in ckptio.
     store = tmp_path / "ckpt" / ckptio.orbax.SUBDIR
     assert len(list((store / "data").iterdir())) == 2
+    with ckptio.open(store) as r:  # a box per device for x; rep once, by replica 0's owner
+        assert r.info("x").num_chunks == 8 and r.info("rep").num_chunks == 1
     full = ckptio.load(store, framework="numpy")
     assert np.array_equal(full["x"], np.arange(8 * 4, dtype=np.float32).reshape(8, 4))
     assert np.array_equal(full["rep"], np.arange(8 * 4, dtype=np.float32).reshape(8, 4) * 2)
