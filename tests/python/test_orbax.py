@@ -205,6 +205,7 @@ def test_two_processes(tmp_path: pathlib.Path) -> None:
         assert "error" not in v, (r, v)
         assert v["restored_ok"] and v["manager_steps"] == [1, 2], v
         assert v["written"] > 0, v  # each process wrote its own boxes into its own data file
+        assert v["read"] == 2 * 4 * 4 * 4, v  # half the rows of each (8, 4) f32 array
     # Both processes wrote a data file; one process reads the whole checkpoint, in ckptio.
     store = tmp_path / "ckpt" / ckptio.orbax.SUBDIR
     assert len(list((store / "data").iterdir())) == 2

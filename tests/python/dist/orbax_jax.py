@@ -57,6 +57,7 @@ try:
     like = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows) for k, v in want.items()}
     with ocp.StandardCheckpointer() as c:
         out = c.restore(path, like)
+    read = ckptio.last_load_stats().bytes  # this process's devices' rows only
     ok = check(out, want) and all(out[k].sharding == rows for k in out)
     ok = ok and len(out["x"].addressable_shards) == 4
 
@@ -69,7 +70,7 @@ try:
         got = mgr.restore(2, args=ocp.args.StandardRestore(like))
     ok = ok and check(got, {k: v + 2 for k, v in want.items()})
     emit("orbax", {"rank": pid, "restored_ok": bool(ok), "manager_steps": steps,
-                   "written": written})
+                   "written": written, "read": read})
 except Exception as e:
     emit("orbax", {"rank": pid, "error": type(e).__name__, "message": str(e),
                    "trace": traceback.format_exc()})
