@@ -35,20 +35,19 @@ import hashlib
 import os
 from typing import Any, Sequence
 
-import numpy as np
-
-from . import _core, _dist
-from ._errors import CheckpointError, USAGE, error
-from ._fw_jax import rebuild_sharding
-from ._load import Reader
-from ._options import params
-from ._tree import TREE_KEY
-
 import jax
+import numpy as np
 from orbax.checkpoint import future as ocp_future
 from orbax.checkpoint import type_handlers as ocp_types
 from orbax.checkpoint._src.metadata import sharding as ocp_sharding
 from orbax.checkpoint._src.metadata import value as ocp_value
+
+from . import _core, _dist
+from ._errors import USAGE, CheckpointError, error
+from ._fw_jax import rebuild_sharding
+from ._load import Reader
+from ._options import params
+from ._tree import TREE_KEY
 
 __all__ = ["ArrayHandler", "register", "unregister", "SUBDIR", "TYPESTR"]
 
@@ -114,7 +113,9 @@ class ArrayHandler(ocp_types.TypeHandler):  # type: ignore[misc]
             if not multi:
                 raise
             staged = e  # the other processes learn it in the collective save below
-        p = params(dict(self._io), overwrite=True)
+        # Never overwrite: Orbax gives every save a fresh directory, and a second save into the
+        # same one (Orbax's partial saves) would drop the arrays of the first.
+        p = params(dict(self._io))
         timeout = self._timeout
 
         async def commit() -> None:
@@ -270,6 +271,7 @@ def register(handler: ArrayHandler | None = None) -> ArrayHandler:
     current = ocp_types.get_type_handler(jax.Array)
     if not isinstance(current, ArrayHandler):
         _previous = current
+        h._fallback = current  # Orbax's checkpoints are read as Orbax is configured to read them
     ocp_types.register_type_handler(jax.Array, h, override=True)
     return h
 
