@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ckptio
-from test_comm_dist import DIST, free_port, launch, results
+from test_comm_dist import launch_jax, results
 
 jax = pytest.importorskip("jax")
 ocp = pytest.importorskip("orbax.checkpoint")
@@ -190,15 +190,9 @@ def test_import_ckptio_does_not_import_orbax() -> None:
 
 
 def test_two_processes(tmp_path: pathlib.Path) -> None:
-    n = 2
-    port = free_port()
-    argvs = [[sys.executable, str(DIST / "orbax_jax.py"), str(port), str(i), str(n),
-              str(tmp_path)] for i in range(n)]
-    env = [dict(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
-           for _ in range(n)]
     out = tmp_path / "out"
     out.mkdir()
-    launch(argvs, env, out)
+    launch_jax("orbax_jax.py", 2, 4, out, str(tmp_path))  # 2 processes x 4 CPU devices
     res = results(out, "orbax")
     assert sorted(res) == [0, 1], res
     for r, v in res.items():

@@ -15,12 +15,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, start_jax  # noqa: E402
 
-port, pid, n = (int(a) for a in sys.argv[1:4])
-root = sys.argv[4]
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
-                           process_id=pid, initialization_timeout=30)
+pid, n, (root,) = start_jax()
 
 import orbax.checkpoint as ocp  # noqa: E402
 
