@@ -200,6 +200,12 @@ def test_two_processes(tmp_path: pathlib.Path) -> None:
         assert v["restored_ok"] and v["manager_steps"] == [1, 2], v
         assert v["written"] > 0, v  # each process wrote its own boxes into its own data file
         assert v["read"] == 2 * 4 * 4 * 4, v  # half the rows of each (8, 4) f32 array
+    refused = results(out, "refused")
+    assert sorted(refused) == [0, 1], refused
+    for v in refused.values():
+        assert "injected staging failure" in v.get("message", ""), v
+    assert "rank 1 could not stage" in refused[0]["message"], refused
+    assert not (tmp_path / "refused").exists()
     # Both processes wrote a data file; one process reads the whole checkpoint, in ckptio.
     store = tmp_path / "ckpt" / ckptio.orbax.SUBDIR
     assert len(list((store / "data").iterdir())) == 2

@@ -68,6 +68,20 @@ try:
     ok = ok and check(got, {k: v + 2 for k, v in want.items()})
     emit("orbax", {"rank": pid, "restored_ok": bool(ok), "manager_steps": steps,
                    "written": written, "read": read})
+
+    # The last process cannot stage its part: every process fails with its message.
+    if pid == n - 1:
+        def refuse(tree: object, nranks: int) -> None:
+            raise ckptio.orbax.error(ckptio.orbax.USAGE, "injected staging failure")
+
+        ckptio.orbax._dist.stage = refuse  # type: ignore[assignment]
+    try:
+        with ocp.StandardCheckpointer() as c:
+            c.save(os.path.join(root, "refused"), tree)
+            c.wait_until_finished()
+        emit("refused", {"rank": pid, "saved": True})
+    except Exception as e:
+        emit("refused", {"rank": pid, "error": type(e).__name__, "message": str(e)})
 except Exception as e:
     emit("orbax", {"rank": pid, "error": type(e).__name__, "message": str(e),
                    "trace": traceback.format_exc()})
