@@ -123,12 +123,7 @@ class ArrayHandler(ocp_types.TypeHandler):  # type: ignore[misc]
                 await info.await_path_creation()
             path = _local_path(infos[0].parent_dir) + "/" + SUBDIR
             if isinstance(staged, CheckpointError):
-                bad = [(f"cannot stage: {staged}"[:200], -1, (0,), np.empty(0, np.uint8),
-                        None, None, 0)]  # fmt: skip
-                try:
-                    _core.save_dist(path, comm, bad, [], p, timeout)
-                except CheckpointError:
-                    pass
+                _dist.refuse(staged, comm, path, p, timeout)
                 raise staged
             items, doc = staged
             meta = [(TREE_KEY, doc)] if comm.rank == 0 else []
