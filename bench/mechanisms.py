@@ -274,6 +274,21 @@ def _orbax_load(c: Ctx, p: str) -> Any:
     return out
 
 
+def _through_ckptio(fn: Callable[[Ctx, str], Any]) -> Callable[[Ctx, str], Any]:
+    """``fn`` (an Orbax save or restore) with ckptio.orbax's handler registered for jax.Array."""
+
+    def run(c: Ctx, p: str) -> Any:
+        import ckptio.orbax
+
+        ckptio.orbax.register()
+        try:
+            return fn(c, p)
+        finally:
+            ckptio.orbax.unregister()
+
+    return run
+
+
 def _ckptio_save(c: Ctx, p: str, **kw: Any) -> None:
     import ckptio
 
@@ -308,6 +323,8 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("numpy", "dir", _np_save, {"np.load": _np_load}),
         Mechanism("safetensors", "file", _st_save, {"safetensors.load_file": _st_load}),
         Mechanism("orbax", "dir", _orbax_save, {"orbax.restore": _orbax_load}),
+        Mechanism("orbax+ckptio", "dir", _through_ckptio(_orbax_save),
+                  {"orbax.restore via ckptio": _through_ckptio(_orbax_load)}),
         Mechanism("ckptio", "dir", _ckptio_save, {"ckptio.load": _ckptio_load},
                   save_nofsync=lambda c, p: _ckptio_save(c, p, fsync=False)),
         Mechanism("ckptio.torch", "file", _ckptio_torch_save, {"ckptio.torch.load": _ckptio_torch_load},
@@ -320,6 +337,7 @@ SAVE_NAMES = {
     "numpy": "np.save",
     "safetensors": "safetensors.save_file",
     "orbax": "orbax StandardCheckpointer",
+    "orbax+ckptio": "orbax via ckptio.orbax",
     "ckptio": "ckptio.save",
     "ckptio.torch": "ckptio.torch.save",
 }

@@ -349,12 +349,18 @@ def stage_or_refuse(
     try:
         return stage(tree, int(comm.size))
     except CheckpointError as e:
-        bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
-        try:
-            _core.save_dist(path, comm, bad, [], p, timeout)
-        except CheckpointError:
-            pass
+        refuse(e, comm, path, p, timeout)
         raise
+
+
+def refuse(e: CheckpointError, comm: Any, path: str, p: Any, timeout: float) -> None:
+    """Take part in the collective save of ``path`` with an item the plan refuses, named after
+    this rank's staging error ``e``, so that the other ranks fail at once naming this rank."""
+    bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
+    try:
+        _core.save_dist(path, comm, bad, [], p, timeout)
+    except CheckpointError:
+        pass
 
 
 def save(

@@ -51,6 +51,17 @@ def launch(argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path)
     assert not bad, f"exit codes {bad}:\n" + "\n---\n".join(o[-3000:] for o in outputs)
 
 
+def launch_jax(script: str, n: int, devices: int, out: pathlib.Path, *args: str) -> None:
+    """launch() of n JAX processes of dist/SCRIPT with DEVICES CPU devices each; argv is PORT
+    PROCESS_ID NUM_PROCESSES ARGS (dist/_report.py's start_jax reads it)."""
+    port = free_port()
+    argvs = [[sys.executable, str(DIST / script), str(port), str(i), str(n), *args]
+             for i in range(n)]
+    env = [dict(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+           for _ in range(n)]
+    launch(argvs, env, out)
+
+
 def results(out: pathlib.Path, tag: str) -> dict[int, dict[str, Any]]:
     found = {}
     for f in out.glob(f"{tag}-*.json"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from ckptio import _core
@@ -42,3 +43,14 @@ def selftest(tag: str, comm: Any, timeout: float, fail_rank: int = -1) -> None:
             "cause": type(e.__cause__).__name__ if e.__cause__ else None,
             "notes": getattr(e, "__notes__", []),
         })
+
+
+def start_jax() -> tuple[int, int, list[str]]:
+    """jax.distributed.initialize from argv PORT PROCESS_ID NUM_PROCESSES (coordinator on
+    127.0.0.1, bounded); returns (process id, number of processes, the arguments after them)."""
+    import jax
+
+    port, pid, n = (int(a) for a in sys.argv[1:4])
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
+                               process_id=pid, initialization_timeout=30)
+    return pid, n, sys.argv[4:]
