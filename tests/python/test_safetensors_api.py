@@ -492,3 +492,26 @@ def test_ckptio_checkpoints_still_load(tmp_path: pathlib.Path) -> None:
     ckptio.save({"w": np.ones(3)}, p)
     (p / "extra.safetensors").write_bytes(b"")
     np.testing.assert_array_equal(ckptio.load(p)["w"], np.ones(3))
+
+
+def test_ckptio_load_like_dtensors(tmp_path: pathlib.Path) -> None:
+    """Two gloo ranks load a stock file with like= DTensors: each reads only its Shard(0) rows."""
+    pytest.importorskip("torch.distributed")
+    import sys
+
+    from test_comm_dist import DIST, free_port, launch, results
+
+    path = tmp_path / "d.safetensors"
+    stock_torch.save_file({"w": torch.randn(8, 256).to(torch.bfloat16), "b": torch.randn(5)},
+                          str(path), metadata={"format": "pt"})  # fmt: skip
+    port = free_port()
+    env = [dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE="2",
+                GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1") for r in range(2)]  # fmt: skip
+    launch([[sys.executable, str(DIST / "st_dtensor.py"), str(path)]] * 2, env, tmp_path)
+    res = results(tmp_path, "st")
+    assert sorted(res) == [0, 1], res
+    for r, v in res.items():
+        assert "error" not in v, v
+        assert v["dtensor"] and v["w_ok"] and v["b_ok"], v
+        assert v["placements"] == ["S(0)", "R"], v
+        assert v["bytes"] == v["want_bytes"], v
