@@ -251,9 +251,10 @@ def main() -> None:
     try:
         # Warm-up, untimed: imports, Orbax's checkpointer and JAX's first dispatch.
         prog.step("warming up")
-        warm = M.Ctx(M.tensor_state(1 << 20))
-        warm_res = run_benchmark("warm-up", warm, mechs, argparse.Namespace(**{**vars(a), "runs": 1, "raw_size": 16 << 20}), {"write": [], "read": []}, Progress(0, True))
-        del warm, warm_res
+        if mechs:
+            warm = M.Ctx(M.tensor_state(1 << 20))
+            warm_res = run_benchmark("warm-up", warm, mechs, argparse.Namespace(**{**vars(a), "runs": 1, "raw_size": 16 << 20}), {"write": [], "read": []}, Progress(0, True))
+            del warm, warm_res
         for name, build, runs in plan:
             prog.step(f"{name}: building the state")
             ctx = M.Ctx(build())
@@ -270,7 +271,8 @@ def main() -> None:
             M.remove(os.path.join(a.dir, "data"))
             M.remove(os.path.join(a.dir, "data.file"))
     raw_w, raw_r = med(raw["write"]), med(raw["read"])
-    print_table(rows, raw_w, raw_r)
+    if rows:
+        print_table(rows, raw_w, raw_r)
     loop_rows: list[dict[str, Any]] = []
     if a.train_loop:
         import train_loop

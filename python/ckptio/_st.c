@@ -2,6 +2,7 @@
 /* ckptio._core's safetensors functions: the C header parser and encoder, for ckptio.safetensors. */
 #include "_st.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
@@ -47,21 +48,18 @@ static PyObject *mod_st_parse(PyObject *mod, PyObject *args)
     char err[512] = "";
     ckptio__st_header *h = NULL;
     int rc;
-    if (n > (uint64_t)hdr.len) {
-        /* Only a length the parser refuses before reading may exceed what was read. */
+    if (n > (uint64_t)hdr.len && n <= CKPTIO__ST_MAX_HEADER && file_size >= 8 &&
+        n <= file_size - 8) {
+        rc = CKPTIO_E_CORRUPT; /* the file shrank under the caller */
+        snprintf(err, sizeof err,
+                 "safetensors header of %llu bytes ends after the file's %zd readable bytes: "
+                 "the file is truncated",
+                 (unsigned long long)n, hdr.len);
+    } else if (n > (uint64_t)hdr.len) {
+        /* A length the parser refuses before it reads a byte of the header. */
         static const uint8_t none[1] = {0};
         rc = ckptio__st_parse(none, n, file_size, &h, err, sizeof err);
-        if (rc == 0) {
-            ckptio__st_free(h);
-            h = NULL;
-        }
-        if (rc >= 0) {
-            rc = CKPTIO_E_CORRUPT;
-            snprintf(err, sizeof err,
-                     "safetensors header of %llu bytes ends after the file's %zd readable bytes: "
-                     "the file is truncated",
-                     (unsigned long long)n, hdr.len);
-        }
+        assert(rc < 0);
     } else {
         Py_BEGIN_ALLOW_THREADS
         rc = ckptio__st_parse(hdr.buf, n, file_size, &h, err, sizeof err);

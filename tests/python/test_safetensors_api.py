@@ -515,3 +515,19 @@ def test_ckptio_load_like_dtensors(tmp_path: pathlib.Path) -> None:
         assert v["dtensor"] and v["w_ok"] and v["b_ok"], v
         assert v["placements"] == ["S(0)", "R"], v
         assert v["bytes"] == v["want_bytes"], v
+
+
+def test_save_refuses_names_the_format_cannot_hold(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "n.safetensors"
+    for bad in ("a\x00b", "\udcff"):
+        with pytest.raises(ckptio.InvalidRequest):
+            cst.save_file({bad: np.zeros(2)}, path)
+    with pytest.raises(ckptio.InvalidRequest, match="__metadata__"):
+        cst.save_file({"__metadata__": np.zeros(2)}, path)
+    cst.save_file({"ünï \"q\" \\ \n": np.arange(3)}, path, metadata={"k\x01": "v\x00w"})
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        assert f.keys() == ["ünï \"q\" \\ \n"] and f.metadata() == {"k\x01": "v\x00w"}
+    with cst.safe_open(path, framework="np") as f:
+        assert f.metadata() == {"k\x01": "v\x00w"}
