@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -148,7 +149,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     return {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "dir": os.path.abspath(a.dir)},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
