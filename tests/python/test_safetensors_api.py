@@ -531,3 +531,24 @@ def test_save_refuses_names_the_format_cannot_hold(tmp_path: pathlib.Path) -> No
         assert f.keys() == ["ünï \"q\" \\ \n"] and f.metadata() == {"k\x01": "v\x00w"}
     with cst.safe_open(path, framework="np") as f:
         assert f.metadata() == {"k\x01": "v\x00w"}
+
+
+@pytest.mark.parametrize("pad", [0, 1, 3, 4, 8])
+def test_large_tensors_at_any_file_offset(tmp_path: pathlib.Path, pad: int) -> None:
+    """Tensors over 64 KiB start anywhere in files other writers make (unpadded headers, odd
+    tensors before them): each is read whole and bit-exact, elements aligned or not."""
+    big = np.random.default_rng(pad).standard_normal(70_000).astype(np.float32)
+    tail = np.arange(20_000, dtype=np.int64)
+    hdr = json.dumps({
+        "p": entry("U8", [pad], 0, pad),
+        "big": entry("F32", [70_000], pad, pad + big.nbytes),
+        "tail": entry("I64", [20_000], pad + big.nbytes, pad + big.nbytes + tail.nbytes),
+    }).encode()  # fmt: skip
+    path = tmp_path / "odd.safetensors"
+    write_raw(path, hdr, bytes(range(pad)) + big.tobytes() + tail.tobytes())
+    got = cst.load_file(path, framework="np")
+    assert got["big"].tobytes() == big.tobytes() and got["tail"].tobytes() == tail.tobytes()
+    assert got["p"].tobytes() == bytes(range(pad))
+    t = cst.load_file(path)
+    assert t["big"].numpy().tobytes() == big.tobytes()
+    np.testing.assert_array_equal(ckptio.load(path)["tail"], tail)
