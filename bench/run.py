@@ -227,6 +227,7 @@ def main() -> None:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--train-loop", action="store_true", help="also the training-loop cell (bench/train_loop.py: checkpoint stalls of save_async, DCP async_save, Orbax async; a few minutes)")
     ap.add_argument("--multirank", action="store_true", help="also the multi-rank cell (bench/multirank.py: 4 local ranks save and cold-load 1 GiB, replicated and Shard(0), ckptio next to torch DCP; a few minutes)")
+    ap.add_argument("--safetensors", action="store_true", help="also the safetensors cell (bench/safetensors_cell.py: ckptio.safetensors save_file/load_file next to stock safetensors and the raw device on the --model state, 1.3b with --model none; --runs rounds, about a minute each). Only this cell: --tensor-sizes '' --model none --mechanisms '' --safetensors")
     a = ap.parse_args()
     mechs = [m for m in a.mechanisms.split(",") if m]
     for m in mechs:
@@ -250,9 +251,10 @@ def main() -> None:
     try:
         # Warm-up, untimed: imports, Orbax's checkpointer and JAX's first dispatch.
         prog.step("warming up")
-        warm = M.Ctx(M.tensor_state(1 << 20))
-        warm_res = run_benchmark("warm-up", warm, mechs, argparse.Namespace(**{**vars(a), "runs": 1, "raw_size": 16 << 20}), {"write": [], "read": []}, Progress(0, True))
-        del warm, warm_res
+        if mechs:
+            warm = M.Ctx(M.tensor_state(1 << 20))
+            warm_res = run_benchmark("warm-up", warm, mechs, argparse.Namespace(**{**vars(a), "runs": 1, "raw_size": 16 << 20}), {"write": [], "read": []}, Progress(0, True))
+            del warm, warm_res
         for name, build, runs in plan:
             prog.step(f"{name}: building the state")
             ctx = M.Ctx(build())
@@ -269,7 +271,8 @@ def main() -> None:
             M.remove(os.path.join(a.dir, "data"))
             M.remove(os.path.join(a.dir, "data.file"))
     raw_w, raw_r = med(raw["write"]), med(raw["read"])
-    print_table(rows, raw_w, raw_r)
+    if rows:
+        print_table(rows, raw_w, raw_r)
     loop_rows: list[dict[str, Any]] = []
     if a.train_loop:
         import train_loop
@@ -283,9 +286,21 @@ def main() -> None:
         mr = multirank.defaults(dir=os.path.join(a.dir, "multirank"), quiet=a.quiet)
         multirank.write(multirank.run(mr), a.out)
         shutil.rmtree(mr.dir, ignore_errors=True)
+    if a.safetensors:
+        import safetensors_cell
+
+        sa = safetensors_cell.parser().parse_args([])
+        sa.dir, sa.runs, sa.raw_size, sa.quiet = os.path.join(a.dir, "safetensors"), a.runs, a.raw_size, a.quiet
+        sa.model = a.model if a.model != "none" else "1.3b"
+        try:
+            st_doc = safetensors_cell.run(sa)
+        finally:
+            shutil.rmtree(sa.dir, ignore_errors=True)
+        print(safetensors_cell.summarize(st_doc))
+        safetensors_cell.write(st_doc, a.out)
     elapsed = time.time() - t_start
     print(f"{a.runs} runs per save_tensor cell, {a.model_runs} per save_model cell, mechanisms interleaved; {elapsed:.0f} s")
-    if a.out:
+    if a.out and (rows or loop_rows):  # a run of only the cells with files of their own writes none
         import torch
 
         os.makedirs(a.out, exist_ok=True)

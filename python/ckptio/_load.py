@@ -194,13 +194,18 @@ class Reader:
     """
 
     def __init__(self, path: PathLike, **io_options: Any) -> None:
-        self._r = _core.Reader(os.fspath(path), params(io_options))
+        self._r = self._open_core(os.fspath(path), params(io_options))
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
         self._has_tree = False
         # The rank whose RankLocal values load gives (load(comm=...)); None: every rank's.
         self._rank: int | None = None
+
+    @staticmethod
+    def _open_core(path: str, p: dict[str, int]) -> Any:
+        """The library's reader (safetensors readers bring their own: ckptio._hf)."""
+        return _core.Reader(path, p)
 
     # ---- context ----
     def close(self) -> None:
@@ -589,7 +594,14 @@ def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's
     ...     print(r.keys(), r["lr"], r["a.b"].shape)
     ['a.b', 'lr'] 0.1 (3,)
     """
-    return Reader(path, **io_options)
+    return _reader_for(path)(path, **io_options)
+
+
+def _reader_for(path: PathLike) -> type[Reader]:
+    """Reader, or for a safetensors file or Hugging Face directory ckptio._hf's."""
+    from . import _hf
+
+    return _hf.HFReader if _hf.handles(path) else Reader
 
 
 def load(
@@ -631,7 +643,7 @@ def load(
     {'layers': [{'w': array([0., 0.])}]}
     """
     t0 = time.perf_counter()
-    with Reader(path, **io_options) as r, pause_gc():
+    with _reader_for(path)(path, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
             from . import _dist
 

@@ -51,7 +51,8 @@ def test_readme_python_example_runs(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["ckptio", "ckptio._save", "ckptio._load", "ckptio._errors", "ckptio.torch"]
+    "module",
+    ["ckptio", "ckptio._save", "ckptio._load", "ckptio._errors", "ckptio.torch", "ckptio.safetensors"],
 )
 def test_docstring_examples(module: str) -> None:
     mod = importlib.import_module(module)
