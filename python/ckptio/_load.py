@@ -193,8 +193,15 @@ class Reader:
     ['w'] {'step': '5'} [ 6. 10.]
     """
 
-    def __init__(self, path: PathLike, **io_options: Any) -> None:
-        self._r = _core.Reader(os.fspath(path), params(io_options))
+    def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
+        # mmap=True: whole tensors are views of private mappings of the data files (_mapped).
+        self._mapped: Any = None
+        if mmap:
+            from ._mapped import Mapped
+
+            self._r, self._mapped = Mapped.open_reader(os.fspath(path), params(io_options))
+        else:
+            self._r = _core.Reader(os.fspath(path), params(io_options))
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
@@ -205,6 +212,8 @@ class Reader:
     # ---- context ----
     def close(self) -> None:
         self._r.close()
+        if self._mapped is not None:
+            self._mapped.close()
 
     def __enter__(self) -> Reader:
         return self
@@ -317,7 +326,9 @@ class Reader:
             raise self._not_found(key)
         path, node = found
         if node["t"] == "tensor":
-            return self._build({path: (node, None)})[path]
+            obj = self._build({path: (node, None)})[path]
+            self._check_mapped([path])
+            return obj
         if node["t"] in ("dict", "odict", "list", "tuple"):
             return self._subtree(path, node)
         return self._value(path, node)
@@ -342,11 +353,28 @@ class Reader:
             if n["t"] == "tensor":
                 wanted[p] = (n, None)
         built = self._build(wanted)
+        self._check_mapped(wanted)
         return unflatten(node, lambda p, n: built[p], base=path, value=self._value)
+
+    def _check_mapped(self, paths: Iterable[str]) -> None:
+        """mmap=True: verify the mapped bytes of these leaves' tensors (r[key] does)."""
+        if self._mapped is None:
+            return
+        for p in paths:
+            self._mapped.check(self._r, self.info(p if p else ".").index)
 
     def verify(self) -> None:
         """Read every stored byte and check every checksum; raises CorruptCheckpoint if any
-        is damaged (the message names the first damaged file, tensor and offset)."""
+        is damaged (the message names the first damaged file, tensor and offset).
+
+        Opened with ``mmap=True``, it checks the data files the reader holds open since it was
+        opened, as the tensors map them (so also after a later save replaced the checkpoint),
+        and first that none was written in place since (CorruptCheckpoint naming it)."""
+        if self._mapped is not None:
+            from ._mapped import verify_all
+
+            verify_all(self._mapped, self._r)
+            return
         self._r.verify()
 
     def stats(self) -> Stats:
@@ -491,6 +519,10 @@ class Reader:
         raw = self._raw()
         alloc = _Alloc()
         place = alloc.place
+        if self._mapped is not None:
+            from ._mapped import placer
+
+            place = placer(self._mapped, self._r, {t[0]: (t[1], t[2]) for t in raw.values()}, alloc)
         out: dict[str, Any] = {}
         # Fast path: plain numpy leaves loaded as numpy (big flat state dicts).
         simple: dict[str, tuple[Any, int, np.dtype[Any], tuple[int, ...]]] = {}
@@ -579,8 +611,12 @@ class Reader:
         return obj if tgt.wrap is None else tgt.wrap(obj)
 
 
-def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's name
+def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  # noqa: A001
     """Open the checkpoint at ``path`` for reading; see Reader.
+
+    ``mmap=True``: tensors come back as views of private mappings of the data files, as from
+    ``load(mmap=True)``; ``r[key]`` also verifies the checksums of the tensors it returns (which
+    reads their pages), ``r.load()`` does not.
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -589,7 +625,7 @@ def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's
     ...     print(r.keys(), r["lr"], r["a.b"].shape)
     ['a.b', 'lr'] 0.1 (3,)
     """
-    return Reader(path, **io_options)
+    return Reader(path, mmap=mmap, **io_options)
 
 
 def load(
@@ -600,6 +636,8 @@ def load(
     device: Any = None,
     framework: str | None = None,
     comm: Any = None,
+    mmap: bool = False,
+    into: Any = None,
     **io_options: Any,
 ) -> Any:
     """Load the tree saved at ``path``.
@@ -623,6 +661,15 @@ def load(
     exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
     as DTensors with like's mesh and placements).
     ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
+    ``mmap=True``: return at once; each whole tensor is a view of a private (copy-on-write)
+    mapping of its data file, read from disk when first touched; writes stay in this process.
+    No checksum is checked (use ``ckptio.open(path, mmap=True)``: r[key] and verify() check).
+    Tensors stored in pieces that are not back to back in one file are read eagerly. jax
+    arrays are built from the mapping by jax.device_put, which copies on CPU devices.
+    ``into``: a tree of the caller's numpy arrays and torch tensors (a state_dict()) to read
+    into in place, with no new memory; every shape and dtype is checked before any byte is
+    written. Returns a tree of into's structure holding the same arrays and tensors (and the
+    saved plain values).
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -631,12 +678,19 @@ def load(
     {'layers': [{'w': array([0., 0.])}]}
     """
     t0 = time.perf_counter()
-    with Reader(path, **io_options) as r, pause_gc():
+    if into is not None and (mmap or like is not None or keys is not None):
+        raise error(USAGE, "into= loads into the given tree: pass neither like=, keys= nor mmap=")
+    with Reader(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
             from . import _dist
 
             r._rank = _dist.rank_of(comm, like)
-        out = r.load(like=like, keys=keys, device=device, framework=framework)
+        if into is not None:
+            from ._into import load_into
+
+            out = load_into(r, into)
+        else:
+            out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()
     _last_stats = Stats._from_core(st, time.perf_counter() - t0)
