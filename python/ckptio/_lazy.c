@@ -2,6 +2,9 @@
 /* ckptio._core.Mapper: a checkpoint's data files for mmap and checks of mapped bytes. */
 #include "_lazy.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #ifndef CKPTIO_EXPERIMENTAL
 #define CKPTIO_EXPERIMENTAL
 #endif
@@ -151,8 +154,53 @@ static PyTypeObject Mapper_Type = {
     .tp_new = PyType_GenericNew,
 };
 
+/* prefault(buffers): fault in every page of each writable buffer for writing, in order, with
+ * the GIL released: run on a thread of its own while a read fills the same buffers, it takes
+ * the page faults (zeroing, page tables) off the reading thread's path. A page the read got
+ * to first is left as it is (MADV_POPULATE_WRITE never replaces a present page). */
+static PyObject *mod_prefault(PyObject *self, PyObject *seq)
+{
+    (void)self;
+    PyObject *fast = PySequence_Fast(seq, "prefault expects a sequence of buffers");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
+    Py_ssize_t got = 0;
+    if (!views) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; got < n; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &views[got],
+                               PyBUF_WRITABLE) < 0)
+            goto out;
+    Py_BEGIN_ALLOW_THREADS
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uintptr_t a = (uintptr_t)views[i].buf / page * page;
+        uintptr_t b = (uintptr_t)views[i].buf + (uintptr_t)views[i].len;
+        /* Kernels before 5.14 lack it: a read of each page would map the zero page, which
+         * helps nothing, and a write could race with the read landing there; do nothing. */
+        if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+    }
+    Py_END_ALLOW_THREADS
+out:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(fast);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef lazy_functions[] = {
+    {"prefault", mod_prefault, METH_O,
+     "prefault([buffer, ...]): fault in each buffer's pages for writing, GIL released"},
+    {NULL, NULL, 0, NULL},
+};
+
 int ckptio__pylazy_register(PyObject *m)
 {
     if (PyType_Ready(&Mapper_Type) < 0) return -1;
+    if (PyModule_AddFunctions(m, lazy_functions) < 0) return -1;
     return PyModule_AddObjectRef(m, "Mapper", (PyObject *)&Mapper_Type);
 }

@@ -38,6 +38,11 @@ _region = _core.read_region
 # Tensors smaller than this share slabs of memory instead of taking a page each.
 _SMALL = 4096
 _SLAB = 4 << 20
+# Fresh memory costs a page fault per page (zeroing, page tables), which the read would take on
+# its own thread: "prefault" has another thread fault the buffers in, in order, while the read
+# runs ("populate": each buffer faulted in as it is allocated; "none": by the read).
+_FRESH = "prefault"
+_PREFAULT_MIN = 16 << 20  # below this in all, a thread costs more than it saves
 
 
 def _round_up(n: int, a: int = _ALIGN) -> int:
@@ -92,10 +97,12 @@ class _Alloc:
     memory with capacity rounded up to the alignment (the read lands in place, no copy);
     smaller ones share 64-byte-aligned slabs."""
 
-    __slots__ = ("regions", "slab", "used", "size")
+    __slots__ = ("regions", "slab", "used", "size", "fresh", "fresh_bytes")
 
     def __init__(self) -> None:
         self.regions: list[tuple[Any, ...]] = []
+        self.fresh: list[Any] = []  # the big buffers, in the order they were placed
+        self.fresh_bytes = 0
         self.slab: Any = None
         self.used = 0
         self.size = 0
@@ -108,7 +115,9 @@ class _Alloc:
         n: int,
     ) -> tuple[Any, int]:
         if n >= _SMALL:
-            buf = _core.Buffer(n)
+            buf = _core.Buffer(n, populate=_FRESH == "populate")
+            self.fresh.append(buf)
+            self.fresh_bytes += n
             self.regions.append(_region(index, offset, shape, buf, 0, _round_up(n)))
             return buf, 0
         if n == 0:
@@ -124,8 +133,19 @@ class _Alloc:
 
     def read(self, r: Any) -> None:
         if self.regions:
-            r.read(self.regions)
+            if _FRESH == "prefault" and self.fresh_bytes >= _PREFAULT_MIN:
+                import threading
+
+                t = threading.Thread(target=_core.prefault, args=(self.fresh,), daemon=True)
+                t.start()
+                try:
+                    r.read(self.regions)
+                finally:
+                    t.join()
+            else:
+                r.read(self.regions)
         self.regions = []
+        self.fresh = []
 
 
 def _region_box(
