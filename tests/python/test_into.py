@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import ckptio
+
+import rss_probe
 
 
 def test_numpy_into_fills_in_place(ckpt: pathlib.Path) -> None:
@@ -137,19 +137,7 @@ def test_load_state_dict_strict(ckpt: pathlib.Path) -> None:
     assert sorted(res.unexpected_keys) == ["bias", "weight"]
 
 
-RSS_SCRIPT = """
-import gc, os, sys
-import numpy as np, ckptio
-
-page = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * page
-
-
-path = sys.argv[1]
+INTO_BODY = """
 state = {f"l{i}": np.full(16 << 20, i, np.float32) for i in range(4)}  # 4 x 64 MiB
 ckptio.save(state, path, fsync=False)
 for v in state.values():
@@ -162,11 +150,6 @@ print(base, rss())
 
 
 def test_into_allocates_nothing_big(tmp_path: pathlib.Path) -> None:
-    res = subprocess.run(
-        [sys.executable, "-c", RSS_SCRIPT, str(tmp_path / "ckpt")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    base, after = (int(x) for x in res.stdout.split())
+    base, after = rss_probe.run(INTO_BODY, tmp_path / "ckpt")
     mib = 1 << 20
     assert after - base < 48 * mib, f"{(after - base) / mib:.0f} MiB more resident for 256 MiB"

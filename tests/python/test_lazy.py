@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import ckptio
 from ckptio._core import ChunkRecord
+
+import rss_probe
 
 
 def _data_file(path: pathlib.Path) -> pathlib.Path:
@@ -180,19 +180,7 @@ def test_truncated_file_refused_before_mapping(ckpt: pathlib.Path) -> None:
         ckptio.load(ckpt, mmap=True)
 
 
-LAZY_SCRIPT = """
-import os, sys
-import numpy as np, ckptio
-
-page = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * page
-
-
-path = sys.argv[1]
+LAZY_BODY = """
 ckptio.save({"a": np.ones(64 << 20, np.uint8)}, path, fsync=False)
 base = rss()
 out = ckptio.load(path, mmap=True)
@@ -203,12 +191,7 @@ print(base, mapped, rss(), s)
 
 
 def test_pages_come_in_on_touch(tmp_path: pathlib.Path) -> None:
-    res = subprocess.run(
-        [sys.executable, "-c", LAZY_SCRIPT, str(tmp_path / "ckpt")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    base, mapped, touched, s = (int(x) for x in res.stdout.split())
+    base, mapped, touched, s = rss_probe.run(LAZY_BODY, tmp_path / "ckpt")
     mib = 1 << 20
     assert s == mib
     assert mapped - base < 8 * mib, (base, mapped)  # 64 MiB mapped, none of it resident
