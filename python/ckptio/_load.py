@@ -203,7 +203,9 @@ class Reader:
 
     ``keys()`` lists every leaf's key path; ``r[key]`` loads one leaf (or a subtree);
     ``r.read(key, region)`` reads part of a tensor; ``r.metadata`` holds the user metadata;
-    ``r.load(...)`` is ckptio.load on this reader. Use it as a context manager.
+    ``r.load(...)`` is ckptio.load on this reader. Use it as a context manager. With
+    ``mmap=True`` tensors are views of private mappings of the data files (see ckptio.load)
+    and ``r[key]`` checks the checksums of the tensors it returns.
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -216,6 +218,7 @@ class Reader:
     def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
         # mmap=True: whole tensors are views of private mappings of the data files (_mapped).
         self._mapped: Any = None
+        self._checksums = io_options.get("checksums", True) is not False
         if mmap:
             from ._mapped import Mapped
 
@@ -378,7 +381,7 @@ class Reader:
 
     def _check_mapped(self, paths: Iterable[str]) -> None:
         """mmap=True: verify the mapped bytes of these leaves' tensors (r[key] does)."""
-        if self._mapped is None:
+        if self._mapped is None or not self._checksums:
             return
         for p in paths:
             self._mapped.check(self._r, self.info(p if p else ".").index)

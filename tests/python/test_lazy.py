@@ -196,3 +196,13 @@ def test_pages_come_in_on_touch(tmp_path: pathlib.Path) -> None:
     assert s == mib
     assert mapped - base < 8 * mib, (base, mapped)  # 64 MiB mapped, none of it resident
     assert touched - base < 24 * mib, (base, touched)  # 1 MiB touched (plus read-ahead)
+
+
+def test_checksums_off_skips_the_check_on_access(ckpt: pathlib.Path) -> None:
+    ckptio.save({"a": np.arange(5000.0)}, ckpt)
+    c = _chunk(ckpt, "a")
+    with open(_data_file(ckpt), "r+b") as f:
+        f.seek(c.file_offset)
+        f.write(b"\xff" * 8)
+    with ckptio.open(ckpt, mmap=True, checksums=False) as r:
+        assert r["a"][1] == 1.0  # the damaged bytes come back unchecked, as asked
