@@ -122,11 +122,27 @@ static int test_rewritten_and_truncated(void)
     CHECK_ERR(ckptio_mapper_chunk(m, 1, 0, NULL, NULL, NULL), CKPTIO_E_CORRUPT);
     CHECK(t_contains(ckptio_mapper_errmsg(m), "truncated"));
     ckptio_mapper_close(m);
+    return 0;
+}
+
+/* Opening what is not a checkpoint fails with the reader's codes and leaks nothing. */
+static int test_open_errors(void)
+{
+    ckptio_mapper *m = (ckptio_mapper *)1;
     CHECK_ERR(ckptio_mapper_open(&m, t_path("nothing")), -ENOENT);
+    CHECK(m == NULL);
+    CHECK(mkdir(t_path("empty"), 0755) == 0);
+    CHECK_ERR(ckptio_mapper_open(&m, t_path("empty")), CKPTIO_E_NOT_CHECKPOINT);
+    CHECK(t_contains(ckptio_last_error(), "manifest"));
+    if (save(t_path("ckpt"), 1.0f, 0)) return 1;
+    CHECK(t_write_file(t_path("ckpt/manifest"), "garbage", 7) == 0);
+    CHECK_ERR(ckptio_mapper_open(&m, t_path("ckpt")), CKPTIO_E_CORRUPT);
+    CHECK_ERR(ckptio_mapper_open(NULL, t_path("ckpt")), CKPTIO_E_USAGE);
     return 0;
 }
 
 const ckptio_test tests_lazy[] = {
+    {"lazy/open_errors", test_open_errors, 0, 30},
     {"lazy/map_and_check", test_map_and_check, 0, 30},
     {"lazy/replaced", test_replaced, 0, 30},
     {"lazy/rewritten_and_truncated", test_rewritten_and_truncated, 0, 30},
