@@ -206,3 +206,21 @@ def test_checksums_off_skips_the_check_on_access(ckpt: pathlib.Path) -> None:
         f.write(b"\xff" * 8)
     with ckptio.open(ckpt, mmap=True, checksums=False) as r:
         assert r["a"][1] == 1.0  # the damaged bytes come back unchecked, as asked
+
+
+JAX_BODY = """
+import jax.numpy as jnp
+ckptio.save({"x": jnp.ones(64 << 20, jnp.uint8)}, path, fsync=False)
+base = rss()
+out = ckptio.load(path, mmap=True)
+print(base, rss(), int(out["x"][-1]))
+"""
+
+
+def test_jax_on_cpu_adopts_the_mapping(tmp_path: pathlib.Path) -> None:
+    # What doc/python.md says: jax.device_put on a CPU device takes the mapped host buffer
+    # without a copy, so a mapped jax array is lazy too.
+    pytest.importorskip("jax")
+    base, after, last = rss_probe.run(JAX_BODY, tmp_path / "ckpt")
+    assert last == 1
+    assert after - base < 16 << 20, f"{(after - base) >> 20} MiB resident after mapping 64 MiB"
