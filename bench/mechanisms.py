@@ -201,6 +201,7 @@ def touch(loaded: Any, every_byte: bool) -> int:
 class Ctx:
     state: State
     jax_state: Any = None  # built on first use by Orbax
+    into: Any = None  # load(into=): the caller's own tensors, built (untimed) by a load's prepare
 
 
 @dataclass(frozen=True)
@@ -307,6 +308,27 @@ def _ckptio_load(c: Ctx, p: str) -> Any:
     return ckptio.load(p)
 
 
+def _ckptio_load_mmap(c: Ctx, p: str) -> Any:
+    import ckptio
+
+    return ckptio.load(p, mmap=True)
+
+
+def _ckptio_load_into(c: Ctx, p: str) -> Any:
+    import ckptio
+
+    return ckptio.load(p, into=c.into)
+
+
+def _prepare_into(c: Ctx) -> None:
+    """Memory the caller owns already (a model's parameters): allocated and touched once."""
+    if c.into is None:
+        c.into = {k: torch.zeros_like(v) for k, v in c.state.items()}
+
+
+_ckptio_load_into.prepare = _prepare_into  # type: ignore[attr-defined]
+
+
 def _ckptio_torch_load(c: Ctx, p: str) -> Any:
     import ckptio.torch
 
@@ -325,7 +347,9 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("orbax", "dir", _orbax_save, {"orbax.restore": _orbax_load}),
         Mechanism("orbax+ckptio", "dir", _through_ckptio(_orbax_save),
                   {"orbax.restore via ckptio": _through_ckptio(_orbax_load)}),
-        Mechanism("ckptio", "dir", _ckptio_save, {"ckptio.load": _ckptio_load},
+        Mechanism("ckptio", "dir", _ckptio_save, {"ckptio.load": _ckptio_load,
+                                                  "ckptio.load(mmap)": _ckptio_load_mmap,
+                                                  "ckptio.load(into)": _ckptio_load_into},
                   save_nofsync=lambda c, p: _ckptio_save(c, p, fsync=False)),
         Mechanism("ckptio.torch", "file", _ckptio_torch_save, {"ckptio.torch.load": _ckptio_torch_load},
                   save_nofsync=lambda c, p: _ckptio_torch_save(c, p, fsync=False)),

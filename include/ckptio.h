@@ -605,6 +605,50 @@ CKPTIO_API int ckptio_save_dist(const char *path, const ckptio_comm *comm,
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
+/* Mapped (lazy) loads. Experimental: define CKPTIO_EXPERIMENTAL to use them.                 */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* A committed checkpoint whose data files are handed out for mmap(2), with the checks that a
+ * reader makes as it reads, for bytes the caller reads through its own mapping. The mapper
+ * holds the checkpoint's directory open from ckptio_mapper_open on, so every data file it
+ * opens belongs to the manifest it read: a checkpoint replaced by a later save (a rename)
+ * keeps its files alive for as long as they are open or mapped. Calls on one mapper are made
+ * by one thread at a time. Since 0.3. */
+typedef struct ckptio_mapper ckptio_mapper;
+
+/* Open the checkpoint at directory `path` and read its manifest (checked as
+ * ckptio_reader_open checks it). Tensors are indexed as a reader of the same checkpoint
+ * indexes them (name order). */
+CKPTIO_API int ckptio_mapper_open(ckptio_mapper **out, const char *path);
+/* Release; mappings made from its descriptors stay valid. Accepts NULL. */
+CKPTIO_API void ckptio_mapper_close(ckptio_mapper *m);
+/* 1 if `path` names the directory the mapper opened, 0 if it names another (the checkpoint
+ * was replaced in between: a reader opened on `path` meanwhile may have read another
+ * manifest), or -errno. */
+CKPTIO_API int ckptio_mapper_same(const ckptio_mapper *m, const char *path);
+/* Where chunk `chunk` of tensor `tensor` lies: *fd, a read-only descriptor of its data file
+ * owned by the mapper (valid until close; dup it to keep it), at *file_offset, *stored_bytes
+ * long. The file is opened on first need (not following links out of the checkpoint) and must
+ * be at least as long as the manifest says: a shorter one is CKPTIO_E_CORRUPT, since touching
+ * a mapping past the end of a file raises SIGBUS. */
+CKPTIO_API int ckptio_mapper_chunk(ckptio_mapper *m, size_t tensor, size_t chunk, int *fd,
+                                   uint64_t *file_offset, uint64_t *stored_bytes);
+/* Check `len` bytes at `data` (a mapping of the chunk, or any copy of it) against the chunk's
+ * stored checksums: 0 when they match or the checkpoint has none; CKPTIO_E_CHECKSUM naming the
+ * tensor, the damaged bytes, the file and its offset; CKPTIO_E_SHAPE when len is not the
+ * chunk's stored length. Reads `data` only. */
+CKPTIO_API int ckptio_mapper_check(ckptio_mapper *m, size_t tensor, size_t chunk,
+                                   const void *data, uint64_t len);
+/* 0 if no data file opened so far has changed since it was opened (size, modification or
+ * status change time); else CKPTIO_E_CORRUPT naming the first one that did: it was written
+ * in place (ckptio never does so), and pages not yet touched through a private mapping may
+ * show the new bytes. */
+CKPTIO_API int ckptio_mapper_unchanged(ckptio_mapper *m);
+CKPTIO_API const char *ckptio_mapper_errmsg(const ckptio_mapper *m);
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Environment                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -18,6 +18,7 @@
 #include "ckptio.h"
 #include "_comm.h"
 #include "_st.h"
+#include "_lazy.h"
 
 /* ckptio._errors._from_code(code, name, message) -> exception instance; set at import. */
 static PyObject *g_from_code;
@@ -1942,7 +1943,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "alignment", (long)ckptio_alignment()) < 0 ||
         PyModule_AddIntConstant(m, "MAX_NDIM", CKPTIO_MAX_NDIM) < 0 ||
         PyModule_AddIntConstant(m, "MAX_NAME", CKPTIO_MAX_NAME) < 0 ||
-        ckptio__pycomm_register(m) < 0 || ckptio__pyst_register(m) < 0) {
+        ckptio__pycomm_register(m) < 0 || ckptio__pyst_register(m) < 0 ||
+        ckptio__pylazy_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

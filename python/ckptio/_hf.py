@@ -23,7 +23,7 @@ from typing import Any
 
 from . import _core, _dtypes
 from ._errors import CORRUPT, DUPLICATE, DTYPE, RANGE, USAGE, error
-from ._load import Reader, TensorInfo
+from ._load import PathLike, Reader, TensorInfo
 from ._tree import Node
 from .safetensors import DTYPES, Header, read_header, runs
 
@@ -270,6 +270,16 @@ class HFReader(Reader):
     """ckptio.open() of a safetensors file or a Hugging Face directory (see the module)."""
 
     _r: Core
+
+    def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
+        if mmap:
+            raise error(
+                "CKPTIO_E_UNSUPPORTED",
+                f"{os.fspath(path)}: mmap=True maps ckptio checkpoints only; load a safetensors "
+                "file or Hugging Face directory without mmap= (its tensors are read straight "
+                "into place)",
+            )
+        super().__init__(path, **io_options)
 
     @staticmethod
     def _open_core(path: str, p: dict[str, int]) -> Any:

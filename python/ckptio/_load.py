@@ -38,6 +38,11 @@ _region = _core.read_region
 # Tensors smaller than this share slabs of memory instead of taking a page each.
 _SMALL = 4096
 _SLAB = 4 << 20
+# Fresh memory costs a page fault per page (zeroing, page tables), which the read would take on
+# its own thread: "prefault" has another thread fault the buffers in, in order, while the read
+# runs ("populate": each buffer faulted in as it is allocated; "none": by the read).
+_FRESH = "prefault"
+_PREFAULT_MIN = 16 << 20  # below this in all, a thread costs more than it saves
 
 
 def _round_up(n: int, a: int = _ALIGN) -> int:
@@ -92,10 +97,12 @@ class _Alloc:
     memory with capacity rounded up to the alignment (the read lands in place, no copy);
     smaller ones share 64-byte-aligned slabs."""
 
-    __slots__ = ("regions", "slab", "used", "size")
+    __slots__ = ("regions", "slab", "used", "size", "fresh", "fresh_bytes")
 
     def __init__(self) -> None:
         self.regions: list[tuple[Any, ...]] = []
+        self.fresh: list[Any] = []  # the big buffers, in the order they were placed
+        self.fresh_bytes = 0
         self.slab: Any = None
         self.used = 0
         self.size = 0
@@ -108,7 +115,9 @@ class _Alloc:
         n: int,
     ) -> tuple[Any, int]:
         if n >= _SMALL:
-            buf = _core.Buffer(n)
+            buf = _core.Buffer(n, populate=_FRESH == "populate")
+            self.fresh.append(buf)
+            self.fresh_bytes += n
             self.regions.append(_region(index, offset, shape, buf, 0, _round_up(n)))
             return buf, 0
         if n == 0:
@@ -124,8 +133,19 @@ class _Alloc:
 
     def read(self, r: Any) -> None:
         if self.regions:
-            r.read(self.regions)
+            if _FRESH == "prefault" and self.fresh_bytes >= _PREFAULT_MIN:
+                import threading
+
+                t = threading.Thread(target=_core.prefault, args=(self.fresh,), daemon=True)
+                t.start()
+                try:
+                    r.read(self.regions)
+                finally:
+                    t.join()
+            else:
+                r.read(self.regions)
         self.regions = []
+        self.fresh = []
 
 
 def _region_box(
@@ -183,7 +203,9 @@ class Reader:
 
     ``keys()`` lists every leaf's key path; ``r[key]`` loads one leaf (or a subtree);
     ``r.read(key, region)`` reads part of a tensor; ``r.metadata`` holds the user metadata;
-    ``r.load(...)`` is ckptio.load on this reader. Use it as a context manager.
+    ``r.load(...)`` is ckptio.load on this reader. Use it as a context manager. With
+    ``mmap=True`` tensors are views of private mappings of the data files (see ckptio.load)
+    and ``r[key]`` checks the checksums of the tensors it returns.
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -193,8 +215,16 @@ class Reader:
     ['w'] {'step': '5'} [ 6. 10.]
     """
 
-    def __init__(self, path: PathLike, **io_options: Any) -> None:
-        self._r = self._open_core(os.fspath(path), params(io_options))
+    def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
+        # mmap=True: whole tensors are views of private mappings of the data files (_mapped).
+        self._mapped: Any = None
+        self._checksums = io_options.get("checksums", True) is not False
+        if mmap:
+            from ._mapped import Mapped
+
+            self._r, self._mapped = Mapped.open_reader(os.fspath(path), params(io_options))
+        else:
+            self._r = self._open_core(os.fspath(path), params(io_options))
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
@@ -210,6 +240,8 @@ class Reader:
     # ---- context ----
     def close(self) -> None:
         self._r.close()
+        if self._mapped is not None:
+            self._mapped.close()
 
     def __enter__(self) -> Reader:
         return self
@@ -322,7 +354,9 @@ class Reader:
             raise self._not_found(key)
         path, node = found
         if node["t"] == "tensor":
-            return self._build({path: (node, None)})[path]
+            obj = self._build({path: (node, None)})[path]
+            self._check_mapped([path])
+            return obj
         if node["t"] in ("dict", "odict", "list", "tuple"):
             return self._subtree(path, node)
         return self._value(path, node)
@@ -347,11 +381,28 @@ class Reader:
             if n["t"] == "tensor":
                 wanted[p] = (n, None)
         built = self._build(wanted)
+        self._check_mapped(wanted)
         return unflatten(node, lambda p, n: built[p], base=path, value=self._value)
+
+    def _check_mapped(self, paths: Iterable[str]) -> None:
+        """mmap=True: verify the mapped bytes of these leaves' tensors (r[key] does)."""
+        if self._mapped is None or not self._checksums:
+            return
+        for p in paths:
+            self._mapped.check(self._r, self.info(p if p else ".").index)
 
     def verify(self) -> None:
         """Read every stored byte and check every checksum; raises CorruptCheckpoint if any
-        is damaged (the message names the first damaged file, tensor and offset)."""
+        is damaged (the message names the first damaged file, tensor and offset).
+
+        Opened with ``mmap=True``, it checks the data files the reader holds open since it was
+        opened, as the tensors map them (so also after a later save replaced the checkpoint),
+        and first that none was written in place since (CorruptCheckpoint naming it)."""
+        if self._mapped is not None:
+            from ._mapped import verify_all
+
+            verify_all(self._mapped, self._r)
+            return
         self._r.verify()
 
     def stats(self) -> Stats:
@@ -496,6 +547,10 @@ class Reader:
         raw = self._raw()
         alloc = _Alloc()
         place = alloc.place
+        if self._mapped is not None:
+            from ._mapped import placer
+
+            place = placer(self._mapped, self._r, {t[0]: (t[1], t[2]) for t in raw.values()}, alloc)
         out: dict[str, Any] = {}
         # Fast path: plain numpy leaves loaded as numpy (big flat state dicts).
         simple: dict[str, tuple[Any, int, np.dtype[Any], tuple[int, ...]]] = {}
@@ -584,8 +639,12 @@ class Reader:
         return obj if tgt.wrap is None else tgt.wrap(obj)
 
 
-def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's name
+def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  # noqa: A001
     """Open the checkpoint at ``path`` for reading; see Reader.
+
+    ``mmap=True``: tensors come back as views of private mappings of the data files, as from
+    ``load(mmap=True)``; ``r[key]`` also verifies the checksums of the tensors it returns (which
+    reads their pages), ``r.load()`` does not.
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -594,7 +653,7 @@ def open(path: PathLike, **io_options: Any) -> Reader:  # noqa: A001 - the API's
     ...     print(r.keys(), r["lr"], r["a.b"].shape)
     ['a.b', 'lr'] 0.1 (3,)
     """
-    return _reader_for(path)(path, **io_options)
+    return _reader_for(path)(path, mmap=mmap, **io_options)
 
 
 def _reader_for(path: PathLike) -> type[Reader]:
@@ -612,6 +671,8 @@ def load(
     device: Any = None,
     framework: str | None = None,
     comm: Any = None,
+    mmap: bool = False,
+    into: Any = None,
     **io_options: Any,
 ) -> Any:
     """Load the tree saved at ``path``.
@@ -635,6 +696,15 @@ def load(
     exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
     as DTensors with like's mesh and placements).
     ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
+    ``mmap=True``: return at once; each whole tensor is a view of a private (copy-on-write)
+    mapping of its data file, read from disk when first touched; writes stay in this process.
+    No checksum is checked (use ``ckptio.open(path, mmap=True)``: r[key] and verify() check).
+    Tensors stored in pieces that are not back to back in one file are read eagerly. jax
+    arrays are built from the mapping by jax.device_put, which copies on CPU devices.
+    ``into``: a tree of the caller's numpy arrays and torch tensors (a state_dict()) to read
+    into in place, with no new memory; every shape and dtype is checked before any byte is
+    written. Returns a tree of into's structure holding the same arrays and tensors (and the
+    saved plain values).
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -643,12 +713,19 @@ def load(
     {'layers': [{'w': array([0., 0.])}]}
     """
     t0 = time.perf_counter()
-    with _reader_for(path)(path, **io_options) as r, pause_gc():
+    if into is not None and (mmap or like is not None or keys is not None):
+        raise error(USAGE, "into= loads into the given tree: pass neither like=, keys= nor mmap=")
+    with _reader_for(path)(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
             from . import _dist
 
             r._rank = _dist.rank_of(comm, like)
-        out = r.load(like=like, keys=keys, device=device, framework=framework)
+        if into is not None:
+            from ._into import load_into
+
+            out = load_into(r, into)
+        else:
+            out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()
     _last_stats = Stats._from_core(st, time.perf_counter() - t0)

@@ -31,8 +31,9 @@ import torch as _torch
 from . import _core
 from ._errors import CheckpointError, CheckpointExists
 from ._options import IO_OPTIONS, Stats, params
+from ._torch_state import load_state_dict
 
-__all__ = ["save", "load", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
+__all__ = ["save", "load", "load_state_dict", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
 
 #: Alignment of every storage record in archives written by ckptio.torch.save.
 STORAGE_ALIGNMENT = 4096

@@ -552,3 +552,10 @@ def test_large_tensors_at_any_file_offset(tmp_path: pathlib.Path, pad: int) -> N
     t = cst.load_file(path)
     assert t["big"].numpy().tobytes() == big.tobytes()
     np.testing.assert_array_equal(ckptio.load(path)["tail"], tail)
+
+
+def test_mmap_of_a_safetensors_file_is_refused(tmp_path: Any) -> None:
+    path = str(tmp_path / "m.safetensors")
+    ckptio.safetensors.save_file({"a": np.zeros(4, np.float32)}, path)
+    with pytest.raises(ckptio.Unsupported, match="mmap=True maps ckptio checkpoints only"):
+        ckptio.load(path, mmap=True)
