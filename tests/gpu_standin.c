@@ -125,9 +125,10 @@ static stream *new_stream(void)
     return s;
 }
 
+/* 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name the default stream: one here. */
 static stream *S(void *h)
 {
-    if (h) return h;
+    if ((uintptr_t)h > 2) return h;
     if (!legacy) legacy = new_stream();
     return legacy;
 }

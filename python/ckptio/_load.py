@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes
+from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Target
 from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
 from ._options import Stats, params
@@ -351,7 +352,8 @@ class Reader:
 
     def stats(self) -> Stats:
         t = self._r.stats()
-        return Stats._from_core(t, t.seconds)
+        gpu = _gpu.stats_text(self._r, _gpu.take_note())
+        return dataclasses.replace(Stats._from_core(t, t.seconds), gpu=gpu)
 
     # ---- reading ----
     def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:
@@ -501,6 +503,7 @@ class Reader:
         plans: dict[tuple[Any, ...], tuple[str, Node, TensorInfo, Target, list[_Piece]]] = {}
         leaf_plan: dict[str, tuple[tuple[Any, ...], Node]] = {}
         nodes: dict[str, Node] | None = None
+        gpu_reads: list[tuple[_Piece, Any]] = []
         for path, (node, tgt) in wanted.items():
             alias = node.get("alias")
             if alias is None:
@@ -529,10 +532,16 @@ class Reader:
             if sig in plans:
                 continue
             ps = self._plan(real, info, tgt)
-            for p in ps:
-                p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
+            dev = _gpu.torch_dest(tgt, ps)
+            if dev is not None:
+                gpu_reads.append((ps[0], dev))  # read into GPU memory, not through the host
+            else:
+                for p in ps:
+                    p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
             plans[sig] = (name, real, info, tgt, ps)
         alloc.read(self._r)
+        for p, dev in gpu_reads:
+            _gpu.read_into(self._r, p, dev)
         ndarray = np.ndarray
         arrays = {
             name: ndarray(shape, npdt, buf, at) if buf is not None else np.empty(shape, npdt)
@@ -639,7 +648,8 @@ def load(
         out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()
-    _last_stats = Stats._from_core(st, time.perf_counter() - t0)
+        gpu = _gpu.stats_text(r._r, _gpu.take_note())
+    _last_stats = dataclasses.replace(Stats._from_core(st, time.perf_counter() - t0), gpu=gpu)
     return out
 
 

@@ -23,6 +23,7 @@ IO_OPTIONS = (
     "io_threads",
     "staging_bytes",
     "request_bytes",
+    "gpu_staging_bytes",
 )
 
 
@@ -75,6 +76,7 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "fsync": _switch("fsync", options.get("fsync", True), False),
         "checksums": _switch("checksums", options.get("checksums", True), False),
         "overwrite": _ON if overwrite else _OFF,
+        "gpu_staging_bytes": _count("gpu_staging_bytes", options.get("gpu_staging_bytes")),
     }
 
 
@@ -97,6 +99,9 @@ class Stats:
     tensors: int = 0
     io_bytes: int = 0
     io_seconds: float = 0.0
+    #: How GPU tensors moved: "" (none), "staged", "gds", "gds+staged" (with why GDS was not
+    #: used where it could have been), or "host copy (<why>)" when the framework copied them.
+    gpu: str = ""
 
     @classmethod
     def _from_core(cls, t: Any, seconds: float) -> Stats:

@@ -4,6 +4,7 @@ commit). Tensors are written from their own memory wherever they allow it."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -14,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes
+from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Aliases, Deferred
+from ._gpu import DeviceItem
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._fw_numpy import NUMPY, stage_array
 from ._options import Stats, params
@@ -140,6 +142,8 @@ def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSav
         staged = ad.stage(name, obj, node)
         if type(staged) is list:
             items.extend(staged)
+            if any(type(x) is DeviceItem for x in staged):
+                deferred = True  # written one by one by _write, not by add_many
         else:
             add(staged)
             deferred = True
@@ -177,7 +181,11 @@ def _write(
             batch: list[Any] = []
             transient = 0
             for it in staged.items:
-                if type(it) is Deferred:
+                if type(it) is DeviceItem:
+                    w.add_many(batch)  # in order; host buffers stay exported until close
+                    batch.clear()
+                    it.add_to(w)
+                elif type(it) is Deferred:
                     batch.extend(it.make())
                     transient += it.nbytes
                     if transient >= _TRANSIENT_BATCH:
@@ -193,7 +201,8 @@ def _write(
         for k, v in staged.meta:
             w.set_meta(k, v)
         st = w.commit()
-    return Stats._from_core(st, time.perf_counter() - t0)
+        gpu = _gpu.stats_text(w, _gpu.take_note())
+    return dataclasses.replace(Stats._from_core(st, time.perf_counter() - t0), gpu=gpu)
 
 
 def save(
