@@ -320,7 +320,7 @@ def _save_async(
         _wait_previous()
         t0 = time.perf_counter()
         with pause_gc():
-            staged = _stage(tree, metadata=metadata)
+            staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
         h = AsyncSave(spath)
         writer: _core.Writer | None = None
         bufs: list[_core.Buffer] = []

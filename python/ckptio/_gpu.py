@@ -90,13 +90,34 @@ def probe() -> tuple[int, str]:
         return _probe
 
 
+#: The io option gpu= by name, and back.
+MODES = {"auto": 0, "gds": 1, "staged": 2, "off": _OFF}
+_NAMES = {v: k for k, v in MODES.items()}
+
+
+class asked:
+    """``with asked(p["gpu"]):`` the gpu= I/O option of the save or load running on this
+    thread (CKPTIO_GPU, when set, wins over it, as in the C library)."""
+
+    def __init__(self, mode: int) -> None:
+        self.mode = mode
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_local, "mode", 0)
+        _local.mode = self.mode
+
+    def __exit__(self, *exc: object) -> None:
+        _local.mode = self.prev
+
+
 def route() -> bool:
     """Whether a GPU tensor goes through ckptio's GPU path (True) or the framework's host copy
-    (False, noted for the stats). With CKPTIO_GPU=gds or staged and no usable driver, raise:
-    the path asked for by name cannot run."""
-    env = os.environ.get("CKPTIO_GPU", "")
+    (False, noted for the stats). With CKPTIO_GPU=gds or staged (or gpu="gds"/"staged") and no
+    usable driver, raise: the path asked for by name cannot run."""
+    env = os.environ.get("CKPTIO_GPU", "") or _NAMES.get(getattr(_local, "mode", 0), "auto")
     if env == "off":
-        note("host copy (CKPTIO_GPU=off)")
+        how = "CKPTIO_GPU=off" if os.environ.get("CKPTIO_GPU") else 'gpu="off"'
+        note(f"host copy ({how})")
         return False
     mode, why = probe()
     if mode != _OFF:

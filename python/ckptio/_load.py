@@ -195,7 +195,9 @@ class Reader:
     """
 
     def __init__(self, path: PathLike, **io_options: Any) -> None:
-        self._r = _core.Reader(os.fspath(path), params(io_options))
+        p = params(io_options)
+        self._r = _core.Reader(os.fspath(path), p)
+        self._gpu = p["gpu"]  # the gpu= option, for GPU destinations
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
@@ -532,7 +534,8 @@ class Reader:
             if sig in plans:
                 continue
             ps = self._plan(real, info, tgt)
-            dev = _gpu.torch_dest(tgt, ps)
+            with _gpu.asked(self._gpu):
+                dev = _gpu.torch_dest(tgt, ps)
             if dev is not None:
                 gpu_reads.append((ps[0], dev))  # read into GPU memory, not through the host
             else:

@@ -102,10 +102,17 @@ def _meta_items(metadata: Mapping[str, str] | None) -> list[tuple[str, bytes]]:
     return out
 
 
-def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSave:
+def _stage(
+    tree: Any, *, metadata: Mapping[str, str] | None = None, gpu: int = 0
+) -> StagedSave:
     """Walk ``tree``, check and describe every leaf, and make the host buffers its tensors
     are written from; nothing is written. See StagedSave for what the caller may change
-    afterwards."""
+    afterwards. ``gpu``: the gpu= I/O option (params()["gpu"])."""
+    with _gpu.asked(gpu):
+        return _stage_tree(tree, metadata)
+
+
+def _stage_tree(tree: Any, metadata: Mapping[str, str] | None) -> StagedSave:
     meta = _meta_items(metadata)
     items: list[Any] = []
     add = items.append
@@ -174,6 +181,7 @@ def _write(
     it is closed either way."""
     if t0 is None:
         t0 = time.perf_counter()
+    on_gpu = False
     with writer if writer is not None else _open(path, p) as w:
         if not staged.deferred:
             w.add_many(staged.items)
@@ -185,6 +193,7 @@ def _write(
                     w.add_many(batch)  # in order; host buffers stay exported until close
                     batch.clear()
                     it.add_to(w)
+                    on_gpu = True
                 elif type(it) is Deferred:
                     batch.extend(it.make())
                     transient += it.nbytes
@@ -201,7 +210,8 @@ def _write(
         for k, v in staged.meta:
             w.set_meta(k, v)
         st = w.commit()
-        gpu = _gpu.stats_text(w, _gpu.take_note())
+        note = _gpu.take_note()
+        gpu = _gpu.stats_text(w, note) if on_gpu else note
     return dataclasses.replace(Stats._from_core(st, time.perf_counter() - t0), gpu=gpu)
 
 
@@ -269,4 +279,4 @@ def save(
             )
         return Stats._from_core(st, time.perf_counter() - t0)
     with pause_gc():
-        return _write(_stage(tree, metadata=metadata), path, p, t0)
+        return _write(_stage(tree, metadata=metadata, gpu=p["gpu"]), path, p, t0)
