@@ -14,6 +14,7 @@ from . import _dtypes, _gpu
 from ._adapters import Node, Target, np_view
 from ._core import AddItem
 from ._errors import USAGE, InvalidType, error
+from ._fw_numpy import NUMPY
 
 
 def _cupy() -> Any:
@@ -111,12 +112,12 @@ class CudaArrayAdapter:
         return False
 
     def saved_np_dtype(self, node: Node) -> np.dtype[Any]:
-        return _dtypes.np_dtype_from_name(node["dtype"])
+        return NUMPY.saved_np_dtype(node)
 
     def target(
         self, tgt: Target, node: Node, info: Any, like: Any, device: Any, region: bool
     ) -> None:
-        tgt.dtype = _dtypes.np_dtype(node, info)
+        NUMPY.target(tgt, node, info, None, device, region)
         if like is not None and np.dtype(_iface(like)["typestr"]) != tgt.dtype:
             tgt.cast = np.dtype(_iface(like)["typestr"])
 

@@ -92,18 +92,23 @@ def stored_dtype(node: Node, info: Any) -> Any:
     return dt
 
 
+def _plain(d: Any) -> Any:
+    """``d`` with its conjugate and negative bits resolved and its memory contiguous, where
+    it is (host or GPU)."""
+    if d.is_conj():
+        d = d.resolve_conj()
+    if d.is_neg():
+        d = d.resolve_neg()
+    return d if d.is_contiguous() else d.contiguous()
+
+
 def _host_item(name: str, t: Any) -> Any:
     """The AddItem of tensor ``t`` from host memory (a copy for device tensors)."""
     to_code, _, view_as = tables()
     d = t.detach()
     if d.device.type != "cpu":
         d = d.cpu()
-    if d.is_conj():
-        d = d.resolve_conj()
-    if d.is_neg():
-        d = d.resolve_neg()
-    if not d.is_contiguous():
-        d = d.contiguous()
+    d = _plain(d)
     code = to_code.get(d.dtype)
     shape = tuple(d.shape)
     view = view_as.get(d.dtype)
@@ -119,13 +124,7 @@ def _device_item(name: str, t: Any) -> Any:
     """The DeviceItem of CUDA tensor ``t``: written by ckptio from GPU memory, after the work
     queued on the current stream (no host copy by torch)."""
     to_code, _, _ = tables()
-    d = t.detach()
-    if d.is_conj():
-        d = d.resolve_conj()
-    if d.is_neg():
-        d = d.resolve_neg()
-    if not d.is_contiguous():
-        d = d.contiguous()  # on the GPU, queued on the current stream like the rest
+    d = _plain(t.detach())  # on the GPU, queued on the current stream like the rest
     code = to_code.get(d.dtype)
     shape = tuple(d.shape)
     if code is None:
