@@ -151,6 +151,7 @@ static int roll_file(ckptio_writer *w)
     if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
         return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
                             w->data_label);
+    ckptio__gpu_gds_forget(&w->gpu);
     close(w->fd);
     w->fd = -1;
     w->done_sizes[w->n_done++] = w->sink.cursor;
@@ -852,6 +853,7 @@ static int seal_data(ckptio_writer *w)
     if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
         return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
                             w->data_label);
+    ckptio__gpu_gds_forget(&w->gpu);
     close(w->fd);
     w->fd = -1;
     return 0;
@@ -925,7 +927,7 @@ void ckptio_writer_close(ckptio_writer *w)
 {
     if (!w) return;
     ckptio__sink_fini(&w->sink);
-    ckptio__gpu_fini(&w->gpu);
+    ckptio__gpu_fini(&w->gpu); /* deregisters the data file from cuFile before it is closed */
     settle_hashes(w);
     ckptio__hasher_stop(w->hasher);
     ckptio__vec_free(&w->pending);

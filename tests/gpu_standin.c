@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -476,13 +477,37 @@ API CUfileError_t cuFileDriverOpen(void)
     return (CUfileError_t){envl("CKPTIO_STANDIN_GDS") ? 0 : 5001, 0};
 }
 API CUfileError_t cuFileDriverClose_v2(void) { return (CUfileError_t){0, 0}; }
+/* A handle remembers which file it was registered for: like the real one, it is bound to that
+ * file, not to a descriptor number that a later open may reuse. */
+typedef struct fhandle {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+} fhandle;
+
 API CUfileError_t cuFileHandleRegister(void **fh, CUfileDescr_t *d)
 {
-    if (d->type != 1 || d->handle.fd < 0) return (CUfileError_t){5002, 0};
-    *fh = (void *)(intptr_t)(d->handle.fd + 1);
+    struct stat st;
+    if (d->type != 1 || d->handle.fd < 0 || fstat(d->handle.fd, &st) < 0)
+        return (CUfileError_t){5002, 0};
+    fhandle *h = malloc(sizeof *h);
+    *h = (fhandle){d->handle.fd, st.st_dev, st.st_ino};
+    *fh = h;
     return (CUfileError_t){0, 0};
 }
-API void cuFileHandleDeregister(void *fh) { (void)fh; }
+API void cuFileHandleDeregister(void *fh) { free(fh); }
+
+/* The descriptor of a live handle, or -1 (EBADF) when its file is no longer behind it. */
+static int handle_fd(void *fh)
+{
+    fhandle *h = fh;
+    struct stat st;
+    if (fstat(h->fd, &st) < 0 || st.st_dev != h->dev || st.st_ino != h->ino) {
+        errno = EBADF;
+        return -1;
+    }
+    return h->fd;
+}
 API CUfileError_t cuFileBufRegister(const void *p, size_t n, int flags)
 {
     (void)p, (void)n, (void)flags;
@@ -495,9 +520,11 @@ API CUfileError_t cuFileBufDeregister(const void *p)
 }
 API ssize_t cuFileWrite(void *fh, const void *base, size_t n, off_t off, off_t boff)
 {
-    return pwrite((int)(intptr_t)fh - 1, (const uint8_t *)base + boff, n, off);
+    int fd = handle_fd(fh);
+    return fd < 0 ? -1 : pwrite(fd, (const uint8_t *)base + boff, n, off);
 }
 API ssize_t cuFileRead(void *fh, void *base, size_t n, off_t off, off_t boff)
 {
-    return pread((int)(intptr_t)fh - 1, (uint8_t *)base + boff, n, off);
+    int fd = handle_fd(fh);
+    return fd < 0 ? -1 : pread(fd, (uint8_t *)base + boff, n, off);
 }

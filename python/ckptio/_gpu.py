@@ -150,7 +150,7 @@ def stats_text(handle: Any, fallback: str) -> str:
     path, _dev, _gds, _staging, reason = _core.gpu_stats(handle)
     if path == "none":
         return fallback
-    if reason and path != "gds" and os.environ.get("CKPTIO_GPU", "") != "staged":
+    if reason and path != "gds":
         return f"{path} (no GDS: {reason})"
     return path
 

@@ -72,8 +72,7 @@ void ckptio__gpu_fini(ckptio__gpu *g)
     drop_stream(g);
     if (g->ring) g->cu->MemFreeHost(g->ring);
     g->ring = NULL;
-    if (g->gds_fh) g->cf->HandleDeregister(g->gds_fh);
-    g->gds_fh = NULL;
+    ckptio__gpu_gds_forget(g);
     if (!cur && g->ctx) g->cu->CtxSetCurrent(NULL);
 }
 
@@ -240,13 +239,9 @@ int ckptio__gpu_wait_caller(ckptio__gpu *g, uint64_t stream, ckptio__msg *m, con
 
 bool ckptio__gpu_gds_file(ckptio__gpu *g, int fd, int direct)
 {
-    if (g->mode != CKPTIO_GPU_AUTO && g->mode != CKPTIO_GPU_GDS) {
-        snprintf(g->st.reason, sizeof g->st.reason, "GDS not asked for (CKPTIO_GPU=staged)");
-        return false;
-    }
+    if (g->mode != CKPTIO_GPU_AUTO && g->mode != CKPTIO_GPU_GDS) return false; /* staged */
     if (g->gds_fd == fd) return g->gds_ok;
-    if (g->gds_fh) g->cf->HandleDeregister(g->gds_fh);
-    g->gds_fh = NULL;
+    ckptio__gpu_gds_forget(g);
     g->gds_fd = fd;
     g->gds_ok = false;
     const char *why = "cuFile cannot be used";
@@ -274,6 +269,14 @@ bool ckptio__gpu_gds_file(ckptio__gpu *g, int fd, int direct)
     }
     g->gds_ok = true;
     return true;
+}
+
+void ckptio__gpu_gds_forget(ckptio__gpu *g)
+{
+    if (g->gds_fh) g->cf->HandleDeregister(g->gds_fh);
+    g->gds_fh = NULL;
+    g->gds_fd = -1;
+    g->gds_ok = false;
 }
 
 int ckptio__gpu_gds_io(ckptio__gpu *g, bool write, uint64_t p, uint64_t n, uint64_t off,

@@ -65,6 +65,9 @@ CKPTIO__HIDDEN int ckptio__gpu_wait_caller(ckptio__gpu *g, uint64_t stream, ckpt
 /* Whether cuFile may move bytes between device memory and file descriptor fd (O_DIRECT):
  * registers fd on first use; false with st.reason set otherwise. */
 CKPTIO__HIDDEN bool ckptio__gpu_gds_file(ckptio__gpu *g, int fd, int direct);
+/* Deregister the file from cuFile: call before closing it (its descriptor number may come
+ * back for another file, which must get a handle of its own). */
+CKPTIO__HIDDEN void ckptio__gpu_gds_forget(ckptio__gpu *g);
 /* cuFileWrite/cuFileRead of n bytes between device address p and file offset off. */
 CKPTIO__HIDDEN int ckptio__gpu_gds_io(ckptio__gpu *g, bool write, uint64_t p, uint64_t n,
                                       uint64_t off, ckptio__msg *m, const char *label);
