@@ -338,7 +338,9 @@ CKPTIO_API int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, c
 enum ckptio_memory { CKPTIO_MEM_HOST = 0, CKPTIO_MEM_CUDA = 1 };
 
 /* A box of one tensor to read into `dst`, row-major in `shape`. `size` = sizeof(ckptio_region)
- * (see above); `memory` = CKPTIO_MEM_HOST (0). `name` selects the tensor; if it is NULL,
+ * (see above); `memory` = CKPTIO_MEM_HOST (0), or CKPTIO_MEM_CUDA with `dst` a device pointer
+ * (read through a pinned ring or cuFile, as ckptio_params.gpu says; see `stream`). `name`
+ * selects the tensor; if it is NULL,
  * `tensor` (an index) does. offset NULL means all zeros; shape NULL means the whole tensor.
  * `capacity` >= product(shape) * dtype size. Bytes of dst past that size may be used as
  * scratch up to `capacity`: pass capacity rounded up to ckptio_alignment(), with dst aligned

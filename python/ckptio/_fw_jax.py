@@ -116,7 +116,7 @@ def save_chunks(x: Any, name: str) -> tuple[np.dtype[Any], list[tuple[Box | None
             continue
         box = index_box(shard.index, shape)
         data = shard.data
-        if getattr(data.device, "platform", "cpu") in ("gpu", "cuda") and _gpu.route():
+        if getattr(shard.device, "platform", "cpu") in ("gpu", "cuda") and _gpu.route():
             # Written by ckptio from GPU memory; the array is ready once block_until_ready
             # returns, so no stream is needed, and it stays alive (immutable) in the item.
             data.block_until_ready()
