@@ -979,8 +979,8 @@ static int read_gds(ckptio_reader *r, const box *bx, uint64_t stream)
     const ckptio__mtensor *t = &r->m->tensors[bx->t];
     const ckptio__mchunk *c = &r->m->chunks[t->chunk0];
     if (t->n_chunks != 1 || c->codec != CKPTIO__CODEC_NONE || c->stored_len != bx->bytes ||
-        bx->bytes < (1u << 20) || c->file_off % 4096)
-        return 0;
+        bx->bytes < (1u << 20) || c->file_off % 4096 || bx->bytes % 4096)
+        return 0; /* whole aligned extents only: O_DIRECT's rules, whatever cuFile's mode */
     const rfile *f = &r->files[c->file];
     ckptio__gpu *g = &r->gpu;
     if (!ckptio__gpu_gds_file(g, f->fd, f->direct)) return 0;

@@ -288,7 +288,8 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
 typedef struct gpu_put {
     ckptio_writer *w;
     uint64_t csum_at;
-    bool hash, write;
+    uint64_t write_from; /* bytes of the chunk before this went to the file by GDS */
+    bool hash;
 } gpu_put;
 
 /* A piece of a device chunk, landed in the pinned ring: copied into the sink's staging (never
@@ -300,8 +301,9 @@ static int put_staged(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
     ckptio_writer *w = p->w;
     uint64_t B = w->cfg.csum_block;
     for (uint64_t i = 0; i < n; i += B) {
-        uint64_t len = CKPTIO__MIN(B, n - i);
-        if (p->write) CKPTIO__TRY(ckptio__sink_write(&w->sink, host + i, len));
+        uint64_t len = CKPTIO__MIN(B, n - i), skip = 0;
+        if (at + i < p->write_from) skip = CKPTIO__MIN(p->write_from - (at + i), len);
+        if (skip < len) CKPTIO__TRY(ckptio__sink_write(&w->sink, host + i + skip, len - skip));
         if (p->hash)
             *CKPTIO__VEC_AT(&w->csums, uint64_t, p->csum_at + (at + i) / B) =
                 ckptio__hash(host + i, len);
@@ -314,15 +316,26 @@ static int write_chunk_gpu(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t 
 {
     ckptio__gpu *g = &w->gpu;
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
-    gpu_put p = {.w = w, .csum_at = csum_at, .hash = n_csums > 0, .write = true};
+    gpu_put p = {.w = w, .csum_at = csum_at, .hash = n_csums > 0};
     if (n >= GDS_MIN && off % 4096 == 0 && ckptio__gpu_gds_file(g, w->fd, w->sink.direct)) {
+        /* cuFile writes the 4 KiB-aligned body; the tail goes through the sink, after it, so
+         * that the sink's next window starts where cuFile's bytes end. */
+        uint64_t body = n / 4096 * 4096;
+        CKPTIO__TRY(ckptio__sink_skip(&w->sink, body));
+        p.write_from = body;
         /* Checksums come from a staged copy, taken first: it also orders us after the
          * caller's stream, as cuFile (synchronous, stream-less) cannot. */
-        p.write = false;
-        if (p.hash) CKPTIO__TRY(ckptio__gpu_d2h(g, src, n, stream, put_staged, &p, &w->msg, name));
-        else CKPTIO__TRY(ckptio__gpu_wait_caller(g, stream, &w->msg, name));
-        CKPTIO__TRY(ckptio__sink_skip(&w->sink, n));
-        return ckptio__gpu_gds_io(g, true, src, n, off, &w->msg, w->data_label);
+        if (p.hash) {
+            CKPTIO__TRY(ckptio__gpu_d2h(g, src, n, stream, put_staged, &p, &w->msg, name));
+        } else {
+            CKPTIO__TRY(ckptio__gpu_wait_caller(g, stream, &w->msg, name));
+            p.write_from = 0;
+            if (n > body)
+                CKPTIO__TRY(ckptio__gpu_d2h(g, src + body, n - body, stream, put_staged, &p,
+                                            &w->msg, name));
+        }
+        if (n > body) ckptio__gpu_count(g, false, n - body);
+        return ckptio__gpu_gds_io(g, true, src, body, off, &w->msg, w->data_label);
     }
     CKPTIO__TRY(ckptio__gpu_d2h(g, src, n, stream, put_staged, &p, &w->msg, name));
     ckptio__gpu_count(g, false, n);
