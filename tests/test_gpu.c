@@ -139,6 +139,24 @@ static void params_small(ckptio_params *p)
     p->gpu_staging_bytes = 4 << 20; /* four 1 MiB slots */
 }
 
+/* dev_open with the stand-in's cuFile driver opening, and small params. */
+static int gds_open(int needs_standin, ckptio_params *p)
+{
+    setenv("CKPTIO_STANDIN_GDS", "1", 1);
+    params_small(p);
+    return dev_open(needs_standin);
+}
+
+/* n pseudo-random bytes (seed) in device memory; *host gets a malloc'd copy. */
+static void *dev_random(size_t n, uint64_t seed, uint8_t **host)
+{
+    *host = malloc(n);
+    t_fill(*host, n, seed);
+    void *d = dev_alloc(n);
+    if (d) dev_put(d, *host, n);
+    return d;
+}
+
 /* Save a few tensors from device memory, one from host memory; load them back to the host and
  * to the device; every byte equal; pinned memory bounded by the ring; copies overlap, at most
  * four ahead of the writes. */
@@ -434,16 +452,12 @@ static int test_gpu_modes(void)
  * not O_DIRECT, the fallback to staged says why. */
 static int test_gpu_gds(void)
 {
-    setenv("CKPTIO_STANDIN_GDS", "1", 1);
-    int rc = dev_open(0);
-    if (rc) return rc;
     ckptio_params p;
-    params_small(&p);
+    int rc = gds_open(0, &p);
+    if (rc) return rc;
     const size_t n = 6u << 20;
-    uint8_t *h = malloc(n), *back = malloc(n);
-    t_fill(h, n, 7);
-    void *d = dev_alloc(n);
-    dev_put(d, h, n);
+    uint8_t *h, *back = malloc(n);
+    void *d = dev_random(n, 7, &h);
     ckptio_writer *w;
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
     CHECK_OK(ckptio_writer_add_mem(w, "t", CKPTIO_DT_U8, 1, (uint64_t[]){n}, NULL, NULL, d, n,
@@ -498,16 +512,12 @@ static int test_gpu_gds(void)
  * handle, never the previous file's (whose descriptor number the new file may reuse). */
 static int test_gpu_gds_many_files(void)
 {
-    setenv("CKPTIO_STANDIN_GDS", "1", 1);
-    int rc = dev_open(1);
-    if (rc) return rc;
     ckptio_params p;
-    params_small(&p);
+    int rc = gds_open(1, &p);
+    if (rc) return rc;
     const size_t n = 2u << 20;
-    uint8_t *h = malloc(3 * n), *back = malloc(n);
-    t_fill(h, 3 * n, 9);
-    void *d = dev_alloc(3 * n);
-    dev_put(d, h, 3 * n);
+    uint8_t *h, *back = malloc(n);
+    void *d = dev_random(3 * n, 9, &h);
     ckptio_writer *w;
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
     CHECK_OK(ckptio_writer_set_data_files(w, NULL, n));
@@ -542,16 +552,12 @@ static int test_gpu_gds_many_files(void)
  * the body's last bytes. */
 static int test_gpu_gds_unaligned_size(void)
 {
-    setenv("CKPTIO_STANDIN_GDS", "1", 1);
-    int rc = dev_open(1);
-    if (rc) return rc;
     ckptio_params p;
-    params_small(&p);
+    int rc = gds_open(1, &p);
+    if (rc) return rc;
     const size_t n = (3u << 20) + 100, m = 5000;
-    uint8_t *h = malloc(n + m), *back = malloc(n);
-    t_fill(h, n + m, 11);
-    void *d = dev_alloc(n), *e = dev_alloc(m);
-    dev_put(d, h, n);
+    uint8_t *h, *back = malloc(n);
+    void *d = dev_random(n + m, 11, &h), *e = dev_alloc(m);
     dev_put(e, h + n, m);
     ckptio_writer *w;
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
