@@ -8,7 +8,7 @@ VENV ?= .venv
 PYBUILD ?= build-py
 VENV_STAMP := $(VENV)/.ckptio-installed
 
-.PHONY: all build deps venv test test-c test-install test-mpi test-python test-sanitize bench clean
+.PHONY: all build deps venv test test-c test-install test-mpi test-python test-sanitize test-gpu bench clean
 
 all: build venv
 
@@ -79,6 +79,12 @@ fuzz: deps
 
 test-python: venv
 	$(VENV)/bin/python -m pytest -q tests/python
+
+# On a machine with an NVIDIA GPU: build with what is there (no installs), run the GPU tests
+# against the real driver and the GPU bench, write one JSON summary (tests/gpu/run.sh). Says
+# "no GPU" and succeeds where there is none.
+test-gpu:
+	./tests/gpu/run.sh
 
 # C tests, then the install check and MPI, then pytest (in this order, also under make -j).
 test: test-c test-install test-mpi

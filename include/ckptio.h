@@ -159,7 +159,25 @@ typedef struct ckptio_params {
                              * The old one stays loadable until the new one is complete. An
                              * empty directory may be replaced too, also only at commit. */
     int reserved1;
+    /* GPU memory (CKPTIO_MEM_CUDA buffers, doc/gpu.md). Since 0.2. */
+    int gpu;                    /* enum ckptio_gpu_mode; CKPTIO_GPU=auto|gds|staged|off wins */
+    uint32_t reserved2;
+    uint64_t gpu_staging_bytes; /* pinned host memory for GPU copies; 0 = default (256 MiB) */
 } ckptio_params;
+
+/* How GPU memory moves (ckptio_params.gpu). AUTO: GPUDirect Storage (cuFile) where it works,
+ * else the staged path; GDS: the same, asked for by name (data files where cuFile refuses
+ * still fall back to staged, saying why in ckptio_gpu_stats); STAGED: device-to-host copies
+ * through a pinned ring on ckptio's own stream, overlapped with the O_DIRECT writes (and the
+ * mirror for reads); OFF: GPU buffers are refused (CKPTIO_E_UNSUPPORTED). The CUDA driver
+ * (libcuda.so.1) and cuFile (libcufile.so.0) are loaded at run time, at first use: ckptio
+ * needs neither to build or to run on hosts without a GPU. Since 0.2. */
+enum ckptio_gpu_mode {
+    CKPTIO_GPU_AUTO = 0,
+    CKPTIO_GPU_GDS = 1,
+    CKPTIO_GPU_STAGED = 2,
+    CKPTIO_GPU_OFF = 3
+};
 
 /* Fill `p` with defaults. Since 0.1. */
 CKPTIO_API void ckptio_params_init(ckptio_params *p);
@@ -314,12 +332,15 @@ CKPTIO_API int ckptio_reader_meta(const ckptio_reader *r, size_t index, const ch
 CKPTIO_API int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, const void **value,
                                       size_t *len);
 
-/* Where a destination lives. Only host memory is supported so far; CKPTIO_MEM_CUDA is
- * reserved (CKPTIO_E_UNSUPPORTED) for device destinations. Since 0.2. */
+/* Where a buffer lives: host memory, or CUDA device memory (a device pointer of the current
+ * context's device or one the driver maps with unified addressing), moved as
+ * ckptio_params.gpu says. Since 0.2. */
 enum ckptio_memory { CKPTIO_MEM_HOST = 0, CKPTIO_MEM_CUDA = 1 };
 
 /* A box of one tensor to read into `dst`, row-major in `shape`. `size` = sizeof(ckptio_region)
- * (see above); `memory` = CKPTIO_MEM_HOST (0). `name` selects the tensor; if it is NULL,
+ * (see above); `memory` = CKPTIO_MEM_HOST (0), or CKPTIO_MEM_CUDA with `dst` a device pointer
+ * (read through a pinned ring or cuFile, as ckptio_params.gpu says; see `stream`). `name`
+ * selects the tensor; if it is NULL,
  * `tensor` (an index) does. offset NULL means all zeros; shape NULL means the whole tensor.
  * `capacity` >= product(shape) * dtype size. Bytes of dst past that size may be used as
  * scratch up to `capacity`: pass capacity rounded up to ckptio_alignment(), with dst aligned
@@ -334,6 +355,11 @@ typedef struct ckptio_region {
     const uint64_t *shape;
     void *dst;
     uint64_t capacity;
+    /* CKPTIO_MEM_CUDA only: the caller's CUstream. ckptio's copies start after the work
+     * queued on it before the call and it is made to wait for them, so kernels queued on it
+     * afterwards see the data; 0 (the legacy default stream) also makes the call return only
+     * once the data is in place. Since 0.2. */
+    uint64_t stream;
 } ckptio_region;
 
 /* Read `n` regions, whatever chunks their tensors were stored as: the reads of all regions
@@ -646,6 +672,45 @@ CKPTIO_API int ckptio_mapper_check(ckptio_mapper *m, size_t tensor, size_t chunk
  * show the new bytes. */
 CKPTIO_API int ckptio_mapper_unchanged(ckptio_mapper *m);
 CKPTIO_API const char *ckptio_mapper_errmsg(const ckptio_mapper *m);
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
+/* GPU memory. Experimental: define CKPTIO_EXPERIMENTAL to use them. doc/gpu.md               */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* ckptio_writer_add() for a buffer in `memory` (enum ckptio_memory). For CKPTIO_MEM_CUDA,
+ * `data` is a device pointer and `stream` the caller's CUstream (0: the legacy default
+ * stream): the bytes are read after the work queued on that stream before the call. The call
+ * returns once they are copied out of device memory (into pinned staging, or to the file
+ * through GDS), so the device buffer may change at once; checksums are computed on the staged
+ * host copy. Host memory used is bounded by params.gpu_staging_bytes, whatever the tensor's
+ * size. A failing copy poisons the writer like a failing write: nothing is published. For
+ * CKPTIO_MEM_HOST it is ckptio_writer_add() (stream ignored). Since 0.2. */
+CKPTIO_API int ckptio_writer_add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                                     const uint64_t *shape, const uint64_t *chunk_offset,
+                                     const uint64_t *chunk_shape, const void *data,
+                                     uint64_t nbytes, uint32_t memory, uint64_t stream);
+
+/* Which way a handle's GPU bytes went. `size` = sizeof(ckptio_gpu_stats), set by the caller.
+ * Since 0.2. */
+typedef struct ckptio_gpu_stats {
+    uint32_t size;
+    uint32_t reserved;
+    char path[16];          /* "none" (no GPU buffer yet), "staged", "gds" or "gds+staged" */
+    uint64_t device_bytes;  /* bytes moved from or to GPU memory */
+    uint64_t gds_bytes;     /* of which by cuFile straight between GPU memory and the file */
+    uint64_t staging_bytes; /* pinned host memory held for the staging ring */
+    char reason[256];       /* why GDS was not used (or not for every file), or "" */
+} ckptio_gpu_stats;
+CKPTIO_API int ckptio_writer_gpu_stats(const ckptio_writer *w, ckptio_gpu_stats *out);
+CKPTIO_API int ckptio_reader_gpu_stats(const ckptio_reader *r, ckptio_gpu_stats *out);
+
+/* Which path GPU buffers would take for files in directory `dir` (NULL: the current one) with
+ * params `p` (may be NULL) and CKPTIO_GPU: CKPTIO_GPU_GDS, CKPTIO_GPU_STAGED, or CKPTIO_GPU_OFF
+ * when GPU buffers would be refused; `why` (may be NULL) gets the reason. Loads the driver
+ * (and cuFile) if need be. Since 0.2. */
+CKPTIO_API int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t len);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -16,6 +16,8 @@ typedef struct ckptio__cfg {
     uint64_t staging;  /* bytes of staging: >= 2 requests */
     uint64_t csum_block;
     bool fsync, checksums, overwrite;
+    int gpu;              /* CKPTIO_GPU_*, after CKPTIO_GPU */
+    uint64_t gpu_staging; /* bytes of the pinned GPU staging ring */
 } ckptio__cfg;
 
 CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, ckptio__msg *m);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "gpu/staged.h"
 #include "io/engine.h"
 
 #define DEFAULT_DEPTH 64u
@@ -11,6 +12,7 @@
 #define DEFAULT_REQUEST (8ull << 20)
 #define DEFAULT_STAGING (64ull << 20)
 #define CSUM_BLOCK (1ull << 20)
+#define DEFAULT_GPU_STAGING (256ull << 20)
 
 void ckptio_params_init(ckptio_params *p)
 {
@@ -22,6 +24,7 @@ void ckptio_params_init(ckptio_params *p)
     p->fsync = CKPTIO_ON;
     p->checksums = CKPTIO_ON;
     p->overwrite = CKPTIO_OFF;
+    p->gpu = CKPTIO_GPU_AUTO;
 }
 
 static uint64_t pow2_floor(uint64_t v)
@@ -67,6 +70,9 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
     c->fsync = p.fsync != CKPTIO_OFF;
     c->checksums = p.checksums != CKPTIO_OFF;
     c->overwrite = p.overwrite == CKPTIO_ON;
+    c->gpu = ckptio__gpu_mode(p.gpu, m);
+    if (c->gpu < 0) return c->gpu;
+    c->gpu_staging = p.gpu_staging_bytes ? p.gpu_staging_bytes : DEFAULT_GPU_STAGING;
     return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "common/hasher.h"
 #include "common/box.h"
 #include "format/manifest.h"
+#include "gpu/staged.h"
 #include "internal.h"
 #include "io/engine.h"
 #include "io/sink.h"
@@ -82,6 +84,8 @@ struct ckptio_writer {
     ckptio__strmap names;
     arena_block *arena;
 
+    ckptio__gpu gpu; /* CKPTIO_MEM_CUDA chunks: pinned ring, stream, cuFile */
+
     double t_open;
     ckptio_stats stats;
 };
@@ -147,6 +151,7 @@ static int roll_file(ckptio_writer *w)
     if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
         return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
                             w->data_label);
+    ckptio__gpu_gds_forget(&w->gpu);
     close(w->fd);
     w->fd = -1;
     w->done_sizes[w->n_done++] = w->sink.cursor;
@@ -275,6 +280,68 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
     return ckptio__sink_put(&w->sink, src, n, B, n_csums && !async ? hash_piece : NULL, &h);
 }
 
+/* ---- GPU chunks ---- */
+
+/* Chunks at least this large, at 4 KiB aligned offsets, go through cuFile where it works. */
+#define GDS_MIN (1u << 20)
+
+typedef struct gpu_put {
+    ckptio_writer *w;
+    uint64_t csum_at;
+    uint64_t write_from; /* bytes of the chunk before this went to the file by GDS */
+    bool hash;
+} gpu_put;
+
+/* A piece of a device chunk, landed in the pinned ring: copied into the sink's staging (never
+ * written from in place: the slot is reused at once) and hashed while in cache. Pieces are
+ * whole checksum blocks but the last. */
+static int put_staged(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
+{
+    gpu_put *p = ctx;
+    ckptio_writer *w = p->w;
+    uint64_t B = w->cfg.csum_block;
+    for (uint64_t i = 0; i < n; i += B) {
+        uint64_t len = CKPTIO__MIN(B, n - i), skip = 0;
+        if (at + i < p->write_from) skip = CKPTIO__MIN(p->write_from - (at + i), len);
+        if (skip < len) CKPTIO__TRY(ckptio__sink_write(&w->sink, host + i + skip, len - skip));
+        if (p->hash)
+            *CKPTIO__VEC_AT(&w->csums, uint64_t, p->csum_at + (at + i) / B) =
+                ckptio__hash(host + i, len);
+    }
+    return 0;
+}
+
+static int write_chunk_gpu(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t off,
+                           uint64_t csum_at, uint64_t n_csums, uint64_t stream, const char *name)
+{
+    ckptio__gpu *g = &w->gpu;
+    CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
+    gpu_put p = {.w = w, .csum_at = csum_at, .hash = n_csums > 0};
+    if (n >= GDS_MIN && off % 4096 == 0 && ckptio__gpu_gds_file(g, w->fd, w->sink.direct)) {
+        /* cuFile writes the 4 KiB-aligned body; the tail goes through the sink, after it, so
+         * that the sink's next window starts where cuFile's bytes end. */
+        uint64_t body = n / 4096 * 4096;
+        CKPTIO__TRY(ckptio__sink_skip(&w->sink, body));
+        p.write_from = body;
+        /* Checksums come from a staged copy, taken first: it also orders us after the
+         * caller's stream, as cuFile (synchronous, stream-less) cannot. */
+        if (p.hash) {
+            CKPTIO__TRY(ckptio__gpu_d2h(g, src, n, stream, put_staged, &p, &w->msg, name));
+        } else {
+            CKPTIO__TRY(ckptio__gpu_wait_caller(g, stream, &w->msg, name));
+            p.write_from = 0;
+            if (n > body)
+                CKPTIO__TRY(ckptio__gpu_d2h(g, src + body, n - body, stream, put_staged, &p,
+                                            &w->msg, name));
+        }
+        if (n > body) ckptio__gpu_count(g, false, n - body);
+        return ckptio__gpu_gds_io(g, true, src, body, off, &w->msg, w->data_label);
+    }
+    CKPTIO__TRY(ckptio__gpu_d2h(g, src, n, stream, put_staged, &p, &w->msg, name));
+    ckptio__gpu_count(g, false, n);
+    return 0;
+}
+
 /* ---- open ---- */
 
 /* The temporary directory's contents: data/ and the data file, streamed through the sink. */
@@ -327,6 +394,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     ckptio__strmap_init(&w->names);
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
+    ckptio__gpu_init(&w->gpu, w->cfg.gpu, w->cfg.gpu_staging, w->cfg.csum_block);
     /* Before the first file is made: ranks joining one directory must never share a name. */
     if (part && asprintf(&w->file_prefix, "r%05u-", rank) < 0) {
         w->file_prefix = NULL;
@@ -422,9 +490,10 @@ static int add_failed(ckptio_writer *w, int rc, const char *name)
     return poison(w, rc);
 }
 
-int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
-                      const uint64_t *shape, const uint64_t *chunk_offset,
-                      const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
+static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                   const uint64_t *shape, const uint64_t *chunk_offset,
+                   const uint64_t *chunk_shape, const void *data, uint64_t nbytes,
+                   uint32_t memory, uint64_t stream)
 {
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_add: writer is NULL");
     ckptio__msg_clear(&w->msg);
@@ -480,6 +549,13 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
         return ckptio__fail(&w->msg, CKPTIO_E_SHAPE,
                             "tensor '%s': an empty chunk of a non-empty tensor", name);
 
+    if (memory > CKPTIO_MEM_CUDA)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "tensor '%s': unknown memory kind %u (CKPTIO_MEM_HOST or _CUDA)", name,
+                            memory);
+    if (memory == CKPTIO_MEM_CUDA && nbytes)
+        CKPTIO__TRY(ckptio__gpu_start(&w->gpu, (uint64_t)(uintptr_t)data, &w->msg, name));
+
     uint64_t ti = 0;
     CKPTIO__TRY(find_or_add_tensor(w, name, name_len, dtype, ndim, shape, &ti));
     wtensor *t = CKPTIO__VEC_AT(&w->tensors, wtensor, ti);
@@ -527,8 +603,37 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     t->covered += cvol;
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
-    int rc = write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
+    int rc = memory == CKPTIO_MEM_CUDA
+                 ? write_chunk_gpu(w, (uint64_t)(uintptr_t)data, nbytes, off, (uint64_t)ci,
+                                   n_csums, stream, name)
+                 : write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
     return rc < 0 ? add_failed(w, rc, name) : 0;
+}
+
+int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                      const uint64_t *shape, const uint64_t *chunk_offset,
+                      const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
+{
+    return add_mem(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes,
+                   CKPTIO_MEM_HOST, 0);
+}
+
+int ckptio_writer_add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                          const uint64_t *shape, const uint64_t *chunk_offset,
+                          const uint64_t *chunk_shape, const void *data, uint64_t nbytes,
+                          uint32_t memory, uint64_t stream)
+{
+    return add_mem(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes, memory,
+                   stream);
+}
+
+int ckptio_writer_gpu_stats(const ckptio_writer *w, ckptio_gpu_stats *out)
+{
+    if (!w || !out || out->size < offsetof(ckptio_gpu_stats, reason))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_writer_gpu_stats: NULL argument or out->size not set");
+    ckptio__gpu_stats(&w->gpu, out);
+    return 0;
 }
 
 int ckptio_writer_set_meta(ckptio_writer *w, const char *key, const void *value, size_t len)
@@ -761,6 +866,7 @@ static int seal_data(ckptio_writer *w)
     if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
         return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
                             w->data_label);
+    ckptio__gpu_gds_forget(&w->gpu);
     close(w->fd);
     w->fd = -1;
     return 0;
@@ -834,6 +940,7 @@ void ckptio_writer_close(ckptio_writer *w)
 {
     if (!w) return;
     ckptio__sink_fini(&w->sink);
+    ckptio__gpu_fini(&w->gpu); /* deregisters the data file from cuFile before it is closed */
     settle_hashes(w);
     ckptio__hasher_stop(w->hasher);
     ckptio__vec_free(&w->pending);

@@ -347,6 +347,16 @@ int ckptio_describe_system(const char *dir, char *buf, size_t len)
 
     describe_dir(&o, dir && *dir ? dir : ".");
 
+    /* GPU buffers: which path would run (CKPTIO_GPU, driver, cuFile, this file system). */
+    char gwhy[768];
+    int gp = ckptio_gpu_probe(dir && *dir ? dir : ".", NULL, gwhy, sizeof gwhy);
+    const char *genv = getenv("CKPTIO_GPU");
+    put(&o, "gpu: %s (CKPTIO_GPU=%s): %s\n",
+        gp == CKPTIO_GPU_GDS      ? "GPUDirect Storage (cuFile)"
+        : gp == CKPTIO_GPU_STAGED ? "staged through pinned memory"
+                                  : "GPU buffers refused",
+        genv && *genv ? genv : "auto", gwhy);
+
     if (buf && len) buf[o.need < len ? o.need : len - 1] = 0;
     return o.need > INT_MAX ? INT_MAX : (int)o.need;
 }

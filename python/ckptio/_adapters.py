@@ -153,7 +153,9 @@ def _load_registry() -> tuple[Adapter, ...]:
     from ._fw_numpy import NUMPY
     from ._fw_torch import TORCH
 
-    return (NUMPY, TORCH, JAX)
+    from ._fw_cupy import CUPY  # after torch and jax, whose GPU arrays also speak its interface
+
+    return (NUMPY, TORCH, JAX, CUPY)
 
 
 #: Every adapter, in the order leaves are matched.

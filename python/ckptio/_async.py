@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _comm, _core, _dist
+from . import _comm, _core, _dist, _gpu
 from ._adapters import Deferred
 from ._core import AddItem
+from ._gpu import DeviceItem
 from ._errors import USAGE, CheckpointError, InvalidType, error
 from ._options import Stats, params
 from ._save import PathLike, StagedSave, _make_parent, _meta_items, _open, _stage, _write
@@ -319,7 +320,7 @@ def _save_async(
         _wait_previous()
         t0 = time.perf_counter()
         with pause_gc():
-            staged = _stage(tree, metadata=metadata)
+            staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
         h = AsyncSave(spath)
         writer: _core.Writer | None = None
         bufs: list[_core.Buffer] = []
@@ -358,17 +359,28 @@ def _snapshot(
     deferred: list[Deferred] = []
     used = 0
     total = 0
+    devices: list[Any] = []  # GPU tensors written now, through ckptio's GPU path
     for it in staged.items:
-        total += it.nbytes if type(it) is Deferred else _as_array(it.data).nbytes
+        total += it.nbytes if type(it) in (Deferred, DeviceItem) else _as_array(it.data).nbytes
     if total > cap:
         # Part of the state is written during the call, through the writer's staging memory
         # (caller's buffers are rarely aligned): that memory counts against the cap too.
         if not p["staging_bytes"]:
             p["staging_bytes"] = min(max(cap // 4, _MIN_STAGING), _MAX_STAGING)
         cap = max(cap - p["staging_bytes"], 0)
+    pinned: list[Any] = []
     for it in staged.items:
         if type(it) is Deferred:
             deferred.append(it)
+            continue
+        if type(it) is DeviceItem:
+            snap = _gpu.pinned_copy(it) if used + it.nbytes <= cap else None
+            if snap is None:
+                devices.append(it)
+            else:
+                used += it.nbytes
+                pinned.append(snap)
+                out.append(snap[0])
             continue
         src = _as_array(it.data)
         n = src.nbytes
@@ -393,8 +405,9 @@ def _snapshot(
         pairs.append((b, src.reshape(-1).view(np.uint8)))
         out[i] = AddItem((it.name, it.dtype, it.shape, dst, it.offset, it.chunk_shape))
     del plan
+    _gpu.pinned_wait(pinned)  # the snapshot is complete once the device copies are
     writer = None
-    if overflow or deferred:
+    if overflow or deferred or devices:
         # What the cap cannot hold is written now, from the caller's memory; device tensors'
         # host copies are made (and written) one batch at a time, as save() does.
         writer = _open(path, p)
@@ -407,6 +420,8 @@ def _snapshot(
             for d in deferred:
                 writer.add_many(d.make())
                 writer.flush()
+            for dv in devices:
+                dv.add_to(writer)
         except BaseException:
             writer.close()
             raise

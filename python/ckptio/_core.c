@@ -46,7 +46,9 @@ static PyObject *raise_code(int code, const char *msg)
     X(direct, int, -1, 1)                                                                          \
     X(fsync, int, -1, 1)                                                                           \
     X(checksums, int, -1, 1)                                                                       \
-    X(overwrite, int, 0, 1)
+    X(overwrite, int, 0, 1)                                                                        \
+    X(gpu, int, 0, 3)                                                                              \
+    X(gpu_staging_bytes, uint64_t, 0, LLONG_MAX)
 
 static int param_value(PyObject *d, const char *name, long long lo, long long hi, long long *out,
                        Py_ssize_t *seen)
@@ -1861,7 +1863,117 @@ out:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* GPU memory (doc/gpu.md): device pointers as ints, the caller's CUstream as an int            */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *gpu_stats_tuple(const ckptio_gpu_stats *g)
+{
+    return Py_BuildValue("(sKKKs)", g->path, (unsigned long long)g->device_bytes,
+                         (unsigned long long)g->gds_bytes, (unsigned long long)g->staging_bytes,
+                         g->reason);
+}
+
+/* gpu_add(writer, name, dtype, shape, offset, chunk_shape, ptr, nbytes, stream): one tensor
+ * (or chunk: offset and chunk_shape not None) from GPU memory. */
+static PyObject *mod_gpu_add(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    WriterObject *self;
+    const char *name;
+    int dtype;
+    PyObject *shape, *off_obj, *cs_obj;
+    unsigned long long ptr, nbytes, stream;
+    if (!PyArg_ParseTuple(args, "O!siOOOKKK:gpu_add", &Writer_Type, &self, &name, &dtype, &shape,
+                          &off_obj, &cs_obj, &ptr, &nbytes, &stream))
+        return NULL;
+    uint64_t dims[CKPTIO_MAX_NDIM], off[CKPTIO_MAX_NDIM], cs[CKPTIO_MAX_NDIM];
+    int ndim = parse_dims(shape, dims, "shape", name);
+    if (ndim < 0) return NULL;
+    if (off_obj != Py_None && parse_dims(off_obj, off, "chunk offset", name) != ndim)
+        return PyErr_Occurred() ? NULL : raise_code(CKPTIO_E_USAGE, "gpu_add: offset rank");
+    if (cs_obj != Py_None && parse_dims(cs_obj, cs, "chunk shape", name) != ndim)
+        return PyErr_Occurred() ? NULL : raise_code(CKPTIO_E_USAGE, "gpu_add: chunk shape rank");
+    if (writer_check(self) < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_writer_add_mem(self->w, name, dtype, (uint32_t)ndim, dims,
+                               off_obj != Py_None ? off : NULL, cs_obj != Py_None ? cs : NULL,
+                               (const void *)(uintptr_t)ptr, nbytes, CKPTIO_MEM_CUDA, stream);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) return raise_code(rc, ckptio_writer_errmsg(self->w));
+    Py_RETURN_NONE;
+}
+
+/* gpu_read(reader, index, offset, shape, ptr, capacity, stream): one region into GPU memory. */
+static PyObject *mod_gpu_read(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    ReaderObject *self;
+    Py_ssize_t index;
+    PyObject *off_obj, *shape_obj;
+    unsigned long long ptr, cap, stream;
+    if (!PyArg_ParseTuple(args, "O!nOOKKK:gpu_read", &Reader_Type, &self, &index, &off_obj,
+                          &shape_obj, &ptr, &cap, &stream))
+        return NULL;
+    uint64_t off[CKPTIO_MAX_NDIM], shp[CKPTIO_MAX_NDIM];
+    if (off_obj != Py_None && parse_dims(off_obj, off, "region offset", "") < 0) return NULL;
+    if (shape_obj != Py_None && parse_dims(shape_obj, shp, "region shape", "") < 0) return NULL;
+    if (reader_check(self, 1) < 0) return NULL;
+    ckptio_region reg = {.size = sizeof reg, .memory = CKPTIO_MEM_CUDA, .tensor = (size_t)index,
+                         .offset = off_obj != Py_None ? off : NULL,
+                         .shape = shape_obj != Py_None ? shp : NULL,
+                         .dst = (void *)(uintptr_t)ptr, .capacity = cap, .stream = stream};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_reader_read(self->r, &reg, 1);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
+    Py_RETURN_NONE;
+}
+
+/* gpu_stats(writer or reader) -> (path, device_bytes, gds_bytes, staging_bytes, reason) */
+static PyObject *mod_gpu_stats(PyObject *mod, PyObject *obj)
+{
+    (void)mod;
+    ckptio_gpu_stats g = {.size = sizeof g};
+    int rc = CKPTIO_E_STATE;
+    if (Py_IS_TYPE(obj, &Writer_Type) && ((WriterObject *)obj)->w)
+        rc = ckptio_writer_gpu_stats(((WriterObject *)obj)->w, &g);
+    else if (Py_IS_TYPE(obj, &Reader_Type) && ((ReaderObject *)obj)->r)
+        rc = ckptio_reader_gpu_stats(((ReaderObject *)obj)->r, &g);
+    if (rc < 0) return raise_code(rc, "gpu_stats: an open Writer or Reader is needed");
+    return gpu_stats_tuple(&g);
+}
+
+/* gpu_probe(dir, params=None) -> (mode, why): the path GPU buffers would take. */
+static PyObject *mod_gpu_probe(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    const char *dir = NULL;
+    PyObject *params = Py_None;
+    if (!PyArg_ParseTuple(args, "|zO:gpu_probe", &dir, &params)) return NULL;
+    ckptio_params p;
+    if (parse_params(params, &p) < 0) return NULL;
+    char why[1024];
+    int mode;
+    Py_BEGIN_ALLOW_THREADS
+    mode = ckptio_gpu_probe(dir, &p, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (mode < 0) return raise_code(mode, why);
+    return Py_BuildValue("(is)", mode, why);
+}
+
 static PyMethodDef module_methods[] = {
+    {"gpu_add", mod_gpu_add, METH_VARARGS,
+     "gpu_add(writer, name, dtype, shape, offset, chunk_shape, ptr, nbytes, stream)"},
+    {"gpu_read", mod_gpu_read, METH_VARARGS,
+     "gpu_read(reader, index, offset, shape, ptr, capacity, stream): a region into GPU memory"},
+    {"gpu_stats", mod_gpu_stats, METH_O,
+     "gpu_stats(writer or reader) -> (path, device_bytes, gds_bytes, staging_bytes, reason)"},
+    {"gpu_probe", mod_gpu_probe, METH_VARARGS, "gpu_probe(dir=None, params=None) -> (mode, why)"},
     {"save_dist", mod_save_dist, METH_VARARGS,
      "save_dist(path, comm, items, meta, params, timeout) -> IOStats (collective)"},
     {"stage_arrays", mod_stage_arrays, METH_VARARGS,

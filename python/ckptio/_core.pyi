@@ -155,3 +155,15 @@ def save_dist(
     params: Params | None,
     timeout: float,
 ) -> IOStats: ...
+
+# GPU memory (doc/gpu.md): device pointers and CUDA streams as ints.
+def gpu_add(
+    writer: Writer, name: str, dtype: int, shape: tuple[int, ...], offset: tuple[int, ...] | None,
+    chunk_shape: tuple[int, ...] | None, ptr: int, nbytes: int, stream: int,
+) -> None: ...  # fmt: skip
+def gpu_read(
+    reader: Reader, index: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None,
+    ptr: int, capacity: int, stream: int,
+) -> None: ...  # fmt: skip
+def gpu_stats(handle: Writer | Reader) -> tuple[str, int, int, int, str]: ...
+def gpu_probe(directory: str | None = ..., params: Params | None = ...) -> tuple[int, str]: ...

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _gpu
 from ._adapters import Box, Node, Target, np_view
 from ._core import AddItem
 from ._errors import DTYPE, USAGE, error
@@ -114,8 +114,16 @@ def save_chunks(x: Any, name: str) -> tuple[np.dtype[Any], list[tuple[Box | None
     for shard in x.addressable_shards:
         if shard.replica_id != 0:
             continue
-        host = np.asarray(shard.data)  # no copy on CPU devices
         box = index_box(shard.index, shape)
+        data = shard.data
+        if getattr(shard.device, "platform", "cpu") in ("gpu", "cuda") and _gpu.route():
+            # Written by ckptio from GPU memory; the array is ready once block_until_ready
+            # returns, so no stream is needed, and it stays alive (immutable) in the item.
+            data.block_until_ready()
+            dev = _gpu.OnDevice(int(data.unsafe_buffer_pointer()), data.nbytes, data)
+            out.append((None if box[1] == shape else box, dev))  # type: ignore[arg-type]
+            continue
+        host = np.asarray(data)  # no copy on CPU devices
         out.append((None if box[1] == shape else box, host))
     return dt, out
 
@@ -164,6 +172,9 @@ class JaxAdapter:
         shape = tuple(obj.shape)
         items = []
         for box, host in chunks:
+            if isinstance(host, _gpu.OnDevice):
+                items.append(host.item(name, code, dt, shape, box, node))
+                continue
             if code is None:
                 # Stored as raw bytes with a trailing dimension of the item size.
                 node["dtype"] = _dtypes.np_dtype_name(dt)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _gpu
 from ._adapters import Deferred, Node, Target
 from ._core import AddItem
 from ._dtypes import (
@@ -92,18 +92,23 @@ def stored_dtype(node: Node, info: Any) -> Any:
     return dt
 
 
+def _plain(d: Any) -> Any:
+    """``d`` with its conjugate and negative bits resolved and its memory contiguous, where
+    it is (host or GPU)."""
+    if d.is_conj():
+        d = d.resolve_conj()
+    if d.is_neg():
+        d = d.resolve_neg()
+    return d if d.is_contiguous() else d.contiguous()
+
+
 def _host_item(name: str, t: Any) -> Any:
     """The AddItem of tensor ``t`` from host memory (a copy for device tensors)."""
     to_code, _, view_as = tables()
     d = t.detach()
     if d.device.type != "cpu":
         d = d.cpu()
-    if d.is_conj():
-        d = d.resolve_conj()
-    if d.is_neg():
-        d = d.resolve_neg()
-    if not d.is_contiguous():
-        d = d.contiguous()
+    d = _plain(d)
     code = to_code.get(d.dtype)
     shape = tuple(d.shape)
     view = view_as.get(d.dtype)
@@ -113,6 +118,22 @@ def _host_item(name: str, t: Any) -> Any:
         shape = shape + (d.element_size(),)
         host = host.reshape(-1).view(np.uint8) if host.size else np.empty(0, np.uint8)
     return AddItem((name, code, shape, host, None, None))
+
+
+def _device_item(name: str, t: Any) -> Any:
+    """The DeviceItem of CUDA tensor ``t``: written by ckptio from GPU memory, after the work
+    queued on the current stream (no host copy by torch)."""
+    to_code, _, _ = tables()
+    d = _plain(t.detach())  # on the GPU, queued on the current stream like the rest
+    code = to_code.get(d.dtype)
+    shape = tuple(d.shape)
+    if code is None:
+        code = BYTES
+        shape = shape + (d.element_size(),)
+    return _gpu.DeviceItem(
+        name, code, shape, d.data_ptr(), d.numel() * d.element_size(),
+        _gpu.torch_stream(d.device), d,
+    )  # fmt: skip
 
 
 class TorchAdapter:
@@ -162,6 +183,8 @@ class TorchAdapter:
         )
 
     def stage(self, name: str, t: Any, node: Node) -> list[Any] | Deferred:
+        if t.device.type == "cuda" and _gpu.route():
+            return [_device_item(name, t)]
         if t.device.type != "cpu":
             return Deferred(t.numel() * t.element_size(), lambda: [_host_item(name, t)])
         return [_host_item(name, t)]
@@ -218,13 +241,15 @@ class TorchAdapter:
         count = 1
         for d in shape:
             count *= d
-        if count == 0 or p.buf is None:
+        if isinstance(p.buf, torch.Tensor):  # read straight into GPU memory (_gpu_target)
+            t = p.buf.view(shape)
+        elif count == 0 or p.buf is None:
             t = torch.empty(shape, dtype=tgt.dtype)
         else:
             t = torch.frombuffer(p.buf, dtype=tgt.dtype, count=count, offset=p.at).view(shape)
         if tgt.cast is not None:
             t = t.to(tgt.cast)
-        if tgt.place is not None and str(tgt.place) != "cpu":
+        if tgt.place is not None and str(tgt.place) != "cpu" and t.device != torch.device(tgt.place):
             t = t.to(tgt.place)
         if node.get("param"):
             return torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))

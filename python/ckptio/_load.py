@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes
+from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Target
 from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
 from ._options import Stats, params
@@ -217,14 +218,16 @@ class Reader:
 
     def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
         # mmap=True: whole tensors are views of private mappings of the data files (_mapped).
+        p = params(io_options)
+        self._gpu = p["gpu"]  # the gpu= option, for GPU destinations
         self._mapped: Any = None
         self._checksums = io_options.get("checksums", True) is not False
         if mmap:
             from ._mapped import Mapped
 
-            self._r, self._mapped = Mapped.open_reader(os.fspath(path), params(io_options))
+            self._r, self._mapped = Mapped.open_reader(os.fspath(path), p)
         else:
-            self._r = self._open_core(os.fspath(path), params(io_options))
+            self._r = self._open_core(os.fspath(path), p)
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
@@ -407,7 +410,8 @@ class Reader:
 
     def stats(self) -> Stats:
         t = self._r.stats()
-        return Stats._from_core(t, t.seconds)
+        gpu = _gpu.stats_text(self._r, _gpu.take_note())
+        return dataclasses.replace(Stats._from_core(t, t.seconds), gpu=gpu)
 
     # ---- reading ----
     def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:
@@ -561,6 +565,7 @@ class Reader:
         plans: dict[tuple[Any, ...], tuple[str, Node, TensorInfo, Target, list[_Piece]]] = {}
         leaf_plan: dict[str, tuple[tuple[Any, ...], Node]] = {}
         nodes: dict[str, Node] | None = None
+        gpu_reads: list[tuple[_Piece, Any]] = []
         for path, (node, tgt) in wanted.items():
             alias = node.get("alias")
             if alias is None:
@@ -589,10 +594,17 @@ class Reader:
             if sig in plans:
                 continue
             ps = self._plan(real, info, tgt)
-            for p in ps:
-                p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
+            with _gpu.asked(self._gpu):
+                dev = _gpu.torch_dest(tgt, ps)
+            if dev is not None:
+                gpu_reads.append((ps[0], dev))  # read into GPU memory, not through the host
+            else:
+                for p in ps:
+                    p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
             plans[sig] = (name, real, info, tgt, ps)
         alloc.read(self._r)
+        for p, dev in gpu_reads:
+            _gpu.read_into(self._r, p, dev)
         ndarray = np.ndarray
         arrays = {
             name: ndarray(shape, npdt, buf, at) if buf is not None else np.empty(shape, npdt)
@@ -728,7 +740,8 @@ def load(
             out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()
-    _last_stats = Stats._from_core(st, time.perf_counter() - t0)
+        gpu = _gpu.stats_text(r._r, _gpu.take_note())
+    _last_stats = dataclasses.replace(Stats._from_core(st, time.perf_counter() - t0), gpu=gpu)
     return out
 
 

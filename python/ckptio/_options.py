@@ -23,6 +23,8 @@ IO_OPTIONS = (
     "io_threads",
     "staging_bytes",
     "request_bytes",
+    "gpu",
+    "gpu_staging_bytes",
 )
 
 
@@ -44,6 +46,17 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
+_GPU_MODES = {"auto": 0, "gds": 1, "staged": 2, "off": 3}
+
+
+def _gpu_mode(value: Any) -> int:
+    if value is None:
+        return 0
+    if value not in _GPU_MODES:
+        raise error(USAGE, f"gpu must be one of {', '.join(_GPU_MODES)}, got {value!r}")
+    return _GPU_MODES[value]
+
+
 def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int]:
     """Validate ``options`` (names from IO_OPTIONS) and build ckptio._core's parameters: a dict
     keyed by the names of ckptio._core.PARAMS (the C library's ckptio_params fields).
@@ -51,7 +64,9 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     backend: "auto" (io_uring where the kernel allows, else a pread/pwrite pool), "io_uring",
     "psync" or "buffered"; direct: None (O_DIRECT where the file system allows), True, False;
     fsync, checksums: bools (default True); queue_depth, io_threads, staging_bytes,
-    request_bytes: ints, 0 = the library's default.
+    request_bytes: ints, 0 = the library's default; gpu: how GPU tensors move, "auto", "gds",
+    "staged" or "off" (the framework copies them; doc/gpu.md), CKPTIO_GPU winning over it;
+    gpu_staging_bytes: pinned memory for GPU copies (0: 256 MiB).
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
@@ -75,6 +90,8 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "fsync": _switch("fsync", options.get("fsync", True), False),
         "checksums": _switch("checksums", options.get("checksums", True), False),
         "overwrite": _ON if overwrite else _OFF,
+        "gpu": _gpu_mode(options.get("gpu", "auto")),
+        "gpu_staging_bytes": _count("gpu_staging_bytes", options.get("gpu_staging_bytes")),
     }
 
 
@@ -97,6 +114,9 @@ class Stats:
     tensors: int = 0
     io_bytes: int = 0
     io_seconds: float = 0.0
+    #: How GPU tensors moved: "" (none), "staged", "gds", "gds+staged" (with why GDS was not
+    #: used where it could have been), or "host copy (<why>)" when the framework copied them.
+    gpu: str = ""
 
     @classmethod
     def _from_core(cls, t: Any, seconds: float) -> Stats:

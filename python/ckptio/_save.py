@@ -4,6 +4,7 @@ commit). Tensors are written from their own memory wherever they allow it."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -14,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes
+from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Aliases, Deferred
+from ._gpu import DeviceItem
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._fw_numpy import NUMPY, stage_array
 from ._options import Stats, params
@@ -100,10 +102,17 @@ def _meta_items(metadata: Mapping[str, str] | None) -> list[tuple[str, bytes]]:
     return out
 
 
-def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSave:
+def _stage(
+    tree: Any, *, metadata: Mapping[str, str] | None = None, gpu: int = 0
+) -> StagedSave:
     """Walk ``tree``, check and describe every leaf, and make the host buffers its tensors
     are written from; nothing is written. See StagedSave for what the caller may change
-    afterwards."""
+    afterwards. ``gpu``: the gpu= I/O option (params()["gpu"])."""
+    with _gpu.asked(gpu):
+        return _stage_tree(tree, metadata)
+
+
+def _stage_tree(tree: Any, metadata: Mapping[str, str] | None) -> StagedSave:
     meta = _meta_items(metadata)
     items: list[Any] = []
     add = items.append
@@ -140,6 +149,8 @@ def _stage(tree: Any, *, metadata: Mapping[str, str] | None = None) -> StagedSav
         staged = ad.stage(name, obj, node)
         if type(staged) is list:
             items.extend(staged)
+            if any(type(x) is DeviceItem for x in staged):
+                deferred = True  # written one by one by _write, not by add_many
         else:
             add(staged)
             deferred = True
@@ -170,6 +181,7 @@ def _write(
     it is closed either way."""
     if t0 is None:
         t0 = time.perf_counter()
+    on_gpu = False
     with writer if writer is not None else _open(path, p) as w:
         if not staged.deferred:
             w.add_many(staged.items)
@@ -177,7 +189,12 @@ def _write(
             batch: list[Any] = []
             transient = 0
             for it in staged.items:
-                if type(it) is Deferred:
+                if type(it) is DeviceItem:
+                    w.add_many(batch)  # in order; host buffers stay exported until close
+                    batch.clear()
+                    it.add_to(w)
+                    on_gpu = True
+                elif type(it) is Deferred:
                     batch.extend(it.make())
                     transient += it.nbytes
                     if transient >= _TRANSIENT_BATCH:
@@ -193,7 +210,9 @@ def _write(
         for k, v in staged.meta:
             w.set_meta(k, v)
         st = w.commit()
-    return Stats._from_core(st, time.perf_counter() - t0)
+        note = _gpu.take_note()
+        gpu = _gpu.stats_text(w, note) if on_gpu else note
+    return dataclasses.replace(Stats._from_core(st, time.perf_counter() - t0), gpu=gpu)
 
 
 def save(
@@ -260,4 +279,4 @@ def save(
             )
         return Stats._from_core(st, time.perf_counter() - t0)
     with pause_gc():
-        return _write(_stage(tree, metadata=metadata), path, p, t0)
+        return _write(_stage(tree, metadata=metadata, gpu=p["gpu"]), path, p, t0)

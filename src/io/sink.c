@@ -215,6 +215,17 @@ int ckptio__sink_put(ckptio__sink *s, const void *src_, uint64_t n, uint64_t blo
     return 0;
 }
 
+int ckptio__sink_skip(ckptio__sink *s, uint64_t n)
+{
+    CKPTIO__TRY(s->err);
+    assert(s->cursor % s->off_align == 0);
+    CKPTIO__TRY(window_submit(s));
+    s->cursor += n;
+    s->sent_end = CKPTIO__MAX(s->sent_end, s->cursor);
+    s->io_bytes += n;
+    return 0;
+}
+
 int ckptio__sink_finish(ckptio__sink *s)
 {
     CKPTIO__TRY(s->err);

@@ -62,6 +62,9 @@ typedef void (*ckptio__sink_hook)(void *ctx, const uint8_t *piece, uint64_t n, u
  * request size. */
 CKPTIO__HIDDEN int ckptio__sink_put(ckptio__sink *s, const void *src, uint64_t n, uint64_t block,
                                     ckptio__sink_hook hook, void *ctx);
+/* Bytes [cursor, cursor + n) are written by someone else (cuFile, from GPU memory): send the
+ * window, then move the cursor past them. The cursor must be aligned. */
+CKPTIO__HIDDEN int ckptio__sink_skip(ckptio__sink *s, uint64_t n);
 /* Wait for every submitted write. */
 CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
 /* Send the last window, wait for everything, and cut the file to `cursor` bytes (the last

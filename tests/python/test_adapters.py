@@ -134,11 +134,11 @@ def test_one_alias_rule_for_the_c_loop_and_python(ckpt: pathlib.Path) -> None:
 
 
 def test_registry_order_and_lazy_frameworks() -> None:
-    assert [ad.name for ad in _adapters.REGISTRY] == ["numpy", "torch", "jax"]
+    assert [ad.name for ad in _adapters.REGISTRY] == ["numpy", "torch", "jax", "cupy"]
     assert _adapters.classify(np.zeros(1)) is _adapters.get("numpy")
     assert _adapters.classify(object()) is None
     code = "import sys, ckptio, numpy as np, tempfile, os; "
     code += "ckptio.save({'a': np.ones(2)}, os.path.join(tempfile.mkdtemp(), 'c')); "
-    code += "print('torch' in sys.modules, 'jax' in sys.modules)"
+    code += "print('torch' in sys.modules, 'jax' in sys.modules, 'cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    assert out.stdout.split() == ["False", "False", "False"]

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# `make test-gpu`: build ckptio on a machine with an NVIDIA GPU, run every GPU test and the GPU
+# bench, and write ONE JSON summary. Needs no network and installs nothing: a C compiler, the
+# system python3 (with torch / jax / cupy where present) and its headers. Without a GPU it
+# says "no GPU", writes a summary saying so and exits 0.
+#
+# Build: meson when meson, ninja and libxxhash (pkg-config) are all there; otherwise a plain
+# cc build of the same sources, which copes with a missing liburing (psync backend only) and a
+# missing xxhash.h (declares XXH3_64bits itself and links libxxhash.so.0, which apt depends
+# on). Output: $GPU_BUILD (default build-gpu/) and the summary at $GPU_SUMMARY (default
+# $OUT/gpu-summary.json when $OUT is set, else build-gpu/gpu-summary.json).
+# Budget: under 8 minutes on one GPU (GPU_BENCH_BYTES, default 4 GiB, sizes the bench).
+# For checking this script where there is no GPU: GPU_RUN_FORCE=1 goes on past the GPU check
+# (the real-driver tests then skip and the bench fails: the summary says so);
+# GPU_BUILD_WITH=cc skips meson.
+set -uo pipefail
+src="$(cd "$(dirname "$0")/../.." && pwd)"
+B="${GPU_BUILD:-$src/build-gpu}"
+mkdir -p "$B"
+B="$(cd "$B" && pwd)"
+summary="${GPU_SUMMARY:-${OUT:+$OUT/gpu-summary.json}}"
+summary="${summary:-$B/gpu-summary.json}"
+PY="${PYTHON:-python3}"
+log="$B/run.log"
+: >"$log"
+say() { echo "test-gpu: $*" | tee -a "$log"; }
+t_start=$(date +%s)
+
+write_skip() { # reason
+    printf '{"gpu": null, "skipped": "%s", "tested": false}\n' "$1" >"$summary"
+    say "$1: nothing to test (summary: $summary)"
+    exit 0
+}
+
+# ---- is there a GPU? ----
+gpu_name=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpu_name="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+fi
+if [ -n "${GPU_RUN_FORCE:-}" ]; then
+    say "GPU_RUN_FORCE: going on without checking for a GPU"
+elif [ -z "$gpu_name" ] && ! ls /dev/nvidia0 >/dev/null 2>&1; then
+    write_skip "no GPU (no nvidia-smi GPU, no /dev/nvidia0)"
+fi
+if [ -z "${GPU_RUN_FORCE:-}" ] && ! "$PY" -c 'import ctypes; l = ctypes.CDLL("libcuda.so.1"); import sys; n = ctypes.c_int(0); sys.exit(0 if l.cuInit(0) == 0 and l.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0 else 1)' 2>>"$log"; then
+    write_skip "no GPU (libcuda.so.1 missing or cuInit reports no device)"
+fi
+say "GPU: ${gpu_name:-unknown}"
+
+# ---- build ----
+jobs="$(nproc 2>/dev/null || echo 4)"
+built=""
+if [ "${GPU_BUILD_WITH:-}" != cc ] && command -v meson >/dev/null 2>&1 && command -v ninja >/dev/null 2>&1 &&
+    pkg-config --exists libxxhash 2>/dev/null; then
+    if { [ -f "$B/meson/build.ninja" ] || meson setup "$B/meson" "$src" -Dmpi=disabled \
+            -Dpython=enabled -Dbuildtype=release; } >>"$log" 2>&1 &&
+        ninja -C "$B/meson" >>"$log" 2>&1; then
+        built=meson
+        mkdir -p "$B/pkg/ckptio" "$B/bin"
+        cp "$src"/python/ckptio/*.py "$src/python/ckptio/py.typed" "$B/pkg/ckptio/" 2>/dev/null
+        cp "$B/meson"/python/_core*.so "$B/pkg/ckptio/" 2>>"$log"
+        ln -sf "$B/meson/tests/ckptio-tests" "$B/bin/ckptio-tests"
+        ln -sf "$B/meson/tests/libckptio-gpu-standin.so" "$B/bin/libckptio-gpu-standin.so"
+        ln -sf "$B/meson/tools/ckptio" "$B/bin/ckptio"
+        ls "$B/pkg/ckptio"/_core*.so >/dev/null 2>&1 || built=""
+    fi
+    [ -n "$built" ] || say "meson build failed (see $log); trying a plain cc build"
+fi
+if [ -z "$built" ]; then
+    if ! "$src/tests/gpu/cc-build.sh" "$src" "$B" "$PY" >>"$log" 2>&1; then
+        tail -30 "$log"
+        printf '{"gpu": "%s", "error": "build failed: see %s", "tested": false}\n' \
+            "$gpu_name" "$log" >"$summary"
+        exit 1
+    fi
+    built=cc
+fi
+say "built with $built in $(($(date +%s) - t_start)) s"
+
+# ---- tests ----
+# The C GPU tests against the stand-in (pipeline logic), then against the real driver.
+c_standin=fail c_real=fail py_tests=skipped
+"$B/bin/ckptio-tests" gpu_ >"$B/c-standin.txt" 2>&1 && c_standin=pass
+CKPTIO_TEST_REAL_GPU=1 "$B/bin/ckptio-tests" gpu_ >"$B/c-real.txt" 2>&1 && c_real=pass
+say "C GPU tests: stand-in $c_standin, real driver $c_real ($(tail -1 "$B/c-real.txt"))"
+export PYTHONPATH="$B/pkg${PYTHONPATH:+:$PYTHONPATH}"
+export CKPTIO_GPU_STANDIN="$B/bin/libckptio-gpu-standin.so"
+export JAX_PLATFORMS="${JAX_PLATFORMS-}"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false # the bench shares the GPU with jax
+if "$PY" -c 'import pytest' 2>/dev/null; then
+    (cd "$B" && "$PY" -m pytest -q -p no:cacheprovider "$src/tests/python/test_gpu.py" \
+        -o addopts="" --rootdir "$src/tests/python") >"$B/py-tests.txt" 2>&1 &&
+        py_tests=pass || py_tests=fail
+    say "Python GPU tests: $py_tests ($(tail -1 "$B/py-tests.txt"))"
+else
+    say "pytest is not installed: the Python tests are skipped (the bench checks equality)"
+fi
+
+# ---- bench ----
+bench_dir="${GPU_BENCH_DIR:-$B/bench-dir}"
+mkdir -p "$bench_dir"
+"$PY" "$src/tests/gpu/bench.py" --dir "$bench_dir" --ckptio "$B/bin/ckptio" \
+    --out "$B/bench.json" >>"$log" 2>&1
+bench_rc=$?
+rm -rf "$bench_dir"
+say "bench: exit $bench_rc"
+
+"$PY" - "$summary" "$gpu_name" "$built" "$c_standin" "$c_real" "$py_tests" "$B" "$t_start" <<'PYEOF'
+import json, sys, time
+out, gpu, built, cs, cr, pt, b, t0 = sys.argv[1:9]
+try:
+    bench = json.load(open(f"{b}/bench.json"))
+except Exception as e:  # noqa: BLE001 - the summary says what failed
+    bench = {"error": f"no bench results: {e}"}
+s = {"gpu": gpu, "tested": True, "build": built,
+     "c_tests": {"standin": cs, "real_driver": cr}, "python_tests": pt,
+     "seconds": int(time.time()) - int(t0), **bench}
+json.dump(s, open(out, "w"), indent=1)
+print(json.dumps(s, indent=1))
+PYEOF
+[ "$c_standin" = pass ] && [ "$c_real" = pass ] && [ "$py_tests" != fail ] && [ $bench_rc = 0 ]
