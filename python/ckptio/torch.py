@@ -359,21 +359,27 @@ def load(
 
 
 def _dcp_module() -> Any:
-    """ckptio.torch.dcp (ckptio._torch_dcp), registered under both names and executed on first
-    use, so that importing ckptio.torch does not import torch.distributed."""
-    import importlib.util
+    """ckptio.torch.dcp: a module whose public names come from ckptio._torch_dcp on first use,
+    so that importing ckptio.torch does not import torch.distributed. Only those names import
+    it: torch inspects loaded modules' attributes (``__wrapped__``, ``__path__``...) while it
+    imports itself, and a module that imported torch.distributed.checkpoint on any attribute
+    access would do so in the middle of torch's own import."""
     import sys
+    import types
 
-    name = "ckptio._torch_dcp"
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.loader is not None
-        spec.loader = importlib.util.LazyLoader(spec.loader)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    sys.modules[__name__ + ".dcp"] = mod
+    names = ("StorageWriter", "StorageReader", "METADATA_KEY")
+    mod = types.ModuleType(__name__ + ".dcp", "torch.distributed.checkpoint storage through ckptio")
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {mod.__name__!r} has no attribute {name!r}")
+        from . import _torch_dcp
+
+        return getattr(_torch_dcp, name)
+
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    mod.__all__ = list(names)
+    sys.modules[mod.__name__] = mod
     return mod
 
 
