@@ -28,8 +28,10 @@ static const char *const fmt_names[] = {"?", "ckptio", "safetensors", "hf", "tor
  * batches of small ones go through one buffer of this size, so memory stays bounded whatever
  * the model's size. The reader and writers get smaller staging pools than their defaults for
  * the same reason. */
-#define ARENA_BYTES (32ull << 20)
+#define ARENA_DEFAULT (32ull << 20)
 #define STAGING_BYTES (16ull << 20)
+/* CKPTIO_CONVERT_BUFFER (bytes, at least 4096) sets the buffer: tests split small tensors. */
+static uint64_t arena_bytes = ARENA_DEFAULT;
 
 /* One tensor to copy: where it comes from and where it goes. */
 typedef struct item {
@@ -651,9 +653,9 @@ static int copy_all(conv *c)
     size_t cap_pieces = 4096;
     piece *pcs = malloc(cap_pieces * sizeof *pcs);
     uint8_t *arena = NULL;
-    if (!pcs || posix_memalign((void **)&arena, 4096, ARENA_BYTES)) {
+    if (!pcs || posix_memalign((void **)&arena, 4096, arena_bytes)) {
         free(pcs);
-        return failf(c, "out of memory for the %llu-byte copy buffer", (unsigned long long)ARENA_BYTES);
+        return failf(c, "out of memory for the %llu-byte copy buffer", (unsigned long long)arena_bytes);
     }
     int ret = 0;
     size_t n = 0;
@@ -663,9 +665,9 @@ static int copy_all(conv *c)
         do {
             piece pc = {.item = i};
             bool last = i == c->n_items;
-            if (!last) next_piece(&c->items[i], pos, ARENA_BYTES, &pc);
+            if (!last) next_piece(&c->items[i], pos, arena_bytes, &pc);
             uint64_t at = (used + 4095) / 4096 * 4096;
-            if (last || n == cap_pieces || at + pc.nbytes > ARENA_BYTES) {
+            if (last || n == cap_pieces || at + pc.nbytes > arena_bytes) {
                 if (n && (read_batch(c, arena, pcs, n) < 0 || write_batch(c, arena, pcs, n) < 0)) {
                     ret = -1;
                     break;
@@ -1008,6 +1010,9 @@ int cmd_convert(int argc, char **argv)
     if (c.to == F_HF && !c.max_shard) c.max_shard = 5ull << 30;
     if (c.from == F_TORCH || c.from == F_DCP || c.to == F_TORCH || c.to == F_DCP)
         return hand_to_python(&c, max_shard);
+    const char *buf = getenv("CKPTIO_CONVERT_BUFFER");
+    uint64_t bb;
+    if (buf && cli_parse_size(buf, &bb) == 0 && bb >= 4096) arena_bytes = bb / 4096 * 4096;
     ckptio_params_init(&c.p);
     c.p.staging_bytes = STAGING_BYTES;
     c.p.overwrite = c.overwrite;

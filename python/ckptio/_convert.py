@@ -38,7 +38,7 @@ from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 FORMATS = ("ckptio", "safetensors", "hf", "torch", "dcp")
 # Bytes of tensor data in flight at once (the bound on memory beyond the largest tensor that
 # a DCP side needs whole).
-PIECE_BYTES = 32 << 20
+PIECE_BYTES = max(4096, int(os.environ.get("CKPTIO_CONVERT_BUFFER", 32 << 20)) // 4096 * 4096)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
@@ -688,6 +688,8 @@ def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: st
             f"{f} -> {t}: safetensors is converted by the ckptio command (ckptio convert); "
             "convert through a ckptio checkpoint in two steps"
         )
+    if os.path.lexists(dst) and not overwrite:
+        raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
     sources = {"ckptio": CkptioSource, "torch": TorchSource, "dcp": DcpSource}
     sinks = {"ckptio": to_ckptio, "torch": to_torch, "dcp": to_dcp}
     source = sources[f](src)
@@ -716,7 +718,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ckptio convert: {e}", file=sys.stderr)
         print(f"ckptio convert: nothing was written at {a.dst}", file=sys.stderr)
         return 1
-    except Exception as e:  # the library's own errors (CorruptCheckpoint, ...) say what to do
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # ckptio's errors say what to do; DCP's derive from BaseException
         print(f"ckptio convert: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"ckptio convert: nothing was written at {a.dst}", file=sys.stderr)
         return 1
