@@ -18,6 +18,7 @@ import argparse
 import functools
 import io
 import json
+import mmap
 import os
 import pickle
 import shutil
@@ -135,18 +136,17 @@ class Source:
     def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
         raise NotImplementedError
 
-    def tensor(self, spec: Spec) -> Any:
-        """The whole tensor, in memory."""
-        torch = _torch()
-        t = torch.empty(spec.shape, dtype=spec.dtype)
-        if spec.nbytes:
-            mv = memoryview(t.view(-1).view(torch.uint8).numpy())
-            for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
-                self.read(spec, first, (off, box), mv[first : first + n])
-        return t
-
     def close(self) -> None:
         pass
+
+
+def _pread_into(fd: int, out: memoryview, at: int, name: str) -> None:
+    done = 0
+    while done < len(out):
+        n = os.preadv(fd, [out[done:]], at + done)
+        if n <= 0:
+            raise ConvertError(f"tensor '{name}': the file ends before its bytes do")
+        done += n
 
 
 def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], Callable[[Any], Any]]:
@@ -276,12 +276,7 @@ class TorchSource(Source):
             return
         if t.is_contiguous():
             at = t.untyped_storage().data_ptr() - self.base + t.storage_offset() * t.element_size() + first  # fmt: skip
-            done = 0
-            while done < len(out):
-                n = os.preadv(self.fd, [out[done:]], at + done)
-                if n <= 0:
-                    raise ConvertError(f"tensor '{spec.name}': the torch file ends early")
-                done += n
+            _pread_into(self.fd, out, at, spec.name)
         else:
             # A strided view (rare in saved state): gathered through the mapping.
             torch = _torch()
@@ -292,9 +287,40 @@ class TorchSource(Source):
         os.close(self.fd)
 
 
+class _Slice(io.RawIOBase):
+    """A byte range of an open file as a read-only seekable file (one .distcp item)."""
+
+    def __init__(self, fd: int, start: int, length: int) -> None:
+        super().__init__()
+        self.fd, self.start, self.length, self.pos = fd, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self.pos, self.length)[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), self.length - self.pos))
+        got = os.preadv(self.fd, [memoryview(b).cast("B")[:n]], self.start + self.pos) if n else 0
+        self.pos += got
+        return got
+
+
 class DcpSource(Source):
-    """Keys are loaded a group at a time (about PIECE_BYTES, or one larger tensor) into
-    preallocated tensors with dcp.load; plain values (stored by DCP as torch.save bytes) are
+    """A tensor stored whole in one item (what a single process saves) is streamed with pread
+    from its record inside the item's torch.save archive, found with torch.load(map_location=
+    "meta", weights_only=True), which reads no tensor bytes. Other tensors (chunks of several
+    ranks, transformed items) are loaded a group of keys at a time (about PIECE_BYTES, or one
+    larger tensor) into preallocated tensors with dcp.load. Plain values (torch.save bytes) are
     read weights-only."""
 
     def __init__(self, path: str) -> None:
@@ -305,36 +331,95 @@ class DcpSource(Source):
         self.path = path
         self.reader = FileSystemReader(path)
         md = self.reader.read_metadata()
+        self.fds: dict[str, int] = {}
+        self.direct: dict[str, tuple[int, int]] = {}
+        infos: dict[str, list[Any]] = {}
+        for idx, info in md.storage_data.items():
+            infos.setdefault(idx.fqn, []).append(info)
         flat: dict[str, Any] = {}
-        self.plain: dict[str, Any] = {}
         for key, m in md.state_dict_metadata.items():
             if isinstance(m, TensorStorageMetadata):
-                flat[key] = torch.empty(tuple(m.size), dtype=m.properties.dtype, device="meta")
+                flat[key] = t = torch.empty(tuple(m.size), dtype=m.properties.dtype, device="meta")
+                whole = len(m.chunks) == 1 and tuple(m.chunks[0].sizes) == tuple(m.size)
+                if whole and len(infos.get(key, ())) == 1:
+                    where = self._locate(key, infos[key][0], t)
+                    if where is not None:
+                        self.direct[key] = where
             elif isinstance(m, BytesStorageMetadata):
-                flat[key] = self._load_bytes(md, key)
+                if len(infos.get(key, ())) != 1:
+                    raise ConvertError(f"{path}: no stored bytes for '{key}' in .metadata")
+                flat[key] = self._load_bytes(key, infos[key][0])
         self.tree = flat
         self.specs, self.by_id, self.doc = _index(self.tree)
         self.meta: dict[str, bytes] = {}
         self.loaded: dict[str, Any] = {}
 
-    def _load_bytes(self, md: Any, key: str) -> Any:
+    def _fd(self, rel: str) -> int:
+        fd = self.fds.get(rel)
+        if fd is None:
+            full = os.path.join(self.path, rel)
+            if os.path.dirname(os.path.normpath(rel)):
+                raise ConvertError(f"{self.path}: .metadata names a file outside it: {rel}")
+            fd = self.fds[rel] = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def _locate(self, key: str, info: Any, like: Any) -> tuple[int, int] | None:
+        """(fd, file offset) of the bytes of the whole tensor `key`, or None when its item is
+        not a plain torch.save archive of one contiguous tensor."""
         torch = _torch()
-        for idx, info in md.storage_data.items():
-            if idx.fqn == key:
-                with open(os.path.join(self.path, info.relative_path), "rb") as f:
-                    f.seek(info.offset)
-                    data = f.read(info.length)
-                try:
-                    return torch.load(io.BytesIO(data), weights_only=True)
-                except pickle.UnpicklingError as e:
-                    raise ConvertError(
-                        f"{self.path}: value '{key}' is a pickle that is not plain data "
-                        f"({str(e).splitlines()[0]}); it was not run"
-                    ) from None
-        raise ConvertError(f"{self.path}: no stored bytes for '{key}' in .metadata")
+        if getattr(info, "transform_descriptors", None):
+            return None
+        fd = self._fd(info.relative_path)
+        sl = _Slice(fd, info.offset, info.length)
+        try:
+            t = torch.load(sl, map_location="meta", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise ConvertError(
+                f"{self.path}: item '{key}' is a pickle that is not plain weights "
+                f"({str(e).splitlines()[0]}); it was not run"
+            ) from None
+        except Exception:
+            return None
+        if not isinstance(t, torch.Tensor) or t.dtype != like.dtype or t.shape != like.shape:
+            return None
+        if not t.is_contiguous() or t.storage_offset() != 0:
+            return None
+        sl.seek(0)
+        try:
+            with zipfile.ZipFile(sl) as z:
+                recs = [zi for zi in z.infolist() if zi.filename.split("/")[1:2] == ["data"]]
+        except zipfile.BadZipFile:
+            return None
+        if len(recs) != 1 or recs[0].compress_type != zipfile.ZIP_STORED:
+            return None
+        zi = recs[0]
+        if zi.file_size < like.element_size() * like.numel():
+            return None
+        h = os.pread(fd, 30, info.offset + zi.header_offset)
+        start = zi.header_offset + 30 + int.from_bytes(h[26:28], "little") + int.from_bytes(h[28:30], "little")  # fmt: skip
+        return fd, info.offset + start
+
+    def _load_bytes(self, key: str, info: Any) -> Any:
+        torch = _torch()
+        data = os.pread(self._fd(info.relative_path), info.length, info.offset)
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise ConvertError(
+                f"{self.path}: value '{key}' is a pickle that is not plain data "
+                f"({str(e).splitlines()[0]}); it was not run"
+            ) from None
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
 
     def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
         if not len(out):
+            return
+        where = self.direct.get(spec.name)
+        if where is not None:
+            _pread_into(where[0], out, where[1] + first, spec.name)
             return
         t = self.loaded.get(spec.name)
         if t is None:
@@ -543,14 +628,29 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
         for path, value in _plain_leaves(src):
             state[path] = value
 
+        # FileSystemWriter keeps every tensor it wrote until its file is closed, so each is
+        # read into an anonymous mapping of its own whose pages are dropped (MADV_DONTNEED) once
+        # FileSystemWriter asks for the next one, by which time it has written it.
+        held: list[mmap.mmap] = []
+
         class Planner(DefaultSavePlanner):
             def lookup_object(self, index: Any) -> Any:
                 spec = specs.get(index.fqn)
                 if spec is None:
                     return super().lookup_object(index)
-                t = src.tensor(spec)
+                for m in held:
+                    m.madvise(mmap.MADV_DONTNEED)
+                held.clear()
+                if not spec.nbytes:
+                    return torch.empty(spec.shape, dtype=spec.dtype)
+                m = mmap.mmap(-1, spec.nbytes)
+                held.append(m)
+                raw = np.frombuffer(m, np.uint8)
+                mv = memoryview(raw)
+                for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
+                    src.read(spec, first, (off, box), mv[first : first + n])
                 progress.add(spec.nbytes)
-                return t
+                return torch.from_numpy(raw).view(spec.dtype).reshape(spec.shape)
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*single process")
