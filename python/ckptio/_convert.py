@@ -15,6 +15,7 @@ destination unless the whole conversion succeeds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import io
 import json
@@ -332,23 +333,21 @@ class DcpSource(Source):
         self.reader = FileSystemReader(path)
         md = self.reader.read_metadata()
         self.fds: dict[str, int] = {}
-        self.direct: dict[str, tuple[int, int]] = {}
-        infos: dict[str, list[Any]] = {}
+        self.direct: dict[str, list[tuple[int, int, int, int]]] = {}
+        infos: dict[str, list[tuple[Any, Any]]] = {}
         for idx, info in md.storage_data.items():
-            infos.setdefault(idx.fqn, []).append(info)
+            infos.setdefault(idx.fqn, []).append((idx, info))
         flat: dict[str, Any] = {}
         for key, m in md.state_dict_metadata.items():
             if isinstance(m, TensorStorageMetadata):
                 flat[key] = t = torch.empty(tuple(m.size), dtype=m.properties.dtype, device="meta")
-                whole = len(m.chunks) == 1 and tuple(m.chunks[0].sizes) == tuple(m.size)
-                if whole and len(infos.get(key, ())) == 1:
-                    where = self._locate(key, infos[key][0], t)
-                    if where is not None:
-                        self.direct[key] = where
+                segs = self._segments(key, m, infos, t)
+                if segs is not None:
+                    self.direct[key] = segs
             elif isinstance(m, BytesStorageMetadata):
                 if len(infos.get(key, ())) != 1:
                     raise ConvertError(f"{path}: no stored bytes for '{key}' in .metadata")
-                flat[key] = self._load_bytes(key, infos[key][0])
+                flat[key] = self._load_bytes(key, infos[key][0][1])
         self.tree = flat
         self.specs, self.by_id, self.doc = _index(self.tree)
         self.meta: dict[str, bytes] = {}
@@ -362,6 +361,39 @@ class DcpSource(Source):
                 raise ConvertError(f"{self.path}: .metadata names a file outside it: {rel}")
             fd = self.fds[rel] = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
         return fd
+
+    def _segments(self, key: str, m: Any, infos: dict[str, list[tuple[Any, Any]]], t: Any) -> list[tuple[int, int, int, int]] | None:  # fmt: skip
+        """(first byte in the tensor, bytes, fd, file offset) of each chunk of `key`, when every
+        chunk is a run of rows (contiguous in the tensor's row-major order: one tensor saved
+        whole, or split along its first dimensions) stored as a plain record; else None."""
+        torch = _torch()
+        shape, es = tuple(m.size), t.element_size()
+        by_off = {tuple(idx.offset): info for idx, info in infos.get(key, ()) if idx.offset is not None}  # fmt: skip
+        segs = []
+        for ch in m.chunks:
+            off, box = tuple(ch.offsets), tuple(ch.sizes)
+            diff = [d for d in range(len(shape)) if box[d] != shape[d]]
+            if diff and (any(box[d] != 1 for d in range(diff[-1])) or any(off[diff[-1] + 1 :])):
+                return None
+            first = 0
+            for d in range(len(shape)):
+                first = first * shape[d] + off[d]
+            n = es * int(np.prod(box, dtype=np.int64))
+            info = by_off.get(off)
+            if info is None:
+                return None
+            like = torch.empty(box, dtype=t.dtype, device="meta")
+            where = self._locate(key, info, like)
+            if where is None:
+                return None
+            segs.append((first * es, n, where[0], where[1]))
+        segs.sort()
+        at = 0
+        for first, n, _, _ in segs:
+            if first != at:
+                return None
+            at += n
+        return segs if at == es * t.numel() else None
 
     def _locate(self, key: str, info: Any, like: Any) -> tuple[int, int] | None:
         """(fd, file offset) of the bytes of the whole tensor `key`, or None when its item is
@@ -417,9 +449,13 @@ class DcpSource(Source):
     def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
         if not len(out):
             return
-        where = self.direct.get(spec.name)
-        if where is not None:
-            _pread_into(where[0], out, where[1] + first, spec.name)
+        segs = self.direct.get(spec.name)
+        if segs is not None:
+            end = first + len(out)
+            for sfirst, n, fd, at in segs:
+                lo, hi = max(first, sfirst), min(end, sfirst + n)
+                if lo < hi:
+                    _pread_into(fd, out[lo - first : hi - first], at + lo - sfirst, spec.name)
             return
         t = self.loaded.get(spec.name)
         if t is None:
@@ -616,6 +652,8 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import WriteItemType
 
     tmp = _tmp_dir(dst, overwrite)
     try:
@@ -632,25 +670,51 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
         # read into an anonymous mapping of its own whose pages are dropped (MADV_DONTNEED) once
         # FileSystemWriter asks for the next one, by which time it has written it.
         held: list[mmap.mmap] = []
+        # A tensor larger than the buffer is written as several chunks (runs of rows), as the
+        # shards of a tensor saved by several ranks are: dcp.load assembles them.
+        pieces: dict[tuple[str, tuple[int, ...]], tuple[int, int, tuple[int, ...]]] = {}
 
         class Planner(DefaultSavePlanner):
-            def lookup_object(self, index: Any) -> Any:
-                spec = specs.get(index.fqn)
-                if spec is None:
-                    return super().lookup_object(index)
+            def create_local_plan(self) -> Any:
+                plan = super().create_local_plan()
+                items = []
+                for it in plan.items:
+                    spec = specs.get(it.index.fqn)
+                    if spec is None or it.type == WriteItemType.BYTE_IO or spec.nbytes <= PIECE_BYTES:  # fmt: skip
+                        items.append(it)
+                        continue
+                    for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
+                        o = torch.Size(off)
+                        chunk = ChunkStorageMetadata(offsets=o, sizes=torch.Size(box))
+                        items.append(
+                            dataclasses.replace(
+                                it,
+                                index=MetadataIndex(spec.name, o),
+                                type=WriteItemType.SHARD,
+                                tensor_data=dataclasses.replace(it.tensor_data, chunk=chunk),
+                            )
+                        )
+                        pieces[(spec.name, off)] = (first, n, box)
+                self.plan = dataclasses.replace(plan, items=items)
+                return self.plan
+
+            def resolve_data(self, write_item: Any) -> Any:
+                spec = specs.get(write_item.index.fqn)
+                if spec is None or write_item.type == WriteItemType.BYTE_IO:
+                    return super().resolve_data(write_item)
+                off = tuple(int(x) for x in write_item.tensor_data.chunk.offsets)
+                first, n, box = pieces.get((spec.name, off), (0, spec.nbytes, spec.shape))
                 for m in held:
                     m.madvise(mmap.MADV_DONTNEED)
                 held.clear()
-                if not spec.nbytes:
-                    return torch.empty(spec.shape, dtype=spec.dtype)
-                m = mmap.mmap(-1, spec.nbytes)
+                if not n:
+                    return torch.empty(box, dtype=spec.dtype)
+                m = mmap.mmap(-1, n)
                 held.append(m)
                 raw = np.frombuffer(m, np.uint8)
-                mv = memoryview(raw)
-                for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
-                    src.read(spec, first, (off, box), mv[first : first + n])
-                progress.add(spec.nbytes)
-                return torch.from_numpy(raw).view(spec.dtype).reshape(spec.shape)
+                src.read(spec, first, (off, box), memoryview(raw))
+                progress.add(n)
+                return torch.from_numpy(raw).view(spec.dtype).reshape(box)
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*single process")

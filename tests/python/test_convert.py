@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import ckptio
+from ckptio import _convert
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -121,6 +122,26 @@ def test_dcp_round_trip(tmp_path: pathlib.Path) -> None:
     back = {k: torch.empty_like(v) for k, v in sd.items()}
     dcp.load(back, checkpoint_id=str(tmp_path / "out.dcp"), no_dist=True)
     same(sd, back)
+    # The 280 kB tensor went out as chunks of the 64 KiB buffer, and every tensor of both DCP
+    # directories is read back straight from its records.
+    md = dcp.FileSystemReader(str(tmp_path / "out.dcp")).read_metadata()
+    assert len(md.state_dict_metadata["layer.0.b"].chunks) > 4
+    for d in ("d", "out.dcp"):
+        src = _convert.DcpSource(str(tmp_path / d))
+        assert sorted(src.direct) == sorted(sd)
+        src.close()
+
+
+def test_dcp_source_by_dcp_load(tmp_path: pathlib.Path) -> None:
+    """Chunks that are not runs of rows (saved by several ranks) go through dcp.load."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    sd = state()
+    dcp.save(sd, checkpoint_id=str(tmp_path / "d"), no_dist=True)
+    src = _convert.DcpSource(str(tmp_path / "d"))
+    src.direct.clear()
+    _convert.to_ckptio(src, str(tmp_path / "ck"), False, _convert.Progress(0, ""))
+    src.close()
+    same(sd, ckptio.load(tmp_path / "ck"))
 
 
 def corrupt(ck: pathlib.Path) -> None:
