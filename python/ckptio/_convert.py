@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._manager import _fsync_dir
 from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 
 FORMATS = ("ckptio", "safetensors", "hf", "torch", "dcp")
@@ -761,14 +762,6 @@ def _tmp_dir(dst: str, overwrite: bool) -> str:
     return tmp
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _publish_dir(tmp: str, dst: str, overwrite: bool) -> None:
     for name in os.listdir(tmp):
         fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
@@ -842,9 +835,9 @@ def detect(path: str, dst: bool) -> str:
     raise ConvertError(f"{path}: cannot tell the format; pass --from")
 
 
-def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False) -> None:  # fmt: skip
+def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False) -> str:  # fmt: skip
     """Convert ``src`` into a new ``dst`` (formats: ckptio, torch, dcp on either side; the
-    `ckptio convert` command adds safetensors and hf)."""
+    `ckptio convert` command adds safetensors and hf). Returns a one-line summary."""
     f = src_format or detect(src, False)
     t = dst_format or detect(dst, True)
     if f in ("safetensors", "hf") or t in ("safetensors", "hf"):
@@ -856,15 +849,21 @@ def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: st
         raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
     sources = {"ckptio": CkptioSource, "torch": TorchSource, "dcp": DcpSource}
     sinks = {"ckptio": to_ckptio, "torch": to_torch, "dcp": to_dcp}
+    t0 = time.monotonic()
     source = sources[f](src)
     try:
-        progress = Progress(sum(s.nbytes for s in source.specs), f"converting {src} -> {dst}")
+        total = sum(s.nbytes for s in source.specs)
+        progress = Progress(total, f"converting {src} -> {dst}")
         try:
             sinks[t](source, dst, overwrite, progress)
         finally:
             progress.end()
     finally:
         source.close()
+    return (
+        f"converted {src} ({f}) -> {dst} ({t}): {len(source.specs)} tensors, "
+        f"{total / 1e9:.2f} GB in {time.monotonic() - t0:.2f} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -877,7 +876,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dst")
     a = ap.parse_args(argv)
     try:
-        convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite)  # fmt: skip
+        summary = convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite)  # fmt: skip
+        if sys.stdout.isatty():
+            print(summary)
     except (ConvertError, OSError) as e:
         print(f"ckptio convert: {e}", file=sys.stderr)
         print(f"ckptio convert: nothing was written at {a.dst}", file=sys.stderr)
