@@ -382,6 +382,9 @@ static int test_cli_convert(void)
     CHECK(cli(&o, 1, "convert ck m.safetensors") == 1 && t_contains(o, "--overwrite"));
     CHECK(cli(&o, 1, "convert ck hf --max-shard-size 40K") == 1 && t_contains(o, "--overwrite"));
     CHECK(cli(&o, 0, "convert ck hf --max-shard-size 40K --overwrite") == 0);
+    /* "hf2/" is the directory hf2, built beside it, not inside. */
+    CHECK(cli(&o, 0, "convert ck hf2/ --max-shard-size 40K") == 0);
+    CHECK(t_sh("test \"$(ls -A hf2 | wc -l)\" = 4") == 0);
     CHECK(unsetenv("CKPTIO_CONVERT_BUFFER") == 0);
     free(o);
     return 0;

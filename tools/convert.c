@@ -995,7 +995,15 @@ int cmd_convert(int argc, char **argv)
             return cli_usage_error("convert: more than two paths ('%s')", a);
     }
     if (npos < 2) return cli_usage_error("convert: which source and destination? (ckptio convert SRC DST)");
-    c.src = pos[0], c.dst = pos[1];
+    /* "out/" names the directory out: its temporary sibling must not land inside it. */
+    char dst[4096];
+    size_t dl = strlen(pos[1]);
+    while (dl > 1 && pos[1][dl - 1] == '/')
+        dl--;
+    if (dl >= sizeof dst) return cli_usage_error("convert: destination path too long");
+    memcpy(dst, pos[1], dl);
+    dst[dl] = 0;
+    c.src = pos[0], c.dst = dst;
     if (max_shard && (cli_parse_size(max_shard, &c.max_shard) < 0 || !c.max_shard))
         return cli_usage_error("convert: --max-shard-size '%s' is not a size (5G, 500M)", max_shard);
     char why[1024];

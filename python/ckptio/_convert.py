@@ -838,6 +838,7 @@ def detect(path: str, dst: bool) -> str:
 def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False) -> str:  # fmt: skip
     """Convert ``src`` into a new ``dst`` (formats: ckptio, torch, dcp on either side; the
     `ckptio convert` command adds safetensors and hf). Returns a one-line summary."""
+    dst = dst.rstrip("/") or dst
     f = src_format or detect(src, False)
     t = dst_format or detect(dst, True)
     if f in ("safetensors", "hf") or t in ("safetensors", "hf"):
