@@ -206,37 +206,58 @@ class TorchSource(Source):
     def __init__(self, path: str) -> None:
         torch = _torch()
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        with zipfile.ZipFile(path) as z:
-            records = {}
-            for zi in z.infolist():
-                parts = zi.filename.split("/")
-                if len(parts) == 3 and parts[1] == "data":
-                    if zi.compress_type != zipfile.ZIP_STORED:
-                        raise ConvertError(f"{path}: record {zi.filename} is compressed")
-                    h = os.pread(self.fd, 30, zi.header_offset)
-                    start = zi.header_offset + 30 + int.from_bytes(h[26:28], "little") + int.from_bytes(h[28:30], "little")  # fmt: skip
-                    records[start] = zi.file_size
+        records: dict[int, int] | None = {}
         try:
-            obj = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+            with zipfile.ZipFile(path) as z:
+                for zi in z.infolist():
+                    parts = zi.filename.split("/")
+                    if len(parts) == 3 and parts[1] == "data" and zi.file_size:
+                        if zi.compress_type != zipfile.ZIP_STORED:
+                            raise ConvertError(f"{path}: record {zi.filename} is compressed")
+                        h = os.pread(self.fd, 30, zi.header_offset)
+                        start = zi.header_offset + 30 + int.from_bytes(h[26:28], "little") + int.from_bytes(h[28:30], "little")  # fmt: skip
+                        records[start] = zi.file_size
+        except zipfile.BadZipFile:
+            records = None  # the legacy format (torch < 1.6): read into memory whole
+        obj = None
+        if records is not None:
+            try:
+                obj = self._load(path, True)
+            except RuntimeError:
+                records = None  # records not aligned for a mapping (old writers)
+        if obj is None:
+            try:
+                obj = self._load(path, False)
+            except RuntimeError as e:
+                raise ConvertError(f"{path}: torch cannot read it: {e}") from None
+        tensors: list[Any] = []
+        self._collect(obj, tensors)
+        # The mapping covers the file from offset 0: base = lowest storage address minus the
+        # lowest record offset, as the records lie in the mapping in file order. Every storage
+        # must then land on a record's start, else its bytes are read through the tensor.
+        ptrs = [t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()]
+        self.base: int | None = None
+        if records and ptrs:
+            base = min(ptrs) - min(records)
+            if all(p - base in records for p in ptrs):
+                self.base = base
+        metas: dict[int, Any] = {}
+        self.real: dict[int, Any] = {}
+        self.tree = self._replace(obj, metas)
+        self.specs, self.by_id, self.doc = _index(self.tree)
+        self.meta: dict[str, bytes] = {}
+
+    @staticmethod
+    def _load(path: str, mmap: bool) -> Any:
+        torch = _torch()
+        try:
+            return torch.load(path, mmap=mmap, weights_only=True, map_location="cpu")
         except pickle.UnpicklingError as e:
             raise ConvertError(
                 f"{path}: refused: its pickle is not plain weights ({str(e).splitlines()[0]}); "
                 "it was not run. Load it with torch.load(weights_only=False) only if you trust "
                 "it, and save its state dict again"
             ) from None
-        except RuntimeError as e:
-            raise ConvertError(f"{path}: torch cannot read it as a zip-format torch file: {e}") from None  # fmt: skip
-        # The mapping covers the file from offset 0: base = lowest storage address minus the
-        # lowest record offset, as the records lie in the mapping in file order.
-        tensors: list[Any] = []
-        self._collect(obj, tensors)
-        ptrs = [t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()]
-        self.base = min(ptrs) - min(records) if ptrs and records else 0
-        metas: dict[int, Any] = {}
-        self.real: dict[int, Any] = {}
-        self.tree = self._replace(obj, metas)
-        self.specs, self.by_id, self.doc = _index(self.tree)
-        self.meta: dict[str, bytes] = {}
 
     def _collect(self, obj: Any, out: list[Any]) -> None:
         torch = _torch()
@@ -276,11 +297,11 @@ class TorchSource(Source):
         t = self.real[id(spec.src)]
         if not len(out):
             return
-        if t.is_contiguous():
+        if self.base is not None and t.is_contiguous():
             at = t.untyped_storage().data_ptr() - self.base + t.storage_offset() * t.element_size() + first  # fmt: skip
             _pread_into(self.fd, out, at, spec.name)
         else:
-            # A strided view (rare in saved state): gathered through the mapping.
+            # A strided view (rare in saved state) or a file read whole: through the tensor.
             torch = _torch()
             flat = t.contiguous().view(-1).view(torch.uint8).numpy()
             out[:] = memoryview(flat)[first : first + len(out)]

@@ -91,13 +91,19 @@ def test_hf_shards_load_in_transformers(tmp_path: pathlib.Path) -> None:
     same(sd, safetensors_torch.load_file(tmp_path / "one.safetensors"))
 
 
-def test_torch_to_ckptio_keeps_the_tree(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("zipped", [True, False])
+def test_torch_to_ckptio_keeps_the_tree(tmp_path: pathlib.Path, zipped: bool) -> None:
+    # An empty tensor first (its storage, the file's first record, holds no bytes), a
+    # transposed view and a view at an offset into another tensor's storage.
+    big = torch.arange(600, dtype=torch.float32).reshape(20, 30)
+    views = {"empty": torch.empty(0), "big": big, "t": big.t(), "rows": big[5:9]}
     sd = state()
-    obj = {"model": sd, "epoch": 3, "lr": 0.5, "name": "run-1", "hist": [torch.ones(2), 4]}
-    torch.save(obj, tmp_path / "x.pt")
+    obj = {"views": views, "model": sd, "epoch": 3, "lr": 0.5, "name": "run-1", "hist": [torch.ones(2), 4]}  # fmt: skip
+    torch.save(obj, tmp_path / "x.pt", _use_new_zipfile_serialization=zipped)
     run(tmp_path / "x.pt", tmp_path / "ck")
     back = ckptio.load(tmp_path / "ck")
     same(sd, back["model"])
+    same({k: v.contiguous() for k, v in views.items()}, back["views"])
     assert (back["epoch"], back["lr"], back["name"]) == (3, 0.5, "run-1")
     assert torch.equal(back["hist"][0], torch.ones(2)) and back["hist"][1] == 4
 
