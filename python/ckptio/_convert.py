@@ -134,6 +134,7 @@ class Source:
     tree: Any
     specs: list[Spec]
     by_id: dict[int, Spec]
+    names: dict[str, Spec]
 
     def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
         raise NotImplementedError
@@ -151,23 +152,29 @@ def _pread_into(fd: int, out: memoryview, at: int, name: str) -> None:
         done += n
 
 
-def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], Callable[[Any], Any]]:
-    """The tensors of a tree of meta tensors, in key-path order of the tree."""
+def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], dict[str, Spec], Callable[[Any], Any]]:  # fmt: skip
+    """The tensors of a tree of meta tensors, in key-path order of the tree: one spec per
+    tensor object, by id and by every key path that holds it (a tensor tied to an earlier one
+    becomes an alias node naming it, as ckptio.save stores it), and the tree document."""
     torch = _torch()
     from ._adapters import BY_NAME
 
     ad = BY_NAME["torch"]
     root, leaves = flatten(tree, classify=lambda o: ad if isinstance(o, torch.Tensor) else None)
-    specs, by_id = [], {}
+    specs, by_id, names = [], {}, {}
     for name, t, node in leaves:
         node["dtype"] = str(t.dtype).removeprefix("torch.")
         if isinstance(t, torch.nn.Parameter):
             node["param"] = True
-        spec = Spec(name, t.dtype, tuple(t.shape), t)
-        specs.append(spec)
-        by_id[id(t)] = spec
+        spec = by_id.get(id(t))
+        if spec is not None:
+            node["alias"], node["same"] = spec.name, True
+        else:
+            spec = by_id[id(t)] = Spec(name, t.dtype, tuple(t.shape), t)
+            specs.append(spec)
+        names[name] = spec
     doc = make_document(root)
-    return specs, by_id, lambda: json.dumps(doc, separators=(",", ":")).encode()
+    return specs, by_id, names, lambda: json.dumps(doc, separators=(",", ":")).encode()
 
 
 class CkptioSource(Source):
@@ -182,10 +189,10 @@ class CkptioSource(Source):
         doc = self.r.get_meta(TREE_KEY)
         if doc is not None:
             root = parse_document(json.loads(doc))
-            self.tree = unflatten(root, lambda path, node: metas[path if path else "."])
+            self.tree = unflatten(root, lambda path, node: metas[node.get("alias", path or ".")])
         else:
             self.tree = OrderedDict(metas)
-        self.specs, self.by_id, self.doc = _index(self.tree)
+        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
         self.meta = {k: v for k, v in self.r.meta().items() if k != TREE_KEY}
 
     def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
@@ -244,7 +251,7 @@ class TorchSource(Source):
         metas: dict[int, Any] = {}
         self.real: dict[int, Any] = {}
         self.tree = self._replace(obj, metas)
-        self.specs, self.by_id, self.doc = _index(self.tree)
+        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
         self.meta: dict[str, bytes] = {}
 
     @staticmethod
@@ -274,11 +281,13 @@ class TorchSource(Source):
         """The tree with each tensor replaced by a meta tensor of its dtype and shape."""
         torch = _torch()
         if isinstance(obj, torch.Tensor):
+            if id(obj) in metas:  # one object twice in the tree: tied
+                return metas[id(obj)]
             m = torch.empty(obj.shape, dtype=obj.dtype, device="meta")
             if isinstance(obj, torch.nn.Parameter):
                 m = torch.nn.Parameter(m, requires_grad=obj.requires_grad)
             self.real[id(m)] = obj
-            metas[id(m)] = m
+            metas[id(obj)] = m
             return m
         if isinstance(obj, dict):
             d = type(obj)() if type(obj) in (dict, OrderedDict) else dict()
@@ -371,7 +380,7 @@ class DcpSource(Source):
                     raise ConvertError(f"{path}: no stored bytes for '{key}' in .metadata")
                 flat[key] = self._load_bytes(key, infos[key][0][1])
         self.tree = flat
-        self.specs, self.by_id, self.doc = _index(self.tree)
+        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
         self.meta: dict[str, bytes] = {}
         self.loaded: dict[str, Any] = {}
 
@@ -679,12 +688,12 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
 
     tmp = _tmp_dir(dst, overwrite)
     try:
-        specs = {s.name: s for s in src.specs}
+        specs = src.names
         # DCP keys are key paths: what DCP itself makes of a nested state dict.
         state: dict[str, Any] = {}
-        for s in src.specs:
+        for name, s in specs.items():
             # Untouched allocations: the pages appear only if written, and they never are.
-            state[s.name] = torch.empty(s.shape, dtype=s.dtype)
+            state[name] = torch.empty(s.shape, dtype=s.dtype)
         for path, value in _plain_leaves(src):
             state[path] = value
 
@@ -711,12 +720,12 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
                         items.append(
                             dataclasses.replace(
                                 it,
-                                index=MetadataIndex(spec.name, o),
+                                index=MetadataIndex(it.index.fqn, o),
                                 type=WriteItemType.SHARD,
                                 tensor_data=dataclasses.replace(it.tensor_data, chunk=chunk),
                             )
                         )
-                        pieces[(spec.name, off)] = (first, n, box)
+                        pieces[(it.index.fqn, off)] = (first, n, box)
                 self.plan = dataclasses.replace(plan, items=items)
                 return self.plan
 
@@ -725,7 +734,7 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
                 if spec is None or write_item.type == WriteItemType.BYTE_IO:
                     return super().resolve_data(write_item)
                 off = tuple(int(x) for x in write_item.tensor_data.chunk.offsets)
-                first, n, box = pieces.get((spec.name, off), (0, spec.nbytes, spec.shape))
+                first, n, box = pieces.get((write_item.index.fqn, off), (0, spec.nbytes, spec.shape))
                 for m in held:
                     m.madvise(mmap.MADV_DONTNEED)
                 held.clear()

@@ -138,6 +138,24 @@ def test_dcp_round_trip(tmp_path: pathlib.Path) -> None:
         src.close()
 
 
+def test_tied_tensors(tmp_path: pathlib.Path) -> None:
+    """A tensor held twice stays one tensor in torch files and ckptio checkpoints and both keys
+    in DCP; from a torch file, the same object twice stays one."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    w = torch.randn(300, 70)  # over the 64 KiB buffer: chunks in DCP
+    ckptio.save({"emb": w, "head": w, "b": torch.ones(3)}, tmp_path / "ck")
+    run(tmp_path / "ck", tmp_path / "x.pt")
+    back = torch.load(tmp_path / "x.pt", weights_only=True)
+    assert torch.equal(back["emb"], w) and back["head"] is back["emb"]
+    run(tmp_path / "ck", tmp_path / "o.dcp")
+    got = {"emb": torch.empty_like(w), "head": torch.empty_like(w), "b": torch.empty(3)}
+    dcp.load(got, checkpoint_id=str(tmp_path / "o.dcp"), no_dist=True)
+    assert torch.equal(got["emb"], w) and torch.equal(got["head"], w)
+    run(tmp_path / "x.pt", tmp_path / "ck2")
+    again = ckptio.load(tmp_path / "ck2")
+    assert torch.equal(again["head"], w) and again["head"].data_ptr() == again["emb"].data_ptr()
+
+
 def test_dcp_source_by_dcp_load(tmp_path: pathlib.Path) -> None:
     """Chunks that are not runs of rows (saved by several ranks) go through dcp.load."""
     dcp = pytest.importorskip("torch.distributed.checkpoint")
