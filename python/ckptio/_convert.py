@@ -582,10 +582,13 @@ def _data_pkl(src: Source) -> tuple[bytes, dict[int, int]]:
     for i, spec in enumerate(src.specs):
         keys[id(spec)] = i
     by_id = src.by_id
+    new_dtypes = torch.storage._new_dtypes()
 
     class P(pickle.Pickler):
         def persistent_id(self, obj: Any) -> Any:
             if type(obj) is _StorageRef:
+                if obj.dtype in new_dtypes:  # counted in bytes, as torch.save does
+                    return ("storage", torch.UntypedStorage, str(obj.key), "cpu", obj.numel * obj.dtype.itemsize)  # fmt: skip
                 return ("storage", _storage_type(obj.dtype), str(obj.key), "cpu", obj.numel)
             return None
 
@@ -596,8 +599,11 @@ def _data_pkl(src: Source) -> tuple[bytes, dict[int, int]]:
             numel = spec.nbytes // spec.dtype.itemsize
             stride = tuple(int(x) for x in torch.empty(spec.shape, device="meta").stride())
             ref = _StorageRef(keys[id(spec)], spec.dtype, numel)
-            args = (ref, 0, torch.Size(spec.shape), stride, False, OrderedDict())
-            t = (torch._utils._rebuild_tensor_v2, args)
+            args: tuple[Any, ...] = (ref, 0, torch.Size(spec.shape), stride, False, OrderedDict())
+            if spec.dtype in new_dtypes:  # dtypes without a storage class of their own
+                t = (torch._utils._rebuild_tensor_v3, (*args, spec.dtype))
+            else:
+                t = (torch._utils._rebuild_tensor_v2, args)
             if isinstance(obj, torch.nn.Parameter):
                 return (torch._utils._rebuild_parameter, (_Rebuilt(t), obj.requires_grad, OrderedDict()))  # fmt: skip
             return t

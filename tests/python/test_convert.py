@@ -46,6 +46,12 @@ def state() -> dict[str, Any]:
         "mask": torch.rand(77, generator=g) > 0.5,
         "u8": torch.randint(0, 255, (5, 3), dtype=torch.uint8, generator=g),
         "f64": torch.randn(3, generator=g, dtype=torch.float64),
+        "u16": torch.arange(9, dtype=torch.int32).to(torch.uint16) * 7000,
+        "u32": torch.arange(4, dtype=torch.int64).to(torch.uint32) * 1_000_000_000,
+        "u64": torch.arange(4, dtype=torch.int64).to(torch.uint64) * (1 << 40),
+        "f8": torch.randn(16, generator=g).to(torch.float8_e4m3fn),
+        "f8b": torch.randn(16, generator=g).to(torch.float8_e5m2),
+        "c64": torch.randn(6, generator=g, dtype=torch.complex64),
         "scalar": torch.tensor(2.5),
         "empty": torch.empty(0, 4),
     }
@@ -97,7 +103,8 @@ def test_torch_to_ckptio_keeps_the_tree(tmp_path: pathlib.Path, zipped: bool) ->
     # transposed view and a view at an offset into another tensor's storage.
     big = torch.arange(600, dtype=torch.float32).reshape(20, 30)
     views = {"empty": torch.empty(0), "big": big, "t": big.t(), "rows": big[5:9]}
-    sd = state()
+    # torch's own reader of its legacy format fails on the dtypes that came later.
+    sd = {k: v for k, v in state().items() if zipped or k not in ("u16", "u32", "u64", "f8", "f8b")}
     obj = {"views": views, "model": sd, "epoch": 3, "lr": 0.5, "name": "run-1", "hist": [torch.ones(2), 4]}  # fmt: skip
     torch.save(obj, tmp_path / "x.pt", _use_new_zipfile_serialization=zipped)
     run(tmp_path / "x.pt", tmp_path / "ck")
