@@ -7,9 +7,9 @@ bounded pieces: a torch source is opened with torch.load(mmap=True, weights_only
 learn its structure and where each storage lies in the file, then read with pread (its pages
 never enter memory through the mapping); a torch destination is a zip archive written here,
 record after record, in the layout torch.load reads (data.pkl naming storages data/N); a DCP
-source is read a group of keys at a time into preallocated tensors; a DCP destination is written
-by FileSystemWriter from tensors read one at a time as it asks for them. Nothing appears at the
-destination unless the whole conversion succeeds.
+source is read with pread from the records of its items (dcp.load for layouts that are not runs
+of rows); a DCP destination is written by FileSystemWriter from chunks read one at a time as it
+asks for them. Nothing appears at the destination unless the whole conversion succeeds.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import sys
 import time
 import warnings
 import zipfile
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from . import _dtypes as D
 from ._manager import _fsync_dir
 from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 
@@ -60,13 +60,16 @@ def _torch() -> Any:
     return torch
 
 
+@functools.cache
 def _codes() -> dict[Any, int]:
+    """torch dtype -> ckptio dtype code (every ckptio dtype but opaque bytes)."""
     torch = _torch()
     return {
-        torch.bool: 1, torch.uint8: 2, torch.int8: 3, torch.uint16: 4, torch.int16: 5,
-        torch.uint32: 6, torch.int32: 7, torch.uint64: 8, torch.int64: 9, torch.float16: 10,
-        torch.bfloat16: 11, torch.float32: 12, torch.float64: 13, torch.complex64: 14,
-        torch.complex128: 15, torch.float8_e4m3fn: 16, torch.float8_e5m2: 17,
+        torch.bool: D.BOOL, torch.uint8: D.U8, torch.int8: D.I8, torch.uint16: D.U16,
+        torch.int16: D.I16, torch.uint32: D.U32, torch.int32: D.I32, torch.uint64: D.U64,
+        torch.int64: D.I64, torch.float16: D.F16, torch.bfloat16: D.BF16, torch.float32: D.F32,
+        torch.float64: D.F64, torch.complex64: D.C64, torch.complex128: D.C128,
+        torch.float8_e4m3fn: D.F8_E4M3FN, torch.float8_e5m2: D.F8_E5M2,
     }  # fmt: skip
 
 
@@ -135,6 +138,8 @@ class Source:
     specs: list[Spec]
     by_id: dict[int, Spec]
     names: dict[str, Spec]
+    doc: Callable[[], bytes]  # the tree as ckptio's "ckptio.tree" metadata
+    meta: dict[str, bytes]  # other metadata to carry over
 
     def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
         raise NotImplementedError
@@ -152,7 +157,7 @@ def _pread_into(fd: int, out: memoryview, at: int, name: str) -> None:
         done += n
 
 
-def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], dict[str, Spec], Callable[[Any], Any]]:  # fmt: skip
+def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], dict[str, Spec], Callable[[], bytes]]:  # fmt: skip
     """The tensors of a tree of meta tensors, in key-path order of the tree: one spec per
     tensor object, by id and by every key path that holds it (a tensor tied to an earlier one
     becomes an alias node naming it, as ckptio.save stores it), and the tree document."""
