@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckptio.h"
@@ -909,9 +911,11 @@ out:
 }
 
 /* torch files and DCP directories are read and written by torch, in Python: run
- * `python -m ckptio._convert` with the formats settled here. CKPTIO_PYTHON names the
- * interpreter (`python -m ckptio` sets it to itself), else python3 from PATH. */
-static int hand_to_python(conv *c, const char *max_shard)
+ * `python -m ckptio._convert` with the formats settled here, in place of this process
+ * (`replace`) or as a child waited for. CKPTIO_PYTHON names the interpreter (`python -m ckptio`
+ * sets it to itself), else python3 from PATH. Returns an exit status. */
+static int run_python(const char *src, const char *dst, enum fmt from, enum fmt to,
+                      bool overwrite, bool replace)
 {
     const char *py = getenv("CKPTIO_PYTHON");
     if (!py || !*py) py = "python3";
@@ -921,22 +925,65 @@ static int hand_to_python(conv *c, const char *max_shard)
     argv[n++] = "-m";
     argv[n++] = "ckptio._convert";
     argv[n++] = "--from";
-    argv[n++] = fmt_names[c->from];
+    argv[n++] = fmt_names[from];
     argv[n++] = "--to";
-    argv[n++] = fmt_names[c->to];
-    if (c->overwrite) argv[n++] = "--overwrite";
-    if (max_shard) argv[n++] = "--max-shard-size", argv[n++] = max_shard;
+    argv[n++] = fmt_names[to];
+    if (overwrite) argv[n++] = "--overwrite";
     argv[n++] = "--";
-    argv[n++] = c->src;
-    argv[n++] = c->dst;
+    argv[n++] = src;
+    argv[n++] = dst;
     argv[n] = NULL;
     fflush(NULL);
-    execvp(py, (char *const *)argv);
-    return cli_fail("convert",
-                    "converting %s -> %s needs Python with ckptio and torch, and '%s' cannot be "
-                    "run (%s); set CKPTIO_PYTHON to a Python that has them (pip install ckptio "
-                    "torch)",
-                    fmt_names[c->from], fmt_names[c->to], py, strerror(errno));
+    pid_t pid = replace ? 0 : fork();
+    if (pid == 0) {
+        execvp(py, (char *const *)argv);
+        cli_fail("convert",
+                 "converting %s -> %s needs Python with ckptio and torch, and '%s' cannot be "
+                 "run (%s); set CKPTIO_PYTHON to a Python that has them (pip install ckptio "
+                 "torch)",
+                 fmt_names[from], fmt_names[to], py, strerror(errno));
+        if (!replace) _exit(CLI_FAIL);
+        return CLI_FAIL;
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0)
+        return cli_fail("convert", "cannot run %s: %s", py, strerror(errno));
+    return WIFEXITED(st) ? WEXITSTATUS(st) : CLI_FAIL;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Between safetensors and torch or DCP, two steps through a temporary ckptio checkpoint
+ * beside DST (the C side and the Python side each stream): `in` when the source is Python's. */
+static int convert_chained(conv *c, bool in)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp-ckptio-%d", c->dst, (int)getpid());
+    if (!c->overwrite && access(c->dst, F_OK) == 0)
+        return cli_fail("convert", "%s already exists; pass --overwrite to replace it", c->dst);
+    const char *dst = c->dst;
+    enum fmt to = c->to;
+    int ret = CLI_FAIL;
+    if (in) {
+        if (run_python(c->src, tmp, c->from, F_CKPTIO, false, false) != CLI_OK) goto out;
+        c->src = tmp, c->from = F_CKPTIO;
+    } else {
+        c->dst = tmp, c->to = F_CKPTIO, c->p.overwrite = 0;
+    }
+    if (convert_native(c) < 0) {
+        fprintf(stderr, "ckptio convert: %s\n", c->err);
+        goto out;
+    }
+    ret = in ? CLI_OK : run_python(tmp, dst, F_CKPTIO, to, c->overwrite, false);
+out:
+    nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (ret != CLI_OK) fprintf(stderr, "ckptio convert: nothing was written at %s\n", dst);
+    return ret;
 }
 
 static void convert_usage(FILE *f)
@@ -955,7 +1002,9 @@ static void convert_usage(FILE *f)
           "  dcp          a torch.distributed.checkpoint directory (.metadata, __N_M.distcp)\n"
           "SRC's format is detected from its contents; DST's from its name (.safetensors,\n"
           ".pt/.pth/.bin/.ckpt, .dcp; with --max-shard-size: hf; else ckptio).\n"
-          "torch and dcp need Python with ckptio and torch (CKPTIO_PYTHON, else python3).\n"
+          "torch and dcp need Python with ckptio and torch (CKPTIO_PYTHON, else python3);\n"
+          "between them and safetensors/hf the data passes through a temporary ckptio\n"
+          "checkpoint beside DST.\n"
           "\n"
           "options:\n"
           "  --from FMT, --to FMT    override the detected formats\n"
@@ -1016,14 +1065,17 @@ int cmd_convert(int argc, char **argv)
     if (max_shard && c.to != F_HF)
         return cli_usage_error("convert: --max-shard-size applies to hf destinations only");
     if (c.to == F_HF && !c.max_shard) c.max_shard = 5ull << 30;
-    if (c.from == F_TORCH || c.from == F_DCP || c.to == F_TORCH || c.to == F_DCP)
-        return hand_to_python(&c, max_shard);
+    bool py_from = c.from == F_TORCH || c.from == F_DCP, py_to = c.to == F_TORCH || c.to == F_DCP;
+    bool st_from = c.from == F_ST || c.from == F_HF, st_to = c.to == F_ST || c.to == F_HF;
+    if ((py_from || py_to) && !(py_from && st_to) && !(st_from && py_to))
+        return run_python(c.src, c.dst, c.from, c.to, c.overwrite, true);
     const char *buf = getenv("CKPTIO_CONVERT_BUFFER");
     uint64_t bb;
     if (buf && cli_parse_size(buf, &bb) == 0 && bb >= 4096) arena_bytes = bb / 4096 * 4096;
     ckptio_params_init(&c.p);
     c.p.staging_bytes = STAGING_BYTES;
     c.p.overwrite = c.overwrite;
+    if (py_from || py_to) return convert_chained(&c, py_from);
     double t0 = cli_now();
     if (convert_native(&c) < 0) {
         fprintf(stderr, "ckptio convert: %s\n", c.err);

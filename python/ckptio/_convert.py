@@ -884,8 +884,8 @@ def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: st
     t = dst_format or detect(dst, True)
     if f in ("safetensors", "hf") or t in ("safetensors", "hf"):
         raise ConvertError(
-            f"{f} -> {t}: safetensors is converted by the ckptio command (ckptio convert); "
-            "convert through a ckptio checkpoint in two steps"
+            f"{f} -> {t}: safetensors is converted by the ckptio command: "
+            "ckptio convert (or python -m ckptio convert)"
         )
     if os.path.lexists(dst) and not overwrite:
         raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")

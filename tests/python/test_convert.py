@@ -175,6 +175,25 @@ def test_dcp_source_by_dcp_load(tmp_path: pathlib.Path) -> None:
     same(sd, ckptio.load(tmp_path / "ck"))
 
 
+def test_safetensors_with_torch_and_dcp(tmp_path: pathlib.Path) -> None:
+    """Between safetensors and torch or DCP, through a temporary ckptio checkpoint that goes."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    sd = state()
+    torch.save(sd, tmp_path / "x.pt")
+    run(tmp_path / "x.pt", tmp_path / "m.safetensors")
+    same(sd, safetensors_torch.load_file(tmp_path / "m.safetensors"))
+    run(tmp_path / "x.pt", tmp_path / "hf", "--max-shard-size", "100K")
+    run(tmp_path / "hf", tmp_path / "o.dcp")
+    back = {k: torch.empty_like(v) for k, v in sd.items()}
+    dcp.load(back, checkpoint_id=str(tmp_path / "o.dcp"), no_dist=True)
+    same(sd, back)
+    run(tmp_path / "m.safetensors", tmp_path / "y.pt")
+    same(sd, torch.load(tmp_path / "y.pt", weights_only=True))
+    assert sorted(os.listdir(tmp_path)) == ["hf", "m.safetensors", "o.dcp", "x.pt", "y.pt"]
+    res = run(tmp_path / "x.pt", tmp_path / "m.safetensors", ok=False)
+    assert res.returncode == 1 and "--overwrite" in res.stderr
+
+
 def corrupt(ck: pathlib.Path) -> None:
     data = ck / "data" / sorted(os.listdir(ck / "data"))[0]
     with open(data, "r+b") as f:
@@ -204,11 +223,13 @@ def test_malicious_pickle_is_not_run(tmp_path: pathlib.Path) -> None:
             return (os.system, (f"touch {marker}",))
 
     torch.save({"w": torch.ones(3), "x": Evil()}, tmp_path / "evil.pt")
-    res = run(tmp_path / "evil.pt", tmp_path / "ck", ok=False)
-    assert res.returncode == 1
-    assert "refused" in res.stderr and "was not run" in res.stderr, res.stderr
-    assert not marker.exists()
-    assert sorted(os.listdir(tmp_path)) == ["evil.pt"]
+    for dst in ("ck", "m.safetensors"):  # the second through a temporary ckptio checkpoint
+        res = run(tmp_path / "evil.pt", tmp_path / dst, ok=False)
+        assert res.returncode == 1
+        assert "refused" in res.stderr and "was not run" in res.stderr, res.stderr
+        assert f"nothing was written at {tmp_path / dst}" in res.stderr
+        assert not marker.exists()
+        assert sorted(os.listdir(tmp_path)) == ["evil.pt"]
 
 
 def test_existing_destination_needs_overwrite(tmp_path: pathlib.Path) -> None:
