@@ -385,6 +385,13 @@ static int test_cli_convert(void)
     /* "hf2/" is the directory hf2, built beside it, not inside. */
     CHECK(cli(&o, 0, "convert ck hf2/ --max-shard-size 40K") == 0);
     CHECK(t_sh("test \"$(ls -A hf2 | wc -l)\" = 4") == 0);
+    /* safetensors -> torch goes through a temporary ckptio checkpoint, then Python: without
+     * one, the message says what to install and the temporary checkpoint goes. */
+    CHECK(setenv("CKPTIO_PYTHON", "/nonexistent/python", 1) == 0);
+    CHECK(cli(&o, 1, "convert m.safetensors x.pt") == 1 && t_contains(o, "pip install"));
+    CHECK(t_contains(o, "nothing was written at x.pt"));
+    CHECK(t_sh("test -z \"$(ls -A | grep x.pt)\"") == 0);
+    CHECK(unsetenv("CKPTIO_PYTHON") == 0);
     CHECK(unsetenv("CKPTIO_CONVERT_BUFFER") == 0);
     free(o);
     return 0;
