@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Tests of the `ckptio` command: exit codes, inspect, verify, doctor and bench output. */
+/* Tests of the `ckptio` command: exit codes, inspect, verify, doctor, bench output and convert. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/filter.h>
@@ -326,6 +326,103 @@ static int test_cli_bench(void)
     return 0;
 }
 
+/* Every tensor of checkpoints a and b holds the same dtype, shape and bytes. */
+static int same_ckpt(const char *a, const char *b)
+{
+    ckptio_reader *ra = NULL, *rb = NULL;
+    CHECK_OK(ckptio_reader_open(&ra, a, NULL));
+    CHECK_OK(ckptio_reader_open(&rb, b, NULL));
+    CHECK(ckptio_reader_num_tensors(ra) == ckptio_reader_num_tensors(rb));
+    for (size_t i = 0; i < ckptio_reader_num_tensors(ra); i++) {
+        ckptio_tensor_info ta = {.size = sizeof ta}, tb = {.size = sizeof tb};
+        CHECK_OK(ckptio_reader_tensor(ra, i, &ta));
+        CHECK_OK(ckptio_reader_tensor(rb, i, &tb));
+        CHECK(!strcmp(ta.name, tb.name) && ta.dtype == tb.dtype && ta.ndim == tb.ndim);
+        CHECK(!memcmp(ta.shape, tb.shape, ta.ndim * sizeof *ta.shape) && ta.nbytes == tb.nbytes);
+        unsigned char *x = malloc(ta.nbytes + 1), *y = malloc(ta.nbytes + 1);
+        CHECK(x && y);
+        CHECK_OK(ckptio_reader_read_tensor(ra, ta.name, x, ta.nbytes));
+        CHECK_OK(ckptio_reader_read_tensor(rb, tb.name, y, tb.nbytes));
+        CHECK(!memcmp(x, y, ta.nbytes));
+        free(x), free(y);
+    }
+    ckptio_reader_close(ra);
+    ckptio_reader_close(rb);
+    return 0;
+}
+
+/* ckptio -> safetensors -> ckptio and ckptio -> 3 shards (the 64 KiB tensor alone) -> ckptio,
+ * tensors split into pieces by a 4 KiB buffer; text metadata survives, binary metadata is
+ * named and left out. */
+static int test_cli_convert(void)
+{
+    if (make_ckpt("ck")) return 1;
+    char *o = NULL;
+    CHECK(setenv("CKPTIO_CONVERT_BUFFER", "4096", 1) == 0);
+    CHECK(cli(&o, 0, "convert ck m.safetensors") == 0);
+    CHECK(cli(&o, 0, "convert m.safetensors ck2") == 0);
+    CHECK(same_ckpt("ck", "ck2") == 0);
+    ckptio_reader *r = NULL;
+    const void *v;
+    size_t len;
+    CHECK_OK(ckptio_reader_open(&r, "ck2", NULL));
+    CHECK(ckptio_reader_get_meta(r, "step", &v, &len) == 0 && len == 4 && !memcmp(v, "1000", 4));
+    CHECK(ckptio_reader_get_meta(r, "blob", &v, &len) == CKPTIO_E_NOT_FOUND);
+    ckptio_reader_close(r);
+    CHECK(cli(&o, 0, "convert ck hf --max-shard-size 40K") == 0);
+    CHECK(access("hf/model-00001-of-00003.safetensors", F_OK) == 0);
+    CHECK(access("hf/model-00003-of-00003.safetensors", F_OK) == 0);
+    CHECK(access("hf/model.safetensors.index.json", F_OK) == 0);
+    CHECK(cli(&o, 0, "convert hf ck3") == 0);
+    CHECK(same_ckpt("ck", "ck3") == 0);
+    CHECK(cli(&o, 0, "convert hf/model.safetensors.index.json one.safetensors") == 0);
+    CHECK(cli(&o, 0, "convert one.safetensors ck4") == 0);
+    CHECK(same_ckpt("ck", "ck4") == 0);
+    /* An existing destination only with --overwrite. */
+    CHECK(cli(&o, 1, "convert ck m.safetensors") == 1 && t_contains(o, "--overwrite"));
+    CHECK(cli(&o, 1, "convert ck hf --max-shard-size 40K") == 1 && t_contains(o, "--overwrite"));
+    CHECK(cli(&o, 0, "convert ck hf --max-shard-size 40K --overwrite") == 0);
+    /* "hf2/" is the directory hf2, built beside it, not inside. */
+    CHECK(cli(&o, 0, "convert ck hf2/ --max-shard-size 40K") == 0);
+    CHECK(t_sh("test \"$(ls -A hf2 | wc -l)\" = 4") == 0);
+    /* safetensors -> torch goes through a temporary ckptio checkpoint, then Python: without
+     * one, the message says what to install and the temporary checkpoint goes. */
+    CHECK(setenv("CKPTIO_PYTHON", "/nonexistent/python", 1) == 0);
+    CHECK(cli(&o, 1, "convert m.safetensors x.pt") == 1 && t_contains(o, "pip install"));
+    CHECK(t_contains(o, "nothing was written at x.pt"));
+    CHECK(t_sh("test -z \"$(ls -A | grep x.pt)\"") == 0);
+    CHECK(unsetenv("CKPTIO_PYTHON") == 0);
+    CHECK(unsetenv("CKPTIO_CONVERT_BUFFER") == 0);
+    free(o);
+    return 0;
+}
+
+/* A damaged ckptio source fails the conversion with the checksum error, and nothing is left
+ * at the destination (file or directory). */
+static int test_cli_convert_corrupt(void)
+{
+    if (make_ckpt("ck")) return 1;
+    int fd = open("ck/data/000000.ckd", O_RDWR);
+    CHECK(fd >= 0);
+    unsigned char byte;
+    CHECK(pread(fd, &byte, 1, 100) == 1);
+    byte ^= 0x01;
+    CHECK(pwrite(fd, &byte, 1, 100) == 1);
+    close(fd);
+    char *o = NULL;
+    CHECK(cli(&o, 1, "convert ck m.safetensors") == 1 && t_contains(o, "checksum"));
+    CHECK(t_contains(o, "nothing was written at m.safetensors"));
+    CHECK(cli(&o, 1, "convert ck hf --max-shard-size 20K") == 1 && t_contains(o, "checksum"));
+    CHECK(cli(&o, 1, "convert ck ck2") == 1 && t_contains(o, "checksum"));
+    CHECK(t_sh("test -z \"$(ls | grep -v -e '^ck$' -e '^out.txt$')\"") == 0);
+    /* torch and DCP need Python: without one, say what to install. */
+    CHECK(setenv("CKPTIO_PYTHON", "/nonexistent/python", 1) == 0);
+    CHECK(cli(&o, 1, "convert ck x.pt") == 1 && t_contains(o, "pip install"));
+    CHECK(unsetenv("CKPTIO_PYTHON") == 0);
+    free(o);
+    return 0;
+}
+
 const ckptio_test tests_cli[] = {
     {"cli_usage", test_cli_usage, 0, 0},
     {"cli_inspect", test_cli_inspect, 0, 0},
@@ -337,5 +434,7 @@ const ckptio_test tests_cli[] = {
     {"cli_doctor_no_uring", test_cli_doctor_no_uring, 0, 0},
     {"cli_describe_system", test_cli_describe_system, 0, 0},
     {"cli_bench", test_cli_bench, 0, 600},
+    {"cli_convert", test_cli_convert, 0, 0},
+    {"cli_convert_corrupt", test_cli_convert_corrupt, 0, 0},
     {0, 0, 0, 0},
 };

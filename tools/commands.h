@@ -8,5 +8,6 @@ int cmd_inspect(int argc, char **argv); /* tools/inspect.c */
 int cmd_verify(int argc, char **argv);  /* tools/verify.c */
 int cmd_doctor(int argc, char **argv);  /* tools/doctor.c */
 int cmd_bench(int argc, char **argv);   /* tools/bench.c */
+int cmd_convert(int argc, char **argv); /* tools/convert.c */
 
 #endif

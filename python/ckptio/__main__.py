@@ -19,6 +19,8 @@ def main() -> int:
         shutil.which("ckptio"),
         os.path.join(build, "tools", "ckptio"),
     ]
+    # `ckptio convert` hands torch and DCP conversions back to this Python.
+    os.environ.setdefault("CKPTIO_PYTHON", sys.executable)
     for exe in candidates:
         if exe and os.access(exe, os.X_OK):
             os.execv(exe, [exe, *sys.argv[1:]])

@@ -1,0 +1,938 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ckptio convert` for torch files and DCP directories: `python -m ckptio._convert`.
+
+The `ckptio` command converts between ckptio and safetensors itself and hands over here when a
+side is a torch file or a torch.distributed.checkpoint (DCP) directory. Tensors are copied in
+bounded pieces: a torch source is opened with torch.load(mmap=True, weights_only=True) only to
+learn its structure and where each storage lies in the file, then read with pread (its pages
+never enter memory through the mapping); a torch destination is a zip archive written here,
+record after record, in the layout torch.load reads (data.pkl naming storages data/N); a DCP
+source is read with pread from the records of its items (dcp.load for layouts that are not runs
+of rows); a DCP destination is written by FileSystemWriter from chunks read one at a time as it
+asks for them. Nothing appears at the destination unless the whole conversion succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import io
+import json
+import mmap
+import os
+import pickle
+import shutil
+import sys
+import time
+import warnings
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from . import _dtypes as D
+from ._manager import _fsync_dir
+from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
+
+FORMATS = ("ckptio", "safetensors", "hf", "torch", "dcp")
+# Bytes of tensor data in flight at once (the bound on memory beyond the largest tensor that
+# a DCP side needs whole).
+PIECE_BYTES = max(4096, int(os.environ.get("CKPTIO_CONVERT_BUFFER", 32 << 20)) // 4096 * 4096)
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+class ConvertError(Exception):
+    """A conversion that cannot be done; the message says why and what to do."""
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise ConvertError(
+            "converting torch files and DCP directories needs PyTorch in this Python "
+            f"({sys.executable}): pip install torch"
+        ) from e
+    return torch
+
+
+@functools.cache
+def _codes() -> dict[Any, int]:
+    """torch dtype -> ckptio dtype code (every ckptio dtype but opaque bytes)."""
+    torch = _torch()
+    return {
+        torch.bool: D.BOOL, torch.uint8: D.U8, torch.int8: D.I8, torch.uint16: D.U16,
+        torch.int16: D.I16, torch.uint32: D.U32, torch.int32: D.I32, torch.uint64: D.U64,
+        torch.int64: D.I64, torch.float16: D.F16, torch.bfloat16: D.BF16, torch.float32: D.F32,
+        torch.float64: D.F64, torch.complex64: D.C64, torch.complex128: D.C128,
+        torch.float8_e4m3fn: D.F8_E4M3FN, torch.float8_e5m2: D.F8_E5M2,
+    }  # fmt: skip
+
+
+def _torch_dtype(code: int, name: str) -> Any:
+    for dt, c in _codes().items():
+        if c == code:
+            return dt
+    raise ConvertError(f"tensor '{name}' has ckptio dtype code {code}, which torch has no dtype for")
+
+
+def _code(dtype: Any, name: str) -> int:
+    code = _codes().get(dtype)
+    if code is None:
+        raise ConvertError(f"tensor '{name}' has dtype {dtype}, which ckptio cannot store")
+    return code
+
+
+def _pieces(shape: tuple[int, ...], itemsize: int, cap: int) -> Iterator[tuple[int, int, tuple[int, ...], tuple[int, ...]]]:  # fmt: skip
+    """(first byte, bytes, box offset, box shape) of boxes that tile a row-major tensor in
+    order, each contiguous and at most ``cap`` bytes (a run of rows of the largest trailing
+    block that fits)."""
+    nbytes = itemsize * int(np.prod(shape, dtype=np.int64)) if shape else itemsize
+    if nbytes <= cap or not shape:
+        yield 0, nbytes, (0,) * len(shape), tuple(shape)
+        return
+    inner = nbytes // itemsize
+    k = 0
+    for k, d in enumerate(shape):
+        inner //= d
+        if inner * itemsize <= cap:
+            break
+    row = inner * itemsize
+    fit = max(1, cap // row)
+    pos = 0
+    while pos < nbytes:
+        idx = pos // row
+        off = [0] * len(shape)
+        for d in range(k, -1, -1):
+            off[d] = idx % shape[d]
+            idx //= shape[d]
+        box = [1] * (k + 1) + list(shape[k + 1 :])
+        box[k] = min(fit, shape[k] - off[k])
+        n = box[k] * row
+        yield pos, n, tuple(off), tuple(box)
+        pos += n
+
+
+class Spec:
+    """One tensor to copy: its name (key path), torch dtype, shape, and how to read it."""
+
+    __slots__ = ("name", "dtype", "shape", "nbytes", "src")
+
+    def __init__(self, name: str, dtype: Any, shape: tuple[int, ...], src: Any) -> None:
+        self.name, self.dtype, self.shape, self.src = name, dtype, tuple(shape), src
+        self.nbytes = dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
+
+
+# ---- sources -----------------------------------------------------------------------------------
+
+
+class Source:
+    """A tree whose tensor leaves are meta tensors standing for the source's tensors (specs,
+    by id), read a contiguous byte range at a time."""
+
+    tree: Any
+    specs: list[Spec]
+    by_id: dict[int, Spec]
+    names: dict[str, Spec]
+    doc: Callable[[], bytes]  # the tree as ckptio's "ckptio.tree" metadata
+    meta: dict[str, bytes]  # other metadata to carry over
+
+    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _pread_into(fd: int, out: memoryview, at: int, name: str) -> None:
+    done = 0
+    while done < len(out):
+        n = os.preadv(fd, [out[done:]], at + done)
+        if n <= 0:
+            raise ConvertError(f"tensor '{name}': the file ends before its bytes do")
+        done += n
+
+
+def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], dict[str, Spec], Callable[[], bytes]]:  # fmt: skip
+    """The tensors of a tree of meta tensors, in key-path order of the tree: one spec per
+    tensor object, by id and by every key path that holds it (a tensor tied to an earlier one
+    becomes an alias node naming it, as ckptio.save stores it), and the tree document."""
+    torch = _torch()
+    from ._adapters import BY_NAME
+
+    ad = BY_NAME["torch"]
+    root, leaves = flatten(tree, classify=lambda o: ad if isinstance(o, torch.Tensor) else None)
+    specs, by_id, names = [], {}, {}
+    for name, t, node in leaves:
+        node["dtype"] = str(t.dtype).removeprefix("torch.")
+        if isinstance(t, torch.nn.Parameter):
+            node["param"] = True
+        spec = by_id.get(id(t))
+        if spec is not None:
+            node["alias"], node["same"] = spec.name, True
+        else:
+            spec = by_id[id(t)] = Spec(name, t.dtype, tuple(t.shape), t)
+            specs.append(spec)
+        names[name] = spec
+    doc = make_document(root)
+    return specs, by_id, names, lambda: json.dumps(doc, separators=(",", ":")).encode()
+
+
+class CkptioSource(Source):
+    def __init__(self, path: str) -> None:
+        torch = _torch()
+        self.r = _core.Reader(path, {"staging_bytes": 16 << 20})
+        recs = self.r.tensors()
+        self.index = {rec.name: i for i, rec in enumerate(recs)}
+        metas: dict[str, Any] = {}
+        for rec in recs:
+            metas[rec.name] = torch.empty(rec.shape, dtype=_torch_dtype(rec.dtype, rec.name), device="meta")  # fmt: skip
+        doc = self.r.get_meta(TREE_KEY)
+        if doc is not None:
+            root = parse_document(json.loads(doc))
+            self.tree = unflatten(root, lambda path, node: metas[node.get("alias", path or ".")])
+        else:
+            self.tree = OrderedDict(metas)
+        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
+        self.meta = {k: v for k, v in self.r.meta().items() if k != TREE_KEY}
+
+    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+        if len(out):
+            i = self.index[spec.name]
+            self.r.read([_core.read_region(i, box[0], box[1], out, 0, len(out))])
+
+    def close(self) -> None:
+        self.r.close()
+
+
+class TorchSource(Source):
+    """torch.load(mmap=True, weights_only=True): the weights-only unpickler refuses any pickle
+    that would import or call something outside torch's allowlist (os.system...), before it
+    runs. Each storage's place in the file comes from the mapping's addresses, and its bytes
+    are read with pread."""
+
+    def __init__(self, path: str) -> None:
+        torch = _torch()
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        records: dict[int, int] | None = {}
+        try:
+            with zipfile.ZipFile(path) as z:
+                for zi in z.infolist():
+                    parts = zi.filename.split("/")
+                    if len(parts) == 3 and parts[1] == "data" and zi.file_size:
+                        if zi.compress_type != zipfile.ZIP_STORED:
+                            raise ConvertError(f"{path}: record {zi.filename} is compressed")
+                        h = os.pread(self.fd, 30, zi.header_offset)
+                        start = zi.header_offset + 30 + int.from_bytes(h[26:28], "little") + int.from_bytes(h[28:30], "little")  # fmt: skip
+                        records[start] = zi.file_size
+        except zipfile.BadZipFile:
+            records = None  # the legacy format (torch < 1.6): read into memory whole
+        obj = None
+        if records is not None:
+            try:
+                obj = self._load(path, True)
+            except RuntimeError:
+                records = None  # records not aligned for a mapping (old writers)
+        if obj is None:
+            try:
+                obj = self._load(path, False)
+            except RuntimeError as e:
+                raise ConvertError(f"{path}: torch cannot read it: {e}") from None
+        tensors: list[Any] = []
+        self._collect(obj, tensors)
+        # The mapping covers the file from offset 0: base = lowest storage address minus the
+        # lowest record offset, as the records lie in the mapping in file order. Every storage
+        # must then land on a record's start, else its bytes are read through the tensor.
+        ptrs = [t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()]
+        self.base: int | None = None
+        if records and ptrs:
+            base = min(ptrs) - min(records)
+            if all(p - base in records for p in ptrs):
+                self.base = base
+        metas: dict[int, Any] = {}
+        self.real: dict[int, Any] = {}
+        self.tree = self._replace(obj, metas)
+        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
+        self.meta: dict[str, bytes] = {}
+
+    @staticmethod
+    def _load(path: str, mmap: bool) -> Any:
+        torch = _torch()
+        try:
+            return torch.load(path, mmap=mmap, weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as e:
+            raise ConvertError(
+                f"{path}: refused: its pickle is not plain weights ({str(e).splitlines()[0]}); "
+                "it was not run. Load it with torch.load(weights_only=False) only if you trust "
+                "it, and save its state dict again"
+            ) from None
+
+    def _collect(self, obj: Any, out: list[Any]) -> None:
+        torch = _torch()
+        if isinstance(obj, torch.Tensor):
+            out.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                self._collect(v, out)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                self._collect(v, out)
+
+    def _replace(self, obj: Any, metas: dict[int, Any]) -> Any:
+        """The tree with each tensor replaced by a meta tensor of its dtype and shape."""
+        torch = _torch()
+        if isinstance(obj, torch.Tensor):
+            if id(obj) in metas:  # one object twice in the tree: tied
+                return metas[id(obj)]
+            m = torch.empty(obj.shape, dtype=obj.dtype, device="meta")
+            if isinstance(obj, torch.nn.Parameter):
+                m = torch.nn.Parameter(m, requires_grad=obj.requires_grad)
+            self.real[id(m)] = obj
+            metas[id(obj)] = m
+            return m
+        if isinstance(obj, dict):
+            d = type(obj)() if type(obj) in (dict, OrderedDict) else dict()
+            for k, v in obj.items():
+                d[k] = self._replace(v, metas)
+            if hasattr(obj, "_metadata"):
+                d._metadata = obj._metadata  # type: ignore[attr-defined]
+            return d
+        if isinstance(obj, list):
+            return [self._replace(v, metas) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self._replace(v, metas) for v in obj)
+        return obj
+
+    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+        t = self.real[id(spec.src)]
+        if not len(out):
+            return
+        if self.base is not None and t.is_contiguous():
+            at = t.untyped_storage().data_ptr() - self.base + t.storage_offset() * t.element_size() + first  # fmt: skip
+            _pread_into(self.fd, out, at, spec.name)
+        else:
+            # A strided view (rare in saved state) or a file read whole: through the tensor.
+            torch = _torch()
+            flat = t.contiguous().view(-1).view(torch.uint8).numpy()
+            out[:] = memoryview(flat)[first : first + len(out)]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _Slice(io.RawIOBase):
+    """A byte range of an open file as a read-only seekable file (one .distcp item)."""
+
+    def __init__(self, fd: int, start: int, length: int) -> None:
+        super().__init__()
+        self.fd, self.start, self.length, self.pos = fd, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self.pos, self.length)[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), self.length - self.pos))
+        got = os.preadv(self.fd, [memoryview(b).cast("B")[:n]], self.start + self.pos) if n else 0
+        self.pos += got
+        return got
+
+
+class DcpSource(Source):
+    """A tensor stored whole in one item (what a single process saves) is streamed with pread
+    from its record inside the item's torch.save archive, found with torch.load(map_location=
+    "meta", weights_only=True), which reads no tensor bytes. Other tensors (chunks of several
+    ranks, transformed items) are loaded a group of keys at a time (about PIECE_BYTES, or one
+    larger tensor) into preallocated tensors with dcp.load. Plain values (torch.save bytes) are
+    read weights-only."""
+
+    def __init__(self, path: str) -> None:
+        torch = _torch()
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+        self.path = path
+        self.reader = FileSystemReader(path)
+        md = self.reader.read_metadata()
+        self.fds: dict[str, int] = {}
+        self.direct: dict[str, list[tuple[int, int, int, int]]] = {}
+        infos: dict[str, list[tuple[Any, Any]]] = {}
+        for idx, info in md.storage_data.items():
+            infos.setdefault(idx.fqn, []).append((idx, info))
+        flat: dict[str, Any] = {}
+        for key, m in md.state_dict_metadata.items():
+            if isinstance(m, TensorStorageMetadata):
+                flat[key] = t = torch.empty(tuple(m.size), dtype=m.properties.dtype, device="meta")
+                segs = self._segments(key, m, infos, t)
+                if segs is not None:
+                    self.direct[key] = segs
+            elif isinstance(m, BytesStorageMetadata):
+                if len(infos.get(key, ())) != 1:
+                    raise ConvertError(f"{path}: no stored bytes for '{key}' in .metadata")
+                flat[key] = self._load_bytes(key, infos[key][0][1])
+        self.tree = flat
+        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
+        self.meta: dict[str, bytes] = {}
+        self.loaded: dict[str, Any] = {}
+
+    def _fd(self, rel: str) -> int:
+        fd = self.fds.get(rel)
+        if fd is None:
+            full = os.path.join(self.path, rel)
+            if os.path.dirname(os.path.normpath(rel)):
+                raise ConvertError(f"{self.path}: .metadata names a file outside it: {rel}")
+            fd = self.fds[rel] = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def _segments(self, key: str, m: Any, infos: dict[str, list[tuple[Any, Any]]], t: Any) -> list[tuple[int, int, int, int]] | None:  # fmt: skip
+        """(first byte in the tensor, bytes, fd, file offset) of each chunk of `key`, when every
+        chunk is a run of rows (contiguous in the tensor's row-major order: one tensor saved
+        whole, or split along its first dimensions) stored as a plain record; else None."""
+        torch = _torch()
+        shape, es = tuple(m.size), t.element_size()
+        by_off = {tuple(idx.offset): info for idx, info in infos.get(key, ()) if idx.offset is not None}  # fmt: skip
+        segs = []
+        for ch in m.chunks:
+            off, box = tuple(ch.offsets), tuple(ch.sizes)
+            diff = [d for d in range(len(shape)) if box[d] != shape[d]]
+            if diff and (any(box[d] != 1 for d in range(diff[-1])) or any(off[diff[-1] + 1 :])):
+                return None
+            first = 0
+            for d in range(len(shape)):
+                first = first * shape[d] + off[d]
+            n = es * int(np.prod(box, dtype=np.int64))
+            info = by_off.get(off)
+            if info is None:
+                return None
+            like = torch.empty(box, dtype=t.dtype, device="meta")
+            where = self._locate(key, info, like)
+            if where is None:
+                return None
+            segs.append((first * es, n, where[0], where[1]))
+        segs.sort()
+        at = 0
+        for first, n, _, _ in segs:
+            if first != at:
+                return None
+            at += n
+        return segs if at == es * t.numel() else None
+
+    def _locate(self, key: str, info: Any, like: Any) -> tuple[int, int] | None:
+        """(fd, file offset) of the bytes of the whole tensor `key`, or None when its item is
+        not a plain torch.save archive of one contiguous tensor."""
+        torch = _torch()
+        if getattr(info, "transform_descriptors", None):
+            return None
+        fd = self._fd(info.relative_path)
+        sl = _Slice(fd, info.offset, info.length)
+        try:
+            t = torch.load(sl, map_location="meta", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise ConvertError(
+                f"{self.path}: item '{key}' is a pickle that is not plain weights "
+                f"({str(e).splitlines()[0]}); it was not run"
+            ) from None
+        except Exception:
+            return None
+        if not isinstance(t, torch.Tensor) or t.dtype != like.dtype or t.shape != like.shape:
+            return None
+        if not t.is_contiguous() or t.storage_offset() != 0:
+            return None
+        sl.seek(0)
+        try:
+            with zipfile.ZipFile(sl) as z:
+                recs = [zi for zi in z.infolist() if zi.filename.split("/")[1:2] == ["data"]]
+        except zipfile.BadZipFile:
+            return None
+        if len(recs) != 1 or recs[0].compress_type != zipfile.ZIP_STORED:
+            return None
+        zi = recs[0]
+        if zi.file_size < like.element_size() * like.numel():
+            return None
+        h = os.pread(fd, 30, info.offset + zi.header_offset)
+        start = zi.header_offset + 30 + int.from_bytes(h[26:28], "little") + int.from_bytes(h[28:30], "little")  # fmt: skip
+        return fd, info.offset + start
+
+    def _load_bytes(self, key: str, info: Any) -> Any:
+        torch = _torch()
+        data = os.pread(self._fd(info.relative_path), info.length, info.offset)
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise ConvertError(
+                f"{self.path}: value '{key}' is a pickle that is not plain data "
+                f"({str(e).splitlines()[0]}); it was not run"
+            ) from None
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+
+    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+        if not len(out):
+            return
+        segs = self.direct.get(spec.name)
+        if segs is not None:
+            end = first + len(out)
+            for sfirst, n, fd, at in segs:
+                lo, hi = max(first, sfirst), min(end, sfirst + n)
+                if lo < hi:
+                    _pread_into(fd, out[lo - first : hi - first], at + lo - sfirst, spec.name)
+            return
+        t = self.loaded.get(spec.name)
+        if t is None:
+            self._load_group(spec)
+            t = self.loaded[spec.name]
+        torch = _torch()
+        flat = memoryview(t.view(-1).view(torch.uint8).numpy())
+        out[:] = flat[first : first + len(out)]
+        if first + len(out) == spec.nbytes:
+            del self.loaded[spec.name]
+
+    def _load_group(self, spec: Spec) -> None:
+        torch = _torch()
+        import torch.distributed.checkpoint as dcp
+
+        self.loaded.clear()
+        i = self.specs.index(spec)
+        group: dict[str, Any] = {}
+        size = 0
+        for s in self.specs[i:]:
+            if group and size + s.nbytes > PIECE_BYTES:
+                break
+            group[s.name] = torch.empty(s.shape, dtype=s.dtype)
+            size += s.nbytes
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*single process")
+            dcp.load(group, storage_reader=self.reader, no_dist=True)  # type: ignore[call-arg]
+        self.loaded.update(group)
+
+
+# ---- destinations --------------------------------------------------------------------------
+
+
+def _copy(src: Source, write: Callable[[Spec, int, tuple[int, ...], tuple[int, ...], memoryview], None], flush: Callable[[], None], progress: Any) -> None:  # fmt: skip
+    """Stream every tensor of src through one buffer of PIECE_BYTES: write(spec, first, off,
+    box, bytes) for each piece; flush() before the buffer is reused."""
+    buf = np.empty(PIECE_BYTES + 4096, np.uint8)
+    shift = (-buf.ctypes.data) % 4096
+    arena = memoryview(buf[shift : shift + PIECE_BYTES])
+    used = 0
+    for spec in src.specs:
+        for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
+            at = (used + 4095) // 4096 * 4096
+            if at + n > PIECE_BYTES:
+                flush()
+                at = 0
+            mv = arena[at : at + n]
+            src.read(spec, first, (off, box), mv)
+            write(spec, first, off, box, mv)
+            used = at + n
+            progress.add(n)
+    flush()
+
+
+def to_ckptio(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
+    w = _core.Writer(dst, {"overwrite": int(overwrite), "staging_bytes": 16 << 20})
+    try:
+        codes = {s.name: _code(s.dtype, s.name) for s in src.specs}
+
+        def write(spec: Spec, first: int, off: tuple[int, ...], box: tuple[int, ...], mv: memoryview) -> None:  # fmt: skip
+            w.add(spec.name, codes[spec.name], spec.shape, mv, off, box)
+
+        _copy(src, write, w.flush, progress)
+        w.set_meta(TREE_KEY, src.doc())
+        for k, v in src.meta.items():
+            w.set_meta(k, v)
+        w.commit()
+    finally:
+        w.close()
+
+
+class _StorageRef:
+    __slots__ = ("key", "dtype", "numel")
+
+    def __init__(self, key: int, dtype: Any, numel: int) -> None:
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+@functools.cache
+def _storage_type(dtype: Any) -> Any:
+    """The storage class torch.save names for a dtype's storages (torch.BFloat16Storage)."""
+    torch = _torch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated, yet what data.pkl names
+        return getattr(torch, torch.storage.TypedStorage(dtype=dtype, device="cpu")._pickle_storage_type())  # fmt: skip
+
+
+def _data_pkl(src: Source) -> tuple[bytes, dict[int, int]]:
+    """data.pkl of the tree, each tensor rebuilt (torch._utils._rebuild_tensor_v2) from storage
+    data/<key>; returns it and the key of each spec (by id)."""
+    torch = _torch()
+    keys: dict[int, int] = {}
+    for i, spec in enumerate(src.specs):
+        keys[id(spec)] = i
+    by_id = src.by_id
+    new_dtypes = torch.storage._new_dtypes()
+
+    class P(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if type(obj) is _StorageRef:
+                if obj.dtype in new_dtypes:  # counted in bytes, as torch.save does
+                    return ("storage", torch.UntypedStorage, str(obj.key), "cpu", obj.numel * obj.dtype.itemsize)  # fmt: skip
+                return ("storage", _storage_type(obj.dtype), str(obj.key), "cpu", obj.numel)
+            return None
+
+        def reducer_override(self, obj: Any) -> Any:
+            spec = by_id.get(id(obj)) if isinstance(obj, torch.Tensor) else None
+            if spec is None:
+                return NotImplemented
+            numel = spec.nbytes // spec.dtype.itemsize
+            stride = tuple(int(x) for x in torch.empty(spec.shape, device="meta").stride())
+            ref = _StorageRef(keys[id(spec)], spec.dtype, numel)
+            args: tuple[Any, ...] = (ref, 0, torch.Size(spec.shape), stride, False, OrderedDict())
+            if spec.dtype in new_dtypes:  # dtypes without a storage class of their own
+                t = (torch._utils._rebuild_tensor_v3, (*args, spec.dtype))
+            else:
+                t = (torch._utils._rebuild_tensor_v2, args)
+            if isinstance(obj, torch.nn.Parameter):
+                return (torch._utils._rebuild_parameter, (_Rebuilt(t), obj.requires_grad, OrderedDict()))  # fmt: skip
+            return t
+
+    f = io.BytesIO()
+    P(f, protocol=2).dump(src.tree)
+    return f.getvalue(), keys
+
+
+class _Rebuilt:
+    """Pickles as the call `fn(*args)` (a nested reduce inside _rebuild_parameter's args)."""
+
+    def __init__(self, t: tuple[Any, Any]) -> None:
+        self.t = t
+
+    def __reduce__(self) -> Any:
+        return self.t
+
+
+def _zinfo(name: str, offset: int, size: int) -> zipfile.ZipInfo:
+    """A stored entry whose data starts at a multiple of 64 (torch.load(mmap=True) needs it),
+    by padding the local header's extra field."""
+    zi = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    zi.compress_type = zipfile.ZIP_STORED
+    zi.file_size = size
+    zi.compress_size = zi.CRC = 0
+    base = len(zi.FileHeader(True))  # every entry is opened with force_zip64
+    pad = (-(offset + base + 4)) % 64
+    zi.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
+    return zi
+
+
+class _Appender:
+    """What zipfile sees of a FileWriter: write and tell, no seek, so it writes each entry's
+    sizes and CRC after its data (data descriptors) instead of going back."""
+
+    def __init__(self, fw: Any) -> None:
+        self.fw = fw
+
+    def write(self, b: Any) -> int:
+        return int(self.fw.write(b))
+
+    def tell(self) -> int:
+        return int(self.fw.tell())
+
+    def flush(self) -> None:
+        pass
+
+
+def to_torch(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
+    pkl, keys = _data_pkl(src)
+    fw = _core.FileWriter(dst, {"overwrite": int(overwrite), "staging_bytes": 16 << 20})
+    try:
+        archive = os.path.splitext(os.path.basename(dst))[0] or "archive"
+        with zipfile.ZipFile(_Appender(fw), "w", zipfile.ZIP_STORED, allowZip64=True) as z:  # type: ignore[arg-type]
+            with z.open(_zinfo(f"{archive}/data.pkl", fw.tell(), len(pkl)), "w", force_zip64=True) as e:  # fmt: skip
+                e.write(pkl)
+            with z.open(_zinfo(f"{archive}/byteorder", fw.tell(), 6), "w", force_zip64=True) as e:  # fmt: skip
+                e.write(b"little")
+            cur: list[Any] = [None, None]
+
+            def write(spec: Spec, first: int, off: tuple[int, ...], box: tuple[int, ...], mv: memoryview) -> None:  # fmt: skip
+                if first == 0:
+                    if cur[0] is not None:
+                        cur[0].close()
+                    name = f"{archive}/data/{keys[id(spec)]}"
+                    cur[0] = z.open(_zinfo(name, fw.tell(), spec.nbytes), "w", force_zip64=True)
+                cur[0].write(mv)
+                if first + len(mv) == spec.nbytes:
+                    cur[0].close()
+                    cur[0] = None
+
+            _copy(src, write, lambda: None, progress)
+            with z.open(_zinfo(f"{archive}/version", fw.tell(), 2), "w", force_zip64=True) as e:
+                e.write(b"3\n")
+        fw.commit()
+    finally:
+        fw.close()
+
+
+def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
+    torch = _torch()
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    tmp = _tmp_dir(dst, overwrite)
+    try:
+        specs = src.names
+        # DCP keys are key paths: what DCP itself makes of a nested state dict.
+        state: dict[str, Any] = {}
+        for name, s in specs.items():
+            # Untouched allocations: the pages appear only if written, and they never are.
+            state[name] = torch.empty(s.shape, dtype=s.dtype)
+        for path, value in _plain_leaves(src):
+            state[path] = value
+
+        # FileSystemWriter keeps every tensor it wrote until its file is closed, so each is
+        # read into an anonymous mapping of its own whose pages are dropped (MADV_DONTNEED) once
+        # FileSystemWriter asks for the next one, by which time it has written it.
+        held: list[mmap.mmap] = []
+        # A tensor larger than the buffer is written as several chunks (runs of rows), as the
+        # shards of a tensor saved by several ranks are: dcp.load assembles them.
+        pieces: dict[tuple[str, tuple[int, ...]], tuple[int, int, tuple[int, ...]]] = {}
+
+        class Planner(DefaultSavePlanner):
+            def create_local_plan(self) -> Any:
+                plan = super().create_local_plan()
+                items = []
+                for it in plan.items:
+                    spec = specs.get(it.index.fqn)
+                    if spec is None or it.type == WriteItemType.BYTE_IO or spec.nbytes <= PIECE_BYTES:  # fmt: skip
+                        items.append(it)
+                        continue
+                    for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
+                        o = torch.Size(off)
+                        chunk = ChunkStorageMetadata(offsets=o, sizes=torch.Size(box))
+                        items.append(
+                            dataclasses.replace(
+                                it,
+                                index=MetadataIndex(it.index.fqn, o),
+                                type=WriteItemType.SHARD,
+                                tensor_data=dataclasses.replace(it.tensor_data, chunk=chunk),
+                            )
+                        )
+                        pieces[(it.index.fqn, off)] = (first, n, box)
+                self.plan = dataclasses.replace(plan, items=items)
+                return self.plan
+
+            def resolve_data(self, write_item: Any) -> Any:
+                spec = specs.get(write_item.index.fqn)
+                if spec is None or write_item.type == WriteItemType.BYTE_IO:
+                    return super().resolve_data(write_item)
+                off = tuple(int(x) for x in write_item.tensor_data.chunk.offsets)
+                first, n, box = pieces.get((write_item.index.fqn, off), (0, spec.nbytes, spec.shape))
+                for m in held:
+                    m.madvise(mmap.MADV_DONTNEED)
+                held.clear()
+                if not n:
+                    return torch.empty(box, dtype=spec.dtype)
+                m = mmap.mmap(-1, n)
+                held.append(m)
+                raw = np.frombuffer(m, np.uint8)
+                src.read(spec, first, (off, box), memoryview(raw))
+                progress.add(n)
+                return torch.from_numpy(raw).view(spec.dtype).reshape(box)
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*single process")
+            dcp.save(
+                state,
+                storage_writer=FileSystemWriter(tmp, thread_count=1, single_file_per_rank=True),
+                planner=Planner(),
+                no_dist=True,  # type: ignore[call-arg]
+            )
+        _publish_dir(tmp, dst, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _plain_leaves(src: Source) -> Iterator[tuple[str, Any]]:
+    """(key path, value) of the tree's non-tensor leaves."""
+    torch = _torch()
+
+    def visit(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+        if isinstance(obj, torch.Tensor):
+            return
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from visit(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                yield from visit(v, f"{path}.{i}" if path else str(i))
+        else:
+            yield path, obj
+
+    yield from visit(src.tree, "")
+
+
+def _tmp_dir(dst: str, overwrite: bool) -> str:
+    if os.path.lexists(dst) and not overwrite:
+        raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
+    if os.path.isdir(dst) and os.listdir(dst) and not os.path.exists(os.path.join(dst, ".metadata")):  # fmt: skip
+        raise ConvertError(f"{dst} exists and is not a DCP directory (nor empty); refusing to replace it")  # fmt: skip
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ConvertError(f"{dst} exists and is not a directory; refusing to replace it")
+    tmp = f"{dst.rstrip('/')}.tmp-{os.getpid()}"
+    os.mkdir(tmp)
+    return tmp
+
+
+def _publish_dir(tmp: str, dst: str, overwrite: bool) -> None:
+    for name in os.listdir(tmp):
+        fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _fsync_dir(tmp)
+    parent = os.path.dirname(os.path.abspath(dst))
+    if os.path.exists(dst):
+        if not overwrite:
+            raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
+        old = f"{dst.rstrip('/')}.old-{os.getpid()}"
+        os.rename(dst, old)
+        os.rename(tmp, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, dst)
+    _fsync_dir(parent)
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+class Progress:
+    """A live line on stderr when it is a terminal (nothing otherwise)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.done, self.label = total, 0, label
+        self.on = sys.stderr.isatty()
+        self.t0 = self.last = time.monotonic()
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.on and now - self.last >= 0.25 and now - self.t0 >= 1.0:
+            self.last = now
+            pct = 100.0 * self.done / self.total if self.total else 100.0
+            sys.stderr.write(f"\r\033[K{self.label}  {self.done / 1e9:.2f} / {self.total / 1e9:.2f} GB ({pct:.0f}%)  {now - self.t0:.1f} s")  # fmt: skip
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.on and self.last != self.t0:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def detect(path: str, dst: bool) -> str:
+    if dst:
+        if path.endswith(".safetensors"):
+            return "safetensors"
+        if path.endswith(TORCH_SUFFIXES):
+            return "torch"
+        if path.rstrip("/").endswith(".dcp") or os.path.exists(os.path.join(path, ".metadata")):
+            return "dcp"
+        return "ckptio"
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "manifest")):
+            return "ckptio"
+        if os.path.exists(os.path.join(path, ".metadata")):
+            return "dcp"
+        raise ConvertError(f"{path}: not a ckptio checkpoint or DCP directory; pass --from")
+    if not os.path.exists(path):
+        raise ConvertError(f"{path}: no such file or directory")
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:4] == b"PK\x03\x04":
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{" or path.endswith(".safetensors"):
+        return "safetensors"
+    raise ConvertError(f"{path}: cannot tell the format; pass --from")
+
+
+def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False) -> str:  # fmt: skip
+    """Convert ``src`` into a new ``dst`` (formats: ckptio, torch, dcp on either side; the
+    `ckptio convert` command adds safetensors and hf). Returns a one-line summary."""
+    dst = dst.rstrip("/") or dst
+    f = src_format or detect(src, False)
+    t = dst_format or detect(dst, True)
+    if f in ("safetensors", "hf") or t in ("safetensors", "hf"):
+        raise ConvertError(
+            f"{f} -> {t}: safetensors is converted by the ckptio command: "
+            "ckptio convert (or python -m ckptio convert)"
+        )
+    if os.path.lexists(dst) and not overwrite:
+        raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
+    sources = {"ckptio": CkptioSource, "torch": TorchSource, "dcp": DcpSource}
+    sinks = {"ckptio": to_ckptio, "torch": to_torch, "dcp": to_dcp}
+    t0 = time.monotonic()
+    source = sources[f](src)
+    try:
+        total = sum(s.nbytes for s in source.specs)
+        progress = Progress(total, f"converting {src} -> {dst}")
+        try:
+            sinks[t](source, dst, overwrite, progress)
+        finally:
+            progress.end()
+    finally:
+        source.close()
+    return (
+        f"converted {src} ({f}) -> {dst} ({t}): {len(source.specs)} tensors, "
+        f"{total / 1e9:.2f} GB in {time.monotonic() - t0:.2f} s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ckptio convert", description="Convert between ckptio, torch and DCP checkpoints.")  # fmt: skip
+    ap.add_argument("--from", dest="src_format", choices=FORMATS)
+    ap.add_argument("--to", dest="dst_format", choices=FORMATS)
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--max-shard-size")
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    a = ap.parse_args(argv)
+    try:
+        summary = convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite)  # fmt: skip
+        if sys.stdout.isatty():
+            print(summary)
+    except (ConvertError, OSError) as e:
+        print(f"ckptio convert: {e}", file=sys.stderr)
+        print(f"ckptio convert: nothing was written at {a.dst}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # ckptio's errors say what to do; DCP's derive from BaseException
+        print(f"ckptio convert: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"ckptio convert: nothing was written at {a.dst}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
