@@ -941,7 +941,64 @@ static PyObject *Writer_closed(WriterObject *self, void *closure)
     return PyBool_FromLong(self->w == NULL);
 }
 
+/* Striping roots from a sequence of path-likes: *out holds their file system encodings (as
+ * bytes objects in *keep, to release with Py_DECREF) for the length of the call. */
+static int roots_arg(PyObject *seq, PyObject **keep, const char ***out, Py_ssize_t *n)
+{
+    *keep = PySequence_Fast(seq, "roots must be a sequence of paths");
+    if (!*keep) return -1;
+    *n = PySequence_Fast_GET_SIZE(*keep);
+    PyObject *bytes = PyTuple_New(*n);
+    *out = PyMem_Calloc((size_t)*n + 1, sizeof **out);
+    if (!bytes || !*out) {
+        Py_XDECREF(bytes);
+        Py_CLEAR(*keep);
+        PyMem_Free(*out);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        PyObject *b = NULL;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(*keep, i), &b)) {
+            Py_DECREF(bytes);
+            Py_CLEAR(*keep);
+            PyMem_Free(*out);
+            return -1;
+        }
+        PyTuple_SET_ITEM(bytes, i, b);
+        (*out)[i] = PyBytes_AS_STRING(b);
+    }
+    Py_SETREF(*keep, bytes);
+    return 0;
+}
+
+static PyObject *Writer_set_roots(WriterObject *self, PyObject *seq)
+{
+    if (writer_check(self) < 0) return NULL;
+    PyObject *keep;
+    const char **roots;
+    Py_ssize_t n;
+    if (roots_arg(seq, &keep, &roots, &n) < 0) {
+        self->busy = 0;
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_writer_set_roots(self->w, roots, (size_t)n);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyMem_Free(roots);
+    Py_DECREF(keep);
+    if (rc < 0) {
+        writer_fail(self, rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Writer_methods[] = {
+    {"set_roots", (PyCFunction)Writer_set_roots, METH_O,
+     "set_roots(paths): stripe the data over these directories too (before any add)"},
     {"add", (PyCFunction)Writer_add, METH_VARARGS,
      "add(name, dtype, shape, data[, offset, chunk_shape]): add one tensor or chunk"},
     {"add_many", (PyCFunction)Writer_add_many, METH_O,
@@ -1307,7 +1364,27 @@ static PyObject *Reader_path(ReaderObject *self, void *closure)
     return PyUnicode_DecodeFSDefault(ckptio_reader_path(self->r));
 }
 
+static PyObject *Reader_set_roots(ReaderObject *self, PyObject *seq)
+{
+    if (reader_check(self, 1) < 0) return NULL;
+    PyObject *keep;
+    const char **roots;
+    Py_ssize_t n;
+    if (roots_arg(seq, &keep, &roots, &n) < 0) {
+        self->busy = 0;
+        return NULL;
+    }
+    int rc = ckptio_reader_set_roots(self->r, roots, (size_t)n);
+    self->busy = 0;
+    PyMem_Free(roots);
+    Py_DECREF(keep);
+    if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Reader_methods[] = {
+    {"set_roots", (PyCFunction)Reader_set_roots, METH_O,
+     "set_roots(paths): look for a striped checkpoint's stripes in these directories"},
     {"tensors", (PyCFunction)Reader_tensors, METH_NOARGS,
      "[TensorRecord(name, dtype, shape, nbytes, num_chunks)] in name order"},
     {"find", (PyCFunction)Reader_find, METH_VARARGS, "find(name) -> index or -1"},

@@ -14,7 +14,7 @@ import numpy as np
 from . import _adapters, _core, _dtypes
 from ._adapters import Target
 from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
-from ._options import Stats, params
+from ._options import Stats, params, split_roots
 from ._tree import (
     TREE_KEY,
     Node,
@@ -194,7 +194,10 @@ class Reader:
     """
 
     def __init__(self, path: PathLike, **io_options: Any) -> None:
-        self._r = _core.Reader(os.fspath(path), params(io_options))
+        p, roots = split_roots(params(io_options))
+        self._r = _core.Reader(os.fspath(path), p)
+        if roots:  # a striped checkpoint's stripes, moved from where it recorded them
+            self._r.set_roots(roots)
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
@@ -622,7 +625,8 @@ def load(
     runtime, and otherwise RankLocal values come back as {rank: value}. Loading needs no
     exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
     as DTensors with like's mesh and placements).
-    ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
+    ``io_options``: as for ckptio.save (backend, direct, checksums, ...); ``roots``: where
+    the stripes of a striped checkpoint are now, when not where the save recorded them.
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
