@@ -437,6 +437,15 @@ CKPTIO_API int ckptio_writer_set_roots(ckptio_writer *w, const char *const *root
  * looked for by name in these `n` directories, in order, instead of its recorded root. Call
  * before the first read; `n` = 0 goes back to the recorded roots. Since 0.3. */
 CKPTIO_API int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n);
+
+/* Stripe directories of the checkpoint at `path` that nothing uses: left in `roots` (n = 0:
+ * the roots the checkpoint at `path` records) by a save to `path` that died before its
+ * publish, or by an overwrite interrupted before removing the old ones. A stripe that a live
+ * save holds, or that the checkpoint now at `path` names, is never counted. *found gets how
+ * many there are; with `remove` they are removed (the next save to `path` over those roots
+ * does the same). Since 0.3. */
+CKPTIO_API int ckptio_stripe_leftovers(const char *path, const char *const *roots, size_t n,
+                                       int remove, uint64_t *found);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

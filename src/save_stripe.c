@@ -93,3 +93,38 @@ int ckptio__stripe_recorded_roots(const char *dir, char ***roots, size_t *n)
     ckptio__manifest_free(m);
     return rc;
 }
+
+int ckptio_stripe_leftovers(const char *path, const char *const *roots, size_t n, int remove,
+                            uint64_t *found)
+{
+    if (found) *found = 0;
+    if (!path || !*path || (n && !roots))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_stripe_leftovers: path is required");
+    /* The owner name a save to `path` records: links followed, trailing slashes dropped. */
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    char *given = strndup(path, len), *target = NULL, *owner = NULL;
+    int rc = given ? ckptio__follow_links(given, &target) : -ENOMEM;
+    free(given);
+    if (rc == 0 && !(owner = ckptio__stripe_owner_of(target))) rc = -errno ? -errno : -ENOMEM;
+    if (rc < 0) ckptio__fail(NULL, rc, "cannot resolve '%s'", path);
+    char **recorded = NULL;
+    size_t n_rec = 0;
+    if (rc == 0 && !n && (rc = ckptio__stripe_recorded_roots(owner, &recorded, &n_rec)) < 0)
+        ckptio__fail(NULL, rc, "cannot read the manifest of '%s'", path);
+    uint64_t total = 0;
+    for (size_t i = 0; rc == 0 && i < (n ? n : n_rec); i++) {
+        unsigned k = 0;
+        const char *root = n ? roots[i] : recorded[i];
+        if (!root) rc = ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_stripe_leftovers: root is NULL");
+        else if ((rc = ckptio__stripe_collect_owned(owner, root, !remove, &k)) < 0)
+            ckptio__fail(NULL, rc, "cannot list root '%s'", root);
+        total += k;
+    }
+    for (size_t i = 0; i < n_rec; i++) free(recorded[i]);
+    free(recorded);
+    free(target);
+    free(owner);
+    if (found) *found = total;
+    return rc;
+}
