@@ -71,6 +71,18 @@ static int save(const char *path, const char *const *roots, size_t n, int overwr
     return rc;
 }
 
+/* Read tensor i whole into dst. */
+static int read_tensor(ckptio_reader *r, int i, void *dst, uint64_t cap)
+{
+    ckptio_region reg;
+    memset(&reg, 0, sizeof reg);
+    reg.size = sizeof reg;
+    reg.name = tname(i);
+    reg.dst = dst;
+    reg.capacity = cap;
+    return ckptio_reader_read(r, &reg, 1);
+}
+
 /* Read every tensor of path back (with roots= when n) and compare. */
 static int check_load(const char *path, const char *const *roots, size_t n)
 {
@@ -81,13 +93,7 @@ static int check_load(const char *path, const char *const *roots, size_t n)
     for (int i = 0; i < N_T; i++) {
         unsigned char *got = t_alloc(sizes[i]);
         CHECK(got);
-        ckptio_region reg;
-        memset(&reg, 0, sizeof reg);
-        reg.size = sizeof reg;
-        reg.name = tname(i);
-        reg.dst = got;
-        reg.capacity = sizes[i];
-        int rc = ckptio_reader_read(r, &reg, 1);
+        int rc = read_tensor(r, i, got, sizes[i]);
         if (rc < 0) {
             fprintf(stderr, "read %s: %s\n", tname(i), ckptio_reader_errmsg(r));
             ckptio_reader_close(r);
@@ -219,15 +225,7 @@ static int test_missing_and_relocated(void)
     CHECK_OK(ckptio_reader_open(&r, "ck", NULL)); /* the manifest alone opens */
     int rc = 0;
     char buf[512 * KIB];
-    for (int i = 0; i < N_T && rc >= 0; i++) {
-        ckptio_region reg;
-        memset(&reg, 0, sizeof reg);
-        reg.size = sizeof reg;
-        reg.name = tname(i);
-        reg.dst = buf;
-        reg.capacity = sizeof buf;
-        rc = ckptio_reader_read(r, &reg, 1);
-    }
+    for (int i = 0; i < N_T && rc >= 0; i++) rc = read_tensor(r, i, buf, sizeof buf);
     CHECK(rc == -ENOENT);
     const char *msg = ckptio_reader_errmsg(r);
     printf("%s\n", msg);

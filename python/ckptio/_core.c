@@ -972,23 +972,37 @@ static int roots_arg(PyObject *seq, PyObject **keep, const char ***out, Py_ssize
     return 0;
 }
 
-static PyObject *Writer_set_roots(WriterObject *self, PyObject *seq)
+/* Call a set_roots function with the roots of `seq`, the GIL released; `busy` is cleared
+ * whatever happens. -1 with a Python error when seq is no sequence of paths. */
+typedef int (*roots_fn)(void *handle, const char *const *roots, size_t n);
+static int with_roots(PyObject *seq, roots_fn fn, void *handle, int *busy, int *rc)
 {
-    if (writer_check(self) < 0) return NULL;
     PyObject *keep;
     const char **roots;
     Py_ssize_t n;
     if (roots_arg(seq, &keep, &roots, &n) < 0) {
-        self->busy = 0;
-        return NULL;
+        *busy = 0;
+        return -1;
     }
-    int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_writer_set_roots(self->w, roots, (size_t)n);
+    *rc = fn(handle, roots, (size_t)n);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
+    *busy = 0;
     PyMem_Free(roots);
     Py_DECREF(keep);
+    return 0;
+}
+
+static int writer_roots(void *w, const char *const *roots, size_t n)
+{
+    return ckptio_writer_set_roots(w, roots, n);
+}
+
+static PyObject *Writer_set_roots(WriterObject *self, PyObject *seq)
+{
+    int rc = 0;
+    if (writer_check(self) < 0 || with_roots(seq, writer_roots, self->w, &self->busy, &rc) < 0)
+        return NULL;
     if (rc < 0) {
         writer_fail(self, rc);
         return NULL;
@@ -1364,20 +1378,16 @@ static PyObject *Reader_path(ReaderObject *self, void *closure)
     return PyUnicode_DecodeFSDefault(ckptio_reader_path(self->r));
 }
 
+static int reader_roots(void *r, const char *const *roots, size_t n)
+{
+    return ckptio_reader_set_roots(r, roots, n);
+}
+
 static PyObject *Reader_set_roots(ReaderObject *self, PyObject *seq)
 {
-    if (reader_check(self, 1) < 0) return NULL;
-    PyObject *keep;
-    const char **roots;
-    Py_ssize_t n;
-    if (roots_arg(seq, &keep, &roots, &n) < 0) {
-        self->busy = 0;
+    int rc = 0;
+    if (reader_check(self, 1) < 0 || with_roots(seq, reader_roots, self->r, &self->busy, &rc) < 0)
         return NULL;
-    }
-    int rc = ckptio_reader_set_roots(self->r, roots, (size_t)n);
-    self->busy = 0;
-    PyMem_Free(roots);
-    Py_DECREF(keep);
     if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
     Py_RETURN_NONE;
 }
