@@ -424,7 +424,8 @@ CKPTIO_API int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix
  * is the checkpoint's parent directory means the checkpoint's own share) gets a stripe
  * directory `<root>/<name>.<id>.ckptio-stripe/` holding its share of the data files. Chunks go
  * to the root given the fewest bytes so far, each root's writes through its own I/O engine, so
- * that all roots are written at once. The stripes are made durable before the manifest is
+ * that all roots are written at once (each root has its own staging pool of staging_bytes and
+ * its own io_threads). The stripes are made durable before the manifest is
  * published, removed if the save fails, and replaced with the checkpoint on overwrite; stripes
  * of this path left by a save that crashed are removed here. The manifest records each root
  * (format 2.0; readers before it refuse the checkpoint with CKPTIO_E_FORMAT). Call once,

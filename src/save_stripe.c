@@ -27,8 +27,8 @@ char *ckptio__stripe_owner_of(const char *target)
     return out;
 }
 
-/* The manifest of the checkpoint at `dir`, decoded; NULL when there is none (ENOENT) or -errno
- * / a decode error otherwise. */
+/* The manifest of the checkpoint at `dir`, decoded; NULL when there is none (ENOENT) or it is
+ * format 1 (no stripes), -errno or a decode error otherwise. */
 static int published_manifest(const char *dir, ckptio__manifest **out)
 {
     *out = NULL;
@@ -36,6 +36,13 @@ static int published_manifest(const char *dir, ckptio__manifest **out)
     snprintf(path, sizeof path, "%s/manifest", dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
+    /* Most checkpoints are format 1, without stripes: their manifest need not be decoded. */
+    uint8_t head[10];
+    if (pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+        !memcmp(head, "\x89" "CKPTIO\n", 8) && head[8] == 1 && head[9] == 0) {
+        close(fd);
+        return 0;
+    }
     off_t len = lseek(fd, 0, SEEK_END);
     uint8_t *buf = len > 0 && (uint64_t)len <= CKPTIO__MAX_MANIFEST_BYTES ? malloc((size_t)len)
                                                                         : NULL;
