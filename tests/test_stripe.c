@@ -501,8 +501,13 @@ static int run_cli(const char *args, char **out)
     int st = t_sh("%s %s > out.txt 2>&1", CKPTIO_EXE, args);
     unsigned char *buf = NULL;
     long n = t_read_file("out.txt", &buf);
-    *out = n >= 0 ? (char *)buf : NULL;
-    if (*out) printf("%s", *out);
+    *out = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (*out) {
+        memcpy(*out, buf, (size_t)n);
+        (*out)[n] = 0; /* a C string, for t_contains */
+        printf("%s", *out);
+    }
+    free(buf);
     return st;
 }
 
