@@ -423,7 +423,9 @@ CKPTIO_API int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix
  * besides the checkpoint's own directory, each of the `n` roots (existing directories; one that
  * is the checkpoint's parent directory means the checkpoint's own share) gets a stripe
  * directory `<root>/<name>.<id>.ckptio-stripe/` holding its share of the data files. Chunks go
- * to the root given the fewest bytes so far, each root's writes through its own I/O engine, so
+ * to the root given the fewest bytes so far (a chunk of 64 MiB or more is first cut along its
+ * first dimension into row blocks, at most one per root, stored as chunks of their own), each
+ * root's writes through its own I/O engine, so
  * that all roots are written at once (each root has its own staging pool of staging_bytes and
  * its own io_threads). The stripes are made durable before the manifest is
  * published, removed if the save fails, and replaced with the checkpoint on overwrite; stripes

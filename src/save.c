@@ -84,6 +84,7 @@ struct ckptio_writer {
     size_t n_files, cap_files;
     uint32_t cur_file;
     bool is_part;
+    bool splitting; /* add_split is adding the pieces of one chunk */
     /* Striping (ckptio_writer_set_roots): lane 0 writes into the checkpoint's own data/, lane
      * k into stripes[k - 1]. The current lane's file is fd/sink/data_label/cur_file; the others
      * wait in lanes[] (the current one's entry is empty) with their writes in flight. */
@@ -137,6 +138,9 @@ static int check_usable(ckptio_writer *w)
 {
     return ckptio__handle_usable(&w->hs, &w->msg, w->path);
 }
+
+/* A striped writer cuts chunks into pieces of at least this size (add_split). */
+#define STRIPE_PIECE_MIN (32ull << 20)
 
 /* Longest data file name: "data/", a prefix, 7 digits at most (CKPTIO__MAX_FILES), ".ckd". */
 #define MAX_PREFIX 64
@@ -511,6 +515,10 @@ static int add_failed(ckptio_writer *w, int rc, const char *name)
     return poison(w, rc);
 }
 
+static int add_split(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                     const uint64_t *shape, const uint64_t *chunk_offset,
+                     const uint64_t *chunk_shape, const void *data, uint64_t nbytes);
+
 int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
                       const uint64_t *shape, const uint64_t *chunk_offset,
                       const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
@@ -518,6 +526,8 @@ int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t nd
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_add: writer is NULL");
     ckptio__msg_clear(&w->msg);
     CKPTIO__TRY(check_usable(w));
+    if (w->n_stripes && nbytes >= 2 * STRIPE_PIECE_MIN && !w->splitting)
+        return add_split(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes);
     if (!name) return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "ckptio_writer_add: name is NULL");
     size_t name_len = strlen(name);
     if (!ckptio__valid_name(name, name_len, CKPTIO_MAX_NAME))
@@ -1091,5 +1101,64 @@ out:
         w->stripes = NULL;
         w->lanes = NULL;
     }
+    return rc;
+}
+
+/* A striped writer balances whole chunks over the roots, so a checkpoint of a few huge tensors
+ * would load one root: a chunk of at least two pieces' worth is cut along its first dimension
+ * into row blocks (contiguous in the caller's memory), at most one per root and none much
+ * under STRIPE_PIECE_MIN bytes, each added as a chunk of its own. Anything odd is left to the plain
+ * add, which reports it. */
+static int add_split(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                     const uint64_t *shape, const uint64_t *chunk_offset,
+                     const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
+{
+    static const uint64_t zeros[CKPTIO_MAX_NDIM];
+    const uint64_t *cs = chunk_shape ? chunk_shape : shape;
+    size_t esize = ckptio_dtype_size(dtype);
+    uint64_t bytes = 0;
+    bool plain = !esize || ndim == 0 || ndim > CKPTIO_MAX_NDIM || !shape || !data || !name ||
+                 !ckptio__volume(cs, ndim, esize, &bytes) || bytes != nbytes || cs[0] < 2;
+    uint64_t pieces =
+        plain ? 1 : CKPTIO__MIN(w->n_stripes + 1, (nbytes - 1) / STRIPE_PIECE_MIN + 1);
+    pieces = CKPTIO__MIN(pieces, cs[0]);
+    w->splitting = true;
+    int rc;
+    if (pieces < 2) {
+        rc = ckptio_writer_add(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data,
+                               nbytes);
+        w->splitting = false;
+        return rc;
+    }
+    const uint64_t *co = chunk_offset ? chunk_offset : zeros;
+    uint64_t row = nbytes / cs[0], off[CKPTIO_MAX_NDIM], ps[CKPTIO_MAX_NDIM];
+    memcpy(off, co, ndim * sizeof *off);
+    memcpy(ps, cs, ndim * sizeof *ps);
+    /* Row blocks that start on a 4096-byte boundary of the source when rows allow it, so that an
+     * aligned source is written in place. */
+    uint64_t step = 1;
+    while (step <= cs[0] / pieces && (step * row) % CKPTIO__EXTENT_ALIGN) step *= 2;
+    if (step > cs[0] / pieces) step = 1; /* no aligned cut leaves every piece some rows */
+    uint64_t done = 0;
+    rc = 0;
+    for (uint64_t k = 0; k < pieces && rc >= 0; k++) {
+        uint64_t end = k + 1 == pieces ? cs[0] : cs[0] / pieces * (k + 1) / step * step;
+        if (end <= done) continue;
+        off[0] = co[0] + done;
+        ps[0] = end - done;
+        rc = ckptio_writer_add(w, name, dtype, ndim, shape, off, ps,
+                               (const uint8_t *)data + done * row, (end - done) * row);
+        if (rc < 0 && done && w->hs.state == CKPTIO__H_OPEN) {
+            /* Some rows are in: the caller's chunk cannot be taken back whole. */
+            char why[sizeof w->msg.text];
+            snprintf(why, sizeof why, "%s", w->msg.text);
+            rc = poison(w, ckptio__fail(&w->msg, rc,
+                                        "tensor '%s': rows %llu.. of a chunk cut for striping "
+                                        "were refused, the writer cannot go on: %s",
+                                        name, (unsigned long long)off[0], why));
+        }
+        done = end;
+    }
+    w->splitting = false;
     return rc;
 }

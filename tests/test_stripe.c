@@ -495,6 +495,61 @@ static int test_loop_mounts(void)
     return 0;
 }
 
+/* One chunk far larger than the others would load one root: a chunk of 64 MiB and more is cut
+ * into row blocks of about 32 MiB or more, at most one per root, recorded as chunks of their
+ * own; reads across the cuts work. */
+static int test_split_large(void)
+{
+    CHECK(mkdirs("r1", "r2", NULL) == 0);
+    const uint64_t rows = 3001, cols = 33541, n = rows * cols; /* odd rows: no aligned cut */
+    unsigned char *big = t_alloc(n), *got = t_alloc(n);
+    CHECK(big && got);
+    t_fill(big, n, 5);
+    const char *roots[] = {"r1", "r2"};
+    ckptio_params p = fparams(0);
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, "ck", &p));
+    CHECK_OK(ckptio_writer_set_roots(w, roots, 2));
+    uint64_t shape[2] = {rows, cols}, small = 4096;
+    CHECK_OK(ckptio_writer_add(w, "big", CKPTIO_DT_U8, 2, shape, NULL, NULL, big, n));
+    CHECK_OK(ckptio_writer_add(w, "small", CKPTIO_DT_U8, 1, &small, NULL, NULL, big, small));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    char s1[256], s2[256], path[4096];
+    CHECK(stripes_in("r1", "ck", s1, sizeof s1) == 1 && stripes_in("r2", "ck", s2, sizeof s2) == 1);
+    snprintf(path, sizeof path, "r1/%s/data", s1);
+    uint64_t b1 = dir_bytes(path);
+    snprintf(path, sizeof path, "r2/%s/data", s2);
+    uint64_t b2 = dir_bytes(path), b0 = dir_bytes("ck/data");
+    printf("bytes per root: %llu %llu %llu\n", (unsigned long long)b0, (unsigned long long)b1,
+           (unsigned long long)b2);
+    uint64_t third = rows / 3 * cols;
+    CHECK(b0 >= third && b1 >= third && b2 >= third);
+    CHECK(b0 <= third + 2 * cols + 8192 && b1 <= third + 2 * cols + 8192 &&
+          b2 <= third + 2 * cols + 8192);
+    ckptio_reader *r = NULL;
+    CHECK_OK(ckptio_reader_open(&r, "ck", NULL));
+    ckptio_tensor_info ti = {.size = sizeof ti};
+    CHECK_OK(ckptio_reader_tensor(r, (size_t)ckptio_reader_find(r, "big"), &ti));
+    CHECK(ti.num_chunks == 3 && ti.stored_bytes == n);
+    CHECK_OK(ckptio_reader_read(r, &(ckptio_region){.size = sizeof(ckptio_region), .name = "big",
+                                                    .dst = got, .capacity = n},
+                                1));
+    CHECK(memcmp(got, big, n) == 0);
+    /* rows 998..1003 span the first cut */
+    uint64_t o[2] = {998, 7}, sh[2] = {5, 1000};
+    CHECK_OK(ckptio_reader_read(r, &(ckptio_region){.size = sizeof(ckptio_region), .name = "big",
+                                                    .offset = o, .shape = sh, .dst = got,
+                                                    .capacity = 5000},
+                                1));
+    for (uint64_t i = 0; i < 5; i++)
+        CHECK(!memcmp(got + i * 1000, big + (998 + i) * cols + 7, 1000));
+    ckptio_reader_close(r);
+    t_free(big, n);
+    t_free(got, n);
+    return 0;
+}
+
 /* Run `ckptio ARGS` with its output in out.txt; its exit status, the output in *out. */
 static int run_cli(const char *args, char **out)
 {
@@ -564,6 +619,7 @@ const ckptio_test tests_stripe[] = {
     {"stripe/usage", test_usage, 0, 30},
     {"stripe/overlap", test_overlap, T_PER_BACKEND, 60},
     {"stripe/format", test_format, 0, 30},
+    {"stripe/split_large", test_split_large, 0, 120},
     {"stripe/loop_mounts", test_loop_mounts, 0, 120},
     {0},
 };
