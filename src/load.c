@@ -361,9 +361,14 @@ int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n
     CKPTIO__RET_IF(!r->roots, -ENOMEM);
     for (size_t k = 0; k < n; k++) {
         if (!roots[k] || !(r->roots[k] = strdup(roots[k]))) {
-            r->n_roots = k + 1;
-            return ckptio__fail(&r->msg, roots[k] ? -ENOMEM : CKPTIO_E_USAGE,
-                                "ckptio_reader_set_roots: root %zu is NULL", k);
+            /* Refused whole: the reader goes on with the recorded roots. */
+            bool null = !roots[k];
+            while (k--) free(r->roots[k]);
+            free(r->roots);
+            r->roots = NULL;
+            return null ? ckptio__fail(&r->msg, CKPTIO_E_USAGE,
+                                       "ckptio_reader_set_roots: a root is NULL")
+                        : -ENOMEM;
         }
     }
     r->n_roots = n;

@@ -223,6 +223,8 @@ static int test_missing_and_relocated(void)
     CHECK(rename("r2", "elsewhere/r2") == 0);
     ckptio_reader *r = NULL;
     CHECK_OK(ckptio_reader_open(&r, "ck", NULL)); /* the manifest alone opens */
+    const char *bad[] = {"elsewhere", NULL};
+    CHECK_ERR(ckptio_reader_set_roots(r, bad, 2), CKPTIO_E_USAGE); /* refused whole */
     int rc = 0;
     char buf[512 * KIB];
     for (int i = 0; i < N_T && rc >= 0; i++) rc = read_tensor(r, i, buf, sizeof buf);

@@ -1946,7 +1946,32 @@ out:
     return result;
 }
 
+static int leftovers_remove(void *path, const char *const *roots, size_t n)
+{
+    uint64_t found = 0;
+    int rc = ckptio_stripe_leftovers(path, roots, n, 1, &found);
+    return rc < 0 ? rc : found > INT32_MAX ? INT32_MAX : (int)found;
+}
+
+/* remove_stripes(path, roots): remove the stripes a save to `path` left in `roots` that the
+ * checkpoint at `path` (if any) does not use: what pruning a striped step leaves. */
+static PyObject *mod_remove_stripes(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *seq;
+    if (!PyArg_ParseTuple(args, "O&O:remove_stripes", PyUnicode_FSConverter, &path_obj, &seq))
+        return NULL;
+    int busy = 1, rc = 0;
+    int ok = with_roots(seq, leftovers_remove, PyBytes_AS_STRING(path_obj), &busy, &rc);
+    Py_DECREF(path_obj);
+    if (ok < 0) return NULL;
+    if (rc < 0) return raise_code(rc, ckptio_last_error());
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef module_methods[] = {
+    {"remove_stripes", mod_remove_stripes, METH_VARARGS,
+     "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
     {"save_dist", mod_save_dist, METH_VARARGS,
      "save_dist(path, comm, items, meta, params, timeout) -> IOStats (collective)"},
     {"stage_arrays", mod_stage_arrays, METH_VARARGS,

@@ -100,3 +100,14 @@ def test_torch_round_trip(tmp_path: pathlib.Path) -> None:
     out = ckptio.load(path)
     assert out.keys() == sd.keys()
     assert all(torch.equal(out[k], sd[k]) for k in sd)
+
+
+def test_manager_prunes_stripes(tmp_path: pathlib.Path) -> None:
+    """A Manager saving with roots= removes a pruned step's stripes with the step."""
+    roots = _roots(tmp_path, 1)
+    with ckptio.Manager(tmp_path / "run", keep=1, async_save=False, roots=roots) as m:
+        for step in (1, 2, 3):
+            m.save(step, {"w": np.full(8192, step, dtype=np.float32), "v": np.ones(8192)})
+        assert m.all_steps() == [3]
+    assert len(_stripes(roots[0])) == 1
+    assert ckptio.load(tmp_path / "run" / "3")["w"][0] == 3
