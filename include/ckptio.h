@@ -444,6 +444,37 @@ CKPTIO_API int ckptio_file_read(const char *path, const ckptio_range *ranges, si
  * manifest lists the files. Since 0.1. */
 CKPTIO_API int ckptio_writer_set_data_files(ckptio_writer *w, const char *prefix,
                                             uint64_t max_file_bytes);
+
+/* Stripe the checkpoint over several storage roots (say one directory on each NVMe drive):
+ * besides the checkpoint's own directory, each of the `n` roots (existing directories; one that
+ * is the checkpoint's parent directory means the checkpoint's own share) gets a stripe
+ * directory `<root>/<name>.<id>.ckptio-stripe/` holding its share of the data files. Chunks go
+ * to the root given the fewest bytes so far (a chunk of 64 MiB or more is first cut along its
+ * first dimension into row blocks, at most one per root, stored as chunks of their own), each
+ * root's writes through its own I/O engine, so
+ * that all roots are written at once (each root has its own staging pool of staging_bytes and
+ * its own io_threads). The stripes are made durable before the manifest is
+ * published, removed if the save fails, and replaced with the checkpoint on overwrite; stripes
+ * of this path left by a save that crashed are removed here. The manifest records each root
+ * (format 2.0; readers before it refuse the checkpoint with CKPTIO_E_FORMAT). Call once,
+ * before the first ckptio_writer_add (else CKPTIO_E_STATE); not for a multi-rank save. Since
+ * 0.3. */
+CKPTIO_API int ckptio_writer_set_roots(ckptio_writer *w, const char *const *roots, size_t n);
+
+/* Where to look for a striped checkpoint's stripes when they are not where its manifest
+ * recorded them (roots mounted elsewhere, a copied checkpoint): each stripe directory is
+ * looked for by name in these `n` directories, in order, instead of its recorded root. Call
+ * before the first read; `n` = 0 goes back to the recorded roots. Since 0.3. */
+CKPTIO_API int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n);
+
+/* Stripe directories of the checkpoint at `path` that nothing uses: left in `roots` (n = 0:
+ * the roots the checkpoint at `path` records) by a save to `path` that died before its
+ * publish, or by an overwrite interrupted before removing the old ones. A stripe that a live
+ * save holds, or that the checkpoint now at `path` names, is never counted. *found gets how
+ * many there are; with `remove` they are removed (the next save to `path` over those roots
+ * does the same). Since 0.3. */
+CKPTIO_API int ckptio_stripe_leftovers(const char *path, const char *const *roots, size_t n,
+                                       int remove, uint64_t *found);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -53,4 +53,15 @@ CKPTIO__HIDDEN int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *pa
 CKPTIO__HIDDEN int ckptio__writer_publish_manifest(ckptio_writer *w, const uint8_t *man,
                                                    uint64_t len);
 
+/* Striping (src/save_stripe.c). The absolute path that stripes of the checkpoint at `target`
+ * record as their owner (malloc'd; NULL when its parent cannot be resolved). */
+CKPTIO__HIDDEN char *ckptio__stripe_owner_of(const char *target);
+/* Remove (dry: count) the stripes of `owner` in `root` that no live save holds and that the
+ * checkpoint published at `owner` does not name. */
+CKPTIO__HIDDEN int ckptio__stripe_collect_owned(const char *owner, const char *root, bool dry,
+                                                unsigned *found);
+/* The roots recorded by the checkpoint published at `dir` (none for format 1 or no
+ * checkpoint); free each and the array. */
+CKPTIO__HIDDEN int ckptio__stripe_recorded_roots(const char *dir, char ***roots, size_t *n);
+
 #endif

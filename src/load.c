@@ -68,6 +68,9 @@ struct ckptio_reader {
     ckptio__manifest *m;
     rfile *files;
     ckptio__ring ring; /* started on first read */
+    int *root_fds;     /* striped: each root's stripe directory once opened, else -1 */
+    char **roots;      /* ckptio_reader_set_roots: where to look for stripes instead */
+    size_t n_roots;
     uint64_t buf_size; /* of a staging buffer */
     ckptio__gpu gpu;   /* CKPTIO_MEM_CUDA regions */
     ckptio_stats stats;
@@ -256,6 +259,11 @@ void ckptio_reader_close(ckptio_reader *r)
         for (uint64_t i = 0; i < r->m->n_files; i++)
             if (r->files[i].fd >= 0) close(r->files[i].fd);
     free(r->files);
+    for (uint64_t k = 0; r->root_fds && k < r->m->n_roots; k++)
+        if (r->root_fds[k] >= 0) close(r->root_fds[k]);
+    free(r->root_fds);
+    for (size_t k = 0; k < r->n_roots; k++) free(r->roots[k]);
+    free(r->roots);
     if (r->m) ckptio__manifest_free(r->m);
     if (r->dirfd >= 0) close(r->dirfd);
     free(r->path);
@@ -295,6 +303,83 @@ static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct)
     return 0;
 }
 
+/* ---- striped checkpoints (format 2): data files in stripe directories of other roots ---- */
+
+/* Open data file i, which lies in the stripe directory of root m->files[i].root: looked for in
+ * the roots given to ckptio_reader_set_roots, else in the recorded root. */
+static int open_striped(ckptio_reader *r, uint32_t i)
+{
+    uint32_t k = r->m->files[i].root - 1;
+    const ckptio__mroot *mr = &r->m->roots[k];
+    const char *recorded = r->m->strtab + mr->path, *name = r->m->strtab + mr->name;
+    if (!r->root_fds) {
+        r->root_fds = malloc(r->m->n_roots * sizeof *r->root_fds);
+        CKPTIO__RET_IF(!r->root_fds, -ENOMEM);
+        for (uint64_t j = 0; j < r->m->n_roots; j++) r->root_fds[j] = -1;
+    }
+    int err = ENOENT;
+    /* The given roots first, then the recorded one: a stripe that did not move is found. */
+    for (size_t j = 0; r->root_fds[k] < 0 && j <= r->n_roots; j++) {
+        const char *root = j < r->n_roots ? r->roots[j] : recorded;
+        int at = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (at < 0) {
+            err = errno;
+            continue;
+        }
+        /* The stripe itself is no link: what it holds must be the checkpoint's own. */
+        r->root_fds[k] = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (r->root_fds[k] < 0) err = errno;
+        close(at);
+    }
+    if (r->root_fds[k] < 0)
+        return ckptio__fail(&r->msg, -err,
+                            "checkpoint '%s': its data file '%s' lies in stripe '%s' of root %u "
+                            "(recorded as '%s'), which %s: mount that file system, or pass "
+                            "roots= (ckptio_reader_set_roots) naming where the stripes are now",
+                            r->path, fname(r, i), name, k + 1, recorded,
+                            r->n_roots ? "is in none of the given roots" : "cannot be opened");
+    rfile *f = &r->files[i];
+    int rc = open_rfile(f, r->root_fds[k], fname(r, i), r->cfg.direct);
+    if (rc < 0)
+        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
+                            "cannot open data file '%s/%s/%s' of checkpoint '%s'%s", recorded,
+                            name, fname(r, i), r->path, rc == -ENOENT ? ": it is missing" : "");
+    r->stats.direct = f->direct;
+    r->stats.alignment = f->off_align;
+    return 0;
+}
+
+int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n)
+{
+    if (!r || (n && !roots))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_set_roots: NULL argument");
+    for (uint64_t j = 0; r->root_fds && j < r->m->n_roots; j++) {
+        if (r->root_fds[j] >= 0) close(r->root_fds[j]);
+        r->root_fds[j] = -1;
+    }
+    for (size_t k = 0; k < r->n_roots; k++) free(r->roots[k]);
+    free(r->roots);
+    r->roots = NULL;
+    r->n_roots = 0;
+    if (!n) return 0;
+    r->roots = calloc(n, sizeof *r->roots);
+    CKPTIO__RET_IF(!r->roots, -ENOMEM);
+    for (size_t k = 0; k < n; k++) {
+        if (!roots[k] || !(r->roots[k] = strdup(roots[k]))) {
+            /* Refused whole: the reader goes on with the recorded roots. */
+            bool null = !roots[k];
+            while (k--) free(r->roots[k]);
+            free(r->roots);
+            r->roots = NULL;
+            return null ? ckptio__fail(&r->msg, CKPTIO_E_USAGE,
+                                       "ckptio_reader_set_roots: a root is NULL")
+                        : -ENOMEM;
+        }
+    }
+    r->n_roots = n;
+    return 0;
+}
+
 /* Data files are opened when a read first needs them, before it is planned: a checkpoint with
  * a damaged file can still be inspected and its other tensors read, and a reader holds no more
  * descriptors than its reads need. */
@@ -302,6 +387,8 @@ static int open_file(ckptio_reader *r, uint32_t i)
 {
     rfile *f = &r->files[i];
     if (f->fd >= 0) return 0;
+    uint32_t root = r->m->files[i].root;
+    if (root) return open_striped(r, i);
     int rc = open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct);
     if (rc < 0)
         return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,

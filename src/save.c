@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "commit/stripe.h"
 #include "commit/txn.h"
 #include "common/hasher.h"
 #include "common/box.h"
@@ -48,6 +50,15 @@ typedef struct wmeta {
     size_t val_len;
 } wmeta;
 
+/* A data file's writing state while another lane is current (striping). */
+typedef struct lane {
+    int fd;            /* -1: no file yet (the lane's first file is made on first use) */
+    ckptio__sink sink; /* its own engine, so its writes stay in flight while others are fed */
+    char *label;
+    uint32_t file;     /* index of its current data file */
+    uint64_t bytes;    /* chunk bytes given to it, for balancing */
+} lane;
+
 /* A block of the name arena: names never move, so the map can point at them. */
 typedef struct arena_block {
     struct arena_block *prev;
@@ -65,12 +76,23 @@ struct ckptio_writer {
     char *data_label; /* its path, for messages */
     char *tmp_abs;      /* a distributed save's temporary directory, absolute, for the ranks */
     bool part_done;     /* a rank's share is written and described; only publish may follow */
-    /* The data files: file i is data/<prefix><i in 6 digits>.ckd. Bytes go to the last one
-     * (fd, sink); the sizes of those before it, finished, are kept in done_sizes. */
+    /* The data files: file i is data/<prefix><i in 6 digits>.ckd, in the checkpoint's
+     * directory or, striped, in the stripe directory of its root. Bytes go to the current one
+     * (fd, sink, cur_file); sizes[i] is file i's length once it is finished. */
     char *file_prefix;       /* NULL: none */
     uint64_t max_file_bytes; /* a chunk that would pass it starts the next file; 0: no bound */
-    uint64_t *done_sizes;
-    size_t n_done, cap_done;
+    uint64_t *sizes;
+    uint32_t *file_roots;    /* 0: the checkpoint's directory; k: stripes[k - 1] */
+    size_t n_files, cap_files;
+    uint32_t cur_file;
+    bool is_part;
+    bool splitting; /* add_split is adding the pieces of one chunk */
+    /* Striping (ckptio_writer_set_roots): lane 0 writes into the checkpoint's own data/, lane
+     * k into stripes[k - 1]. The current lane's file is fd/sink/data_label/cur_file; the others
+     * wait in lanes[] (the current one's entry is empty) with their writes in flight. */
+    ckptio__stripe *stripes;
+    lane *lanes;
+    size_t n_stripes, cur_lane;
     ckptio__sink sink;
     ckptio__hasher *hasher; /* started with the first large chunk */
     ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
@@ -121,6 +143,9 @@ static int check_usable(ckptio_writer *w)
     return ckptio__handle_usable(&w->hs, &w->msg, w->path);
 }
 
+/* A striped writer cuts chunks into pieces of at least this size (add_split). */
+#define STRIPE_PIECE_MIN (32ull << 20)
+
 /* Longest data file name: "data/", a prefix, 7 digits at most (CKPTIO__MAX_FILES), ".ckd". */
 #define MAX_PREFIX 64
 #define DATA_NAME_LEN (MAX_PREFIX + 32)
@@ -131,43 +156,118 @@ static void data_name(const ckptio_writer *w, uint64_t i, char *buf, size_t cap)
              (unsigned long long)i);
 }
 
-/* Finish the current data file (its writes done, its length cut, fsynced) and go on in the
- * next one, through the same sink. */
-static int roll_file(ckptio_writer *w)
+/* Register data file number n_files in root `root` and create it: *fd, *direct, *label. */
+static int new_file(ckptio_writer *w, uint32_t root, int *fd, int *direct, char **label,
+                    uint32_t *index)
 {
-    if (w->n_done + 1 >= CKPTIO__MAX_FILES)
+    *fd = -1;
+    *label = NULL;
+    if (w->n_files >= CKPTIO__MAX_FILES)
         return ckptio__fail(&w->msg, CKPTIO_E_LIMIT,
                             "'%s' would need more than %u data files; raise max_file_bytes",
                             w->path, CKPTIO__MAX_FILES);
-    if (w->n_done == w->cap_done) {
-        size_t cap = w->cap_done ? 2 * w->cap_done : 16;
-        uint64_t *d = realloc(w->done_sizes, cap * sizeof *d);
-        CKPTIO__RET_IF(!d, -ENOMEM);
-        w->done_sizes = d;
-        w->cap_done = cap;
+    if (w->n_files == w->cap_files) {
+        size_t cap = w->cap_files ? 2 * w->cap_files : 16;
+        uint64_t *d = realloc(w->sizes, cap * sizeof *d);
+        if (d) w->sizes = d;
+        uint32_t *r = d ? realloc(w->file_roots, cap * sizeof *r) : NULL;
+        if (r) w->file_roots = r;
+        CKPTIO__RET_IF(!r, -ENOMEM);
+        w->cap_files = cap;
     }
-    CKPTIO__TRY(ckptio__sink_finish(&w->sink));
-    int rc;
-    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
-        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
-                            w->data_label);
-    ckptio__gpu_gds_forget(&w->gpu);
-    close(w->fd);
-    w->fd = -1;
-    w->done_sizes[w->n_done++] = w->sink.cursor;
-    char name[DATA_NAME_LEN], *label;
-    data_name(w, w->n_done, name, sizeof name);
-    CKPTIO__RET_IF(asprintf(&label, "%s/%s", w->txn.tmp_path, name) < 0, -ENOMEM);
-    int direct = 0;
-    rc = ckptio__file_open(w->txn.tmp_fd, name, CKPTIO__F_WRITE, w->cfg.direct, &w->fd, &direct);
+    char name[DATA_NAME_LEN];
+    data_name(w, w->n_files, name, sizeof name);
+    int dir = root ? w->stripes[root - 1].fd : w->txn.tmp_fd;
+    const char *where = root ? w->stripes[root - 1].path : w->txn.tmp_path;
+    CKPTIO__RET_IF(asprintf(label, "%s/%s", where, name) < 0, -ENOMEM);
+    int rc = ckptio__file_open(dir, name, CKPTIO__F_WRITE, w->cfg.direct, fd, direct);
     if (rc < 0) {
-        free(label);
-        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'", w->txn.tmp_path, name);
+        free(*label);
+        *label = NULL;
+        *fd = -1;
+        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", where, name,
+                            rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
+                                          : "");
     }
-    rc = ckptio__sink_switch(&w->sink, w->fd, direct, label);
+    w->sizes[w->n_files] = 0;
+    w->file_roots[w->n_files] = root;
+    *index = (uint32_t)w->n_files++;
+    return 0;
+}
+
+/* Finish a data file: its writes done, its length cut and recorded, fsynced, closed. */
+static int finish_file(ckptio_writer *w, ckptio__sink *s, int *fd, const char *label,
+                       uint32_t file)
+{
+    CKPTIO__TRY(ckptio__sink_finish(s));
+    int rc;
+    if (w->cfg.fsync && (rc = ckptio__fsync(*fd)) < 0)
+        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                            label);
+    if (w->gpu.gds_fd == *fd) ckptio__gpu_gds_forget(&w->gpu); /* cuFile lets go of it first */
+    close(*fd);
+    *fd = -1;
+    w->sizes[file] = s->cursor;
+    return 0;
+}
+
+/* Finish the current data file and go on in the next one of the same root, through the same
+ * sink. */
+static int roll_file(ckptio_writer *w)
+{
+    if (w->n_files >= CKPTIO__MAX_FILES)
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT,
+                            "'%s' would need more than %u data files; raise max_file_bytes",
+                            w->path, CKPTIO__MAX_FILES);
+    CKPTIO__TRY(finish_file(w, &w->sink, &w->fd, w->data_label, w->cur_file));
+    char *label;
+    int direct = 0;
+    uint32_t f;
+    CKPTIO__TRY(new_file(w, (uint32_t)w->cur_lane, &w->fd, &direct, &label, &f));
+    w->cur_file = f;
+    int rc = ckptio__sink_switch(&w->sink, w->fd, direct, label);
     free(w->data_label);
     w->data_label = label;
     return rc;
+}
+
+/* Make lane k current, parking the current one with its writes in flight; a lane's first use
+ * starts its engine and creates its first file. */
+static int lane_enter(ckptio_writer *w, size_t k)
+{
+    if (k == w->cur_lane) return 0;
+    lane *from = &w->lanes[w->cur_lane], *to = &w->lanes[k];
+    from->fd = w->fd;
+    from->sink = w->sink;
+    from->label = w->data_label;
+    from->file = w->cur_file;
+    w->cur_lane = k;
+    w->fd = to->fd;
+    w->sink = to->sink;
+    w->data_label = to->label;
+    w->cur_file = to->file;
+    to->fd = -1;
+    memset(&to->sink, 0, sizeof to->sink);
+    to->label = NULL;
+    if (w->fd >= 0) return 0;
+    int direct = 0;
+    uint32_t f;
+    CKPTIO__TRY(new_file(w, (uint32_t)k, &w->fd, &direct, &w->data_label, &f));
+    w->cur_file = f;
+    return ckptio__sink_init(&w->sink, w->fd, direct, w->cfg.backend, w->cfg.depth,
+                             w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
+                             &w->msg);
+}
+
+/* The lane for a chunk of n bytes: the one given the fewest bytes so far (equal chunks go
+ * round-robin), so each root receives an equal share. */
+static size_t pick_lane(ckptio_writer *w, uint64_t n)
+{
+    size_t best = 0;
+    for (size_t k = 1; k <= w->n_stripes; k++)
+        if (w->lanes[k].bytes < w->lanes[best].bytes) best = k;
+    w->lanes[best].bytes += n;
+    return best;
 }
 
 int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t max_file_bytes)
@@ -176,7 +276,7 @@ int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_set_data_files: writer is NULL");
     ckptio__msg_clear(&w->msg);
     CKPTIO__TRY(check_usable(w));
-    if (w->chunks.len || w->n_done)
+    if (w->chunks.len || w->n_files > 1)
         return ckptio__fail(&w->msg, CKPTIO_E_STATE,
                             "writer for '%s': set the data files before the first "
                             "ckptio_writer_add",
@@ -355,16 +455,8 @@ static int make_data(ckptio_writer *w)
         !(!w->txn.owner && errno == EEXIST))
         return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", tmp);
     int direct = 0;
-    int rc = ckptio__file_open(w->txn.tmp_fd, file, CKPTIO__F_WRITE, w->cfg.direct, &w->fd,
-                               &direct);
-    if (rc < 0)
-        return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", tmp, file,
-                            rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
-                                          : "");
-    if (asprintf(&w->data_label, "%s/%s", tmp, file) < 0) {
-        w->data_label = NULL;
-        return -ENOMEM;
-    }
+    uint32_t first;
+    CKPTIO__TRY(new_file(w, 0, &w->fd, &direct, &w->data_label, &first));
     return ckptio__sink_init(&w->sink, w->fd, direct, w->cfg.backend, w->cfg.depth,
                              w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
                              &w->msg);
@@ -383,6 +475,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     ckptio_writer *w = calloc(1, sizeof *w);
     if (!w) return ckptio__fail(NULL, -ENOMEM, "out of memory opening a writer for '%s'", path);
     w->fd = -1;
+    w->is_part = part;
     w->t_open = ckptio__now();
     ckptio__vec_init(&w->tensors, sizeof(wtensor));
     ckptio__vec_init(&w->chunks, sizeof(ckptio__mchunk));
@@ -490,6 +583,10 @@ static int add_failed(ckptio_writer *w, int rc, const char *name)
     return poison(w, rc);
 }
 
+static int add_split(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                     const uint64_t *shape, const uint64_t *chunk_offset,
+                     const uint64_t *chunk_shape, const void *data, uint64_t nbytes);
+
 static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
                    const uint64_t *shape, const uint64_t *chunk_offset,
                    const uint64_t *chunk_shape, const void *data, uint64_t nbytes,
@@ -498,6 +595,9 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_add: writer is NULL");
     ckptio__msg_clear(&w->msg);
     CKPTIO__TRY(check_usable(w));
+    if (w->n_stripes && memory == CKPTIO_MEM_HOST && nbytes >= 2 * STRIPE_PIECE_MIN &&
+        !w->splitting)
+        return add_split(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes);
     if (!name) return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "ckptio_writer_add: name is NULL");
     size_t name_len = strlen(name);
     if (!ckptio__valid_name(name, name_len, CKPTIO_MAX_NAME))
@@ -576,6 +676,10 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     /* Record the chunk, then stream its bytes. */
     uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
     uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN : CKPTIO__SMALL_ALIGN;
+    if (nbytes && w->n_stripes) {
+        int rc = lane_enter(w, pick_lane(w, nbytes));
+        if (rc < 0) return add_failed(w, rc, name);
+    }
     if (nbytes && w->max_file_bytes && w->sink.cursor) {
         uint64_t at = ckptio__align_up(w->sink.cursor, align);
         int rc = at >= w->max_file_bytes || nbytes > w->max_file_bytes - at ? roll_file(w) : 0;
@@ -589,7 +693,7 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
         return poison(w, ckptio__fail(&w->msg, -ENOMEM, "out of memory adding tensor '%s'", name));
     ckptio__mchunk mc = {.dims = (uint64_t)di, .file_off = off, .stored_len = nbytes,
                          .raw_len = nbytes, .csums = (uint64_t)ci, .n_csums = n_csums,
-                         .file = (uint32_t)w->n_done, .codec = CKPTIO__CODEC_NONE,
+                         .file = w->cur_file, .codec = CKPTIO__CODEC_NONE,
                          .tensor = (uint32_t)ti};
     int64_t chunk = ckptio__vec_push(&w->chunks, &mc, 1);
     uint64_t none = UINT64_MAX;
@@ -677,6 +781,10 @@ int ckptio_writer_flush(ckptio_writer *w)
     if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_flush: writer is NULL");
     CKPTIO__TRY(check_usable(w));
     int rc = ckptio__sink_drain(&w->sink);
+    for (size_t k = 0; w->lanes && k <= w->n_stripes; k++) {
+        int r2 = w->lanes[k].fd >= 0 ? ckptio__sink_drain(&w->lanes[k].sink) : 0;
+        if (r2 < 0 && rc == 0) rc = r2;
+    }
     settle_hashes(w);
     return rc < 0 ? poison(w, rc) : 0;
 }
@@ -716,6 +824,7 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
     ckptio__mchunk *mc = malloc((w->chunks.len + 1) * sizeof *mc);
     ckptio__mmeta *mm = malloc((nm + 1) * sizeof *mm);
     ckptio__mfile *files = NULL;
+    ckptio__mroot *roots = NULL;
     ckptio__vec strtab;
     ckptio__vec_init(&strtab, 1);
     *buf = NULL;
@@ -757,19 +866,28 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         CKPTIO__CHECK(push_str(&strtab, m->key, m->key_len, &mm[i].key));
         CKPTIO__CHECK(push_str(&strtab, m->val, m->val_len, &mm[i].val));
     }
-    uint64_t nf = w->n_done + 1;
+    uint64_t nf = w->n_files;
     files = malloc(nf * sizeof *files);
-    CKPTIO__GOTO_IF(!files, -ENOMEM);
+    roots = malloc((w->n_stripes + 1) * sizeof *roots);
+    CKPTIO__GOTO_IF(!files || !roots, -ENOMEM);
     for (uint64_t i = 0; i < nf; i++) {
         char name[DATA_NAME_LEN];
         data_name(w, i, name, sizeof name);
-        files[i] = (ckptio__mfile){.name_len = (uint32_t)strlen(name),
-                                   .size = i < w->n_done ? w->done_sizes[i] : file_size};
+        files[i] = (ckptio__mfile){.name_len = (uint32_t)strlen(name), .root = w->file_roots[i],
+                                   .size = i == w->cur_file ? file_size : w->sizes[i]};
         CKPTIO__CHECK(push_str(&strtab, name, files[i].name_len, &files[i].name));
+    }
+    for (size_t k = 0; k < w->n_stripes; k++) {
+        const ckptio__stripe *st = &w->stripes[k];
+        roots[k] = (ckptio__mroot){.path_len = (uint32_t)strlen(st->root),
+                                   .name_len = (uint32_t)strlen(st->name)};
+        CKPTIO__CHECK(push_str(&strtab, st->root, roots[k].path_len, &roots[k].path));
+        CKPTIO__CHECK(push_str(&strtab, st->name, roots[k].name_len, &roots[k].name));
     }
 
     ckptio__manifest m = {
-        .version = CKPTIO_FORMAT_VERSION,
+        .version = w->n_stripes ? CKPTIO__FORMAT_STRIPED : CKPTIO_FORMAT_VERSION,
+        .n_roots = w->n_stripes, .roots = roots,
         .csum_algo = w->cfg.checksums ? CKPTIO__CSUM_XXH3_64 : CKPTIO__CSUM_NONE,
         .csum_block = w->cfg.csum_block,
         .n_files = nf, .n_tensors = nt, .n_chunks = nc, .n_meta = nm,
@@ -799,6 +917,7 @@ out:
     free(mc);
     free(mm);
     free(files);
+    free(roots);
     ckptio__vec_free(&strtab);
     return rc;
 }
@@ -844,8 +963,28 @@ static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
         snprintf(data_dir, sizeof data_dir, "%s/data", w->txn.tmp_path);
         if ((rc = ckptio__fsync_path(data_dir)) < 0)
             return ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", w->txn.tmp_path);
+        for (size_t k = 0; k < w->n_stripes; k++)
+            CKPTIO__TRY(ckptio__stripe_sync(&w->stripes[k], &w->msg));
     }
+    /* An overwrite replaces the old checkpoint's stripes too, once the new one is published. */
+    char **old_roots = NULL;
+    size_t n_old = 0;
+    if (w->txn.found == CKPTIO__AT_CHECKPOINT)
+        (void)ckptio__stripe_recorded_roots(w->txn.path, &old_roots, &n_old);
     rc = ckptio__txn_publish(&w->txn, &w->msg);
+    if (w->txn.published) {
+        char *owner = ckptio__stripe_owner_of(w->txn.path);
+        unsigned found;
+        for (size_t k = 0; k < w->n_stripes; k++) {
+            w->stripes[k].keep = true;
+            if (owner) ckptio__stripe_collect_owned(owner, w->stripes[k].root, false, &found);
+        }
+        for (size_t k = 0; k < n_old; k++)
+            if (owner) ckptio__stripe_collect_owned(owner, old_roots[k], false, &found);
+        free(owner);
+    }
+    for (size_t k = 0; k < n_old; k++) free(old_roots[k]);
+    free(old_roots);
     if (w->txn.published) { /* CKPTIO_E_NOT_DURABLE too: the checkpoint is complete */
         w->hs.state = CKPTIO__H_COMMITTED;
         w->stats.seconds = ckptio__now() - w->t_open;
@@ -860,15 +999,14 @@ static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
 static int seal_data(ckptio_writer *w)
 {
     settle_hashes(w);
-    CKPTIO__TRY(ckptio__sink_finish(&w->sink));
-    w->stats.io_bytes = w->sink.io_bytes;
-    int rc;
-    if (w->cfg.fsync && (rc = ckptio__fsync(w->fd)) < 0)
-        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
-                            w->data_label);
-    ckptio__gpu_gds_forget(&w->gpu);
-    close(w->fd);
-    w->fd = -1;
+    for (size_t k = 0; w->lanes && k <= w->n_stripes; k++) {
+        lane *l = &w->lanes[k];
+        if (l->fd < 0) continue;
+        CKPTIO__TRY(finish_file(w, &l->sink, &l->fd, l->label, l->file));
+        w->stats.io_bytes += l->sink.io_bytes;
+    }
+    CKPTIO__TRY(finish_file(w, &w->sink, &w->fd, w->data_label, w->cur_file));
+    w->stats.io_bytes += w->sink.io_bytes;
     return 0;
 }
 
@@ -941,15 +1079,24 @@ void ckptio_writer_close(ckptio_writer *w)
     if (!w) return;
     ckptio__sink_fini(&w->sink);
     ckptio__gpu_fini(&w->gpu); /* deregisters the data file from cuFile before it is closed */
+    for (size_t k = 0; w->lanes && k <= w->n_stripes; k++) {
+        ckptio__sink_fini(&w->lanes[k].sink);
+        if (w->lanes[k].fd >= 0) close(w->lanes[k].fd);
+        free(w->lanes[k].label);
+    }
     settle_hashes(w);
     ckptio__hasher_stop(w->hasher);
     ckptio__vec_free(&w->pending);
     if (w->fd >= 0) close(w->fd);
     ckptio__txn_fini(&w->txn); /* removes the temporary directory unless published */
+    for (size_t k = 0; k < w->n_stripes; k++) ckptio__stripe_fini(&w->stripes[k]);
+    free(w->stripes);
+    free(w->lanes);
     free(w->data_label);
     free(w->tmp_abs);
     free(w->file_prefix);
-    free(w->done_sizes);
+    free(w->sizes);
+    free(w->file_roots);
     for (size_t i = 0; i < w->meta.len; i++) {
         wmeta *m = CKPTIO__VEC_AT(&w->meta, wmeta, i);
         free(m->key);
@@ -985,4 +1132,140 @@ int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out)
 const char *ckptio_writer_errmsg(const ckptio_writer *w)
 {
     return w ? w->msg.text : "";
+}
+
+/* ---- striping (issue 12) ---- */
+
+int ckptio_writer_set_roots(ckptio_writer *w, const char *const *roots, size_t n)
+{
+    if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_set_roots: writer is NULL");
+    ckptio__msg_clear(&w->msg);
+    CKPTIO__TRY(check_usable(w));
+    if (n && !roots)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE, "ckptio_writer_set_roots: roots is NULL");
+    if (w->chunks.len || w->n_files > 1 || w->n_stripes)
+        return ckptio__fail(&w->msg, CKPTIO_E_STATE,
+                            "writer for '%s': set the roots once, before the first "
+                            "ckptio_writer_add",
+                            w->path);
+    if (w->is_part)
+        return ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
+                            "'%s': a multi-rank save cannot be striped over roots", w->path);
+    if (n > CKPTIO__MAX_ROOTS)
+        return ckptio__fail(&w->msg, CKPTIO_E_LIMIT, "'%s': %zu roots, at most %u", w->path, n,
+                            CKPTIO__MAX_ROOTS);
+    char *owner = ckptio__stripe_owner_of(w->txn.path);
+    if (!owner)
+        return ckptio__fail(&w->msg, -errno ? -errno : -ENOMEM, "cannot resolve the parent of '%s'",
+                            w->path);
+    struct stat *seen = calloc(n + 1, sizeof *seen);
+    w->stripes = calloc(n + 1, sizeof *w->stripes);
+    w->lanes = calloc(n + 1, sizeof *w->lanes);
+    int rc = 0;
+    CKPTIO__GOTO_IF(!seen || !w->stripes || !w->lanes, -ENOMEM);
+    for (size_t k = 0; k <= n; k++) w->lanes[k].fd = w->stripes[k].fd = -1;
+    /* The checkpoint's own directory is always a root; a root naming its parent is that one. */
+    if (stat(w->txn.parent, &seen[0]) < 0) {
+        rc = ckptio__fail(&w->msg, -errno, "cannot inspect '%s'", w->txn.parent);
+        goto out;
+    }
+    size_t n_seen = 1;
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        if (!roots[i] || stat(roots[i], &st) < 0 || !S_ISDIR(st.st_mode)) {
+            rc = ckptio__fail(&w->msg, roots[i] && errno != ENOENT ? -errno : CKPTIO_E_USAGE,
+                              "root '%s' for '%s' is not an existing directory",
+                              roots[i] ? roots[i] : "(null)", w->path);
+            goto out;
+        }
+        bool dup = false;
+        for (size_t k = 0; k < n_seen && !dup; k++)
+            dup = seen[k].st_dev == st.st_dev && seen[k].st_ino == st.st_ino;
+        /* The parent given again is the checkpoint's own share; any other repeat would give
+         * one directory two shares. */
+        if (dup && seen[0].st_dev == st.st_dev && seen[0].st_ino == st.st_ino) continue;
+        if (dup) {
+            rc = ckptio__fail(&w->msg, CKPTIO_E_USAGE, "root '%s' for '%s' is given twice",
+                              roots[i], w->path);
+            goto out;
+        }
+        seen[n_seen++] = st;
+        /* Leftovers of an earlier save to this path that never published (a crash). */
+        unsigned found;
+        (void)ckptio__stripe_collect_owned(owner, roots[i], false, &found);
+        CKPTIO__CHECK(ckptio__stripe_create(&w->stripes[w->n_stripes], roots[i], owner, &w->msg));
+        w->n_stripes++;
+    }
+out:
+    free(owner);
+    free(seen);
+    if (rc < 0) {
+        for (size_t k = 0; k < w->n_stripes; k++) ckptio__stripe_fini(&w->stripes[k]);
+        ckptio__stripe_fini(&w->stripes[w->n_stripes]); /* half made */
+        w->n_stripes = 0;
+        free(w->stripes);
+        free(w->lanes);
+        w->stripes = NULL;
+        w->lanes = NULL;
+    }
+    return rc;
+}
+
+/* A striped writer balances whole chunks over the roots, so a checkpoint of a few huge tensors
+ * would load one root: a chunk of at least two pieces' worth is cut along its first dimension
+ * into row blocks (contiguous in the caller's memory), at most one per root and none much
+ * under STRIPE_PIECE_MIN bytes, each added as a chunk of its own. Anything odd is left to the plain
+ * add, which reports it. */
+static int add_split(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                     const uint64_t *shape, const uint64_t *chunk_offset,
+                     const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
+{
+    static const uint64_t zeros[CKPTIO_MAX_NDIM];
+    const uint64_t *cs = chunk_shape ? chunk_shape : shape;
+    size_t esize = ckptio_dtype_size(dtype);
+    uint64_t bytes = 0;
+    bool plain = !esize || ndim == 0 || ndim > CKPTIO_MAX_NDIM || !shape || !data || !name ||
+                 !ckptio__volume(cs, ndim, esize, &bytes) || bytes != nbytes || cs[0] < 2;
+    uint64_t pieces =
+        plain ? 1 : CKPTIO__MIN(w->n_stripes + 1, (nbytes - 1) / STRIPE_PIECE_MIN + 1);
+    pieces = CKPTIO__MIN(pieces, cs[0]);
+    w->splitting = true;
+    int rc;
+    if (pieces < 2) {
+        rc = ckptio_writer_add(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data,
+                               nbytes);
+        w->splitting = false;
+        return rc;
+    }
+    const uint64_t *co = chunk_offset ? chunk_offset : zeros;
+    uint64_t row = nbytes / cs[0], off[CKPTIO_MAX_NDIM], ps[CKPTIO_MAX_NDIM];
+    memcpy(off, co, ndim * sizeof *off);
+    memcpy(ps, cs, ndim * sizeof *ps);
+    /* Row blocks that start on a 4096-byte boundary of the source when rows allow it, so that an
+     * aligned source is written in place. */
+    uint64_t step = 1;
+    while (step <= cs[0] / pieces && (step * row) % CKPTIO__EXTENT_ALIGN) step *= 2;
+    if (step > cs[0] / pieces) step = 1; /* no aligned cut leaves every piece some rows */
+    uint64_t done = 0;
+    rc = 0;
+    for (uint64_t k = 0; k < pieces && rc >= 0; k++) {
+        uint64_t end = k + 1 == pieces ? cs[0] : cs[0] / pieces * (k + 1) / step * step;
+        if (end <= done) continue;
+        off[0] = co[0] + done;
+        ps[0] = end - done;
+        rc = ckptio_writer_add(w, name, dtype, ndim, shape, off, ps,
+                               (const uint8_t *)data + done * row, (end - done) * row);
+        if (rc < 0 && done && w->hs.state == CKPTIO__H_OPEN) {
+            /* Some rows are in: the caller's chunk cannot be taken back whole. */
+            char why[sizeof w->msg.text];
+            snprintf(why, sizeof why, "%s", w->msg.text);
+            rc = poison(w, ckptio__fail(&w->msg, rc,
+                                        "tensor '%s': rows %llu.. of a chunk cut for striping "
+                                        "were refused, the writer cannot go on: %s",
+                                        name, (unsigned long long)off[0], why));
+        }
+        done = end;
+    }
+    w->splitting = false;
+    return rc;
 }

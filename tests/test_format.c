@@ -512,9 +512,9 @@ static int test_header(void)
 
     /* A newer major version is named as such, whatever follows, even truncated. */
     memcpy(c, buf, len);
-    c[8] = 2;
+    c[8] = 3; /* 2 is a striped checkpoint's, which this library reads */
     CHECK_ERR(decode_rc(c, len), CKPTIO_E_FORMAT);
-    CHECK(t_contains(errbuf, "2.0"));
+    CHECK(t_contains(errbuf, "3.0"));
     CHECK_ERR(decode_rc(c, 12), CKPTIO_E_FORMAT);
     c[8] = 0xff, c[9] = 0xff;
     CHECK_ERR(decode_rc(c, len), CKPTIO_E_FORMAT);
@@ -844,8 +844,11 @@ static int test_reject_chunks(void)
         CHECK(expect(m, CKPTIO_E_CORRUPT, "checksum block", 1) == 0);
     }
     FRESH();
-    m->version = 2;
+    m->version = 3; /* 2 is a striped checkpoint's (it needs roots) */
     CHECK(expect(m, CKPTIO_E_FORMAT, "newer", 0) == 0);
+    FRESH();
+    m->version = 2;
+    CHECK(expect(m, CKPTIO_E_CORRUPT, "with 0 roots", 0) == 0);
     FRESH();
     m->version = 0;
     CHECK(expect(m, CKPTIO_E_CORRUPT, "version 0", 0) == 0);

@@ -945,7 +945,78 @@ static PyObject *Writer_closed(WriterObject *self, void *closure)
     return PyBool_FromLong(self->w == NULL);
 }
 
+/* Striping roots from a sequence of path-likes: *out holds their file system encodings (as
+ * bytes objects in *keep, to release with Py_DECREF) for the length of the call. */
+static int roots_arg(PyObject *seq, PyObject **keep, const char ***out, Py_ssize_t *n)
+{
+    *keep = PySequence_Fast(seq, "roots must be a sequence of paths");
+    if (!*keep) return -1;
+    *n = PySequence_Fast_GET_SIZE(*keep);
+    PyObject *bytes = PyTuple_New(*n);
+    *out = PyMem_Calloc((size_t)*n + 1, sizeof **out);
+    if (!bytes || !*out) {
+        Py_XDECREF(bytes);
+        Py_CLEAR(*keep);
+        PyMem_Free(*out);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        PyObject *b = NULL;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(*keep, i), &b)) {
+            Py_DECREF(bytes);
+            Py_CLEAR(*keep);
+            PyMem_Free(*out);
+            return -1;
+        }
+        PyTuple_SET_ITEM(bytes, i, b);
+        (*out)[i] = PyBytes_AS_STRING(b);
+    }
+    Py_SETREF(*keep, bytes);
+    return 0;
+}
+
+/* Call a set_roots function with the roots of `seq`, the GIL released; `busy` is cleared
+ * whatever happens. -1 with a Python error when seq is no sequence of paths. */
+typedef int (*roots_fn)(void *handle, const char *const *roots, size_t n);
+static int with_roots(PyObject *seq, roots_fn fn, void *handle, int *busy, int *rc)
+{
+    PyObject *keep;
+    const char **roots;
+    Py_ssize_t n;
+    if (roots_arg(seq, &keep, &roots, &n) < 0) {
+        *busy = 0;
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    *rc = fn(handle, roots, (size_t)n);
+    Py_END_ALLOW_THREADS
+    *busy = 0;
+    PyMem_Free(roots);
+    Py_DECREF(keep);
+    return 0;
+}
+
+static int writer_roots(void *w, const char *const *roots, size_t n)
+{
+    return ckptio_writer_set_roots(w, roots, n);
+}
+
+static PyObject *Writer_set_roots(WriterObject *self, PyObject *seq)
+{
+    int rc = 0;
+    if (writer_check(self) < 0 || with_roots(seq, writer_roots, self->w, &self->busy, &rc) < 0)
+        return NULL;
+    if (rc < 0) {
+        writer_fail(self, rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Writer_methods[] = {
+    {"set_roots", (PyCFunction)Writer_set_roots, METH_O,
+     "set_roots(paths): stripe the data over these directories too (before any add)"},
     {"add", (PyCFunction)Writer_add, METH_VARARGS,
      "add(name, dtype, shape, data[, offset, chunk_shape]): add one tensor or chunk"},
     {"add_many", (PyCFunction)Writer_add_many, METH_O,
@@ -1311,7 +1382,23 @@ static PyObject *Reader_path(ReaderObject *self, void *closure)
     return PyUnicode_DecodeFSDefault(ckptio_reader_path(self->r));
 }
 
+static int reader_roots(void *r, const char *const *roots, size_t n)
+{
+    return ckptio_reader_set_roots(r, roots, n);
+}
+
+static PyObject *Reader_set_roots(ReaderObject *self, PyObject *seq)
+{
+    int rc = 0;
+    if (reader_check(self, 1) < 0 || with_roots(seq, reader_roots, self->r, &self->busy, &rc) < 0)
+        return NULL;
+    if (rc < 0) return raise_code(rc, ckptio_reader_errmsg(self->r));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Reader_methods[] = {
+    {"set_roots", (PyCFunction)Reader_set_roots, METH_O,
+     "set_roots(paths): look for a striped checkpoint's stripes in these directories"},
     {"tensors", (PyCFunction)Reader_tensors, METH_NOARGS,
      "[TensorRecord(name, dtype, shape, nbytes, num_chunks)] in name order"},
     {"find", (PyCFunction)Reader_find, METH_VARARGS, "find(name) -> index or -1"},
@@ -1966,6 +2053,29 @@ static PyObject *mod_gpu_probe(PyObject *mod, PyObject *args)
     return Py_BuildValue("(is)", mode, why);
 }
 
+static int leftovers_remove(void *path, const char *const *roots, size_t n)
+{
+    uint64_t found = 0;
+    int rc = ckptio_stripe_leftovers(path, roots, n, 1, &found);
+    return rc < 0 ? rc : found > INT32_MAX ? INT32_MAX : (int)found;
+}
+
+/* remove_stripes(path, roots): remove the stripes a save to `path` left in `roots` that the
+ * checkpoint at `path` (if any) does not use: what pruning a striped step leaves. */
+static PyObject *mod_remove_stripes(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *seq;
+    if (!PyArg_ParseTuple(args, "O&O:remove_stripes", PyUnicode_FSConverter, &path_obj, &seq))
+        return NULL;
+    int busy = 1, rc = 0;
+    int ok = with_roots(seq, leftovers_remove, PyBytes_AS_STRING(path_obj), &busy, &rc);
+    Py_DECREF(path_obj);
+    if (ok < 0) return NULL;
+    if (rc < 0) return raise_code(rc, ckptio_last_error());
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef module_methods[] = {
     {"gpu_add", mod_gpu_add, METH_VARARGS,
      "gpu_add(writer, name, dtype, shape, offset, chunk_shape, ptr, nbytes, stream)"},
@@ -1974,6 +2084,8 @@ static PyMethodDef module_methods[] = {
     {"gpu_stats", mod_gpu_stats, METH_O,
      "gpu_stats(writer or reader) -> (path, device_bytes, gds_bytes, staging_bytes, reason)"},
     {"gpu_probe", mod_gpu_probe, METH_VARARGS, "gpu_probe(dir=None, params=None) -> (mode, why)"},
+    {"remove_stripes", mod_remove_stripes, METH_VARARGS,
+     "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
     {"save_dist", mod_save_dist, METH_VARARGS,
      "save_dist(path, comm, items, meta, params, timeout) -> IOStats (collective)"},
     {"stage_arrays", mod_stage_arrays, METH_VARARGS,

@@ -15,7 +15,7 @@ import numpy as np
 from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Target
 from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
-from ._options import Stats, params
+from ._options import Stats, params, split_roots
 from ._tree import (
     TREE_KEY,
     Node,
@@ -218,7 +218,7 @@ class Reader:
 
     def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
         # mmap=True: whole tensors are views of private mappings of the data files (_mapped).
-        p = params(io_options)
+        p, roots = split_roots(params(io_options))
         self._gpu = p["gpu"]  # the gpu= option, for GPU destinations
         self._mapped: Any = None
         self._checksums = io_options.get("checksums", True) is not False
@@ -228,6 +228,8 @@ class Reader:
             self._r, self._mapped = Mapped.open_reader(os.fspath(path), p)
         else:
             self._r = self._open_core(os.fspath(path), p)
+        if roots:  # a striped checkpoint's stripes, moved from where it recorded them
+            self._r.set_roots(roots)
         self._infos: dict[str, tuple[int, int, tuple[int, ...], int, int]] | None = None
         self._root: Node | None = None
         self._nodes: dict[str, Node] | None = None
@@ -707,7 +709,8 @@ def load(
     runtime, and otherwise RankLocal values come back as {rank: value}. Loading needs no
     exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
     as DTensors with like's mesh and placements).
-    ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
+    ``io_options``: as for ckptio.save (backend, direct, checksums, ...); ``roots``: where
+    the stripes of a striped checkpoint are now, when not where the save recorded them.
     ``mmap=True``: return at once; each whole tensor is a view of a private (copy-on-write)
     mapping of its data file, read from disk when first touched; writes stay in this process.
     No checksum is checked (use ``ckptio.open(path, mmap=True)``: r[key] and verify() check).

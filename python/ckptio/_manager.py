@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import _comm, _dist
+from . import _comm, _core, _dist
 from ._async import AsyncSave, _save_async
 from ._comm import Communicator
 from ._errors import USAGE, InvalidType, _from_code, error
@@ -269,6 +269,10 @@ class Manager:
         _fsync_dir(self.directory)
         for d in moved:
             shutil.rmtree(d)
+        roots = self.save_options.get("roots")
+        if roots:  # striped steps: their stripes in the other roots go too
+            for s in doomed:
+                _core.remove_stripes(self.step_path(s), [os.fspath(r) for r in roots])
 
     def _remove_leftovers(self) -> None:
         for n in os.listdir(self.directory):

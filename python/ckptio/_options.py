@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import USAGE, InvalidType, error
 
-__all__ = ["IO_OPTIONS", "params", "Stats"]
+__all__ = ["IO_OPTIONS", "params", "split_roots", "Stats"]
 
 _BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2, "buffered": 3}
 _AUTO, _OFF, _ON = -1, 0, 1
@@ -25,6 +26,7 @@ IO_OPTIONS = (
     "request_bytes",
     "gpu",
     "gpu_staging_bytes",
+    "roots",
 )
 
 
@@ -66,7 +68,9 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     fsync, checksums: bools (default True); queue_depth, io_threads, staging_bytes,
     request_bytes: ints, 0 = the library's default; gpu: how GPU tensors move, "auto", "gds",
     "staged" or "off" (the framework copies them; doc/gpu.md), CKPTIO_GPU winning over it;
-    gpu_staging_bytes: pinned memory for GPU copies (0: 256 MiB).
+    gpu_staging_bytes: pinned memory for GPU copies (0: 256 MiB);
+    roots: directories to stripe a checkpoint over (save), or to find its stripes in (load), kept
+    under "roots" (see split_roots).
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
@@ -80,7 +84,7 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         backend = "auto"
     if backend not in _BACKENDS:
         raise error(USAGE, f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
-    return {
+    out: dict[str, Any] = {
         "io_threads": _count("io_threads", options.get("io_threads")),
         "queue_depth": _count("queue_depth", options.get("queue_depth")),
         "staging_bytes": _count("staging_bytes", options.get("staging_bytes")),
@@ -93,6 +97,22 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "gpu": _gpu_mode(options.get("gpu", "auto")),
         "gpu_staging_bytes": _count("gpu_staging_bytes", options.get("gpu_staging_bytes")),
     }
+    roots = options.get("roots")
+    if roots is not None:
+        if isinstance(roots, (str, bytes, os.PathLike)) or not all(
+            isinstance(r, (str, bytes, os.PathLike)) for r in roots
+        ):
+            raise error(USAGE, f"roots must be a list of directories, got {roots!r}", InvalidType)
+        out["roots"] = [os.fsdecode(r) for r in roots]
+    return out
+
+
+def split_roots(p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``p`` without its striping roots (which _core's params do not take), and the roots."""
+    if "roots" not in p:
+        return p, []
+    q = dict(p)
+    return q, q.pop("roots")
 
 
 @dataclass(frozen=True)

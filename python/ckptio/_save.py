@@ -20,7 +20,7 @@ from ._adapters import Aliases, Deferred
 from ._gpu import DeviceItem
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._fw_numpy import NUMPY, stage_array
-from ._options import Stats, params
+from ._options import Stats, params, split_roots
 from ._tree import NUMPY_LEAF, TREE_KEY, Node, flatten, make_document, pause_gc
 
 __all__ = ["save", "RESERVED_PREFIX", "StagedSave"]
@@ -165,7 +165,15 @@ def _open(path: PathLike, p: Any) -> _core.Writer:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         _make_parent(parent, path)  # as checkpoint managers do: "ckpts/step-100"
-    return _core.Writer(path, p)
+    p, roots = split_roots(p)
+    w = _core.Writer(path, p)
+    if roots:
+        try:
+            w.set_roots(roots)
+        except BaseException:
+            w.close()
+            raise
+    return w
 
 
 def _write(
@@ -247,7 +255,8 @@ def save(
     the others fail within it, and nothing is published.
     ``io_options``: backend ("auto", "io_uring", "psync", "buffered"), direct (None = O_DIRECT
     where allowed, True, False), fsync (True), checksums (True), queue_depth, io_threads,
-    staging_bytes, request_bytes.
+    staging_bytes, request_bytes, roots (a list of directories, say one per NVMe drive, to
+    spread the data over besides ``path``'s own; see doc/format.md section 10).
 
     Returns a Stats(bytes, seconds, gbps, backend, direct, ...).
 
@@ -264,6 +273,8 @@ def save(
     from . import _dist
 
     kind = _dist.runtime_of(tree) if comm is None else "comm"
+    if kind is not None and "roots" in p:
+        raise error(USAGE, "roots= (striping) is not supported for a multi-rank save")
     if kind is not None:
         from . import _comm
 

@@ -31,7 +31,8 @@ enum {
     HDR_MAX = 4096, /* largest header a later minor version may use */
 };
 enum { REC_FILE = 16, REC_TENSOR = 24, REC_CHUNK = 40, REC_META = 16, REC_U64 = 8 };
-enum { V_MAJOR = CKPTIO_FORMAT_VERSION, V_MINOR = 0 };
+enum { V_MAJOR = CKPTIO_FORMAT_VERSION, V_MINOR = 0, V_NEWEST = CKPTIO__FORMAT_STRIPED };
+enum { REC_ROOT = 8 };
 
 /* A reader stages whole checksum blocks, so the block bounds the memory a manifest makes every
  * reader map; writers use at most 1 MiB. */
@@ -208,6 +209,39 @@ static bool str_ok(const ckptio__manifest *m, uint64_t off, uint64_t len)
            m->strtab[off + len] == 0;
 }
 
+/* Stripe roots: an absolute path each (where the save found the root; a reader may be told
+ * another), and a stripe directory name that is one path component, unique. */
+static int check_roots(vctx *v)
+{
+    const ckptio__manifest *m = v->m;
+    for (uint64_t i = 0; i < m->n_roots; i++) {
+        const ckptio__mroot *r = &m->roots[i];
+        if (!str_ok(m, r->path, r->path_len) || !str_ok(m, r->name, r->name_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "root %llu: path or name is not a NUL-terminated string of the string "
+                        "table",
+                        U(i + 1));
+        const char *path = m->strtab + r->path, *name = m->strtab + r->name;
+        if (r->path_len == 0 || r->path_len > CKPTIO__MAX_ROOT_PATH || path[0] != '/' ||
+            memchr(path, 0, r->path_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "root %llu: path is not an absolute path of 1..%u bytes without NUL",
+                        U(i + 1), CKPTIO__MAX_ROOT_PATH);
+        if (r->name_len > CKPTIO__MAX_FILE_NAME || memchr(name, '/', r->name_len) ||
+            !valid_file_name(name, r->name_len))
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "root %llu: stripe directory name is not one [A-Za-z0-9._-] component",
+                        U(i + 1));
+        for (uint64_t k = 0; k < i; k++)
+            if (m->roots[k].name_len == r->name_len &&
+                !memcmp(m->strtab + m->roots[k].name, name, r->name_len))
+                return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                            "roots %llu and %llu have the same stripe directory '%.*s'", U(k + 1),
+                            U(i + 1), (int)r->name_len, name);
+    }
+    return 0;
+}
+
 static int check_files(vctx *v)
 {
     const ckptio__manifest *m = v->m;
@@ -227,6 +261,10 @@ static int check_files(vctx *v)
                         "file %llu: name is not a relative path of [A-Za-z0-9._-] components "
                         "without '.', '..' or empty ones",
                         U(i));
+        if (f->root > m->n_roots)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "file '%.*s': root %u but the manifest lists %llu roots", FNAME(f),
+                        f->root, U(m->n_roots));
         /* Readers hand sizes and offsets to pread as off_t. */
         if (f->size >= MAX_FILE_SIZE)
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT, "file '%.*s': size %llu is too large",
@@ -575,13 +613,22 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
 {
     if (err && errlen) err[0] = 0;
     if (!m) return fail(err, errlen, CKPTIO_E_USAGE, "no manifest");
-    if (m->version > V_MAJOR)
+    if (m->version > V_NEWEST)
         return fail(err, errlen, CKPTIO_E_FORMAT,
                     "manifest format version %u is newer than this library's %u", m->version,
-                    V_MAJOR);
-    if (m->version != V_MAJOR)
-        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u is not %u",
-                    m->version, V_MAJOR);
+                    V_NEWEST);
+    if (m->version != V_MAJOR && m->version != V_NEWEST)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u is not %u or %u",
+                    m->version, V_MAJOR, V_NEWEST);
+    /* One form per manifest: roots make it format 2, and format 2 always has roots. */
+    if ((m->version == V_NEWEST) != (m->n_roots > 0))
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u with %llu roots",
+                    m->version, U(m->n_roots));
+    if (m->n_roots > CKPTIO__MAX_ROOTS)
+        return fail(err, errlen, CKPTIO_E_LIMIT, "manifest lists %llu roots (limit %u)",
+                    U(m->n_roots), CKPTIO__MAX_ROOTS);
+    if (m->n_roots && !m->roots)
+        return fail(err, errlen, CKPTIO_E_USAGE, "manifest array missing for a non-zero count");
     /* Limits first: everything after allocates or loops in proportion to these counts. */
     if (m->n_files > CKPTIO__MAX_FILES || m->n_tensors > CKPTIO__MAX_TENSORS ||
         m->n_chunks > CKPTIO__MAX_CHUNKS || m->n_meta > CKPTIO__MAX_META)
@@ -608,6 +655,7 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
      * (which quote tensor names, so those must be known to be valid strings). */
     vctx v = {.m = m, .err = err, .errlen = errlen, .partial = flags & CKPTIO__MANIFEST_PARTIAL};
     int rc = 0;
+    CKPTIO__CHECK(check_roots(&v));
     CKPTIO__CHECK(check_files(&v));
     for (uint64_t i = 0; i < m->n_tensors; i++) CKPTIO__CHECK(check_tensor(&v, i));
     CKPTIO__CHECK(check_partition(&v));
@@ -646,10 +694,12 @@ static int plan(const ckptio__manifest *m, layout *l)
         ok = ok && ckptio__add(str, (uint64_t)m->meta[i].key_len + 1, &str) &&
              ckptio__add(str, m->meta[i].val_len, &str) && ckptio__add(str, 1, &str);
     }
+    for (uint64_t i = 0; i < m->n_roots; i++)
+        str += (uint64_t)m->roots[i].path_len + m->roots[i].name_len + 2;
     uint64_t parts[][2] = {{m->n_files, REC_FILE}, {m->n_tensors, REC_TENSOR},
                            {chunks, REC_CHUNK},    {m->n_meta, REC_META},
                            {dims, REC_U64},        {csums, REC_U64},
-                           {str, 1}};
+                           {str, 1},               {m->n_roots, REC_ROOT}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         ok = ok && ckptio__mul(parts[i][0], parts[i][1], &t) && ckptio__add(total, t, &total);
     if (!ok || total > CKPTIO__MAX_MANIFEST_BYTES) return CKPTIO_E_LIMIT;
@@ -696,7 +746,7 @@ int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t le
      * tensor, chunk by chunk), so the decoder has nothing to cross-check but counts. */
     for (uint64_t i = 0; i < m->n_files; i++, p += REC_FILE) {
         put32(p, m->files[i].name_len);
-        put32(p + 4, 0);
+        put32(p + 4, m->files[i].root);
         put64(p + 8, m->files[i].size);
     }
     for (uint64_t i = 0; i < m->n_tensors; i++, p += REC_TENSOR) {
@@ -745,13 +795,22 @@ int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t le
         p = put_str(p, m->strtab + m->meta[i].key, m->meta[i].key_len);
         p = put_str(p, m->strtab + m->meta[i].val, m->meta[i].val_len);
     }
+    for (uint64_t i = 0; i < m->n_roots; i++) {
+        p = put_str(p, m->strtab + m->roots[i].path, m->roots[i].path_len);
+        p = put_str(p, m->strtab + m->roots[i].name, m->roots[i].name_len);
+    }
+    /* Format 2: the roots' records follow the string table. */
+    for (uint64_t i = 0; i < m->n_roots; i++, p += REC_ROOT) {
+        put32(p, m->roots[i].path_len);
+        put32(p + 4, m->roots[i].name_len);
+    }
     uint64_t body_len = (uint64_t)(p - buf) - HDR_V1;
     assert(body_len == l.total - HDR_V1);
 
     uint8_t *h = buf;
     memset(h, 0, HDR_V1);
     memcpy(h + H_MAGIC, MAGIC, sizeof MAGIC);
-    put16(h + H_MAJOR, V_MAJOR);
+    put16(h + H_MAJOR, m->n_roots ? V_NEWEST : V_MAJOR);
     put16(h + H_MINOR, V_MINOR);
     put32(h + H_HSIZE, HDR_V1);
     put64(h + H_BODY_LEN, body_len);
@@ -761,6 +820,7 @@ int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t le
     const uint64_t counts[7] = {m->n_files, m->n_tensors, l.n_chunks, m->n_meta,
                                 l.n_dims,   l.n_csums,    l.strtab_len};
     for (int i = 0; i < 7; i++) put64(h + H_COUNTS + 8 * i, counts[i]);
+    put64(h + H_RESERVED, m->n_roots);
     /* Last, as it covers every other header byte, body checksum included. */
     put64(h + H_SUM_V1, ckptio__hash(h, H_SUM_V1));
     return 0;
@@ -810,11 +870,11 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
     if (len < H_HSIZE)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest truncated at %llu bytes", U(len));
     unsigned major = get16(buf + H_MAJOR), minor = get16(buf + H_MINOR);
-    if (major > V_MAJOR)
+    if (major > V_NEWEST)
         return fail(err, errlen, CKPTIO_E_FORMAT,
                     "manifest format %u.%u is newer than %u.%u, the newest this library reads",
-                    major, minor, V_MAJOR, V_MINOR);
-    if (major != V_MAJOR)
+                    major, minor, V_NEWEST, V_MINOR);
+    if (major != V_MAJOR && major != V_NEWEST)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format %u.%u does not exist", major,
                     minor);
     if (len > CKPTIO__MAX_MANIFEST_BYTES)
@@ -850,7 +910,7 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
                     "manifest body checksum mismatch (stored %016llx, computed %016llx)", U(want),
                     U(got));
     /* Reserved bits must be zero so that a future major version cannot be misread by us. */
-    if (get32(buf + H_FLAGS) != 0 || get64(buf + H_RESERVED) != 0 ||
+    if (get32(buf + H_FLAGS) != 0 || (major == V_MAJOR && get64(buf + H_RESERVED) != 0) ||
         get64(buf + H_RESERVED + 8) != 0)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest header: reserved fields are not zero");
     *hsize_out = hsize;
@@ -895,12 +955,23 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
         sec[i] = body + (body_len - rem);
         rem -= n[i] * rec_size[i];
     }
-    /* Data after the string table belongs to a later minor version; v1.0 has none. */
+    /* Format 2: the roots' records come right after the string table. */
+    uint64_t n_roots = get16(buf + H_MAJOR) == V_NEWEST ? get64(buf + H_RESERVED) : 0;
+    const uint8_t *sec_roots = body + (body_len - rem);
+    if (n_roots > CKPTIO__MAX_ROOTS)
+        return fail(err, errlen, CKPTIO_E_LIMIT, "manifest declares %llu roots (limit %u)",
+                    U(n_roots), CKPTIO__MAX_ROOTS);
+    if (n_roots > rem / REC_ROOT)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest declares %llu roots but only %llu body bytes remain for them",
+                    U(n_roots), U(rem));
+    rem -= n_roots * REC_ROOT;
+    /* Data after the string table (and roots) belongs to a later minor version; x.0 has none. */
     if (minor == V_MINOR && rem != 0)
         return fail(err, errlen, CKPTIO_E_CORRUPT,
                     "manifest body has %llu bytes after its string table", U(rem));
 
-    uint64_t total = arena_size(n);
+    uint64_t total = arena_size(n) + n_roots * sizeof(ckptio__mroot);
     if (total > SIZE_MAX) return fail(err, errlen, -ENOMEM, "manifest too large for memory");
     /* One allocation for the struct and all arrays: a single free, and no partial states. */
     uint8_t *arena = malloc((size_t)total);
@@ -908,7 +979,7 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
     ckptio__manifest *m = (ckptio__manifest *)arena;
     uint8_t *a = arena + ckptio__align_up(sizeof *m, 8);
     *m = (ckptio__manifest){
-        .version = V_MAJOR,
+        .version = get16(buf + H_MAJOR),
         .csum_algo = get32(buf + H_CSUM_ALGO),
         .csum_block = get64(buf + H_CSUM_BLOCK),
         .n_files = n[C_FILES],
@@ -918,6 +989,7 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
         .n_dims = n[C_DIMS],
         .n_csums = n[C_CSUMS],
         .strtab_len = n[C_STRTAB],
+        .n_roots = n_roots,
         .arena = arena,
     };
     m->files = (ckptio__mfile *)a, a += n[C_FILES] * sizeof *m->files;
@@ -926,6 +998,7 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
     m->meta = (ckptio__mmeta *)a, a += n[C_META] * sizeof *m->meta;
     m->dims = (uint64_t *)a, a += n[C_DIMS] * 8;
     m->csums = (uint64_t *)a, a += n[C_CSUMS] * 8;
+    m->roots = (ckptio__mroot *)a, a += n_roots * sizeof *m->roots;
     m->strtab = (char *)a;
 
     int rc = 0;
@@ -933,9 +1006,11 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
     const uint8_t *p = sec[C_FILES];
     for (uint64_t i = 0; i < n[C_FILES]; i++, p += REC_FILE) {
         ckptio__mfile *f = &m->files[i];
-        *f = (ckptio__mfile){.name = str, .name_len = get32(p), .size = get64(p + 8)};
-        CKPTIO__GOTO_IF(get32(p + 4) != 0, fail(err, errlen, CKPTIO_E_CORRUPT,
-                                                "file %llu: reserved field is not zero", U(i)));
+        *f = (ckptio__mfile){.name = str, .name_len = get32(p), .root = get32(p + 4),
+                             .size = get64(p + 8)};
+        CKPTIO__GOTO_IF(!n_roots && f->root != 0,
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "file %llu: reserved field is not zero", U(i)));
         CKPTIO__GOTO_IF(!take(&str, (uint64_t)f->name_len + 1, n[C_STRTAB]),
                         fail(err, errlen, CKPTIO_E_CORRUPT,
                              "file %llu: name of %u bytes overruns the string table", U(i),
@@ -993,6 +1068,16 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
         ok = ok && e->val_len < n[C_STRTAB] - str && take(&str, e->val_len + 1, n[C_STRTAB]);
         CKPTIO__GOTO_IF(!ok, fail(err, errlen, CKPTIO_E_CORRUPT,
                                   "metadata %llu: key or value overruns the string table", U(i)));
+    }
+    p = sec_roots;
+    for (uint64_t i = 0; i < n_roots; i++, p += REC_ROOT) {
+        ckptio__mroot *r = &m->roots[i];
+        *r = (ckptio__mroot){.path = str, .path_len = get32(p), .name_len = get32(p + 4)};
+        bool ok = take(&str, (uint64_t)r->path_len + 1, n[C_STRTAB]);
+        r->name = str;
+        ok = ok && take(&str, (uint64_t)r->name_len + 1, n[C_STRTAB]);
+        CKPTIO__GOTO_IF(!ok, fail(err, errlen, CKPTIO_E_CORRUPT,
+                                  "root %llu: path or name overruns the string table", U(i + 1)));
     }
     const uint64_t used[] = {chunk, dims, csum, str};
     const int which[] = {C_CHUNKS, C_DIMS, C_CSUMS, C_STRTAB};

@@ -44,9 +44,24 @@
 typedef struct ckptio__mfile {
     uint64_t name;     /* strtab offset */
     uint32_t name_len;
-    uint32_t reserved;
+    uint32_t root;     /* 0: the checkpoint directory; r >= 1: under roots[r - 1] (format 2) */
     uint64_t size;     /* true length of the file in bytes */
 } ckptio__mfile;
+
+/* A stripe root of a checkpoint spread over several directories (format 2, doc/format.md
+ * section 10): the root's path as recorded at save, and the name of the stripe directory in it
+ * that holds its files. */
+typedef struct ckptio__mroot {
+    uint64_t path; /* strtab offset: an absolute path */
+    uint64_t name; /* strtab offset: one path component */
+    uint32_t path_len;
+    uint32_t name_len;
+} ckptio__mroot;
+
+/* Format 1 has no roots; a manifest with roots is format 2 (older readers refuse it). */
+#define CKPTIO__FORMAT_STRIPED 2u
+#define CKPTIO__MAX_ROOTS 256u
+#define CKPTIO__MAX_ROOT_PATH 4096u
 
 typedef struct ckptio__mtensor {
     uint64_t name;     /* strtab offset */
@@ -81,7 +96,7 @@ typedef struct ckptio__mmeta {
 } ckptio__mmeta;
 
 typedef struct ckptio__manifest {
-    uint32_t version;    /* format version (1) */
+    uint32_t version;    /* format version: 1, or CKPTIO__FORMAT_STRIPED when n_roots > 0 */
     uint32_t csum_algo;  /* CKPTIO__CSUM_* */
     uint64_t csum_block; /* bytes per checksum block, a power of two in [4096, 64 MiB] (may be
                           * 0 when csum_algo is NONE) */
@@ -93,6 +108,8 @@ typedef struct ckptio__manifest {
     uint64_t *dims;
     uint64_t *csums;
     char *strtab;
+    uint64_t n_roots;     /* stripe roots (format 2); files name them by index + 1 */
+    ckptio__mroot *roots;
     void *arena; /* decode: one allocation holding all of the above; NULL when caller-owned */
 } ckptio__manifest;
 
