@@ -159,7 +159,25 @@ typedef struct ckptio_params {
                              * The old one stays loadable until the new one is complete. An
                              * empty directory may be replaced too, also only at commit. */
     int reserved1;
+    /* Since 0.2 (a caller whose .size stops before these gets the defaults): */
+    int cache;               /* reader: enum ckptio_cache; the environment's CKPTIO_CACHE=auto|never
+                              * overrides it */
+    uint32_t verify_threads; /* reader: threads that verify checksums and copy cached ranges,
+                              * the caller's included; 0 = the CPUs this process may use, at
+                              * most 8 */
 } ckptio_params;
+
+/* Where a reader takes the bytes of a direct (O_DIRECT) data file from. AUTO: ranges resident
+ * in the page cache (a file just copied, read by another program, or loaded before with
+ * direct = OFF) are copied from memory through a buffered descriptor; the rest is read from
+ * the device with O_DIRECT, which adds nothing to the cache. A ckptio save writes with
+ * O_DIRECT too and leaves its files out of the cache, so the first load of a checkpoint
+ * ckptio just wrote comes from the device; loading with direct = OFF reads through the cache
+ * and leaves the file resident for the next load. NEVER: everything from the device, as
+ * before 0.2. Residency is asked of the kernel once per read (cachestat(2), mincore(2) where
+ * that is missing); a page evicted in between is still read correctly, from the device.
+ * Since 0.2. */
+enum ckptio_cache { CKPTIO_CACHE_AUTO = 0, CKPTIO_CACHE_NEVER = 1 };
 
 /* Fill `p` with defaults. Since 0.1. */
 CKPTIO_API void ckptio_params_init(ckptio_params *p);
@@ -353,6 +371,17 @@ CKPTIO_API int ckptio_reader_read_tensor(ckptio_reader *r, const char *name, voi
 CKPTIO_API int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks);
 
 CKPTIO_API int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
+/* Where a reader's bytes came from, over all its reads and verifies so far (since 0.2). The
+ * caller sets .size = sizeof(ckptio_read_stats); fields past it are left alone. */
+typedef struct ckptio_read_stats {
+    uint32_t size;
+    uint32_t verify_threads; /* threads that verified and copied cached ranges (caller's too) */
+    uint64_t cache_bytes;    /* stored bytes copied from the page cache (ckptio_params.cache) */
+    uint64_t device_bytes;   /* bytes read through the I/O backend (O_DIRECT where in effect) */
+    uint64_t requests;       /* requests handed to the I/O backend */
+    uint64_t merged;         /* small in-place reads of neighbouring ranges merged into others */
+} ckptio_read_stats;
+CKPTIO_API int ckptio_reader_read_stats(const ckptio_reader *r, ckptio_read_stats *out);
 CKPTIO_API const char *ckptio_reader_errmsg(const ckptio_reader *r);
 /* The checkpoint directory's path as given to open. */
 CKPTIO_API const char *ckptio_reader_path(const ckptio_reader *r);

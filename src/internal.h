@@ -16,6 +16,8 @@ typedef struct ckptio__cfg {
     uint64_t staging;  /* bytes of staging: >= 2 requests */
     uint64_t csum_block;
     bool fsync, checksums, overwrite;
+    bool cache;              /* reader: take resident ranges from the page cache */
+    unsigned verify_threads; /* reader: threads that verify and copy cached ranges, caller's included */
 } ckptio__cfg;
 
 CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, ckptio__msg *m);
