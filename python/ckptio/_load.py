@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -639,7 +640,10 @@ def load(
         out = r.load(like=like, keys=keys, device=device, framework=framework)
         global _last_stats
         st = r._r.stats()
-    _last_stats = Stats._from_core(st, time.perf_counter() - t0)
+        cache_bytes = r._r.read_stats()[0]
+    _last_stats = dataclasses.replace(
+        Stats._from_core(st, time.perf_counter() - t0), cache_bytes=cache_bytes
+    )
     return out
 
 

@@ -23,6 +23,8 @@ IO_OPTIONS = (
     "io_threads",
     "staging_bytes",
     "request_bytes",
+    "cache",
+    "verify_threads",
 )
 
 
@@ -51,7 +53,9 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     backend: "auto" (io_uring where the kernel allows, else a pread/pwrite pool), "io_uring",
     "psync" or "buffered"; direct: None (O_DIRECT where the file system allows), True, False;
     fsync, checksums: bools (default True); queue_depth, io_threads, staging_bytes,
-    request_bytes: ints, 0 = the library's default.
+    request_bytes: ints, 0 = the library's default; cache (loads): "auto" (ranges resident in
+    the page cache are copied from it, the rest read from the device) or "never";
+    verify_threads (loads): threads that verify checksums and copy cached ranges, 0 = default.
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
@@ -75,7 +79,18 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "fsync": _switch("fsync", options.get("fsync", True), False),
         "checksums": _switch("checksums", options.get("checksums", True), False),
         "overwrite": _ON if overwrite else _OFF,
+        "cache": _cache(options.get("cache", "auto")),
+        "verify_threads": _count("verify_threads", options.get("verify_threads")),
     }
+
+
+def _cache(value: Any) -> int:
+    """cache: "auto" (resident ranges from the page cache, the rest from the device) or "never"."""
+    if value is None or value == "auto":
+        return 0
+    if value == "never":
+        return 1
+    raise error(USAGE, f"cache must be 'auto' or 'never', got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,8 @@ class Stats:
     ("io_uring", "psync" or "buffered"); ``direct``: whether O_DIRECT was used;
     ``io_seconds``: the library's own time from open to commit (or last read); ``tensors``:
     tensors (or chunks) written, or regions read.
+    ``io_bytes``: bytes read from or written to the device; ``cache_bytes`` (loads): stored
+    bytes copied from the page cache instead.
     """
 
     bytes: int
@@ -97,6 +114,7 @@ class Stats:
     tensors: int = 0
     io_bytes: int = 0
     io_seconds: float = 0.0
+    cache_bytes: int = 0
 
     @classmethod
     def _from_core(cls, t: Any, seconds: float) -> Stats:
