@@ -356,9 +356,11 @@ typedef struct ckptio_region {
 
 /* Read `n` regions, whatever chunks their tensors were stored as: the reads of all regions
  * are planned together (adjacent ranges coalesced, many large requests in flight) and
- * checksums are verified as data lands (p->checksums). Returns 0 or the first error; the
- * message names the file, tensor and offset. On failure the destinations' contents are
- * unspecified. */
+ * checksums are verified as data lands (p->checksums), on p->verify_threads threads. Ranges
+ * resident in the page cache are copied from it (p->cache). Returns 0 or the first error; the
+ * message names the file, tensor and offset (of checksum mismatches, the first damaged block
+ * in file order, whatever the order in which reads complete). On failure the destinations'
+ * contents are unspecified. */
 CKPTIO_API int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n);
 
 /* Read a whole tensor into dst (capacity >= its nbytes). */

@@ -684,13 +684,14 @@ static int plan_cache(plan *pl)
                 if (resident(f, s->foff + (e - s->a), n - e, NULL)) break;
                 e = n;
             }
-            /* An in-place part must start where O_DIRECT can: else the cache reads it too
+            /* An in-place part must lie where O_DIRECT can read it: else the cache reads it too
              * (a buffered read of pages not resident goes to the device, just as correctly). */
             bool aligned = true;
             if (s->direct && pl->files[s->file].direct) {
                 const piece *p = CKPTIO__VEC_AT(&pl->pieces, piece, s->piece);
                 uintptr_t d = (uintptr_t)(p->dst + p->dst0 + (q - p->src0));
-                aligned = (s->foff + (q - s->a)) % f->off_align == 0 && d % f->mem_align == 0;
+                aligned = (s->foff + (q - s->a)) % f->off_align == 0 && d % f->mem_align == 0 &&
+                          (e == s->b || (e - q) % f->off_align == 0);
             }
             CKPTIO__CHECK(push_part(aligned ? &out : &pl->csegs, s, q, e, !aligned));
             q = e;
