@@ -352,7 +352,7 @@ class Reader:
 
     def stats(self) -> Stats:
         t = self._r.stats()
-        return Stats._from_core(t, t.seconds)
+        return dataclasses.replace(Stats._from_core(t, t.seconds), cache_bytes=self._r.read_stats()[0])
 
     # ---- reading ----
     def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:

@@ -93,6 +93,7 @@ def test_reader_read_stats(ckpt: pathlib.Path) -> None:
         r.verify()
         cache, device, requests, merged, threads = r._r.read_stats()
         assert cache + device > 0 and threads >= 1 and requests >= 0 and merged >= 0
+        assert r.stats().cache_bytes == cache
 
 
 @pytest.mark.parametrize("bad", ["always", 1, True])
