@@ -320,6 +320,9 @@ static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct, bo
     if (cache && f->direct) {
         int d = 0;
         if (ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_OFF, &f->bfd, &d) < 0) f->bfd = -1;
+        /* It reads resident pages only: readahead would pull in from the device the very
+         * bytes that O_DIRECT is reading. */
+        else posix_fadvise(f->bfd, 0, 0, POSIX_FADV_RANDOM);
         f->cf = (ckptio__cachefile){.fd = f->bfd, .size = f->size};
     }
     return 0;

