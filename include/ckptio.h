@@ -163,6 +163,12 @@ typedef struct ckptio_params {
     int gpu;                    /* enum ckptio_gpu_mode; CKPTIO_GPU=auto|gds|staged|off wins */
     uint32_t reserved2;
     uint64_t gpu_staging_bytes; /* pinned host memory for GPU copies; 0 = default (256 MiB) */
+    /* Since 0.2, read paths (a caller whose .size stops before these gets the defaults): */
+    int cache;               /* reader: enum ckptio_cache; the environment's CKPTIO_CACHE=auto|never
+                              * overrides it */
+    uint32_t verify_threads; /* reader: threads that verify checksums and copy cached ranges,
+                              * the caller's included; 0 = the CPUs this process may use, at
+                              * most 8 */
 } ckptio_params;
 
 /* How GPU memory moves (ckptio_params.gpu). AUTO: GPUDirect Storage (cuFile) where it works,
@@ -178,6 +184,18 @@ enum ckptio_gpu_mode {
     CKPTIO_GPU_STAGED = 2,
     CKPTIO_GPU_OFF = 3
 };
+
+/* Where a reader takes the bytes of a direct (O_DIRECT) data file from. AUTO: ranges resident
+ * in the page cache (a file just copied, read by another program, or loaded before with
+ * direct = OFF) are copied from memory through a buffered descriptor; the rest is read from
+ * the device with O_DIRECT, which adds nothing to the cache. A ckptio save writes with
+ * O_DIRECT too and leaves its files out of the cache, so the first load of a checkpoint
+ * ckptio just wrote comes from the device; loading with direct = OFF reads through the cache
+ * and leaves the file resident for the next load. NEVER: everything from the device, as
+ * before 0.2. Residency is asked of the kernel once per read (cachestat(2), mincore(2) where
+ * that is missing); a page evicted in between is still read correctly, from the device.
+ * Since 0.2. */
+enum ckptio_cache { CKPTIO_CACHE_AUTO = 0, CKPTIO_CACHE_NEVER = 1 };
 
 /* Fill `p` with defaults. Since 0.1. */
 CKPTIO_API void ckptio_params_init(ckptio_params *p);
@@ -364,9 +382,11 @@ typedef struct ckptio_region {
 
 /* Read `n` regions, whatever chunks their tensors were stored as: the reads of all regions
  * are planned together (adjacent ranges coalesced, many large requests in flight) and
- * checksums are verified as data lands (p->checksums). Returns 0 or the first error; the
- * message names the file, tensor and offset. On failure the destinations' contents are
- * unspecified. */
+ * checksums are verified as data lands (p->checksums), on p->verify_threads threads. Ranges
+ * resident in the page cache are copied from it (p->cache). Returns 0 or the first error; the
+ * message names the file, tensor and offset (of checksum mismatches, the first damaged block
+ * in file order, whatever the order in which reads complete). On failure the destinations'
+ * contents are unspecified. */
 CKPTIO_API int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n);
 
 /* Read a whole tensor into dst (capacity >= its nbytes). */
@@ -379,6 +399,17 @@ CKPTIO_API int ckptio_reader_read_tensor(ckptio_reader *r, const char *name, voi
 CKPTIO_API int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks);
 
 CKPTIO_API int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
+/* Where a reader's bytes came from, over all its reads and verifies so far (since 0.2). The
+ * caller sets .size = sizeof(ckptio_read_stats); fields past it are left alone. */
+typedef struct ckptio_read_stats {
+    uint32_t size;
+    uint32_t verify_threads; /* threads that verified and copied cached ranges (caller's too) */
+    uint64_t cache_bytes;    /* stored bytes copied from the page cache (ckptio_params.cache) */
+    uint64_t device_bytes;   /* bytes read through the I/O backend (O_DIRECT where in effect) */
+    uint64_t requests;       /* requests handed to the I/O backend */
+    uint64_t merged;         /* small in-place reads of neighbouring ranges merged into others */
+} ckptio_read_stats;
+CKPTIO_API int ckptio_reader_read_stats(const ckptio_reader *r, ckptio_read_stats *out);
 CKPTIO_API const char *ckptio_reader_errmsg(const ckptio_reader *r);
 /* The checkpoint directory's path as given to open. */
 CKPTIO_API const char *ckptio_reader_path(const ckptio_reader *r);

@@ -18,6 +18,8 @@ typedef struct ckptio__cfg {
     bool fsync, checksums, overwrite;
     int gpu;              /* CKPTIO_GPU_*, after CKPTIO_GPU */
     uint64_t gpu_staging; /* bytes of the pinned GPU staging ring */
+    bool cache;              /* reader: take resident ranges from the page cache */
+    unsigned verify_threads; /* reader: threads that verify and copy cached ranges, caller's included */
 } ckptio__cfg;
 
 CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, ckptio__msg *m);

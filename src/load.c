@@ -13,6 +13,8 @@
 #include "format/manifest.h"
 #include "gpu/staged.h"
 #include "internal.h"
+#include "common/workers.h"
+#include "io/cache.h"
 #include "io/engine.h"
 #include "io/ring.h"
 #include "io/vfs.h"
@@ -21,9 +23,17 @@
  * another request. */
 #define GAP_BYTES (128u << 10)
 #define NONE UINT64_MAX
+/* Residency is asked, and cached bytes are copied and verified, in pieces of this size: big
+ * enough that a syscall per piece costs nothing, small enough to spread over the workers. */
+#define CACHE_GRAN (1ull << 20)
+/* An in-place read at most this long that touches a neighbouring range of the same file is
+ * staged with it instead: one request for many small tensors, at the cost of one copy. */
+#define MERGE_BYTES (256u << 10)
 
 typedef struct rfile {
     int fd; /* -1 until a read needs the file */
+    int bfd; /* a buffered descriptor for the resident ranges of a direct file, or -1 */
+    ckptio__cachefile cf; /* residency of the file's pages, asked through bfd */
     int direct;
     uint32_t mem_align, off_align;
     uint64_t size; /* actual size on disk */
@@ -57,7 +67,9 @@ typedef struct seg {
     uint64_t iter; /* index in iters[] of the first run ending after a (k entries) */
     uint64_t len;  /* direct: request length (>= b - a when the tail may overrun into scratch) */
     uint32_t file;
-    uint32_t direct;
+    uint8_t direct;
+    uint8_t verify; /* whole checksum blocks: a and b lie on block boundaries (b: or chunk end) */
+    uint8_t cached; /* resident when planned: read by the workers from the page cache */
 } seg;
 
 struct ckptio_reader {
@@ -74,19 +86,33 @@ struct ckptio_reader {
     uint64_t buf_size; /* of a staging buffer */
     ckptio__gpu gpu;   /* CKPTIO_MEM_CUDA regions */
     ckptio_stats stats;
+    ckptio_read_stats rstats;
+    ckptio__workers *workers; /* verification and cached reads; started on first read */
 };
 
 /* One read or verify operation: what to read (pieces, segs), then how (ios, in file order;
  * io i covers segs [firsts[i], firsts[i + 1])). Planning reads nothing: the files are open. */
 typedef struct plan {
-    const rfile *files;
+    rfile *files;
     uint64_t block;    /* checksum block */
     uint64_t request;  /* bytes per direct request */
     uint64_t buf_size; /* of a staging buffer */
     ckptio__vec pieces, segs, geo, iters, ios, firsts;
+    ckptio__vec csegs; /* cached segments, in file order: read by the workers, not the ring */
+    ckptio__vec blocks; /* scratch for one request's checksum blocks */
     uint8_t *bad; /* verify: per chunk, 1 once the chunk is counted in bad_chunks */
     uint64_t bad_chunks;
+    /* The damaged block of lowest (file, offset) seen so far: the one reported, whatever the
+     * order in which reads complete. */
+    bool has_bad;
+    uint32_t bad_file;
+    uint64_t bad_foff, bad_chunk, bad_x, bad_len;
+    bool cache; /* split segments by residency (ckptio_params.cache) */
+    ckptio__workers *workers;
+    uint64_t cache_bytes, requests, merged;
 } plan;
+
+static void close_rfile(rfile *f);
 
 static const char *tname(const ckptio_reader *r, uint64_t chunk)
 {
@@ -232,7 +258,7 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     }
     r->files = calloc(r->m->n_files + 1, sizeof *r->files);
     CKPTIO__GOTO_IF(!r->files, -ENOMEM);
-    for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = -1;
+    for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = r->files[i].bfd = -1;
     r->gpu.block = r->m->csum_block ? r->m->csum_block : 4096; /* slots: whole blocks */
     /* A staging buffer holds a whole checksum block plus alignment slack at both ends; the
      * format bounds the block (manifest.c), so this does not overflow. */
@@ -255,9 +281,9 @@ void ckptio_reader_close(ckptio_reader *r)
     if (!r) return;
     ckptio__ring_fini(&r->ring);
     ckptio__gpu_fini(&r->gpu);
+    ckptio__workers_stop(r->workers);
     if (r->files)
-        for (uint64_t i = 0; i < r->m->n_files; i++)
-            if (r->files[i].fd >= 0) close(r->files[i].fd);
+        for (uint64_t i = 0; i < r->m->n_files; i++) close_rfile(&r->files[i]);
     free(r->files);
     for (uint64_t k = 0; r->root_fds && k < r->m->n_roots; k++)
         if (r->root_fds[k] >= 0) close(r->root_fds[k]);
@@ -281,9 +307,10 @@ static int start_ring(ckptio_reader *r)
 }
 
 /* Open a file to read and learn its size and alignment; -errno. */
-static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct)
+static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct, bool cache)
 {
     if (f->fd >= 0) return 0;
+    f->bfd = -1;
     int rc = ckptio__file_open(dirfd, name, CKPTIO__F_READ, want_direct, &f->fd, &f->direct);
     if (rc < 0) {
         f->fd = -1;
@@ -300,7 +327,26 @@ static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct)
     if (f->direct) ckptio__file_dio_align(f->fd, &f->mem_align, &f->off_align);
     else f->mem_align = f->off_align = 1;
     f->off_align = CKPTIO__MIN(f->off_align, 4096u);
+    /* A second, buffered descriptor copies resident pages; without one (it failed to open)
+     * everything is read from the device as before. A file opened without O_DIRECT is read
+     * through the cache already. */
+    if (cache && f->direct) {
+        int d = 0;
+        if (ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_OFF, &f->bfd, &d) < 0) f->bfd = -1;
+        /* It reads resident pages only: readahead would pull in from the device the very
+         * bytes that O_DIRECT is reading. */
+        else posix_fadvise(f->bfd, 0, 0, POSIX_FADV_RANDOM);
+        f->cf = (ckptio__cachefile){.fd = f->bfd, .size = f->size};
+    }
     return 0;
+}
+
+static void close_rfile(rfile *f)
+{
+    if (f->fd >= 0) close(f->fd);
+    if (f->bfd >= 0) close(f->bfd);
+    ckptio__cache_fini(&f->cf);
+    f->fd = f->bfd = -1;
 }
 
 /* ---- striped checkpoints (format 2): data files in stripe directories of other roots ---- */
@@ -339,7 +385,7 @@ static int open_striped(ckptio_reader *r, uint32_t i)
                             r->path, fname(r, i), name, k + 1, recorded,
                             r->n_roots ? "is in none of the given roots" : "cannot be opened");
     rfile *f = &r->files[i];
-    int rc = open_rfile(f, r->root_fds[k], fname(r, i), r->cfg.direct);
+    int rc = open_rfile(f, r->root_fds[k], fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)
         return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
                             "cannot open data file '%s/%s/%s' of checkpoint '%s'%s", recorded,
@@ -389,7 +435,7 @@ static int open_file(ckptio_reader *r, uint32_t i)
     if (f->fd >= 0) return 0;
     uint32_t root = r->m->files[i].root;
     if (root) return open_striped(r, i);
-    int rc = open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct);
+    int rc = open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)
         return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
                             "cannot open data file '%s/%s'%s", r->path, fname(r, i),
@@ -510,6 +556,22 @@ int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out)
     return 0;
 }
 
+int ckptio_reader_read_stats(const ckptio_reader *r, ckptio_read_stats *out)
+{
+    if (!r || !out)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_read_stats: NULL argument");
+    if (out->size < offsetof(ckptio_read_stats, merged) + sizeof(uint64_t))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_reader_read_stats: out->size is %u; set it to "
+                            "sizeof(ckptio_read_stats) (%zu here) before the call",
+                            out->size, sizeof(ckptio_read_stats));
+    ckptio_read_stats st = r->rstats;
+    st.size = out->size;
+    st.device_bytes = r->stats.io_bytes;
+    memcpy(out, &st, CKPTIO__MIN((size_t)out->size, sizeof st));
+    return 0;
+}
+
 /* ---- planning ---- */
 
 static bool verifying(const ckptio_reader *r, const ckptio__mchunk *c)
@@ -541,6 +603,7 @@ static uint64_t staged_span(const plan *pl, bool verify)
 /* Cut extent bytes [a, b) into staged segments. */
 static int plan_staged(plan *pl, const extent *x, seg proto, uint64_t a, uint64_t b)
 {
+    proto.verify = x->verify;
     uint64_t span = staged_span(pl, x->verify);
     for (uint64_t i = a; i < b;) {
         uint64_t j = CKPTIO__MIN(b, i + span);
@@ -566,6 +629,7 @@ static int plan_single_run(plan *pl, const extent *x, const piece *p, seg proto)
     uint64_t S = verify ? ckptio__align_down(s, B) : s;
     uint64_t E = verify ? CKPTIO__MIN(ckptio__align_up(e, B), x->len) : e;
     uint8_t *d = p->dst + p->dst0;
+    proto.verify = verify;
     bool direct = S == s && E == e &&
                   (!f->direct || ((x->off + s) % f->off_align == 0 &&
                                   (uintptr_t)d % f->mem_align == 0));
@@ -608,6 +672,7 @@ static int plan_runs(plan *pl, const extent *x, const piece *p, seg proto)
     const uint64_t *ss = cnt + p->k;
     uint64_t idx[CKPTIO_MAX_NDIM] = {0};
     bool open = false;
+    proto.verify = verify;
     for (uint64_t n = 0; n < p->runs; n++) {
         uint64_t rs = p->src0;
         for (uint32_t j = 0; j < p->k; j++) rs += idx[j] * ss[j];
@@ -654,6 +719,88 @@ static int cmp_seg(const void *a, const void *b)
     return x->foff < y->foff ? -1 : x->foff > y->foff;
 }
 
+/* Where a part of s that starts at q may end: the next granule boundary, in whole checksum
+ * blocks of the chunk when s is verified, else on a file offset multiple of the granule. */
+static uint64_t next_cut(const plan *pl, const seg *s, uint64_t q)
+{
+    if (s->verify) {
+        uint64_t g = CKPTIO__MAX(pl->block, CACHE_GRAN / pl->block * pl->block);
+        return CKPTIO__MIN(s->b, q / g * g + g);
+    }
+    uint64_t f = s->foff + (q - s->a);
+    return CKPTIO__MIN(s->b, q + (CACHE_GRAN - f % CACHE_GRAN));
+}
+
+static bool resident(rfile *f, uint64_t off, uint64_t len, bool *none)
+{
+    uint64_t res = 0, pages = 0;
+    if (ckptio__cache_resident(&f->cf, off, len, &res, &pages) < 0) res = 0;
+    if (none) *none = res == 0;
+    return pages && res == pages;
+}
+
+/* Bytes [q, e) of s as a segment of their own. */
+static int push_part(ckptio__vec *to, const seg *s, uint64_t q, uint64_t e, bool cached)
+{
+    seg t = *s;
+    t.a = q;
+    t.b = e;
+    t.foff = s->foff + (q - s->a);
+    t.len = e == s->b ? s->len - (q - s->a) : e - q; /* the last part keeps a padded tail */
+    t.cached = cached;
+    return ckptio__vec_push(to, &t, 1) < 0 ? -ENOMEM : 0;
+}
+
+/* Split the segments by page-cache residency: resident granules go to csegs, copied by the
+ * workers through the buffered descriptor; runs of the others stay for the device. */
+static int plan_cache(plan *pl)
+{
+    if (!pl->cache) return 0;
+    ckptio__vec out;
+    ckptio__vec_init(&out, sizeof(seg));
+    int rc = 0;
+    for (size_t i = 0; i < pl->segs.len; i++) {
+        const seg *s = CKPTIO__VEC_AT(&pl->segs, seg, i);
+        rfile *f = &pl->files[s->file];
+        bool none = true, all = f->bfd >= 0 && resident(f, s->foff, s->b - s->a, &none);
+        if (f->bfd < 0 || none) {
+            CKPTIO__GOTO_IF(ckptio__vec_push(&out, s, 1) < 0, -ENOMEM);
+            continue;
+        }
+        for (uint64_t q = s->a; q < s->b;) {
+            uint64_t e = next_cut(pl, s, q);
+            if (all || resident(f, s->foff + (q - s->a), e - q, NULL)) {
+                CKPTIO__CHECK(push_part(&pl->csegs, s, q, e, true));
+                q = e;
+                continue;
+            }
+            while (e < s->b) {
+                uint64_t n = next_cut(pl, s, e);
+                if (resident(f, s->foff + (e - s->a), n - e, NULL)) break;
+                e = n;
+            }
+            /* An in-place part must lie where O_DIRECT can read it: else the cache reads it too
+             * (a buffered read of pages not resident goes to the device, just as correctly). */
+            bool aligned = true;
+            if (s->direct && pl->files[s->file].direct) {
+                const piece *p = CKPTIO__VEC_AT(&pl->pieces, piece, s->piece);
+                uintptr_t d = (uintptr_t)(p->dst + p->dst0 + (q - p->src0));
+                aligned = (s->foff + (q - s->a)) % f->off_align == 0 && d % f->mem_align == 0 &&
+                          (e == s->b || (e - q) % f->off_align == 0);
+            }
+            CKPTIO__CHECK(push_part(aligned ? &out : &pl->csegs, s, q, e, !aligned));
+            q = e;
+        }
+    }
+    ckptio__vec_free(&pl->segs);
+    pl->segs = out;
+    if (pl->csegs.len > 1) qsort(pl->csegs.items, pl->csegs.len, sizeof(seg), cmp_seg);
+    return 0;
+out:
+    ckptio__vec_free(&out);
+    return rc;
+}
+
 /* Turn the segments into requests, in file order: a direct segment is one request, staged
  * neighbours share one staging buffer. */
 static int plan_ios(plan *pl)
@@ -661,6 +808,20 @@ static int plan_ios(plan *pl)
     seg *segs = pl->segs.items;
     size_t n = pl->segs.len;
     if (n > 1) qsort(segs, n, sizeof *segs, cmp_seg);
+    /* Small in-place ranges that touch a neighbour are staged with it (merged below). */
+    for (size_t k = 0; k < n; k++) {
+        seg *s = &segs[k];
+        if (!s->direct || s->b - s->a > MERGE_BYTES) continue;
+        const uint64_t slack = 4096; /* the alignment padding between stored tensors */
+        bool prev = k > 0 && segs[k - 1].file == s->file &&
+                    segs[k - 1].foff + (segs[k - 1].b - segs[k - 1].a) + slack >= s->foff;
+        bool next = k + 1 < n && segs[k + 1].file == s->file &&
+                    s->foff + (s->b - s->a) + slack >= segs[k + 1].foff;
+        if (prev || next) {
+            s->direct = 0;
+            pl->merged++;
+        }
+    }
     for (size_t next = 0; next < n;) {
         const seg *s = &segs[next];
         const rfile *f = &pl->files[s->file];
@@ -852,30 +1013,79 @@ static int plan_region(ckptio_reader *r, plan *pl, const box *bx)
 
 /* ---- execution ---- */
 
-static int check_blocks(ckptio_reader *r, plan *pl, const seg *s, const uint8_t *base)
+/* A damaged block: verify counts its chunk; the lowest (file, offset) is remembered. */
+static int note_bad(const ckptio_reader *r, plan *pl, const seg *s, uint64_t x, uint64_t len)
 {
     const ckptio__mchunk *c = &r->m->chunks[s->chunk];
-    if (!verifying(r, c)) return 0;
-    uint64_t B = r->m->csum_block;
-    for (uint64_t x = s->a; x < s->b; x += B) {
-        uint64_t len = CKPTIO__MIN(B, c->stored_len - x);
-        if (ckptio__hash(base + (x - s->a), len) == r->m->csums[c->csums + x / B]) continue;
-        /* verify counts damaged chunks and keeps going; the message is the first one's. */
-        if (pl->bad) {
-            if (pl->bad[s->chunk]) return 0;
-            pl->bad[s->chunk] = 1;
-            if (pl->bad_chunks++) return 0;
-        }
-        ckptio__fail(&r->msg, CKPTIO_E_CHECKSUM,
-                            "checksum mismatch in tensor '%s': bytes %llu..%llu of its chunk at "
-                            "offset %llu of '%s/%s' are damaged; restore this checkpoint from a "
-                            "copy or load an earlier one",
-                            tname(r, s->chunk), (unsigned long long)x,
-                            (unsigned long long)(x + len), (unsigned long long)(c->file_off + x),
-                            r->path, fname(r, c->file));
-        return pl->bad ? 0 : CKPTIO_E_CHECKSUM;
+    if (pl->bad && !pl->bad[s->chunk]) {
+        pl->bad[s->chunk] = 1;
+        pl->bad_chunks++;
     }
-    return 0;
+    uint64_t foff = c->file_off + x;
+    if (!pl->has_bad || c->file < pl->bad_file || (c->file == pl->bad_file && foff < pl->bad_foff)) {
+        pl->has_bad = true;
+        pl->bad_file = c->file;
+        pl->bad_foff = foff;
+        pl->bad_chunk = s->chunk;
+        pl->bad_x = x;
+        pl->bad_len = len;
+    }
+    return pl->bad ? 0 : CKPTIO_E_CHECKSUM;
+}
+
+static void report_bad(ckptio_reader *r, const plan *pl)
+{
+    ckptio__fail(&r->msg, CKPTIO_E_CHECKSUM,
+                 "checksum mismatch in tensor '%s': bytes %llu..%llu of its chunk at offset %llu "
+                 "of '%s/%s' are damaged; restore this checkpoint from a copy or load an earlier "
+                 "one",
+                 tname(r, pl->bad_chunk), (unsigned long long)pl->bad_x,
+                 (unsigned long long)(pl->bad_x + pl->bad_len), (unsigned long long)pl->bad_foff,
+                 r->path, fname(r, pl->bad_file));
+}
+
+typedef struct hblock {
+    const uint8_t *p;
+    uint64_t len, hash;
+} hblock;
+
+static void hash_block(void *ctx, size_t i, unsigned worker)
+{
+    (void)worker;
+    hblock *b = (hblock *)ctx + i;
+    b->hash = ckptio__hash(b->p, b->len);
+}
+
+/* Verify the blocks of segments segs[first, last), all in one buffer at file offset `off`,
+ * hashing on every worker; mismatches are noted in file order. */
+static int check_io(ckptio_reader *r, plan *pl, size_t first, size_t last, const uint8_t *buf,
+                    uint64_t off)
+{
+    const seg *segs = pl->segs.items;
+    uint64_t B = r->m->csum_block;
+    pl->blocks.len = 0;
+    for (size_t k = first; k < last; k++) {
+        const seg *s = &segs[k];
+        if (!s->verify) continue;
+        const ckptio__mchunk *c = &r->m->chunks[s->chunk];
+        const uint8_t *base = buf + (s->foff - off);
+        for (uint64_t x = s->a; x < s->b; x += B) {
+            hblock hb = {base + (x - s->a), CKPTIO__MIN(B, c->stored_len - x), 0};
+            if (ckptio__vec_push(&pl->blocks, &hb, 1) < 0) return -ENOMEM;
+        }
+    }
+    ckptio__workers_for(pl->workers, pl->blocks.len, hash_block, pl->blocks.items);
+    const hblock *hb = pl->blocks.items;
+    int rc = 0;
+    for (size_t k = first; k < last; k++) {
+        const seg *s = &segs[k];
+        if (!s->verify) continue;
+        const ckptio__mchunk *c = &r->m->chunks[s->chunk];
+        for (uint64_t x = s->a; x < s->b; x += B, hb++)
+            if (hb->hash != r->m->csums[c->csums + x / B] && !rc)
+                rc = note_bad(r, pl, s, x, hb->len);
+    }
+    return rc;
 }
 
 /* Copy the parts of a piece's runs that fall in [a, b) out of the staging buffer. */
@@ -932,6 +1142,11 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
                             fname(r, s->file), tname(r, s->chunk));
     }
     r->stats.io_bytes += (uint64_t)res;
+    r->rstats.requests++;
+    /* Segments that the bytes cover are verified and copied out; the first one cut short ends
+     * the request. */
+    size_t end = last;
+    int trunc = 0;
     for (size_t k = first; k < last; k++) {
         const seg *s = &segs[k];
         uint64_t need = s->foff + (s->b - s->a) - io->off;
@@ -940,20 +1155,25 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
                 pl->bad[s->chunk] = 1; /* a flag: counting here would wrap */
                 pl->bad_chunks++;
             }
-            return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                                "data file '%s/%s' ended at byte %llu while reading tensor '%s'; "
-                                "the file is truncated",
-                                r->path, fname(r, s->file),
-                                (unsigned long long)(io->off + (uint64_t)res), tname(r, s->chunk));
+            trunc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
+                                 "data file '%s/%s' ended at byte %llu while reading tensor '%s'; "
+                                 "the file is truncated",
+                                 r->path, fname(r, s->file),
+                                 (unsigned long long)(io->off + (uint64_t)res), tname(r, s->chunk));
+            end = k;
+            break;
         }
-        const uint8_t *base = (const uint8_t *)buf + (s->foff - io->off);
-        CKPTIO__TRY(check_blocks(r, pl, s, base));
-        if (!s->direct && s->piece != NONE) scatter(pl, s, base);
     }
-    return 0;
+    int rc = check_io(r, pl, first, end, buf, io->off);
+    for (size_t k = first; k < end; k++) {
+        const seg *s = &segs[k];
+        if (!s->direct && s->piece != NONE)
+            scatter(pl, s, (const uint8_t *)buf + (s->foff - io->off));
+    }
+    return trunc ? trunc : rc;
 }
 
-static void plan_init(plan *pl, const rfile *files, uint64_t block, uint64_t request,
+static void plan_init(plan *pl, rfile *files, uint64_t block, uint64_t request,
                       uint64_t buf_size)
 {
     memset(pl, 0, sizeof *pl);
@@ -967,6 +1187,8 @@ static void plan_init(plan *pl, const rfile *files, uint64_t block, uint64_t req
     ckptio__vec_init(&pl->iters, sizeof(uint64_t));
     ckptio__vec_init(&pl->ios, sizeof(ckptio__ring_io));
     ckptio__vec_init(&pl->firsts, sizeof(size_t));
+    ckptio__vec_init(&pl->csegs, sizeof(seg));
+    ckptio__vec_init(&pl->blocks, sizeof(hblock));
 }
 
 static void plan_free(plan *pl)
@@ -977,16 +1199,147 @@ static void plan_free(plan *pl)
     ckptio__vec_free(&pl->iters);
     ckptio__vec_free(&pl->ios);
     ckptio__vec_free(&pl->firsts);
+    ckptio__vec_free(&pl->csegs);
+    ckptio__vec_free(&pl->blocks);
     free(pl->bad);
 }
 
 /* Start the ring if need be and read everything planned. */
+/* What one cached segment's job found. */
+typedef struct cres {
+    int rc;       /* 0, -errno, or CKPTIO_E_CORRUPT: the file ended `got` bytes into the part */
+    bool bad;     /* a checksum mismatch at bad_x (chunk bytes), bad_len long */
+    uint64_t got, bad_x, bad_len;
+} cres;
+
+typedef struct cjob {
+    plan *pl;
+    const ckptio_reader *r; /* NULL: a foreign file, nothing to verify */
+    uint8_t *scratch;       /* one buffer of `stride` bytes per worker, for staged parts */
+    uint64_t stride;
+    cres *res;
+} cjob;
+
+/* Copy one resident part from the page cache, verify it while it is still in the CPU's
+ * cache, and scatter it when it was staged. Parts write disjoint destination bytes. */
+static void cached_job(void *ctx, size_t i, unsigned worker)
+{
+    cjob *j = ctx;
+    const seg *s = CKPTIO__VEC_AT(&j->pl->csegs, seg, i);
+    const rfile *f = &j->pl->files[s->file];
+    cres *o = &j->res[i];
+    uint64_t n = s->b - s->a;
+    uint8_t *dst = j->scratch + (size_t)worker * j->stride;
+    if (s->direct) {
+        const piece *p = CKPTIO__VEC_AT(&j->pl->pieces, piece, s->piece);
+        dst = p->dst + p->dst0 + (s->a - p->src0);
+    }
+    for (uint64_t got = 0; got < n;) {
+        ssize_t k = CKPTIO__VFS->pread(f->bfd, dst + got, (size_t)(n - got), (off_t)(s->foff + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            o->rc = k < 0 ? -errno : CKPTIO_E_CORRUPT;
+            o->got = got;
+            return;
+        }
+        got += (uint64_t)k;
+    }
+    if (s->verify && j->r) {
+        const ckptio__mchunk *c = &j->r->m->chunks[s->chunk];
+        uint64_t B = j->r->m->csum_block;
+        for (uint64_t x = s->a; x < s->b; x += B) {
+            uint64_t len = CKPTIO__MIN(B, c->stored_len - x);
+            if (ckptio__hash(dst + (x - s->a), len) != j->r->m->csums[c->csums + x / B]) {
+                o->bad = true;
+                o->bad_x = x;
+                o->bad_len = len;
+                break;
+            }
+        }
+    }
+    if (!s->direct && s->piece != NONE) scatter(j->pl, s, dst);
+}
+
+/* Run every cached segment's job on the workers; *out (the caller frees it) says how each went. */
+static int run_cached(plan *pl, const ckptio_reader *r, cres **out)
+{
+    size_t n = pl->csegs.len;
+    *out = NULL;
+    if (!n) return 0;
+    cjob j = {.pl = pl, .r = r};
+    for (size_t i = 0; i < n; i++) {
+        const seg *s = CKPTIO__VEC_AT(&pl->csegs, seg, i);
+        if (!s->direct) j.stride = CKPTIO__MAX(j.stride, s->b - s->a);
+        pl->cache_bytes += s->b - s->a;
+    }
+    j.res = calloc(n, sizeof *j.res);
+    if (j.stride) j.scratch = malloc((size_t)j.stride * ckptio__workers_count(pl->workers));
+    if (!j.res || (j.stride && !j.scratch)) {
+        free(j.res);
+        free(j.scratch);
+        return -ENOMEM;
+    }
+    ckptio__workers_for(pl->workers, n, cached_job, &j);
+    free(j.scratch);
+    *out = j.res;
+    return 0;
+}
+
+static int start_workers(ckptio__workers **w, unsigned n, ckptio__msg *msg, const char *label)
+{
+    if (*w) return 0;
+    int rc = ckptio__workers_start(w, n);
+    if (rc < 0) return ckptio__fail(msg, rc, "cannot start the threads that read '%s'", label);
+    return 0;
+}
+
+/* Read everything planned: resident parts by the workers, then the rest through the ring.
+ * Both run to the end after a checksum mismatch, so the damaged block reported is the first
+ * in file order whatever the timing. */
 static int execute(ckptio_reader *r, plan *pl)
 {
+    CKPTIO__TRY(start_workers(&r->workers, r->cfg.verify_threads, &r->msg, r->path));
+    pl->workers = r->workers;
+    r->rstats.verify_threads = ckptio__workers_count(r->workers);
+    CKPTIO__TRY(plan_cache(pl));
     CKPTIO__TRY(plan_ios(pl));
+    r->rstats.merged += pl->merged;
     CKPTIO__TRY(start_ring(r));
+    cres *res;
+    CKPTIO__TRY(run_cached(pl, r, &res));
+    r->rstats.cache_bytes += pl->cache_bytes;
+    int rc = 0;
+    for (size_t i = 0; i < pl->csegs.len; i++) {
+        const seg *s = CKPTIO__VEC_AT(&pl->csegs, seg, i);
+        if (res[i].rc < 0) {
+            if (pl->bad && !pl->bad[s->chunk]) {
+                pl->bad[s->chunk] = 1;
+                pl->bad_chunks++;
+            }
+            rc = res[i].rc == CKPTIO_E_CORRUPT
+                     ? ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
+                                    "data file '%s/%s' ended at byte %llu while reading tensor "
+                                    "'%s'; the file is truncated",
+                                    r->path, fname(r, s->file),
+                                    (unsigned long long)(s->foff + res[i].got), tname(r, s->chunk))
+                     : ckptio__fail(&r->msg, res[i].rc,
+                                    "reading %llu bytes at offset %llu of '%s/%s' (tensor '%s') "
+                                    "from the page cache failed",
+                                    (unsigned long long)(s->b - s->a), (unsigned long long)s->foff,
+                                    r->path, fname(r, s->file), tname(r, s->chunk));
+            break;
+        }
+        if (res[i].bad) note_bad(r, pl, s, res[i].bad_x, res[i].bad_len);
+    }
+    free(res);
+    if (rc < 0) return rc;
     read_ctx ctx = {r, pl};
-    return ckptio__ring_run(&r->ring, pl->ios.items, pl->ios.len, read_done, &ctx);
+    rc = ckptio__ring_run(&r->ring, pl->ios.items, pl->ios.len, read_done, &ctx);
+    if (pl->has_bad && (rc == 0 || rc == CKPTIO_E_CHECKSUM)) {
+        report_bad(r, pl);
+        rc = pl->bad ? rc : CKPTIO_E_CHECKSUM;
+    }
+    return rc;
 }
 
 /* ---- GPU destinations ---- */
@@ -1129,6 +1482,7 @@ int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
     plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
     ckptio__vec gpu; /* regions in GPU memory, read after the host ones */
     ckptio__vec_init(&gpu, sizeof(ckptio_region));
+    pl.cache = r->cfg.cache;
     int rc;
     box bx;
     ckptio_region reg;
@@ -1184,6 +1538,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     double t0 = ckptio__now();
     plan pl;
     plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
+    pl.cache = r->cfg.cache;
     int rc;
     char first_msg[CKPTIO__MSG_LEN] = "";
     int first = 0;
@@ -1269,9 +1624,10 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
     ckptio__cfg cfg;
     ckptio_stats st;
     memset(&st, 0, sizeof st);
-    rfile file = {.fd = -1};
+    rfile file = {.fd = -1, .bfd = -1};
     ckptio__ring ring;
     memset(&ring, 0, sizeof ring);
+    ckptio__workers *workers = NULL;
     int dirfd = -1;
     /* Staging as the reader sizes it for a checkpoint of 1 MiB blocks. */
     const uint64_t block = 1u << 20;
@@ -1300,7 +1656,7 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
         rc = ckptio__fail(&msg, -errno, "cannot open directory '%s'", dir);
         goto out;
     }
-    rc = open_rfile(&file, dirfd, base, cfg.direct);
+    rc = open_rfile(&file, dirfd, base, cfg.direct, cfg.cache);
     if (rc < 0) {
         ckptio__fail(&msg, rc, "cannot open '%s'", path);
         goto out;
@@ -1339,10 +1695,35 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
         CKPTIO__CHECK(plan_single_run(&pl, &x, &pc, proto));
         st.bytes += g->len;
     }
+    pl.cache = cfg.cache;
+    CKPTIO__CHECK(plan_cache(&pl));
     CKPTIO__CHECK(plan_ios(&pl));
     CKPTIO__CHECK(ckptio__ring_init(&ring, cfg.backend, cfg.depth, cfg.threads, cfg.staging,
                                     pl.buf_size, path, &msg));
     ckptio__stats_backend(st.backend, cfg.backend, ckptio__engine_name(ring.eng));
+    if (pl.csegs.len) {
+        CKPTIO__CHECK(start_workers(&workers, cfg.verify_threads, &msg, path));
+        pl.workers = workers;
+        cres *res;
+        CKPTIO__CHECK(run_cached(&pl, NULL, &res));
+        for (size_t i = 0; i < pl.csegs.len && rc >= 0; i++) {
+            const seg *s = CKPTIO__VEC_AT(&pl.csegs, seg, i);
+            if (res[i].rc == CKPTIO_E_CORRUPT)
+                rc = ckptio__fail(&msg, CKPTIO_E_CORRUPT,
+                                  "'%s' ended at byte %llu while reading range %llu; the file was "
+                                  "truncated while being read",
+                                  path, (unsigned long long)(s->foff + res[i].got),
+                                  (unsigned long long)s->chunk);
+            else if (res[i].rc < 0)
+                rc = ckptio__fail(&msg, res[i].rc,
+                                  "reading %llu bytes at offset %llu of '%s' from the page cache "
+                                  "failed",
+                                  (unsigned long long)(s->b - s->a), (unsigned long long)s->foff,
+                                  path);
+        }
+        free(res);
+        if (rc < 0) goto out;
+    }
     file_ctx ctx = {.path = path, .pl = &pl, .msg = &msg};
     rc = ckptio__ring_run(&ring, pl.ios.items, pl.ios.len, file_done, &ctx);
     st.io_bytes = ctx.io_bytes;
@@ -1357,7 +1738,8 @@ out:
     }
     plan_free(&pl);
     ckptio__ring_fini(&ring);
-    if (file.fd >= 0) close(file.fd);
+    ckptio__workers_stop(workers);
+    close_rfile(&file);
     if (dirfd >= 0) close(dirfd);
     free(dir);
     free(real);

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Parameter defaults and their resolution into the settings an operation runs with. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 #include "gpu/staged.h"
+#include "common/workers.h"
 #include "io/engine.h"
 
 #define DEFAULT_DEPTH 64u
@@ -13,6 +15,7 @@
 #define DEFAULT_STAGING (64ull << 20)
 #define CSUM_BLOCK (1ull << 20)
 #define DEFAULT_GPU_STAGING (256ull << 20)
+#define DEFAULT_VERIFY_THREADS 8u /* XXH3 runs at several GB/s a core: a few keep up with NVMe */
 
 void ckptio_params_init(ckptio_params *p)
 {
@@ -73,6 +76,22 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
     c->gpu = ckptio__gpu_mode(p.gpu, m);
     if (c->gpu < 0) return c->gpu;
     c->gpu_staging = p.gpu_staging_bytes ? p.gpu_staging_bytes : DEFAULT_GPU_STAGING;
+    /* Read paths (issue 12): CKPTIO_CACHE=never|auto overrides params.cache. */
+    const char *cache = getenv("CKPTIO_CACHE");
+    int mode = p.cache;
+    if (cache && *cache) {
+        if (!strcmp(cache, "never")) mode = CKPTIO_CACHE_NEVER;
+        else if (!strcmp(cache, "auto")) mode = CKPTIO_CACHE_AUTO;
+        else
+            return ckptio__fail(m, CKPTIO_E_USAGE,
+                                "CKPTIO_CACHE is '%s'; it must be 'auto' or 'never'", cache);
+    }
+    if (mode != CKPTIO_CACHE_AUTO && mode != CKPTIO_CACHE_NEVER)
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "params.cache must be CKPTIO_CACHE_AUTO (0) or CKPTIO_CACHE_NEVER (1)");
+    c->cache = mode == CKPTIO_CACHE_AUTO;
+    c->verify_threads = p.verify_threads ? CKPTIO__MIN(p.verify_threads, 64u)
+                                         : ckptio__workers_default(DEFAULT_VERIFY_THREADS);
     return 0;
 }
 

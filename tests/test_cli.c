@@ -305,7 +305,8 @@ static int test_cli_bench(void)
     static const char *const keys[] = {
         "raw_write_gbps", "raw_read_gbps", "save_gbps",         "load_gbps",        "save_fraction",
         "load_fraction",  "bytes",         "tensors",           "backend",          "direct",
-        "peak_extra_mib", "tiny_tensors",  "tiny_save_seconds", "tiny_load_seconds"};
+        "peak_extra_mib", "tiny_tensors",  "tiny_save_seconds", "tiny_load_seconds",
+        "warm_load_gbps", "warm_verify_gbps_1", "warm_verify_gbps_n", "verify_threads"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         char k[64];
         snprintf(k, sizeof k, "\"%s\": ", keys[i]);

@@ -48,7 +48,9 @@ static PyObject *raise_code(int code, const char *msg)
     X(checksums, int, -1, 1)                                                                       \
     X(overwrite, int, 0, 1)                                                                        \
     X(gpu, int, 0, 3)                                                                              \
-    X(gpu_staging_bytes, uint64_t, 0, LLONG_MAX)
+    X(gpu_staging_bytes, uint64_t, 0, LLONG_MAX)                                                   \
+    X(cache, int, 0, 1)                                                                            \
+    X(verify_threads, uint32_t, 0, 64)
 
 static int param_value(PyObject *d, const char *name, long long lo, long long hi, long long *out,
                        Py_ssize_t *seen)
@@ -1350,6 +1352,18 @@ static PyObject *Reader_stats(ReaderObject *self, PyObject *unused)
     return stats_tuple(&st);
 }
 
+/* read_stats() -> (cache_bytes, device_bytes, requests, merged, verify_threads) */
+static PyObject *Reader_read_stats(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (reader_check(self, 0) < 0) return NULL;
+    ckptio_read_stats st = {.size = sizeof st};
+    ckptio_reader_read_stats(self->r, &st);
+    return Py_BuildValue("(KKKKI)", (unsigned long long)st.cache_bytes,
+                         (unsigned long long)st.device_bytes, (unsigned long long)st.requests,
+                         (unsigned long long)st.merged, st.verify_threads);
+}
+
 static PyObject *Reader_close(ReaderObject *self, PyObject *unused)
 {
     (void)unused;
@@ -1410,6 +1424,8 @@ static PyMethodDef Reader_methods[] = {
      "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
     {"verify", (PyCFunction)Reader_verify, METH_NOARGS, "check every checksum"},
     {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "IOStats"},
+    {"read_stats", (PyCFunction)Reader_read_stats, METH_NOARGS,
+     "(cache_bytes, device_bytes, requests, merged, verify_threads)"},
     {"close", (PyCFunction)Reader_close, METH_NOARGS, "release the reader"},
     {"__enter__", (PyCFunction)Writer_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Reader_exit, METH_VARARGS, NULL},

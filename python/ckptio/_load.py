@@ -413,7 +413,9 @@ class Reader:
     def stats(self) -> Stats:
         t = self._r.stats()
         gpu = _gpu.stats_text(self._r, _gpu.take_note())
-        return dataclasses.replace(Stats._from_core(t, t.seconds), gpu=gpu)
+        return dataclasses.replace(
+            Stats._from_core(t, t.seconds), gpu=gpu, cache_bytes=_cache_bytes(self._r)
+        )
 
     # ---- reading ----
     def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:
@@ -744,8 +746,16 @@ def load(
         global _last_stats
         st = r._r.stats()
         gpu = _gpu.stats_text(r._r, _gpu.take_note())
-    _last_stats = dataclasses.replace(Stats._from_core(st, time.perf_counter() - t0), gpu=gpu)
+        cache_bytes = _cache_bytes(r._r)
+    _last_stats = dataclasses.replace(
+        Stats._from_core(st, time.perf_counter() - t0), gpu=gpu, cache_bytes=cache_bytes
+    )
     return out
+
+
+def _cache_bytes(handle: Any) -> int:
+    """Bytes the library's reader took from the page cache (other readers: none)."""
+    return int(handle.read_stats()[0]) if isinstance(handle, _core.Reader) else 0
 
 
 _last_stats: Stats | None = None

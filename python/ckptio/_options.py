@@ -27,6 +27,8 @@ IO_OPTIONS = (
     "gpu",
     "gpu_staging_bytes",
     "roots",
+    "cache",
+    "verify_threads",
 )
 
 
@@ -71,6 +73,9 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     gpu_staging_bytes: pinned memory for GPU copies (0: 256 MiB);
     roots: directories to stripe a checkpoint over (save), or to find its stripes in (load), kept
     under "roots" (see split_roots).
+    cache (loads): "auto" (ranges resident in the page cache are copied from it, the rest read
+    from the device) or "never"; verify_threads (loads): threads that verify checksums and copy
+    cached ranges, 0 = default.
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
@@ -96,6 +101,8 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "overwrite": _ON if overwrite else _OFF,
         "gpu": _gpu_mode(options.get("gpu", "auto")),
         "gpu_staging_bytes": _count("gpu_staging_bytes", options.get("gpu_staging_bytes")),
+        "cache": _cache(options.get("cache", "auto")),
+        "verify_threads": _count("verify_threads", options.get("verify_threads")),
     }
     roots = options.get("roots")
     if roots is not None:
@@ -115,6 +122,15 @@ def split_roots(p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return q, q.pop("roots")
 
 
+def _cache(value: Any) -> int:
+    """cache: "auto" (resident ranges from the page cache, the rest from the device) or "never"."""
+    if value is None or value == "auto":
+        return 0
+    if value == "never":
+        return 1
+    raise error(USAGE, f"cache must be 'auto' or 'never', got {value!r}")
+
+
 @dataclass(frozen=True)
 class Stats:
     """What one save or load did.
@@ -124,6 +140,8 @@ class Stats:
     ("io_uring", "psync" or "buffered"); ``direct``: whether O_DIRECT was used;
     ``io_seconds``: the library's own time from open to commit (or last read); ``tensors``:
     tensors (or chunks) written, or regions read.
+    ``io_bytes``: bytes read from or written to the device; ``cache_bytes`` (loads): stored
+    bytes copied from the page cache instead.
     """
 
     bytes: int
@@ -137,6 +155,7 @@ class Stats:
     #: How GPU tensors moved: "" (none), "staged", "gds", "gds+staged" (with why GDS was not
     #: used where it could have been), or "host copy (<why>)" when the framework copied them.
     gpu: str = ""
+    cache_bytes: int = 0
 
     @classmethod
     def _from_core(cls, t: Any, seconds: float) -> Stats:
