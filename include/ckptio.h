@@ -164,7 +164,7 @@ typedef struct ckptio_params {
     uint32_t reserved2;
     uint64_t gpu_staging_bytes; /* pinned host memory for GPU copies; 0 = default (256 MiB) */
     /* Since 0.2, read paths (a caller whose .size stops before these gets the defaults): */
-    int cache;               /* reader: enum ckptio_cache; the environment's CKPTIO_CACHE=auto|never
+    int cache;               /* reader: enum ckptio_cache; the environment's CKPTIO_CACHE=auto|never|fill
                               * overrides it */
     uint32_t verify_threads; /* reader: threads that verify checksums and copy cached ranges,
                               * the caller's included; 0 = the CPUs this process may use, at
@@ -194,8 +194,11 @@ enum ckptio_gpu_mode {
  * and leaves the file resident for the next load. NEVER: everything from the device, as
  * before 0.2. Residency is asked of the kernel once per read (cachestat(2), mincore(2) where
  * that is missing); a page evicted in between is still read correctly, from the device.
- * Since 0.2. */
-enum ckptio_cache { CKPTIO_CACHE_AUTO = 0, CKPTIO_CACHE_NEVER = 1 };
+ * FILL: everything through the page cache: resident ranges are copied, the rest is read
+ * with buffered reads that leave the file resident, so the next load of the same checkpoint
+ * (a restarting server, a job reloading what it just wrote and loaded) runs at memory speed;
+ * it costs a copy per byte and page-cache memory, which is why AUTO does not do it. Since 0.2. */
+enum ckptio_cache { CKPTIO_CACHE_AUTO = 0, CKPTIO_CACHE_NEVER = 1, CKPTIO_CACHE_FILL = 2 };
 
 /* Fill `p` with defaults. Since 0.1. */
 CKPTIO_API void ckptio_params_init(ckptio_params *p);

@@ -6,6 +6,9 @@
 #include "commit/txn.h" /* also the path helpers: readers follow links as writers do */
 #include "common/common.h"
 
+/* How a reader uses the page cache (ckptio__cfg.cache, from ckptio_params.cache). */
+enum { CKPTIO__CACHE_OFF = 0, CKPTIO__CACHE_RESIDENT = 1, CKPTIO__CACHE_FILL = 2 };
+
 /* Parameters after defaults, CKPTIO_IO and sanity limits have been applied. */
 typedef struct ckptio__cfg {
     int backend;       /* CKPTIO_BACKEND_IO_URING / PSYNC / BUFFERED / AUTO (engine decides) */
@@ -18,7 +21,8 @@ typedef struct ckptio__cfg {
     bool fsync, checksums, overwrite;
     int gpu;              /* CKPTIO_GPU_*, after CKPTIO_GPU */
     uint64_t gpu_staging; /* bytes of the pinned GPU staging ring */
-    bool cache;              /* reader: take resident ranges from the page cache */
+    int cache;               /* reader: 0 device only, 1 resident ranges from the page cache,
+                              * 2 everything through the cache (CKPTIO__CACHE_*) */
     unsigned verify_threads; /* reader: threads that verify and copy cached ranges, caller's included */
 } ckptio__cfg;
 

@@ -107,7 +107,7 @@ typedef struct plan {
     bool has_bad;
     uint32_t bad_file;
     uint64_t bad_foff, bad_chunk, bad_x, bad_len;
-    bool cache; /* split segments by residency (ckptio_params.cache) */
+    int cache; /* CKPTIO__CACHE_*: split segments by residency, or read them all buffered */
     ckptio__workers *workers;
     uint64_t cache_bytes, requests, merged;
 } plan;
@@ -307,7 +307,7 @@ static int start_ring(ckptio_reader *r)
 }
 
 /* Open a file to read and learn its size and alignment; -errno. */
-static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct, bool cache)
+static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct, int cache)
 {
     if (f->fd >= 0) return 0;
     f->bfd = -1;
@@ -334,8 +334,10 @@ static int open_rfile(rfile *f, int dirfd, const char *name, int want_direct, bo
         int d = 0;
         if (ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_OFF, &f->bfd, &d) < 0) f->bfd = -1;
         /* It reads resident pages only: readahead would pull in from the device the very
-         * bytes that O_DIRECT is reading. */
-        else posix_fadvise(f->bfd, 0, 0, POSIX_FADV_RANDOM);
+         * bytes that O_DIRECT is reading. Filling the cache, it reads everything: ahead. */
+        else
+            posix_fadvise(f->bfd, 0, 0,
+                          cache == CKPTIO__CACHE_FILL ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
         f->cf = (ckptio__cachefile){.fd = f->bfd, .size = f->size};
     }
     return 0;
@@ -762,7 +764,9 @@ static int plan_cache(plan *pl)
     for (size_t i = 0; i < pl->segs.len; i++) {
         const seg *s = CKPTIO__VEC_AT(&pl->segs, seg, i);
         rfile *f = &pl->files[s->file];
-        bool none = true, all = f->bfd >= 0 && resident(f, s->foff, s->b - s->a, &none);
+        bool none = true, all = false;
+        if (f->bfd >= 0 && pl->cache == CKPTIO__CACHE_FILL) none = !(all = true);
+        else if (f->bfd >= 0) all = resident(f, s->foff, s->b - s->a, &none);
         if (f->bfd < 0 || none) {
             CKPTIO__GOTO_IF(ckptio__vec_push(&out, s, 1) < 0, -ENOMEM);
             continue;

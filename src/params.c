@@ -76,20 +76,23 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
     c->gpu = ckptio__gpu_mode(p.gpu, m);
     if (c->gpu < 0) return c->gpu;
     c->gpu_staging = p.gpu_staging_bytes ? p.gpu_staging_bytes : DEFAULT_GPU_STAGING;
-    /* Read paths (issue 12): CKPTIO_CACHE=never|auto overrides params.cache. */
+    /* Read paths (issue 12): CKPTIO_CACHE=never|auto|fill overrides params.cache. */
     const char *cache = getenv("CKPTIO_CACHE");
     int mode = p.cache;
     if (cache && *cache) {
         if (!strcmp(cache, "never")) mode = CKPTIO_CACHE_NEVER;
         else if (!strcmp(cache, "auto")) mode = CKPTIO_CACHE_AUTO;
+        else if (!strcmp(cache, "fill")) mode = CKPTIO_CACHE_FILL;
         else
             return ckptio__fail(m, CKPTIO_E_USAGE,
-                                "CKPTIO_CACHE is '%s'; it must be 'auto' or 'never'", cache);
+                                "CKPTIO_CACHE is '%s'; it must be 'auto', 'never' or 'fill'", cache);
     }
-    if (mode != CKPTIO_CACHE_AUTO && mode != CKPTIO_CACHE_NEVER)
+    if (mode != CKPTIO_CACHE_AUTO && mode != CKPTIO_CACHE_NEVER && mode != CKPTIO_CACHE_FILL)
         return ckptio__fail(m, CKPTIO_E_USAGE,
-                            "params.cache must be CKPTIO_CACHE_AUTO (0) or CKPTIO_CACHE_NEVER (1)");
-    c->cache = mode == CKPTIO_CACHE_AUTO;
+                            "params.cache must be CKPTIO_CACHE_AUTO (0), _NEVER (1) or _FILL (2)");
+    c->cache = mode == CKPTIO_CACHE_NEVER ? CKPTIO__CACHE_OFF
+               : mode == CKPTIO_CACHE_FILL ? CKPTIO__CACHE_FILL
+                                           : CKPTIO__CACHE_RESIDENT;
     c->verify_threads = p.verify_threads ? CKPTIO__MIN(p.verify_threads, 64u)
                                          : ckptio__workers_default(DEFAULT_VERIFY_THREADS);
     return 0;

@@ -49,7 +49,7 @@ static PyObject *raise_code(int code, const char *msg)
     X(overwrite, int, 0, 1)                                                                        \
     X(gpu, int, 0, 3)                                                                              \
     X(gpu_staging_bytes, uint64_t, 0, LLONG_MAX)                                                   \
-    X(cache, int, 0, 1)                                                                            \
+    X(cache, int, 0, 2)                                                                            \
     X(verify_threads, uint32_t, 0, 64)
 
 static int param_value(PyObject *d, const char *name, long long lo, long long hi, long long *out,

@@ -74,7 +74,8 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     roots: directories to stripe a checkpoint over (save), or to find its stripes in (load), kept
     under "roots" (see split_roots).
     cache (loads): "auto" (ranges resident in the page cache are copied from it, the rest read
-    from the device) or "never"; verify_threads (loads): threads that verify checksums and copy
+    from the device), "never", or "fill" (everything through the page cache, leaving the files
+    resident for the next load); verify_threads (loads): threads that verify checksums and copy
     cached ranges, 0 = default.
     """
     unknown = set(options) - set(IO_OPTIONS)
@@ -123,12 +124,14 @@ def split_roots(p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _cache(value: Any) -> int:
-    """cache: "auto" (resident ranges from the page cache, the rest from the device) or "never"."""
-    if value is None or value == "auto":
+    """cache: "auto" (resident ranges from the page cache, the rest from the device), "never"
+    or "fill" (everything through the page cache, leaving the files resident)."""
+    modes = {"auto": 0, "never": 1, "fill": 2}
+    if value is None:
         return 0
-    if value == "never":
-        return 1
-    raise error(USAGE, f"cache must be 'auto' or 'never', got {value!r}")
+    if value not in modes:
+        raise error(USAGE, f"cache must be 'auto', 'never' or 'fill', got {value!r}")
+    return modes[value]
 
 
 @dataclass(frozen=True)

@@ -103,3 +103,26 @@ def test_cache_option_checked(ckpt: pathlib.Path, bad: object) -> None:
     ckptio.save(_state(), ckpt)
     with pytest.raises(ckptio.InvalidRequest, match="cache"):
         ckptio.load(ckpt, cache=bad)
+
+
+def test_cache_fill_leaves_the_checkpoint_resident(ckpt: pathlib.Path) -> None:
+    """cache="fill" reads every byte through the page cache: the next load takes them from it."""
+    st = _state()
+    ckptio.save(st, ckpt)
+    _evict(ckpt)
+    _same(ckptio.load(ckpt, cache="auto"), st)
+    first = ckptio.last_load_stats()
+    assert first is not None
+    if not first.direct:
+        pytest.skip("O_DIRECT is not in effect here: every read goes through the page cache")
+    _same(ckptio.load(ckpt), st)
+    again = ckptio.last_load_stats()
+    assert again is not None and again.cache_bytes == 0  # O_DIRECT left nothing behind
+    _same(ckptio.load(ckpt, cache="fill"), st)
+    filled = ckptio.last_load_stats()
+    assert filled is not None and filled.cache_bytes + filled.io_bytes >= filled.bytes
+    _same(ckptio.load(ckpt), st)
+    warm = ckptio.last_load_stats()
+    # The kernel may reclaim a few pages in between (those come from the device): most of the
+    # state must come from the cache, and none of it did before the fill.
+    assert warm is not None and warm.cache_bytes >= warm.bytes // 2
