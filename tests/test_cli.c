@@ -327,6 +327,20 @@ static int test_cli_bench(void)
     return 0;
 }
 
+/* `bench --merge`: the coordinator's merge at a small scale, every chunk in the result. */
+static int test_cli_bench_merge(void)
+{
+    char *o = NULL;
+    CHECK(cli(&o, 0, "bench --merge --parts 50 --tensors 200 --shards 5") == 0);
+    CHECK(t_contains(o, "\"parts\": 50, \"tensors\": 200, \"chunks\": 1000, \"files\": 50"));
+    CHECK(t_contains(o, "\"merge_s\": ") && t_contains(o, "\"peak_rss_mib\": "));
+    free(o);
+    o = NULL;
+    CHECK(cli(&o, 0, "bench --merge --parts 2 --shards 3") == 2);
+    free(o);
+    return 0;
+}
+
 /* Every tensor of checkpoints a and b holds the same dtype, shape and bytes. */
 static int same_ckpt(const char *a, const char *b)
 {
@@ -435,6 +449,7 @@ const ckptio_test tests_cli[] = {
     {"cli_doctor_no_uring", test_cli_doctor_no_uring, 0, 0},
     {"cli_describe_system", test_cli_describe_system, 0, 0},
     {"cli_bench", test_cli_bench, 0, 600},
+    {"cli_bench_merge", test_cli_bench_merge, 0, 120},
     {"cli_convert", test_cli_convert, 0, 0},
     {"cli_convert_corrupt", test_cli_convert_corrupt, 0, 0},
     {0, 0, 0, 0},

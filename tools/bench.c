@@ -1264,6 +1264,8 @@ static int run_bench(bench *b)
 
 int cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--merge")) return cmd_bench_merge(argc, argv);
     bench *b = calloc(1, sizeof *b);
     if (!b) return cli_fail("bench", "out of memory");
     int rc = parse_args(b, argc, argv);

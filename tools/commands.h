@@ -9,5 +9,6 @@ int cmd_verify(int argc, char **argv);  /* tools/verify.c */
 int cmd_doctor(int argc, char **argv);  /* tools/doctor.c */
 int cmd_bench(int argc, char **argv);   /* tools/bench.c */
 int cmd_convert(int argc, char **argv); /* tools/convert.c */
+int cmd_bench_merge(int argc, char **argv); /* tools/bench_merge.c: `bench --merge` */
 
 #endif

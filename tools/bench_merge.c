@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Times merging synthetic partial manifests (many ranks, many sharded tensors); JSON on stdout. */
+/* `ckptio bench --merge`: times merging synthetic partial manifests (many ranks, many sharded
+ * tensors) as the coordinator of a multi-rank save does; JSON on stdout. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
 #include "../src/format/manifest.h"
+#include "commands.h"
 
-/* Usage: ckptio-merge-bench [--parts N] [--tensors T] [--shards S]
+/* Usage: ckptio bench --merge [--parts N] [--tensors T] [--shards S]
  * Tensor t is a bf16 [S*4, 256] split in S row blocks; block s lives in part (t*S + s) % N, so
  * every part holds T*S/N chunks in one data file, each with one xxh3 block checksum, and every
  * part carries the same metadata key. Defaults: 10,000 parts, 100,000 tensors, 10 shards (1M
@@ -47,12 +49,12 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-int main(int argc, char **argv)
+int cmd_bench_merge(int argc, char **argv)
 {
     uint64_t P = arg(argc, argv, "--parts", 10000), T = arg(argc, argv, "--tensors", 100000),
              S = arg(argc, argv, "--shards", 10);
     if (!P || !T || !S || S > P) {
-        fprintf(stderr, "need 0 < shards <= parts, tensors > 0\n");
+        fprintf(stderr, "ckptio bench --merge: need 0 < --shards <= --parts and --tensors > 0\n");
         return 2;
     }
     uint64_t *count = calloc(P, sizeof *count);
