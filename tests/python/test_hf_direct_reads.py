@@ -104,3 +104,19 @@ def test_numpy_stock_file_misaligned_elements(tmp_path: pathlib.Path) -> None:
     got = ckptio.load(path)
     for k, v in arrs.items():
         assert got[k].tobytes() == v.tobytes()
+
+
+def test_save_file_from_page_aligned_memory(tmp_path: pathlib.Path) -> None:
+    """Tensors that ckptio loaded sit in page-aligned memory, so save_file writes them from
+    that memory (the file writer's in-place path); the file is still exact."""
+    g = torch.Generator().manual_seed(5)
+    sd = {"big": torch.randn(5_000_000, generator=g), "odd": torch.randn(2_500_001, generator=g)}
+    src = tmp_path / "src.safetensors"
+    cst.save_file(sd, src)
+    loaded = cst.load_file(src)
+    assert loaded["big"].data_ptr() % PAGE == 0
+    out = tmp_path / "out.safetensors"
+    cst.save_file(loaded, out)
+    back = stock_torch.load_file(str(out))
+    for k, v in sd.items():
+        assert torch.equal(back[k], v), k
