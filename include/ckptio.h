@@ -435,8 +435,9 @@ typedef struct ckptio_file_writer ckptio_file_writer;
 /* Fails with CKPTIO_E_EXISTS if `path` exists and p->overwrite is off. */
 CKPTIO_API int ckptio_file_writer_open(ckptio_file_writer **out, const char *path,
                                        const ckptio_params *p);
-/* Append `len` bytes. The bytes are copied before the call returns, so `data` may be reused
- * at once. */
+/* Append `len` bytes. `data` is not used after the call returns, so it may be reused at once:
+ * its bytes were copied, or (a large source aligned to ckptio_alignment() at an aligned end of
+ * file) written to the device straight from `data` before the call returned. */
 CKPTIO_API int ckptio_file_writer_write(ckptio_file_writer *f, const void *data, size_t len);
 /* Bytes written so far (the current end of the file). */
 CKPTIO_API uint64_t ckptio_file_writer_tell(const ckptio_file_writer *f);

@@ -23,9 +23,10 @@ from typing import Any
 
 from . import _core, _dtypes
 from ._errors import CORRUPT, DUPLICATE, DTYPE, RANGE, USAGE, error
+from ._load import _SMALL as _OWN_MEMORY
 from ._load import PathLike, Reader, TensorInfo
 from ._tree import Node
-from .safetensors import DTYPES, Header, read_header, runs
+from .safetensors import DTYPES, Header, read_header, runs, span
 
 __all__ = ["handles", "HFReader", "INDEX_NAME"]
 
@@ -161,6 +162,21 @@ class Core:
                 self._meta.setdefault(k, v)
         self._list = [recs[n] for n in sorted(recs)]
         self._index = {r.name: i for i, r in enumerate(self._list)}
+        # Buffers placed with room before a tensor at an unaligned offset (id -> buffer, held
+        # until read): their whole-tensor reads start at the page boundary below.
+        self._widen: dict[int, Any] = {}
+
+    def lead(self, index: int) -> int:
+        """Room to leave before tensor ``index`` in its memory so that reading it whole from
+        the page boundary below its file offset lands with no copy (0: none needed)."""
+        r = self._list[index]
+        e = r.entry
+        lo, _hi = span(e.offset, e.nbytes, e.dtype, self._headers[r.file].size)
+        return e.offset - lo
+
+    def widen(self, buf: Any) -> None:
+        """``buf`` was placed with lead() bytes of room before its tensor."""
+        self._widen[id(buf)] = buf
 
     @staticmethod
     def _resolve(path: str) -> tuple[list[str], dict[str, str] | None, dict[str, str]]:
@@ -220,6 +236,8 @@ class Core:
         if self.closed:
             raise error("CKPTIO_E_STATE", "reader is closed")
         per_file: dict[int, list[tuple[int, int, Any, int]]] = {}
+        extra: dict[int, int] = {}  # bytes read around tensors, per file
+        widen, self._widen = self._widen, {}
         for reg in regions:
             r = self._list[reg.tensor]
             e = r.entry
@@ -238,6 +256,12 @@ class Core:
             run, starts = runs(full, r.item, off, size)
             ranges = per_file.setdefault(r.file, [])
             at = reg.dst_offset
+            if widen.pop(id(reg.dst), None) is reg.dst and run == e.nbytes:
+                lo, hi = span(e.offset, e.nbytes, e.dtype, self._headers[r.file].size)
+                if at == e.offset - lo:
+                    ranges.append((lo, hi - lo, reg.dst, 0))
+                    extra[r.file] = extra.get(r.file, 0) + hi - lo - e.nbytes
+                    continue
             ranges.extend(
                 (e.offset + s, run, reg.dst, at + i * run) for i, s in enumerate(starts.tolist())
             )
@@ -245,7 +269,7 @@ class Core:
             ranges.sort(key=lambda x: x[0])
             st = _core.file_read(self._headers[f].path, ranges, self._p)
             acc = self._stats
-            acc[0] += st.bytes
+            acc[0] += st.bytes - extra.get(f, 0)
             acc[1] += st.io_bytes
             acc[3] += st.seconds
             acc[4], acc[5], acc[6] = st.backend, st.direct, st.alignment
@@ -304,6 +328,22 @@ class HFReader(Reader):
                 nodes.append(node)
             self._root = {"t": "dict", "k": names, "v": nodes}
         return self._root
+
+    def _placer(self, alloc: Any) -> Any:
+        core = self._r
+
+        def place(
+            index: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, n: int
+        ) -> tuple[Any, int]:
+            # Only a big tensor gets memory of its own, with room before it to spare.
+            lead = core.lead(index) if offset is None and n >= _OWN_MEMORY else 0
+            if not lead:
+                return alloc.place(index, offset, shape, n)
+            buf, at = alloc.place(index, offset, shape, n, lead)
+            core.widen(buf)
+            return buf, at
+
+        return place
 
     def _target(
         self,

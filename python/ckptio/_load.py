@@ -114,13 +114,18 @@ class _Alloc:
         offset: tuple[int, ...] | None,
         shape: tuple[int, ...] | None,
         n: int,
+        lead: int = 0,
     ) -> tuple[Any, int]:
+        """Memory for one region: (buffer, where the region starts in it). ``lead``: bytes
+        left free before the start of a big region (its buffer stays page-aligned), for a
+        reader that reads from the page boundary below an unaligned file offset."""
         if n >= _SMALL:
-            buf = _core.Buffer(n, populate=_FRESH == "populate")
+            size = _round_up(lead + n)
+            buf = _core.Buffer(size if lead else n, populate=_FRESH == "populate")
             self.fresh.append(buf)
             self.fresh_bytes += n
-            self.regions.append(_region(index, offset, shape, buf, 0, _round_up(n)))
-            return buf, 0
+            self.regions.append(_region(index, offset, shape, buf, lead, size - lead))
+            return buf, lead
         if n == 0:
             return None, 0
         at = (self.used + 63) & ~63
@@ -134,19 +139,24 @@ class _Alloc:
 
     def read(self, r: Any) -> None:
         if self.regions:
-            if _FRESH == "prefault" and self.fresh_bytes >= _PREFAULT_MIN:
-                import threading
-
-                t = threading.Thread(target=_core.prefault, args=(self.fresh,), daemon=True)
-                t.start()
-                try:
-                    r.read(self.regions)
-                finally:
-                    t.join()
-            else:
-                r.read(self.regions)
+            prefaulting(self.fresh, self.fresh_bytes, r.read, self.regions)
         self.regions = []
         self.fresh = []
+
+
+def prefaulting(fresh: list[Any], nbytes: int, read: Any, *args: Any) -> Any:
+    """``read(*args)`` while, with _FRESH "prefault", another thread faults in the fresh
+    buffers ``fresh`` (``nbytes`` in all) in order, ahead of the read."""
+    if _FRESH != "prefault" or nbytes < _PREFAULT_MIN:
+        return read(*args)
+    import threading
+
+    t = threading.Thread(target=_core.prefault, args=(fresh,), daemon=True)
+    t.start()
+    try:
+        return read(*args)
+    finally:
+        t.join()
 
 
 def _region_box(
@@ -554,7 +564,7 @@ class Reader:
         batched read."""
         raw = self._raw()
         alloc = _Alloc()
-        place = alloc.place
+        place = self._placer(alloc)
         if self._mapped is not None:
             from ._mapped import placer
 
@@ -624,6 +634,11 @@ class Reader:
             else:
                 out[path] = _adapters.BY_NAME[sig[1]].alias_view(base, node)
         return out
+
+    def _placer(self, alloc: _Alloc) -> Any:
+        """Where _build puts each region read to host memory (safetensors readers leave
+        room before tensors stored at unaligned offsets)."""
+        return alloc.place
 
     def _plan(self, node: Node, info: TensorInfo, tgt: Target) -> list[_Piece]:
         raw = info.code == _dtypes.BYTES and "dtype" in node

@@ -35,6 +35,7 @@ import numpy as np
 
 from . import _core
 from ._errors import DTYPE, USAGE, CheckpointError, InvalidType, error
+from ._load import prefaulting
 from ._options import Stats, params
 
 __all__ = ["save_file", "load_file", "safe_open", "last_stats", "DATA_ALIGNMENT"]
@@ -277,15 +278,29 @@ def runs(
     return size[k] * inner, starts
 
 
+def span(offset: int, n: int, dtype: str, size: int) -> tuple[int, int]:
+    """The bytes [lo, hi) of a file of ``size`` bytes to read for the ``n`` bytes of a
+    ``dtype`` tensor at ``offset``, into page-aligned memory, so that the read lands with no
+    copy: stock files start their data anywhere, so from the page boundary below (unless that
+    would leave the elements misaligned in memory: then the read is staged) to the one above,
+    or the end of the file. The tensor then starts ``offset - lo`` bytes into the memory."""
+    shift = offset % _ALIGN
+    if shift % DTYPES.get(dtype, (1,))[0]:
+        shift = 0
+    return offset - shift, min(_round_up(offset + n), size)
+
+
 class _Plan:
     """Destinations and ranges of one batched read of one file."""
 
-    __slots__ = ("path", "size", "ranges")
+    __slots__ = ("path", "size", "ranges", "fresh", "fresh_bytes")
 
     def __init__(self, path: str, size: int) -> None:
         self.path = path
         self.size = size
         self.ranges: list[tuple[int, int, Any, int]] = []
+        self.fresh: list[Any] = []  # the big buffers, faulted in ahead of the read
+        self.fresh_bytes = 0
 
     def whole(self, e: Entry) -> tuple[Any, int]:
         """Memory for all of tensor ``e``: (buffer, offset of its first byte in it)."""
@@ -296,16 +311,12 @@ class _Plan:
             small = np.empty(n, np.uint8)
             self.ranges.append((e.offset, n, small, 0))
             return small, 0
-        # Stock files start their data anywhere: read from the page boundary below the tensor,
-        # so that the request is aligned in the file and in memory and lands with no copy.
-        shift = e.offset % _ALIGN
-        if shift % DTYPES.get(e.dtype, (1,))[0]:
-            shift = 0  # a misaligned element: stage the read instead
-        lo = e.offset - shift
-        hi = min(_round_up(e.offset + n), self.size)
+        lo, hi = span(e.offset, n, e.dtype, self.size)
         buf = _core.Buffer(hi - lo)
+        self.fresh.append(buf)
+        self.fresh_bytes += hi - lo
         self.ranges.append((lo, hi - lo, buf, 0))
-        return buf, shift
+        return buf, e.offset - lo
 
     def box(
         self, e: Entry, item: int, off: tuple[int, ...], size: tuple[int, ...]
@@ -315,7 +326,11 @@ class _Plan:
         n = run * len(starts)
         if n == 0:
             return None, 0
-        buf: Any = _core.Buffer(n) if n >= _SMALL else np.empty(n, np.uint8)
+        buf: Any = np.empty(n, np.uint8)
+        if n >= _SMALL:
+            buf = _core.Buffer(n)
+            self.fresh.append(buf)
+            self.fresh_bytes += n
         base = e.offset
         self.ranges.extend(
             (base + int(s), run, buf, i * run) for i, s in enumerate(starts.tolist())
@@ -328,9 +343,12 @@ class _Plan:
             return None
         self.ranges.sort(key=lambda r: r[0])
         try:
-            return _core.file_read(self.path, self.ranges, p)
+            read = _core.file_read
+            return prefaulting(self.fresh, self.fresh_bytes, read, self.path, self.ranges, p)
         finally:
             self.ranges = []
+            self.fresh = []
+            self.fresh_bytes = 0
 
 
 def _tensor(fw: str, buf: Any, at: int, e: Entry, shape: tuple[int, ...], device: Any) -> Any:

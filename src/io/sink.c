@@ -30,6 +30,7 @@ static int complete(ckptio__sink *s, ckptio__req *r)
         poison(s, rc);
     }
     if (slot->staging) ckptio__pool_put(&s->pool, slot->staging);
+    else s->placed--;
     slot->staging = NULL;
     s->free_slots[s->n_free++] = (unsigned)(slot - s->slots);
     return rc;
@@ -56,11 +57,12 @@ static int reap(ckptio__sink *s, unsigned min)
     return first;
 }
 
-int ckptio__sink_drain(ckptio__sink *s)
+/* Reap until nothing (all) or no in-place write (!all) is in flight. */
+static int wait_for(ckptio__sink *s, bool all)
 {
     int first = 0;
     unsigned failures = 0;
-    while (s->eng && s->eng->inflight) {
+    while (s->eng && (all ? s->eng->inflight : s->placed)) {
         unsigned before = s->eng->inflight;
         int rc = reap(s, 1);
         if (rc < 0 && !first) first = rc;
@@ -77,10 +79,21 @@ int ckptio__sink_drain(ckptio__sink *s)
             poison(s, first);
             ckptio__engine_close(s->eng);
             s->eng = NULL;
+            s->placed = 0;
             break;
         }
     }
     return first ? first : s->err;
+}
+
+int ckptio__sink_drain(ckptio__sink *s)
+{
+    return wait_for(s, true);
+}
+
+int ckptio__sink_settle(ckptio__sink *s)
+{
+    return wait_for(s, false);
 }
 
 /* Space is reserved ahead of the writes in large steps: ext4 serializes O_DIRECT writes that
@@ -109,6 +122,7 @@ static int submit(ckptio__sink *s, void *buf, uint64_t off, uint64_t len, uint8_
     while (!s->n_free) CKPTIO__TRY(reap(s, 1));
     ckptio__sink_slot *slot = &s->slots[s->free_slots[--s->n_free]];
     slot->staging = staging;
+    if (!staging) s->placed++;
     slot->req = (ckptio__req){.fd = s->fd, .op = CKPTIO__OP_WRITE, .buf = buf, .off = off, .len = len};
     int rc = ckptio__engine_submit(s->eng, &slot->req);
     if (rc < 0) {

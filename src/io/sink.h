@@ -32,6 +32,7 @@ typedef struct ckptio__sink {
     ckptio__pool pool;
     ckptio__sink_slot *slots;
     unsigned *free_slots, n_free, depth;
+    unsigned placed; /* in-place writes in flight (they read the caller's memory) */
     /* The staging window: file bytes [win_off, win_off + pool.buf_size). Bytes below win_fill
      * hold data or zeroed padding; bytes above are stale. */
     uint8_t *win;
@@ -67,6 +68,9 @@ CKPTIO__HIDDEN int ckptio__sink_put(ckptio__sink *s, const void *src, uint64_t n
 CKPTIO__HIDDEN int ckptio__sink_skip(ckptio__sink *s, uint64_t n);
 /* Wait for every submitted write. */
 CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
+/* Wait only until no in-place write is in flight (the callers' sources are free again), leaving
+ * staged writes running. */
+CKPTIO__HIDDEN int ckptio__sink_settle(ckptio__sink *s);
 /* Send the last window, wait for everything, and cut the file to `cursor` bytes (the last
  * write was padded to the alignment). Does not fsync. */
 CKPTIO__HIDDEN int ckptio__sink_finish(ckptio__sink *s);
