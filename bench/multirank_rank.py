@@ -174,6 +174,19 @@ def save(mech: str, st: dict[str, Any], path: str, pg: Any, rank: int) -> dict[s
     return rec
 
 
+def storage_read() -> int:
+    """Bytes this process (its threads and io_uring workers too) has read from storage: a
+    load's increase is what it took off the device, the rest came from the page cache."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
 def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     """One cold load: every file of the checkpoint fsynced and dropped from the page cache on
     every rank, a barrier, then the time to a barrier after the load with every page touched."""
@@ -182,6 +195,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     gc.collect()
     dist.barrier(pg)
     TRACE.clear()
+    read0 = storage_read()
     t0 = time.perf_counter()
     trace: list[list[Any]] = []
     if mech == "ckptio":
@@ -200,6 +214,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
         dcp.load(target, storage_reader=FileSystemReader(path), process_group=pg)
         out = target
     t1 = time.perf_counter()
+    device = storage_read() - read0 if read0 >= 0 else -1
     seen = M.touch([local(v) for v in out.values()], False)
     t2 = time.perf_counter()
     dist.barrier(pg)
@@ -207,7 +222,8 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     bad = same(st, out)
     del out, target
     gc.collect()
-    return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad, "trace": trace}
+    return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad, "trace": trace,
+            "device_bytes": device}  # fmt: skip
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ class Share:
 
 
 #: The last shared read of this process: {"index", "size", "parts": [bytes per read call, in
-#: the order they ran], "first": the byte offset within the load's regions it started at}.
+#: the order they ran], "tensors": [the tensor indices of each call], "first": the byte offset
+#: within the load's regions it started at}.
 last: dict[str, Any] | None = None
 
 
@@ -137,9 +138,12 @@ def read(r: Any, regions: list[Any], share: Share) -> None:
         parts[k].append(x)
         at += int(x[5])
     done: list[int] = []
+    tensors: list[list[int]] = []
     for j in range(share.size):
         part = parts[(share.index + j) % share.size]
         if part:
             r.read(part)
         done.append(sum(int(x[5]) for x in part))
-    last = {"index": share.index, "size": share.size, "parts": done, "first": bounds[share.index]}
+        tensors.append([int(x[0]) for x in part])
+    last = {"index": share.index, "size": share.size, "parts": done, "tensors": tensors,
+            "first": bounds[share.index]}  # fmt: skip
