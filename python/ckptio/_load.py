@@ -714,7 +714,10 @@ def load(
     ``like`` holding DTensors or jax arrays spanning processes takes the rank from their
     runtime, and otherwise RankLocal values come back as {rank: value}. Loading needs no
     exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
-    as DTensors with like's mesh and placements).
+    as DTensors with like's mesh and placements). When most of what this rank loads other ranks
+    load too (replicated state, Replicate DTensors), it is read through the page cache, each
+    rank of the host starting at its own 1/N, so that each byte comes off the device once
+    (direct=True reads with O_DIRECT instead); the checkpoint then stays in the page cache.
     ``io_options``: as for ckptio.save (backend, direct, checksums, ...).
     ``mmap=True``: return at once; each whole tensor is a view of a private (copy-on-write)
     mapping of its data file, read from disk when first touched; writes stay in this process.

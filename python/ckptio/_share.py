@@ -4,6 +4,7 @@ rank starting at its own 1/N of the bytes, so that each byte comes off the devic
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -58,6 +59,16 @@ def _world(comm: Any) -> tuple[int, int] | None:
     return None
 
 
+def _host(world: tuple[int, int]) -> tuple[int, int]:
+    """(rank, size) among the ranks of this host when the launcher says (torchrun's LOCAL_RANK
+    and LOCAL_WORLD_SIZE): the page cache is the host's, so the rotation is too."""
+    try:
+        local, size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return world
+    return (local, size) if 0 <= local < size <= world[1] else world
+
+
 def _replica_group(d: Any) -> tuple[int, int]:
     """(index, size) of this rank among the ranks of DTensor ``d``'s mesh that hold the same
     box: its coordinate over the mesh dimensions the placements replicate."""
@@ -87,6 +98,7 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
         if dist is None or not dist.is_initialized() or dist.get_world_size() < 2:
             return None  # one process: nothing to share
     if like is None:
+        world = _host(world) if world is not None else None
         return Share(*world) if world is not None and world[1] > 1 else None
     from ._dist import classify_like
     from ._tree import flatten
@@ -114,8 +126,8 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
                 private += n  # a jax array spanning processes reads its own devices' boxes
     if shared == 0 or shared < private:
         return None
-    if group is None:
-        group = world
+    if group is None and world is not None:
+        group = _host(world)
     return Share(*group) if group is not None and group[1] > 1 else None
 
 

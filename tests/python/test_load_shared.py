@@ -100,3 +100,15 @@ def test_torch_replicated_load(tmp_path: pathlib.Path) -> None:
     assert sorted(bad) == list(range(N))
     for v in bad.values():
         assert v["error"] == "ChecksumMismatch", v
+
+
+def test_plan_rotates_among_the_ranks_of_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    np = pytest.importorskip("numpy")
+    like = {"a": np.zeros(1000, np.float32)}
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    s = _share.plan(FakeComm(3, 4), like, {})
+    assert s is not None and (s.index, s.size) == (1, 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # not this communicator's hosts
+    s = _share.plan(FakeComm(3, 4), like, {})
+    assert s is not None and (s.index, s.size) == (3, 4)
