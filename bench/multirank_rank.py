@@ -174,19 +174,6 @@ def save(mech: str, st: dict[str, Any], path: str, pg: Any, rank: int) -> dict[s
     return rec
 
 
-def storage_read() -> int:
-    """Bytes this process (its threads and io_uring workers too) has read from storage: a
-    load's increase is what it took off the device, the rest came from the page cache."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
-
-
 def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     """One cold load: every file of the checkpoint fsynced and dropped from the page cache on
     every rank, a barrier, then the time to a barrier after the load with every page touched."""
@@ -195,6 +182,8 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     gc.collect()
     dist.barrier(pg)
     TRACE.clear()
+    from ckptio._share import storage_read
+
     read0 = storage_read()
     t0 = time.perf_counter()
     trace: list[list[Any]] = []

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["Share", "plan", "read", "last"]
+__all__ = ["Share", "plan", "read", "last", "storage_read"]
 
 
 class Share:
@@ -159,3 +159,17 @@ def read(r: Any, regions: list[Any], share: Share) -> None:
         tensors.append([int(x[0]) for x in part])
     last = {"index": share.index, "size": share.size, "parts": done, "tensors": tensors,
             "first": bounds[share.index]}  # fmt: skip
+
+
+def storage_read() -> int:
+    """Bytes this process (its threads and io_uring's workers too) has read from storage
+    (Linux's /proc/self/io), -1 where unknown: across a load, what it took off the device; the
+    rest came from the page cache."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1

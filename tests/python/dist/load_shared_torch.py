@@ -26,6 +26,7 @@ from _report import emit  # noqa: E402
 
 import ckptio  # noqa: E402
 from ckptio import _share  # noqa: E402
+from ckptio._share import storage_read  # noqa: E402
 
 root = sys.argv[1]
 dist.init_process_group("gloo")
@@ -40,18 +41,6 @@ SIZES = [1 << 18, 3 << 16, 1 << 18, 5, 1 << 17, 1 << 18, 100, 1 << 18]
 def state() -> dict[str, torch.Tensor]:
     g = np.random.default_rng(7)
     return {f"t{i}": torch.from_numpy(g.standard_normal(k, dtype=np.float32)) for i, k in enumerate(SIZES)}
-
-
-def storage_read() -> int:
-    """Bytes this process (all its threads, io_uring's workers included) had read from storage."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
 
 
 def evict(p: str) -> None:
