@@ -154,6 +154,9 @@ def summarize(layout: str, docs: list[dict[str, Any]], nbytes: int, mechs: list[
             if op == "load":
                 # Bytes each rank took off the device (/proc/self/io read_bytes; medians over rounds).
                 row["device_bytes_per_rank"] = [int(med([rd[m]["load"].get("device_bytes", -1) for rd in d["rounds"]])) for d in docs]
+                # Per round, all ranks together: above the state's bytes when some were read twice.
+                row["device_bytes_runs"] = [sum(d["rounds"][i][m]["load"].get("device_bytes", -1) for d in docs) for i in range(len(docs[0]["rounds"]))]
+                row["call_s_per_rank_runs"] = [[round(d["rounds"][i][m]["load"]["call_s"], 3) for d in docs] for i in range(len(docs[0]["rounds"]))]
             if op == "save":
                 per = [d["rounds"][-1][m]["save"]["bytes_written"] for d in docs]
                 row["bytes_written_per_rank"] = per
