@@ -20,8 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LAYOUTS = ("replicated", "shard0")
 MECHS = ("ckptio", "dcp", "ckptio-dcp")
+# On request (--mechanisms): ckptio.load with direct=True, O_DIRECT where replicated loads would
+# share the page cache.
+EXTRA = ("ckptio-direct",)
 NAMES = {"ckptio": ("ckptio.save(comm=)", "ckptio.load(like=)"), "dcp": ("dcp.save FileSystemWriter", "dcp.load FileSystemReader"),
-         "ckptio-dcp": ("dcp.save ckptio StorageWriter", "dcp.load ckptio StorageReader")}
+         "ckptio-dcp": ("dcp.save ckptio StorageWriter", "dcp.load ckptio StorageReader"),
+         "ckptio-direct": ("ckptio.save(comm=)", "ckptio.load(direct=True)")}
 # What issue 10 asks of this cell.
 TARGET_X_DCP = 1.5
 TARGET_OF_RAW = 0.9
@@ -151,6 +155,12 @@ def summarize(layout: str, docs: list[dict[str, Any]], nbytes: int, mechs: list[
                     ph = [[save_phases(rd[m][op].get("trace", [])) for rd in d["rounds"]] for d in docs]
                     if all(p is not None for per in ph for p in per):
                         row["phases_per_rank"] = [{k: round(med([p[k] for p in per if p]), 4) for k in PHASES} for per in ph]
+            if op == "load":
+                # Bytes each rank took off the device (/proc/self/io read_bytes; medians over rounds).
+                row["device_bytes_per_rank"] = [int(med([rd[m]["load"].get("device_bytes", -1) for rd in d["rounds"]])) for d in docs]
+                # Per round, all ranks together: above the state's bytes when some were read twice.
+                row["device_bytes_runs"] = [sum(d["rounds"][i][m]["load"].get("device_bytes", -1) for d in docs) for i in range(len(docs[0]["rounds"]))]
+                row["call_s_per_rank_runs"] = [[round(d["rounds"][i][m]["load"]["call_s"], 3) for d in docs] for i in range(len(docs[0]["rounds"]))]
             if op == "save":
                 per = [d["rounds"][-1][m]["save"]["bytes_written"] for d in docs]
                 row["bytes_written_per_rank"] = per
@@ -170,7 +180,7 @@ def print_table(rows: list[dict[str, Any]], raw_w: float, raw_r: float) -> list[
     print("GB/s = the global state's bytes / time from a barrier before the call to a barrier after it (slowest rank)")
     print("saves durable (ckptio fsyncs itself; DCP's files, .metadata and directories fsynced); loads cold, every page touched\n")
     hdr = (f"{'benchmark':30s} {'mechanism':27s} {'op':4s} {'GB/s':>6s} {'min - max':>13s} {'x DCP':>6s} {'of raw':>7s}"
-           f"   {'MiB written per rank':>24s} {'spread':>7s}")  # fmt: skip
+           f"   {'MiB written/read per rank':>25s} {'spread':>7s}")  # fmt: skip
     print(hdr)
     print("-" * len(hdr))
     verdicts = []
@@ -182,13 +192,15 @@ def print_table(rows: list[dict[str, Any]], raw_w: float, raw_r: float) -> list[
         r["of_raw"] = round(r["gbps"] / raw, 3) if raw else 0
         per = ""
         spread = ""
+        if r["op"] == "load" and min(r.get("device_bytes_per_rank", [-1])) >= 0:
+            per = " ".join(f"{v / 2**20:.0f}" for v in r["device_bytes_per_rank"])
         if r["op"] == "save":
             b = r["bytes_written_per_rank"]
             per = " ".join(f"{v / 2**20:.0f}" for v in b)
             spread = f"{r['spread_pct']:.1f}%" if r["spread_pct"] is not None else "-"
         mm = f"{r['gbps_min']:.2f} - {r['gbps_max']:.2f}"
         print(f"{r['benchmark']:30s} {r['mechanism']:27s} {r['op']:4s} {r['gbps']:6.2f} {mm:>13s} {x:5.2f}x "
-              f"{r['of_raw']:7.2f}   {per:>24s} {spread:>7s}" + ("  WRONG: " + r["errors"][0] if r["errors"] else ""))  # fmt: skip
+              f"{r['of_raw']:7.2f}   {per:>25s} {spread:>7s}" + ("  WRONG: " + r["errors"][0] if r["errors"] else ""))  # fmt: skip
         if r["mech"] == "ckptio":
             verdicts.append(f"{r['layout']} {r['op']}: {x:.2f}x DCP (target >= {TARGET_X_DCP}): {'met' if x >= TARGET_X_DCP else 'MISSED'}")
             if r["op"] == "save":
@@ -222,7 +234,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     """The whole cell: each layout in its own launch of the ranks. Returns the JSON document."""
     mechs = [m for m in a.mechanisms.split(",") if m]
     for m in mechs:
-        if m not in MECHS:
+        if m not in MECHS + EXTRA:
             raise SystemExit(f"multirank: unknown mechanism {m!r}; known: {', '.join(MECHS)}")
     made = not os.path.exists(a.dir)
     os.makedirs(a.dir, exist_ok=True)

@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor, Shard, init_device_mesh  # noqa: E
 
 import mechanisms as M  # noqa: E402
 
-MECHS = ("ckptio", "dcp", "ckptio-dcp")
+MECHS = ("ckptio", "dcp", "ckptio-dcp")  # and "ckptio-direct" on request
 
 # (what, start, end) of each step of ckptio's calls that Python sees: staging the tree, the C
 # save_dist or read, and each collective the C library makes through the communicator.
@@ -128,7 +128,7 @@ def fsync_paths(paths: list[str]) -> None:
 
 def rank_files(mech: str, path: str, rank: int) -> list[str]:
     """The data files this rank wrote: ckptio's data/rNNNNN-*, DCP's __<rank>_*.distcp."""
-    if mech in ("ckptio", "ckptio-dcp"):
+    if mech in ("ckptio", "ckptio-dcp", "ckptio-direct"):
         return sorted(glob.glob(os.path.join(path, "data", f"r{rank:05d}-*")))
     return sorted(glob.glob(os.path.join(path, f"__{rank}_*.distcp")))
 
@@ -139,7 +139,7 @@ def save(mech: str, st: dict[str, Any], path: str, pg: Any, rank: int) -> dict[s
     dist.barrier(pg)
     TRACE.clear()
     t0 = time.perf_counter()
-    if mech == "ckptio":
+    if mech in ("ckptio", "ckptio-direct"):
         import ckptio
 
         stats = ckptio.save(st, path, comm=pg)  # fsyncs files and directories itself
@@ -182,12 +182,16 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     gc.collect()
     dist.barrier(pg)
     TRACE.clear()
+    from ckptio._share import storage_read
+
+    read0 = storage_read()
     t0 = time.perf_counter()
     trace: list[list[Any]] = []
-    if mech == "ckptio":
+    if mech in ("ckptio", "ckptio-direct"):
         import ckptio
 
-        out = ckptio.load(path, like=target, comm=pg)
+        # ckptio-direct: O_DIRECT even where the ranks would share the page cache.
+        out = ckptio.load(path, like=target, comm=pg, **({"direct": True} if mech == "ckptio-direct" else {}))
         trace = spans(t0)
     elif mech == "ckptio-dcp":
         from ckptio.torch.dcp import StorageReader
@@ -200,6 +204,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
         dcp.load(target, storage_reader=FileSystemReader(path), process_group=pg)
         out = target
     t1 = time.perf_counter()
+    device = storage_read() - read0 if read0 >= 0 else -1
     seen = M.touch([local(v) for v in out.values()], False)
     t2 = time.perf_counter()
     dist.barrier(pg)
@@ -207,7 +212,8 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     bad = same(st, out)
     del out, target
     gc.collect()
-    return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad, "trace": trace}
+    return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad, "trace": trace,
+            "device_bytes": device}  # fmt: skip
 
 
 def main() -> None:

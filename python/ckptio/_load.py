@@ -137,9 +137,15 @@ class _Alloc:
         self.regions.append(_region(index, offset, shape, self.slab, at, n))
         return self.slab, at
 
-    def read(self, r: Any) -> None:
+    def read(self, r: Any, share: Any = None) -> None:
         if self.regions:
-            prefaulting(self.fresh, self.fresh_bytes, r.read, self.regions)
+            if share is not None:
+                from . import _share
+
+                read: Any = lambda regions: _share.read(r, regions, share)  # noqa: E731
+            else:
+                read = r.read
+            prefaulting(self.fresh, self.fresh_bytes, read, self.regions)
         self.regions = []
         self.fresh = []
 
@@ -246,6 +252,8 @@ class Reader:
         self._has_tree = False
         # The rank whose RankLocal values load gives (load(comm=...)); None: every rank's.
         self._rank: int | None = None
+        # load(comm=...) of bytes other ranks of the host read too: ckptio._share.Share.
+        self._share: Any = None
 
     @staticmethod
     def _open_core(path: str, p: dict[str, int]) -> Any:
@@ -616,7 +624,7 @@ class Reader:
                 for p in ps:
                     p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
             plans[sig] = (name, real, info, tgt, ps)
-        alloc.read(self._r)
+        alloc.read(self._r, getattr(self, "_share", None))
         for p, dev in gpu_reads:
             _gpu.read_into(self._r, p, dev)
         ndarray = np.ndarray
@@ -725,7 +733,10 @@ def load(
     ``like`` holding DTensors or jax arrays spanning processes takes the rank from their
     runtime, and otherwise RankLocal values come back as {rank: value}. Loading needs no
     exchange between ranks: each reads the boxes its ``like`` leaves hold (DTensors come back
-    as DTensors with like's mesh and placements).
+    as DTensors with like's mesh and placements). When most of what this rank loads other ranks
+    load too (replicated state, Replicate DTensors), it is read through the page cache, each
+    rank of the host starting at its own 1/N, so that each byte comes off the device once
+    (direct=True reads with O_DIRECT instead); the checkpoint then stays in the page cache.
     ``io_options``: as for ckptio.save (backend, direct, checksums, ...); ``roots``: where
     the stripes of a striped checkpoint are now, when not where the save recorded them.
     ``mmap=True``: return at once; each whole tensor is a view of a private (copy-on-write)
@@ -747,11 +758,20 @@ def load(
     t0 = time.perf_counter()
     if into is not None and (mmap or like is not None or keys is not None):
         raise error(USAGE, "into= loads into the given tree: pass neither like=, keys= nor mmap=")
+    share = None
+    if (comm is not None or like is not None) and not mmap and into is None:
+        from . import _share
+
+        if _reader_for(path) is Reader:
+            share = _share.plan(comm, like, io_options)
+        if share is not None:
+            io_options = dict(io_options, direct=False)  # the ranks share the page cache
     with _reader_for(path)(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
             from . import _dist
 
             r._rank = _dist.rank_of(comm, like)
+        r._share = share
         if into is not None:
             from ._into import load_into
 

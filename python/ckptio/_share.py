@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loads where several ranks of a host read the same bytes: read through the page cache, each
+rank starting at its own 1/N of the bytes, so that each byte comes off the device once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["Share", "plan", "read", "last", "storage_read"]
+
+
+class Share:
+    """This rank's place among the ``size`` ranks that read the same bytes: ``index`` (0 ..
+    size - 1) says which 1/size of them it reads first."""
+
+    __slots__ = ("index", "size")
+
+    def __init__(self, index: int, size: int) -> None:
+        self.index = index
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Share({self.index}, {self.size})"
+
+
+#: The last shared read of this process: {"index", "size", "parts": [bytes per read call, in
+#: the order they ran], "tensors": [the tensor indices of each call], "first": the byte offset
+#: within the load's regions it started at}.
+last: dict[str, Any] | None = None
+
+
+def _world(comm: Any) -> tuple[int, int] | None:
+    """(rank, size) of ``comm`` as load(comm=) takes it, or None."""
+    if isinstance(comm, str):
+        if comm == "torch":
+            import torch.distributed as dist
+
+            return int(dist.get_rank()), int(dist.get_world_size())
+        if comm == "jax":
+            import jax
+
+            return int(jax.process_index()), int(jax.process_count())
+        if comm == "mpi":
+            from mpi4py import MPI
+
+            w = MPI.COMM_WORLD
+            return int(w.Get_rank()), int(w.Get_size())
+        return None
+    module = type(comm).__module__ or ""
+    if module.startswith("torch"):
+        return int(comm.rank()), int(comm.size())
+    if module.startswith("mpi4py"):
+        return int(comm.Get_rank()), int(comm.Get_size())
+    rank, size = getattr(comm, "rank", None), getattr(comm, "size", None)
+    if isinstance(rank, int) and isinstance(size, int):
+        return rank, size
+    return None
+
+
+def _host(world: tuple[int, int]) -> tuple[int, int]:
+    """(rank, size) among the ranks of this host when the launcher says (torchrun's LOCAL_RANK
+    and LOCAL_WORLD_SIZE): the page cache is the host's, so the rotation is too."""
+    try:
+        local, size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return world
+    return (local, size) if 0 <= local < size <= world[1] else world
+
+
+def _replica_group(d: Any) -> tuple[int, int]:
+    """(index, size) of this rank among the ranks of DTensor ``d``'s mesh that hold the same
+    box: its coordinate over the mesh dimensions the placements replicate."""
+    from torch.distributed.tensor import Replicate
+
+    coord = d.device_mesh.get_coordinate() or []
+    index, size = 0, 1
+    for dim, p in enumerate(d.placements):
+        if type(p) is Replicate:
+            n = int(d.device_mesh.size(dim))
+            index = index * n + int(coord[dim])
+            size *= n
+    return index, size
+
+
+def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
+    """How this rank shares its reads in load(path, like=like, comm=comm), or None to read as
+    one process does (O_DIRECT where it can). Shared when most of the bytes this rank loads are
+    loaded by other ranks too: without like= or with plain tensors every rank of ``comm`` loads
+    everything (replicated state); DTensors share along the mesh dimensions they replicate.
+    ``direct=True`` keeps O_DIRECT: the caller asked for it."""
+    if io_options.get("direct") is True or io_options.get("mmap"):
+        return None
+    world = _world(comm) if comm is not None else None
+    if world is None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_initialized() or dist.get_world_size() < 2:
+            return None  # one process: nothing to share
+    if like is None:
+        world = _host(world) if world is not None else None
+        return Share(*world) if world is not None and world[1] > 1 else None
+    from ._dist import classify_like
+    from ._tree import flatten
+
+    dtensor = None
+    if "torch.distributed.tensor" in sys.modules:
+        dtensor = getattr(sys.modules["torch.distributed.tensor"], "DTensor", None)
+    _root, leaves = flatten(like, classify=classify_like)
+    shared = private = 0
+    group: tuple[int, int] | None = None
+    for _name, obj, _node in leaves:
+        if dtensor is not None and isinstance(obj, dtensor):
+            g = _replica_group(obj)
+            n = int(obj.to_local().nbytes)
+            if g[1] > 1:
+                shared += n
+                group = group or g
+            else:
+                private += n
+        else:
+            n = int(getattr(obj, "nbytes", 0) or 0)
+            if world is not None and world[1] > 1 and not hasattr(obj, "sharding"):
+                shared += n
+            else:
+                private += n  # a jax array spanning processes reads its own devices' boxes
+    if shared == 0 or shared < private:
+        return None
+    if group is None and world is not None:
+        group = _host(world)
+    return Share(*group) if group is not None and group[1] > 1 else None
+
+
+def read(r: Any, regions: list[Any], share: Share) -> None:
+    """Read ``regions`` with core reader ``r`` (buffered): first this rank's 1/size of their
+    bytes, then the following shares in turn, wrapping around. The library orders each call's
+    requests by file offset, so each share is its own call. While rank i reads share i, the
+    others read theirs; when rank i reaches share i + 1 its pages are in the page cache or
+    being read (a reader of a page under read waits for that one device read)."""
+    global last
+    total = sum(int(x[5]) for x in regions)
+    bounds = [total * k // share.size for k in range(share.size + 1)]
+    parts: list[list[Any]] = [[] for _ in range(share.size)]
+    at = 0
+    for x in regions:
+        # A region belongs to the share where its first byte lies.
+        k = 0
+        while k + 1 < share.size and at >= bounds[k + 1]:
+            k += 1
+        parts[k].append(x)
+        at += int(x[5])
+    done: list[int] = []
+    tensors: list[list[int]] = []
+    for j in range(share.size):
+        part = parts[(share.index + j) % share.size]
+        if part:
+            r.read(part)
+        done.append(sum(int(x[5]) for x in part))
+        tensors.append([int(x[0]) for x in part])
+    last = {"index": share.index, "size": share.size, "parts": done, "tensors": tensors,
+            "first": bounds[share.index]}  # fmt: skip
+
+
+def storage_read() -> int:
+    """Bytes this process (its threads and io_uring's workers too) has read from storage
+    (Linux's /proc/self/io), -1 where unknown: across a load, what it took off the device; the
+    rest came from the page cache."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
