@@ -37,49 +37,6 @@ static const char *tname(const ckptio_mapper *m, size_t tensor)
     return m->m->strtab + m->m->tensors[tensor].name;
 }
 
-/* The manifest's bytes, read through the directory descriptor (never a path: the checkpoint
- * may be replaced at `path` meanwhile). */
-static int read_manifest(ckptio_mapper *m, uint8_t **buf, uint64_t *len)
-{
-    int fd = ckptio__vfs_open(m->dirfd, "manifest", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
-    if (fd < 0)
-        return ckptio__fail(&m->msg, errno == ENOENT ? CKPTIO_E_NOT_CHECKPOINT : -errno,
-                            "cannot open '%s/manifest'%s", m->path,
-                            errno == ENOENT ? ": it is not a committed checkpoint" : "");
-    struct stat st;
-    int rc = 0;
-    *buf = NULL;
-    if (fstat(fd, &st) < 0) {
-        rc = ckptio__fail(&m->msg, -errno, "cannot stat '%s/manifest'", m->path);
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > CKPTIO__MAX_MANIFEST_BYTES) {
-        rc = ckptio__fail(&m->msg, CKPTIO_E_CORRUPT, "'%s/manifest' is not a regular file of at "
-                          "most %llu bytes", m->path, (unsigned long long)CKPTIO__MAX_MANIFEST_BYTES);
-        goto out;
-    }
-    *len = (uint64_t)st.st_size;
-    *buf = malloc(*len ? *len : 1);
-    CKPTIO__GOTO_IF(!*buf, -ENOMEM);
-    for (uint64_t got = 0; got < *len;) {
-        ssize_t n = CKPTIO__VFS->pread(fd, *buf + got, *len - got, (off_t)got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            rc = ckptio__fail(&m->msg, n < 0 ? -errno : CKPTIO_E_CORRUPT,
-                              "reading '%s/manifest' failed", m->path);
-            goto out;
-        }
-        got += (uint64_t)n;
-    }
-out:
-    close(fd);
-    if (rc < 0) {
-        free(*buf);
-        *buf = NULL;
-    }
-    return rc;
-}
-
 /* Open data file i once and remember its size and times; -errno. */
 static int open_mfile(ckptio_mapper *m, uint32_t i)
 {
@@ -118,7 +75,7 @@ int ckptio_mapper_open(ckptio_mapper **out, const char *path)
     }
     m->dev = st.st_dev;
     m->ino = st.st_ino;
-    CKPTIO__CHECK(read_manifest(m, &buf, &len));
+    CKPTIO__CHECK(ckptio__read_manifest(m->dirfd, m->path, &m->msg, &buf, &len));
     char err[512] = "";
     rc = ckptio__manifest_decode(buf, len, &m->m, err, sizeof err);
     if (rc < 0) {

@@ -176,28 +176,29 @@ static int take_sized(ckptio__msg *msg, void *out, size_t ours, size_t v1, const
 
 /* ---- open ---- */
 
-static int read_manifest(ckptio_reader *r, uint8_t **buf, uint64_t *len)
+int ckptio__read_manifest(int dirfd, const char *path, ckptio__msg *msg, uint8_t **buf,
+                          uint64_t *len)
 {
-    int fd = ckptio__vfs_open(r->dirfd, "manifest", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    int fd = ckptio__vfs_open(dirfd, "manifest", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (fd < 0) {
         if (errno == ENOENT)
-            return ckptio__fail(&r->msg, CKPTIO_E_NOT_CHECKPOINT,
+            return ckptio__fail(msg, CKPTIO_E_NOT_CHECKPOINT,
                                 "'%s' has no manifest: it is not a committed checkpoint (an "
                                 "interrupted save leaves such a directory; load the previous "
                                 "checkpoint)",
-                                r->path);
-        return ckptio__fail(&r->msg, -errno, "cannot open '%s/manifest'", r->path);
+                                path);
+        return ckptio__fail(msg, -errno, "cannot open '%s/manifest'", path);
     }
     struct stat st;
     int rc = 0;
     *buf = NULL;
     if (fstat(fd, &st) < 0) {
-        rc = ckptio__fail(&r->msg, -errno, "cannot stat '%s/manifest'", r->path);
+        rc = ckptio__fail(msg, -errno, "cannot stat '%s/manifest'", path);
         goto out;
     }
     if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > CKPTIO__MAX_MANIFEST_BYTES) {
-        rc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                          "'%s/manifest' is not a regular file of at most %llu bytes", r->path,
+        rc = ckptio__fail(msg, CKPTIO_E_CORRUPT,
+                          "'%s/manifest' is not a regular file of at most %llu bytes", path,
                           (unsigned long long)CKPTIO__MAX_MANIFEST_BYTES);
         goto out;
     }
@@ -208,8 +209,8 @@ static int read_manifest(ckptio_reader *r, uint8_t **buf, uint64_t *len)
         ssize_t n = CKPTIO__VFS->pread(fd, *buf + got, *len - got, (off_t)got);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
-            rc = ckptio__fail(&r->msg, n < 0 ? -errno : CKPTIO_E_CORRUPT,
-                              "reading '%s/manifest' failed", r->path);
+            rc = ckptio__fail(msg, n < 0 ? -errno : CKPTIO_E_CORRUPT,
+                              "reading '%s/manifest' failed", path);
             goto out;
         }
         got += (uint64_t)n;
@@ -248,7 +249,7 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
                      rc == -ENOTDIR ? ": not a directory" : "");
         goto out;
     }
-    CKPTIO__CHECK(read_manifest(r, &buf, &len));
+    CKPTIO__CHECK(ckptio__read_manifest(r->dirfd, r->path, &r->msg, &buf, &len));
     char err[512] = "";
     rc = ckptio__manifest_decode(buf, len, &r->m, err, sizeof err);
     if (rc < 0) {
