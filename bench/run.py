@@ -140,7 +140,7 @@ def run_benchmark(
 
 # Loads also timed warm: the files resident in the page cache (read once through it), as after
 # torch.save or a copy; every page touched, as for the cold loads.
-WARM_LOADS = ("torch.load", "torch.load(mmap)", "safetensors.load_file", "ckptio.load")
+WARM_LOADS = ("torch.load", "torch.load(mmap)", "safetensors.load_file", "ckptio.load", "ckptio.load(mmap)")
 
 
 def make_resident(path: str) -> None:
