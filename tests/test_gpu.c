@@ -798,7 +798,7 @@ static int test_gpu_dist_save(void)
         CHECK(st.pinned_peak <= (long)GD_RANKS * (4 << 20));
         CHECK(no_leaks());
         /* Hashing the replicas the ranks do not write went through the rings too: 'big' is
-         12 MiB in 1 MiB pieces, every rank copies all of it once (a slab to write, the rest
+         * 12 MiB in 1 MiB pieces, every rank copies all of it once (a slab to write, the rest
          * to hash), more with checksums off (its own slab hashed as well). */
         CHECK(st.copies >= 2L * GD_RANKS * 12);
     }
