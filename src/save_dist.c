@@ -334,7 +334,7 @@ static int check_replicas(const ckptio__manifest *m, const ckptio__manifest *con
                           uint32_t nparts, ckptio__vec *cs, const ckptio__vec *hs, char *why,
                           size_t wl)
 {
-    qsort(cs->items, cs->len, sizeof(rcheck), rcheck_cmp);
+    if (cs->len) qsort(cs->items, cs->len, sizeof(rcheck), rcheck_cmp); /* NULL when empty */
     char b1[256], b2[256];
     for (size_t g0 = 0, g1; g0 < cs->len; g0 = g1) {
         const rcheck *f = CKPTIO__VEC_AT(cs, rcheck, g0);
