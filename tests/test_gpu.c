@@ -654,6 +654,7 @@ static struct {
     int64_t b[10];
     uint8_t rng[GD_RANKS][8];
     gdrank r[GD_RANKS];
+    char path[4096]; /* t_path() is not for the rank threads */
 } G;
 
 static const uint64_t gd_ws[2] = {GD_W_ROWS, GD_W_COLS}, gd_gs[2] = {GD_BIG_ROWS, 1024},
@@ -675,6 +676,7 @@ static int gd_setup(int bad)
     t_fill(G.big, gb, 2);
     t_fill(G.b, sizeof G.b, 3);
     t_fill(G.rng, sizeof G.rng, 4);
+    snprintf(G.path, sizeof G.path, "%s", t_path("ck"));
     for (int r = 0; r < GD_RANKS; r++) {
         gdrank *k = &G.r[r];
         memset(k, 0, sizeof *k);
@@ -726,7 +728,7 @@ static void *gd_main(void *arg)
     params_small(&p);
     p.overwrite = CKPTIO_ON;
     if (k->nosum) p.checksums = CKPTIO_OFF;
-    k->result = ckptio_save_dist(t_path("ck"), k->c, k->it, k->n, NULL, NULL, NULL, 0, &p, 20,
+    k->result = ckptio_save_dist(G.path, k->c, k->it, k->n, NULL, NULL, NULL, 0, &p, 20,
                                  NULL);
     snprintf(k->msg, sizeof k->msg, "%s", k->result < 0 ? ckptio_last_error() : "");
     return NULL;
