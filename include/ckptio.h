@@ -666,6 +666,14 @@ typedef struct ckptio_dist_item {
     const uint64_t *box;
     const void *data;
     uint64_t nbytes;
+    /* Since 0.3 (a smaller `size` means CKPTIO_MEM_HOST): where `data` lives (enum
+     * ckptio_memory). CKPTIO_MEM_CUDA: `data` is a device pointer and `stream` the caller's
+     * CUstream (0: the legacy default stream); the rank's pieces go through the writer's GPU
+     * path (ckptio_writer_add_mem, doc/gpu.md), with host memory bounded by its staging ring,
+     * and replicated slabs this rank does not write are hashed through the same ring. The
+     * device buffer must not change until ckptio_save_dist returns. */
+    uint32_t memory;
+    uint64_t stream;
 } ckptio_dist_item;
 
 /* Save one checkpoint at `path` from every rank of `comm`: collective, every rank calls it with

@@ -54,6 +54,14 @@ CKPTIO__HIDDEN const char *ckptio__writer_tmp_path(const ckptio_writer *w);
 /* Flush and fsync this rank's data file and its directory entry, and put its partial manifest
  * (every chunk it wrote, its file, its metadata) into `part`. Nothing is published. */
 CKPTIO__HIDDEN int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part);
+/* Device bytes [src, src + n) through the writer's GPU staging ring (started as for a
+ * CKPTIO_MEM_CUDA add), after the work queued on `stream`: fn gets each piece as it lands, at
+ * offsets that are multiples of `block` (which must divide the writer's checksum block). Used
+ * to hash replicas in GPU memory; nothing is written. The message is in the writer's. */
+CKPTIO__HIDDEN int ckptio__writer_gpu_read(ckptio_writer *w, uint64_t src, uint64_t n,
+                                           uint64_t stream, uint64_t block,
+                                           int (*fn)(void *, uint8_t *, uint64_t, uint64_t),
+                                           void *ctx, const char *what);
 /* The coordinator, after finish_part: write `man` (the merged manifest) into the temporary
  * directory and publish it, as ckptio_writer_commit() does. */
 CKPTIO__HIDDEN int ckptio__writer_publish_manifest(ckptio_writer *w, const uint8_t *man,

@@ -731,6 +731,23 @@ int ckptio_writer_add_mem(ckptio_writer *w, const char *name, int dtype, uint32_
                    stream);
 }
 
+int ckptio__writer_gpu_read(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t stream,
+                            uint64_t block, int (*fn)(void *, uint8_t *, uint64_t, uint64_t),
+                            void *ctx, const char *what)
+{
+    ckptio__msg_clear(&w->msg);
+    if (!block || w->cfg.csum_block % block)
+        return ckptio__fail(&w->msg, CKPTIO_E_USAGE,
+                            "tensor '%s': replicas hashed in blocks of %llu bytes, the GPU ring "
+                            "in blocks of %llu; give every rank the same params",
+                            what, (unsigned long long)block,
+                            (unsigned long long)w->cfg.csum_block);
+    if (!n) return 0;
+    CKPTIO__TRY(ckptio__gpu_start(&w->gpu, src, &w->msg, what));
+    CKPTIO__TRY(ckptio__gpu_d2h(&w->gpu, src, n, stream, fn, ctx, &w->msg, what));
+    return 0;
+}
+
 int ckptio_writer_gpu_stats(const ckptio_writer *w, ckptio_gpu_stats *out)
 {
     if (!w || !out || out->size < offsetof(ckptio_gpu_stats, reason))

@@ -2,6 +2,7 @@
 /* Distributed saves: every rank's pieces of global tensors into one checkpoint, atomically. */
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,18 +19,43 @@ static ckptio__plan_cache cache;
 static const void *cache_ctx;
 static int32_t cache_nranks;
 
+/* The first version of ckptio_dist_item ends with nbytes; later fields read as zero. */
+#define DIST_ITEM_V1 (offsetof(ckptio_dist_item, nbytes) + sizeof(uint64_t))
+
+/* The caller's items (their stride is items[0].size: an older caller's array is of smaller
+ * structs) into our own layout. */
+static int take_items(const ckptio_dist_item *items, size_t n, ckptio_dist_item *out, char *why,
+                      size_t wl)
+{
+    if (n && !items) return snprintf(why, wl, "items missing for %zu items", n), CKPTIO_E_USAGE;
+    uint32_t stride = 0;
+    if (n) memcpy(&stride, items, sizeof stride);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *e = (const uint8_t *)items + i * (size_t)stride;
+        uint32_t size;
+        memcpy(&size, e, sizeof size);
+        if (stride < DIST_ITEM_V1 || size != stride) {
+            snprintf(why, wl,
+                     "item %zu: size %u (item 0: %u), expected %zu; set every size to "
+                     "sizeof(ckptio_dist_item)", i, size, stride, sizeof *out);
+            return CKPTIO_E_USAGE;
+        }
+        memset(&out[i], 0, sizeof out[i]);
+        memcpy(&out[i], e, CKPTIO__MIN((size_t)size, sizeof out[i]));
+    }
+    return 0;
+}
+
 /* Items in, holdings out: checks the public struct. The holdings carry no hashes: replicas are
  * compared after the writes (see the replica checks below). */
 static int make_holds(const ckptio_dist_item *items, size_t n, ckptio__hold *h, uint64_t *zeros,
                       char *why, size_t wl)
 {
-    if (n && !items) return snprintf(why, wl, "items missing for %zu items", n), CKPTIO_E_USAGE;
     for (size_t i = 0; i < n; i++) {
         const ckptio_dist_item *it = &items[i];
-        if (it->size < sizeof *it) {
-            snprintf(why, wl,
-                     "item %zu: size %u, expected %zu (set it to sizeof(ckptio_dist_item))", i,
-                     it->size, sizeof *it);
+        if (it->memory > CKPTIO_MEM_CUDA) {
+            snprintf(why, wl, "item %zu ('%.200s'): unknown memory kind %u (CKPTIO_MEM_HOST or "
+                     "CKPTIO_MEM_CUDA)", i, it->name ? it->name : "", it->memory);
             return CKPTIO_E_USAGE;
         }
         if (!it->name || it->ndim > CKPTIO_MAX_NDIM || (it->ndim && !it->shape) ||
@@ -76,8 +102,10 @@ typedef struct rcheck {
     const char *name;
     uint32_t name_len, ndim, rank;
     uint64_t off[CKPTIO_MAX_NDIM], box[CKPTIO_MAX_NDIM];
-    const uint8_t *data;
+    const uint8_t *data; /* a device address when cuda */
     uint64_t nbytes, block, n, at; /* n hashes at hashes[at] */
+    uint64_t stream;
+    bool cuda;
 } rcheck;
 
 typedef struct rhash {
@@ -93,6 +121,7 @@ static void *rhash_run(void *arg)
     rhash *h = arg;
     for (size_t i = 0; i < h->n; i++) {
         const rcheck *c = &h->c[i];
+        if (c->cuda) continue; /* hashed through the writer's GPU ring: rhash_device */
         for (uint64_t k = 0; k < c->n; k++)
             h->hashes[c->at + k] = ckptio__hash(c->data + k * c->block,
                                                 CKPTIO__MIN(c->block, c->nbytes - k * c->block));
@@ -128,7 +157,9 @@ static int rhash_start(rhash *rh, const ckptio_dist_item *items, const ckptio__h
             rcheck *c = &rh->c[n++];
             *c = (rcheck){.name = h->name, .name_len = h->name_len, .ndim = h->ndim,
                           .data = (const uint8_t *)items[r->item].data + lo * row, .nbytes = nb,
-                          .block = B, .n = (nb + B - 1) / B, .at = total};
+                          .block = B, .n = (nb + B - 1) / B, .at = total,
+                          .cuda = items[r->item].memory == CKPTIO_MEM_CUDA,
+                          .stream = items[r->item].stream};
             memcpy(c->off, h->offset, h->ndim * 8);
             memcpy(c->box, h->box, h->ndim * 8);
             if (h->ndim) c->off[0] += lo, c->box[0] = hi - lo;
@@ -140,6 +171,38 @@ static int rhash_start(rhash *rh, const ckptio_dist_item *items, const ckptio__h
     if (!rh->hashes) return -ENOMEM;
     if (n && pthread_create(&rh->tid, NULL, rhash_run, rh) == 0) rh->started = true;
     else rhash_run(rh);
+    return 0;
+}
+
+/* A piece of a device slab, landed in the writer's pinned ring: whole blocks but the last. */
+typedef struct dhash {
+    uint64_t *out, block;
+} dhash;
+
+static int dhash_piece(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
+{
+    dhash *d = ctx;
+    for (uint64_t i = 0; i < n; i += d->block)
+        d->out[(at + i) / d->block] = ckptio__hash(host + i, CKPTIO__MIN(d->block, n - i));
+    return 0;
+}
+
+/* The replicated slabs in GPU memory: copied through the writer's pinned ring (host memory
+ * stays bounded by it) and hashed as each piece lands, on this thread, after the writes. */
+static int rhash_device(rhash *rh, ckptio_writer *w, char *why, size_t wl)
+{
+    for (size_t i = 0; i < rh->n; i++) {
+        const rcheck *c = &rh->c[i];
+        if (!c->cuda) continue;
+        dhash d = {.out = rh->hashes + c->at, .block = c->block};
+        int rc = ckptio__writer_gpu_read(w, (uint64_t)(uintptr_t)c->data, c->nbytes, c->stream,
+                                         c->block, dhash_piece, &d, c->name);
+        if (rc < 0) {
+            snprintf(why, wl, "hashing a replica of tensor '%.*s': %s",
+                     (int)CKPTIO__MIN(c->name_len, 200u), c->name, ckptio_writer_errmsg(w));
+            return rc;
+        }
+    }
     return 0;
 }
 
@@ -271,7 +334,7 @@ static int check_replicas(const ckptio__manifest *m, const ckptio__manifest *con
                           uint32_t nparts, ckptio__vec *cs, const ckptio__vec *hs, char *why,
                           size_t wl)
 {
-    qsort(cs->items, cs->len, sizeof(rcheck), rcheck_cmp);
+    if (cs->len) qsort(cs->items, cs->len, sizeof(rcheck), rcheck_cmp); /* NULL when empty */
     char b1[256], b2[256];
     for (size_t g0 = 0, g1; g0 < cs->len; g0 = g1) {
         const rcheck *f = CKPTIO__VEC_AT(cs, rcheck, g0);
@@ -394,7 +457,8 @@ static int write_piece(ckptio_writer *w, const ckptio_dist_item *it, const ckpti
         off[0] += a->start;
         box[0] = a->rows;
     }
-    int rc = ckptio_writer_add(w, name, it->dtype, h->ndim, h->shape, off, box, data, nbytes);
+    int rc = ckptio_writer_add_mem(w, name, it->dtype, h->ndim, h->shape, off, box, data, nbytes,
+                                   it->memory, it->stream);
     if (rc < 0) snprintf(why, wl, "%s", ckptio_writer_errmsg(w));
     return rc;
 }
@@ -476,6 +540,7 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
     uint64_t *lens = rank == 0 ? calloc(nranks, sizeof *lens) : NULL;
     uint64_t zeros[CKPTIO_MAX_NDIM] = {0};
     ckptio__hold *holds = calloc(n + 1, sizeof *holds);
+    ckptio_dist_item *its = calloc(n + 1, sizeof *its);
     ckptio__vec assign, reps;
     ckptio__vec_init(&assign, sizeof(ckptio__assign));
     ckptio__vec_init(&reps, sizeof(ckptio__replica));
@@ -483,13 +548,14 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
     ckptio_writer *w = NULL;
     ckptio_bytes part = CKPTIO_BYTES_INIT, packed = CKPTIO_BYTES_INIT;
     double t0 = ckptio__now();
-    if (!holds || (rank == 0 && !lens)) {
+    if (!holds || !its || (rank == 0 && !lens)) {
         local = -ENOMEM;
         snprintf(why, sizeof why, "out of memory");
     }
 
     /* 1. Holdings to the coordinator; the plan or its error back. */
-    if (local == 0) local = make_holds(items, n, holds, zeros, why, sizeof why);
+    if (local == 0) local = take_items(items, n, its, why, sizeof why);
+    if (local == 0) local = make_holds(its, n, holds, zeros, why, sizeof why);
     if (local == 0) local = ckptio__holdings_encode(holds, n, &mine, why, sizeof why);
     if (local < 0 && ckptio__holdings_encode_error(local, why, &mine) < 0) ckptio_bytes_free(&mine);
     CKPTIO__CHECK(ckptio_comm_gather(comm, 0, mine.data, mine.len, &all, lens, timeout));
@@ -517,7 +583,7 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
         local = ckptio__cfg_resolve(p, &cfg, &m);
         if (local < 0) snprintf(why, sizeof why, "%s", m.text);
         if (local == 0 && !cfg.csum_block) cfg.csum_block = 1u << 20;
-        if (local == 0 && (local = rhash_start(&rh, items, holds, &reps, &assign, &cfg)) < 0)
+        if (local == 0 && (local = rhash_start(&rh, its, holds, &reps, &assign, &cfg)) < 0)
             snprintf(why, sizeof why, "out of memory hashing replicas");
     }
 
@@ -558,8 +624,9 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
     /* 3. Write this rank's pieces and describe them in a partial manifest. */
     for (size_t i = 0; i < assign.len && local == 0; i++) {
         const ckptio__assign *a = CKPTIO__VEC_AT(&assign, ckptio__assign, i);
-        local = write_piece(w, &items[a->item], &holds[a->item], a, rank, why, sizeof why);
+        local = write_piece(w, &its[a->item], &holds[a->item], a, rank, why, sizeof why);
     }
+    if (local == 0) local = rhash_device(&rh, w, why, sizeof why);
     for (size_t i = 0; rank == 0 && i < n_meta && local == 0; i++) {
         local = ckptio_writer_set_meta(w, meta_keys ? meta_keys[i] : NULL,
                                        meta_vals ? meta_vals[i] : NULL,
@@ -611,5 +678,6 @@ out:
     ckptio__vec_free(&reps);
     free(lens);
     free(holds);
+    free(its);
     return rc;
 }

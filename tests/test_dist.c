@@ -654,7 +654,8 @@ static void d_item(djob *j, const char *name, int dt, uint32_t nd, const uint64_
         vol *= j->dims[i][2][d];
     }
     j->it[i] = (ckptio_dist_item){sizeof(ckptio_dist_item), flags, name, dt, nd, j->dims[i][0],
-                                  j->dims[i][1], j->dims[i][2], data, vol * ckptio_dtype_size(dt)};
+                                  j->dims[i][1], j->dims[i][2], data, vol * ckptio_dtype_size(dt),
+                                  CKPTIO_MEM_HOST, 0};
 }
 
 static int d_setup(void)

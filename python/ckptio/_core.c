@@ -1857,7 +1857,9 @@ static int dist_dims(PyObject *o, uint64_t *out, uint32_t ndim, const char *what
 
 /* save_dist(path, comm, items, meta, params, timeout) -> IOStats: ckptio_save_dist on the
  * communicator `comm` (a ckptio._comm.Communicator) with the GIL released. items: [(name,
- * dtype code, global shape, data (C-contiguous), offset or None, box or None, flags)]; meta:
+ * dtype code, global shape, data (C-contiguous), offset or None, box or None, flags)], or for
+ * an item in GPU memory the same with data the device pointer (int) followed by (nbytes,
+ * CUstream, owner) (10 fields; the owner is not used here); meta:
  * [(key, bytes)] (used on rank 0 only). Collective: every rank calls it. */
 static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
 {
@@ -1893,9 +1895,9 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = PySequence_Fast_GET_ITEM(fitems, i);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+        if (!PyTuple_Check(t) || (PyTuple_GET_SIZE(t) != 7 && PyTuple_GET_SIZE(t) != 10)) {
             PyErr_SetString(PyExc_TypeError, "save_dist: each item is (name, dtype, shape, data, "
-                                             "offset, box, flags)");
+                                             "offset, box, flags[, nbytes, stream, owner])");
             goto out;
         }
         ckptio_dist_item *d = &ds[i];
@@ -1920,6 +1922,17 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
         unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 6));
         if (flags == (unsigned long)-1 && PyErr_Occurred()) goto out;
         d->flags = (uint32_t)flags;
+        if (PyTuple_GET_SIZE(t) == 10) { /* GPU memory: a device pointer, its size and stream */
+            unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 3));
+            unsigned long long nb = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 7));
+            unsigned long long st = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 8));
+            if (PyErr_Occurred()) goto out;
+            d->data = (const void *)(uintptr_t)ptr;
+            d->nbytes = nb;
+            d->memory = CKPTIO_MEM_CUDA;
+            d->stream = st;
+            continue;
+        }
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 3), &s->view, PyBUF_C_CONTIGUOUS) < 0) goto out;
         s->has_view = 1;
         d->data = s->view.buf;

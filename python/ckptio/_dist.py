@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes
+from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Deferred, Node
 from ._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, error
 from ._tree import flatten, leaf_name, make_document
@@ -33,6 +33,14 @@ LOCAL_TREE = "#tree"
 _wrappers_used = False
 
 
+def _shape_of(data: Any) -> tuple[int, ...]:
+    """An array's shape; a GPU array known only by its __cuda_array_interface__ has one too."""
+    shape = getattr(data, "shape", None)
+    if shape is None and hasattr(type(data), "__cuda_array_interface__"):
+        shape = data.__cuda_array_interface__["shape"]
+    return tuple(int(d) for d in (shape or ()))
+
+
 class Shard:
     """A box of a global array: ``data`` (a numpy array, a torch tensor...) is the part at
     ``offset`` of an array of shape ``global_shape``. In ``ckptio.save(..., comm=...)`` every
@@ -47,7 +55,7 @@ class Shard:
         self.data = data
         self.offset = tuple(int(o) for o in offset)
         self.global_shape = tuple(int(d) for d in global_shape)
-        shape = tuple(getattr(data, "shape", ()))
+        shape = _shape_of(data)
         if len(self.offset) != len(shape) or len(self.global_shape) != len(shape):
             raise error(
                 USAGE,
@@ -63,7 +71,7 @@ class Shard:
                 )
 
     def __repr__(self) -> str:
-        shape = tuple(self.data.shape)
+        shape = _shape_of(self.data)
         return f"Shard(shape={shape}, offset={self.offset}, global_shape={self.global_shape})"
 
 
@@ -173,8 +181,9 @@ _DTENSOR = _Kind("torch")
 _GLOBAL_JAX = _Kind("jax")
 
 Dims = tuple[int, ...]
-# (name, dtype code, global shape, data, offset or None, box or None, flags)
-DistItem = tuple[str, int, Dims, Any, "Dims | None", "Dims | None", int]
+# (name, dtype code, global shape, data, offset or None, box or None, flags); for GPU memory
+# (doc/gpu.md) data is the device pointer, followed by (nbytes, CUstream, owner kept alive).
+DistItem = tuple[Any, ...]
 
 
 def _from_add(
@@ -186,7 +195,12 @@ def _from_add(
 ) -> DistItem:
     """A save_dist item from an AddItem (name, code, shape, data, chunk offset, chunk shape);
     with ``gshape``/``offset``: the AddItem holds the whole of a box at ``offset`` of a global
-    tensor of shape ``gshape`` (raw-byte dtypes get their trailing item-size dimension)."""
+    tensor of shape ``gshape`` (raw-byte dtypes get their trailing item-size dimension). A
+    DeviceItem (GPU memory) gives the same fields with its device pointer as data, then its
+    size, stream and owner."""
+    dev = it if isinstance(it, _gpu.DeviceItem) else None
+    if dev is not None:
+        it = (dev.name, dev.code, dev.shape, dev.ptr, dev.offset, dev.chunk_shape)
     nm, code, shape, data, off, cshape = it
     if shape is None:  # the data's own
         shape = tuple(data.shape) if hasattr(data, "shape") else memoryview(data).shape
@@ -200,6 +214,8 @@ def _from_add(
     else:
         box = tuple(cshape) if cshape is not None else None
         off = tuple(off) if off is not None else None
+    if dev is not None:
+        return (name or nm, code, shape, data, off, box, flags, dev.nbytes, dev.stream, dev.keep)
     return (name or nm, code, shape, data, off, box, flags)
 
 
@@ -212,7 +228,7 @@ def _stage_dtensor(name: str, t: Any, node: Node) -> list[DistItem]:
     from torch.distributed.tensor import Shard as TShard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from ._fw_torch import TORCH, _host_item
+    from ._fw_torch import TORCH, _device_item, _host_item
 
     for p in t.placements:
         if type(p) is not TShard and type(p) is not Replicate:
@@ -238,6 +254,8 @@ def _stage_dtensor(name: str, t: Any, node: Node) -> list[DistItem]:
             "(torch.chunk's split) only",
             InvalidType,
         )
+    if local.device.type == "cuda" and _gpu.route():  # by device pointer, no .cpu()
+        return [_from_add(_device_item(name, local), gshape, goff)]
     return [_from_add(_host_item(name, local), gshape, goff)]
 
 
@@ -262,7 +280,14 @@ def _stage_global_jax(name: str, x: Any, node: Node) -> list[DistItem]:
         if box in seen:
             continue
         seen.add(box)
-        host = np.ascontiguousarray(np.asarray(shard.data))
+        data = shard.data
+        if getattr(shard.device, "platform", "cpu") in ("gpu", "cuda") and _gpu.route():
+            # From its device buffer once ready; the (immutable) array stays alive in the item.
+            data.block_until_ready()
+            ondev = _gpu.OnDevice(int(data.unsafe_buffer_pointer()), data.nbytes, data)
+            out.append(_from_add(ondev.item(name, code, dt, shape, box, node)))
+            continue
+        host = np.ascontiguousarray(np.asarray(data))
         if code is None:
             node["dtype"] = _dtypes.np_dtype_name(dt)
             raw = host.reshape(-1).view(np.uint8) if host.size else np.empty(0, np.uint8)
@@ -282,7 +307,8 @@ def _stage_shard(name: str, s: Shard, node: Node) -> list[DistItem]:
     node.pop("device", None)
     node.pop("sharding", None)
     staged = _items_of(ad.stage(name, s.data, node))
-    if len(staged) != 1 or staged[0][4] is not None:
+    one = staged[0] if len(staged) == 1 else None
+    if one is None or (one.offset if isinstance(one, _gpu.DeviceItem) else one[4]) is not None:
         raise error(USAGE, f"Shard at '{name}': data must be one array held by this process")
     return [_from_add(staged[0], s.global_shape, s.offset)]
 
@@ -302,8 +328,16 @@ def _stage_rank_local(name: str, r: RankLocal, node: Node, nranks: int) -> list[
     return out
 
 
-def stage(tree: Any, nranks: int) -> tuple[list[DistItem], bytes]:
-    """This rank's items for ckptio_save_dist and the tree document (rank 0's is stored)."""
+def stage(tree: Any, nranks: int, gpu: int | None = None) -> tuple[list[DistItem], bytes]:
+    """This rank's items for ckptio_save_dist and the tree document (rank 0's is stored).
+    ``gpu``: the gpu= I/O option, for a save that writes the items before it returns: GPU
+    arrays are then given by device pointer (doc/gpu.md); None (save_async, Orbax, which keep
+    the items past the call): host copies."""
+    with _gpu.asked(_gpu.HOST_ONLY if gpu is None else gpu):
+        return _stage(tree, nranks)
+
+
+def _stage(tree: Any, nranks: int) -> tuple[list[DistItem], bytes]:
     dtensor = _dtensor_type()
 
     def classify(obj: Any) -> Any:
@@ -341,13 +375,13 @@ def stage(tree: Any, nranks: int) -> tuple[list[DistItem], bytes]:
 
 
 def stage_or_refuse(
-    tree: Any, comm: Any, path: str, p: Any, timeout: float
+    tree: Any, comm: Any, path: str, p: Any, timeout: float, gpu: int | None = None
 ) -> tuple[list[tuple[Any, ...]], bytes]:
     """stage(tree) for a collective save over ``comm``; when this rank cannot stage, it still
     takes part, with an item the plan refuses (an invalid dtype) named after the error, so the
     other ranks fail at once naming this rank instead of at the timeout; then it raises."""
     try:
-        return stage(tree, int(comm.size))
+        return stage(tree, int(comm.size), gpu)
     except CheckpointError as e:
         refuse(e, comm, path, p, timeout)
         raise
@@ -371,12 +405,16 @@ def save(
     p: Any,
     timeout: float,
 ) -> Any:
-    """ckptio_save_dist of ``tree`` over ``comm`` (a ckptio._comm.Communicator): collective."""
+    """ckptio_save_dist of ``tree`` over ``comm`` (a ckptio._comm.Communicator): collective.
+    Afterwards, _gpu.take_note() says how GPU arrays went (for Stats.gpu)."""
     from ._tree import TREE_KEY
 
     if not timeout > 0:
         raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
-    items, doc = stage_or_refuse(tree, comm, path, p, timeout)
+    _gpu.take_note()
+    items, doc = stage_or_refuse(tree, comm, path, p, timeout, p["gpu"])
+    if any(len(it) > 7 for it in items):
+        _gpu.note(GPU_NOTE)
     import os
 
     from ._save import _make_parent
@@ -390,6 +428,10 @@ def save(
     except CheckpointError as e:
         raise _explain(e) from e.__cause__
 
+
+#: Stats.gpu of a distributed save that gave GPU arrays by device pointer: each rank's writer
+#: chose staged or GDS for its own files (not reported back through ckptio_save_dist).
+GPU_NOTE = "device (staged or gds, per rank)"
 
 _STAGE_FAILED = re.compile(
     r"rank (\d+)(?: of \d+)?: tensor 'cannot stage: (.*)': unknown dtype", re.S

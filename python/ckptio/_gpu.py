@@ -15,6 +15,9 @@ from ._errors import error
 __all__ = ["DeviceItem", "route", "take_note", "note", "stats_text"]
 
 _OFF = 3
+#: asked(HOST_ONLY): GPU arrays are copied by their framework whatever CKPTIO_GPU says (items
+#: that outlive the call: a distributed save_async's, Orbax's).
+HOST_ONLY = -1
 UNSUPPORTED = "CKPTIO_E_UNSUPPORTED"
 _lock = threading.Lock()
 _probe: tuple[int, str] | None = None
@@ -114,6 +117,8 @@ def route() -> bool:
     """Whether a GPU tensor goes through ckptio's GPU path (True) or the framework's host copy
     (False, noted for the stats). With CKPTIO_GPU=gds or staged (or gpu="gds"/"staged") and no
     usable driver, raise: the path asked for by name cannot run."""
+    if getattr(_local, "mode", 0) == HOST_ONLY:
+        return False
     env = os.environ.get("CKPTIO_GPU", "") or _NAMES.get(getattr(_local, "mode", 0), "auto")
     if env == "off":
         how = "CKPTIO_GPU=off" if os.environ.get("CKPTIO_GPU") else 'gpu="off"'

@@ -288,6 +288,7 @@ def save(
                 p,
                 _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout),
             )
-        return Stats._from_core(st, time.perf_counter() - t0)
+        stats = Stats._from_core(st, time.perf_counter() - t0)
+        return dataclasses.replace(stats, gpu=_gpu.take_note())
     with pause_gc():
         return _write(_stage(tree, metadata=metadata, gpu=p["gpu"]), path, p, t0)

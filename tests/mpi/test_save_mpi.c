@@ -56,10 +56,11 @@ int main(int argc, char **argv)
     int64_t mine = 100 + rank;
     ckptio_dist_item items[3] = {
         {sizeof(ckptio_dist_item), 0, "w", CKPTIO_DT_F32, 2, wshape, woff, wbox, w,
-         sizeof(float) * ROWS * COLS},
-        {sizeof(ckptio_dist_item), 0, "b", CKPTIO_DT_F64, 1, bshape, NULL, NULL, b, sizeof b},
+         sizeof(float) * ROWS * COLS, CKPTIO_MEM_HOST, 0},
+        {sizeof(ckptio_dist_item), 0, "b", CKPTIO_DT_F64, 1, bshape, NULL, NULL, b, sizeof b,
+         CKPTIO_MEM_HOST, 0},
         {sizeof(ckptio_dist_item), CKPTIO_DIST_RANK_LOCAL, "count", CKPTIO_DT_I64, 1, lshape, NULL,
-         NULL, &mine, 8},
+         NULL, &mine, 8, CKPTIO_MEM_HOST, 0},
     };
     const char *keys[] = {"step"};
     const void *vals[] = {"7"};
