@@ -31,8 +31,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path) -> None:
-    """Start one process per argv, wait for all (bounded), fail with their output if any did."""
+def run_ranks(
+    argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path
+) -> tuple[list[int], str]:
+    """Start one process per argv, wait for all (each bounded by LAUNCH_TIMEOUT; any still
+    running is killed), and return their exit codes and the tails of their outputs."""
     procs = []
     for argv, extra in zip(argvs, env):
         e = dict(os.environ, CKPTIO_TEST_OUT=str(out), **extra)
@@ -47,8 +50,14 @@ def launch(argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path)
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-    assert not bad, f"exit codes {bad}:\n" + "\n---\n".join(o[-3000:] for o in outputs)
+    return [p.returncode for p in procs], "\n---\n".join(o[-3000:] for o in outputs)
+
+
+def launch(argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path) -> None:
+    """run_ranks(), failing with their output if any process did."""
+    codes, tails = run_ranks(argvs, env, out)
+    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+    assert not bad, f"exit codes {bad}:\n{tails}"
 
 
 def launch_jax(script: str, n: int, devices: int, out: pathlib.Path, *args: str) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ckptio
-from test_comm_dist import DIST, LAUNCH_TIMEOUT, free_port, launch, results
+from test_comm_dist import DIST, LAUNCH_TIMEOUT, free_port, launch, results, run_ranks
 
 
 def torch_env(n: int) -> list[dict[str, str]]:
@@ -113,22 +113,7 @@ def test_torch_mesh_of_one_process(tmp_path: pathlib.Path) -> None:
 
 def launch_killed(argvs: list[list[str]], env: list[dict[str, str]], out: pathlib.Path) -> None:
     """launch(), where rank 1 is expected to die by SIGKILL."""
-    import subprocess
-
-    procs = [subprocess.Popen(a, env=dict(os.environ, CKPTIO_TEST_OUT=str(out), **e),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for a, e in zip(argvs, env)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=LAUNCH_TIMEOUT)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    codes = [p.returncode for p in procs]
-    tails = "\n---\n".join(o[-3000:] for o in outputs)
+    codes, tails = run_ranks(argvs, env, out)
     assert codes == [0, -9, 0], f"exit codes {codes}:\n{tails}"
 
 

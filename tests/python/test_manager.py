@@ -242,26 +242,14 @@ def test_torch_rank_0_killed_while_deleting(tmp_path: pathlib.Path) -> None:
     ranks' save() fails within its timeout, the new step is listed and loadable, and the next
     Manager on the directory removes what the dead rank left."""
     pytest.importorskip("torch")
-    from test_comm_dist import DIST, LAUNCH_TIMEOUT, results
+    from test_comm_dist import DIST, results, run_ranks
     from test_dist_save import torch_env
 
     out = tmp_path / "out"
     out.mkdir()
     argv = [sys.executable, str(DIST / "manager_torch.py"), str(tmp_path), "kill"]
-    procs = [subprocess.Popen(argv, env=dict(os.environ, CKPTIO_TEST_OUT=str(out), **e),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for e in torch_env(3)]  # fmt: skip
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=LAUNCH_TIMEOUT)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    codes = [p.returncode for p in procs]
-    assert codes == [-signal.SIGKILL, 0, 0], (codes, "\n---\n".join(o[-3000:] for o in outputs))
+    codes, tails = run_ranks([argv] * 3, torch_env(3), out)
+    assert codes == [-signal.SIGKILL, 0, 0], (codes, tails)
     killed = results(out, "kill")
     assert sorted(killed) == [1, 2], killed
     for v in killed.values():  # rank 0's connection drops, or the wait times out
