@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What fresh memory costs a cold load, and what each way of paying for it buys: ckptio.load
-with its buffers faulted in by the read itself ("none"), each as it is allocated ("populate"),
-or by a second thread while the read runs ("prefault", the default); load(into=) into memory
+with its buffers faulted in by the read itself ("none", the default), each as it is allocated
+("populate"), or by a second thread while the read runs ("prefault"); load(into=) into memory
 the caller already owns; and the raw device read, all in one run, rounds rotated.
 
     .venv/bin/python bench/fresh_memory.py --dir /tmp/b --size 1G --runs 3 --json out.json
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import ckptio  # noqa: E402
 import ckptio._load as L  # noqa: E402
 from mechanisms import evict, touch  # noqa: E402
-from run import ckptio_cmd, parse_size  # noqa: E402
+from run import ckptio_cmd, make_resident, parse_size  # noqa: E402
 
 
 def main() -> None:
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--size", type=parse_size, default=parse_size("1G"))
     ap.add_argument("--tensors", type=int, default=16)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warm", action="store_true", help="files resident in the page cache before each load (raw: still the device)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
@@ -62,7 +63,10 @@ def main() -> None:
                 )  # fmt: skip
                 res[m].append(json.loads(out.stdout)["raw_read_gbps"])
                 continue
-            evict(path)
+            if a.warm:
+                make_resident(path)
+            else:
+                evict(path)
             c0 = time.thread_time()
             t0 = time.perf_counter()
             if m == "into":
@@ -76,9 +80,9 @@ def main() -> None:
             assert seen == nbytes, (seen, nbytes)
             res[m].append(nbytes / dt / 1e9)
             del got
-    L._FRESH = "prefault"
+    L._FRESH = "none"
     raw = statistics.median(res["raw"])
-    print(f"{nbytes / 2**30:.2f} GiB in {a.tensors} tensors, cold, {a.runs} rounds (medians)")
+    print(f"{nbytes / 2**30:.2f} GiB in {a.tensors} tensors, {'warm' if a.warm else 'cold'}, {a.runs} rounds (medians)")
     rows = {}
     for m in modes:
         med = statistics.median(res[m])
@@ -89,7 +93,7 @@ def main() -> None:
               f"   {[round(x, 2) for x in res[m]]}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "bytes": nbytes, "tensors": a.tensors,
+            json.dump({"command": " ".join(sys.argv), "bytes": nbytes, "tensors": a.tensors, "warm": a.warm,
                        "results": rows, "nproc": os.cpu_count(),
                        "loadavg_after": os.getloadavg()}, f, indent=1)  # fmt: skip
     shutil.rmtree(path, ignore_errors=True)
