@@ -1049,9 +1049,13 @@ static void report_bad(ckptio_reader *r, const plan *pl)
                  r->path, fname(r, pl->bad_file));
 }
 
+/* One checksum block to hash, and the part of it a staged segment puts in its destination
+ * (cp_len 0: none), copied by the same worker while the block is still in its cache. */
 typedef struct hblock {
     const uint8_t *p;
     uint64_t len, hash;
+    uint8_t *dst;
+    uint64_t cp_off, cp_len;
 } hblock;
 
 static void hash_block(void *ctx, size_t i, unsigned worker)
@@ -1059,6 +1063,15 @@ static void hash_block(void *ctx, size_t i, unsigned worker)
     (void)worker;
     hblock *b = (hblock *)ctx + i;
     b->hash = ckptio__hash(b->p, b->len);
+    if (b->cp_len) memcpy(b->dst, b->p + b->cp_off, b->cp_len);
+}
+
+/* A staged, verified segment whose piece is one run: its blocks are copied out as they are
+ * hashed (on every worker) instead of by scatter() afterwards (on one thread). */
+static bool fused(const plan *pl, const seg *s)
+{
+    return !s->direct && s->verify && s->piece != NONE &&
+           CKPTIO__VEC_AT(&pl->pieces, piece, s->piece)->k == 0;
 }
 
 /* Verify the blocks of segments segs[first, last), all in one buffer at file offset `off`,
@@ -1074,8 +1087,18 @@ static int check_io(ckptio_reader *r, plan *pl, size_t first, size_t last, const
         if (!s->verify) continue;
         const ckptio__mchunk *c = &r->m->chunks[s->chunk];
         const uint8_t *base = buf + (s->foff - off);
+        const piece *p = fused(pl, s) ? CKPTIO__VEC_AT(&pl->pieces, piece, s->piece) : NULL;
         for (uint64_t x = s->a; x < s->b; x += B) {
-            hblock hb = {base + (x - s->a), CKPTIO__MIN(B, c->stored_len - x), 0};
+            hblock hb = {base + (x - s->a), CKPTIO__MIN(B, c->stored_len - x), 0, NULL, 0, 0};
+            if (p) {
+                uint64_t lo = CKPTIO__MAX(x, p->src0);
+                uint64_t hi = CKPTIO__MIN(CKPTIO__MIN(x + hb.len, s->b), p->src0 + p->run_len);
+                if (lo < hi) {
+                    hb.dst = p->dst + p->dst0 + (lo - p->src0);
+                    hb.cp_off = lo - x;
+                    hb.cp_len = hi - lo;
+                }
+            }
             if (ckptio__vec_push(&pl->blocks, &hb, 1) < 0) return -ENOMEM;
         }
     }
@@ -1172,7 +1195,7 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
     int rc = check_io(r, pl, first, end, buf, io->off);
     for (size_t k = first; k < end; k++) {
         const seg *s = &segs[k];
-        if (!s->direct && s->piece != NONE)
+        if (!s->direct && s->piece != NONE && !fused(pl, s))
             scatter(pl, s, (const uint8_t *)buf + (s->foff - io->off));
     }
     return trunc ? trunc : rc;
