@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Loads where several ranks of a host read the same bytes: read through the page cache, each
-rank starting at its own 1/N of the bytes, so that each byte comes off the device once."""
+rank starting at its own part of the bytes, so that each byte comes off the device once."""
 
 from __future__ import annotations
 
@@ -131,34 +131,44 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
     return Share(*group) if group is not None and group[1] > 1 else None
 
 
+# Bytes per part of a shared read, at least: each part is one call of the library's reader.
+_PART = 32 << 20
+_MAX_ROUNDS = 8
+
+
 def read(r: Any, regions: list[Any], share: Share) -> None:
-    """Read ``regions`` with core reader ``r`` (buffered): first this rank's 1/size of their
-    bytes, then the following shares in turn, wrapping around. The library orders each call's
-    requests by file offset, so each share is its own call. While rank i reads share i, the
-    others read theirs; when rank i reaches share i + 1 its pages are in the page cache or
-    being read (a reader of a page under read waits for that one device read)."""
+    """Read ``regions`` with core reader ``r`` (buffered), in P = size x k parts (k up to 8,
+    parts of 32 MiB or more): rank i reads parts i, i + 1, ... wrapping around. At each step the
+    ranks are on neighbouring parts, the one ahead reading a new part off the device while the
+    others copy parts it or they have just brought into the page cache (a reader of a page
+    under read waits for that one device read): the device reads spread over the whole load
+    and overlap the copies, instead of all coming first (k = 1: each rank's own 1/size, then
+    the rest from the cache). The library orders each call's requests by file offset, so each
+    part is its own call."""
     global last
     total = sum(int(x[5]) for x in regions)
-    bounds = [total * k // share.size for k in range(share.size + 1)]
-    parts: list[list[Any]] = [[] for _ in range(share.size)]
+    rounds = max(1, min(_MAX_ROUNDS, total // (share.size * _PART)))
+    n = share.size * rounds
+    bounds = [total * k // n for k in range(n + 1)]
+    parts: list[list[Any]] = [[] for _ in range(n)]
     at = 0
+    k = 0
     for x in regions:
-        # A region belongs to the share where its first byte lies.
-        k = 0
-        while k + 1 < share.size and at >= bounds[k + 1]:
+        # A region belongs to the part where its first byte lies.
+        while k + 1 < n and at >= bounds[k + 1]:
             k += 1
         parts[k].append(x)
         at += int(x[5])
     done: list[int] = []
     tensors: list[list[int]] = []
-    for j in range(share.size):
-        part = parts[(share.index + j) % share.size]
+    for j in range(n):
+        part = parts[(share.index + j) % n]
         if part:
             r.read(part)
         done.append(sum(int(x[5]) for x in part))
         tensors.append([int(x[0]) for x in part])
     last = {"index": share.index, "size": share.size, "parts": done, "tensors": tensors,
-            "first": bounds[share.index]}  # fmt: skip
+            "first": bounds[share.index], "rounds": rounds}  # fmt: skip
 
 
 def storage_read() -> int:
