@@ -161,6 +161,10 @@ def summarize(layout: str, docs: list[dict[str, Any]], nbytes: int, mechs: list[
                 # Per round, all ranks together: above the state's bytes when some were read twice.
                 row["device_bytes_runs"] = [sum(d["rounds"][i][m]["load"].get("device_bytes", -1) for d in docs) for i in range(len(docs[0]["rounds"]))]
                 row["call_s_per_rank_runs"] = [[round(d["rounds"][i][m]["load"]["call_s"], 3) for d in docs] for i in range(len(docs[0]["rounds"]))]
+                # CPU seconds of the call per rank, user + system (medians over rounds): with
+                # more ranks than cores, what the ranks together ask of the CPUs.
+                row["cpu_s_per_rank"] = [[round(med([rd[m]["load"].get(k, 0.0) for rd in d["rounds"]]), 3)
+                                          for k in ("cpu_user_s", "cpu_sys_s")] for d in docs]  # fmt: skip
             if op == "save":
                 per = [d["rounds"][-1][m]["save"]["bytes_written"] for d in docs]
                 row["bytes_written_per_rank"] = per

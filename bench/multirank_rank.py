@@ -9,6 +9,7 @@ import gc
 import glob
 import json
 import os
+import resource
 import sys
 import time
 from typing import Any
@@ -185,6 +186,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     from ckptio._share import storage_read
 
     read0 = storage_read()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     trace: list[list[Any]] = []
     if mech in ("ckptio", "ckptio-direct"):
@@ -204,6 +206,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
         dcp.load(target, storage_reader=FileSystemReader(path), process_group=pg)
         out = target
     t1 = time.perf_counter()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
     device = storage_read() - read0 if read0 >= 0 else -1
     seen = M.touch([local(v) for v in out.values()], False)
     t2 = time.perf_counter()
@@ -213,7 +216,9 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     del out, target
     gc.collect()
     return {"seconds": t3 - t0, "call_s": t1 - t0, "touch_s": t2 - t1, "wait_s": t3 - t2, "bytes_seen": seen, "error": bad, "trace": trace,
-            "device_bytes": device}  # fmt: skip
+            "device_bytes": device,
+            # CPU seconds of the call, all of this rank's threads: user, system (page faults).
+            "cpu_user_s": ru1.ru_utime - ru0.ru_utime, "cpu_sys_s": ru1.ru_stime - ru0.ru_stime}  # fmt: skip
 
 
 def main() -> None:
