@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/ckptio-fresh")
     ap.add_argument("--size", type=parse_size, default=parse_size("1G"))
     ap.add_argument("--tensors", type=int, default=16)
+    ap.add_argument("--model", default=None, help="instead of --size/--tensors: that save_model state of bench/mechanisms.py (e.g. 1.3b; its bf16 bytes as int16)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--warm", action="store_true", help="files resident in the page cache before each load (raw: still the device)")
     ap.add_argument("--json", default=None)
@@ -39,9 +40,16 @@ def main() -> None:
     os.makedirs(a.dir, exist_ok=True)
     path = os.path.join(a.dir, "ckpt")
     shutil.rmtree(path, ignore_errors=True)
-    n = a.size // a.tensors // 4
-    rng = np.random.default_rng(0)
-    state = {f"t{i:03d}": rng.random(n, dtype=np.float32) for i in range(a.tensors)}
+    if a.model:
+        import torch
+        from mechanisms import MODELS, model_state
+
+        state = {k: v.view(torch.int16).numpy() for k, v in model_state(MODELS[a.model], False).items()}
+        a.tensors = len(state)
+    else:
+        n = a.size // a.tensors // 4
+        rng = np.random.default_rng(0)
+        state = {f"t{i:03d}": rng.random(n, dtype=np.float32) for i in range(a.tensors)}
     nbytes = sum(v.nbytes for v in state.values())
     ckptio.save(state, path, fsync=False)
     into = {k: np.empty_like(v) for k, v in state.items()}

@@ -262,8 +262,8 @@ def main() -> None:
     # first (DCP's as much as ckptio's: 7.5 s against 3.3 s in its next round), then never
     # again. A cost of this VM, not of a loader: its balloon reports free 2 MiB blocks back to
     # the host (virtio-balloon free page reporting is on), and the first GiBs the guest takes
-    # back fault on the host too (1 GiB of huge pages: 2.3 s the first time, 0.12 s after; no
-    # reclaim or compaction counted in /proc/vmstat meanwhile). Without this round, the
+    # back fault on the host too (1 GiB of huge pages: 2.4 s the first time, 0.12 s by the
+    # third; no reclaim or compaction counted in /proc/vmstat; bench/huge_pages.py). Without this round, the
     # rotation of mechanisms would charge it to whichever one round 0 starts with.
     doc["warm_round"] = {}
     for m in mechs:
