@@ -221,6 +221,22 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
             "cpu_user_s": ru1.ru_utime - ru0.ru_utime, "cpu_sys_s": ru1.ru_stime - ru0.ru_stime}  # fmt: skip
 
 
+def save_and_load(mech: str, st: dict[str, Any], bench_dir: str, pg: Any, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One save and one cold load of ``st`` with ``mech`` into a fresh checkpoint under
+    ``bench_dir``, removed again once every rank is done with it."""
+    path = os.path.join(bench_dir, f"ckpt-{mech}")
+    if rank == 0:
+        M.remove(path)
+        M.make_durable(bench_dir)
+    gc.collect()
+    sv = save(mech, st, path, pg, rank)
+    ld = load(mech, st, path, pg)
+    dist.barrier(pg)
+    if rank == 0:
+        M.remove(path)
+    return sv, ld
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layout", choices=["replicated", "shard0"], required=True)
@@ -263,21 +279,15 @@ def main() -> None:
     # again. A cost of this VM, not of a loader: its balloon reports free 2 MiB blocks back to
     # the host (virtio-balloon free page reporting is on), and the first GiBs the guest takes
     # back fault on the host too (1 GiB of huge pages: 2.4 s the first time, 0.12 s by the
-    # third; no reclaim or compaction counted in /proc/vmstat; bench/huge_pages.py). Without this round, the
-    # rotation of mechanisms would charge it to whichever one round 0 starts with.
+    # third; no reclaim or compaction counted in /proc/vmstat; bench/huge_pages.py). Without
+    # this round, the rotation of mechanisms would charge it to whichever one round 0 starts
+    # with.
     doc["warm_round"] = {}
     for m in mechs:
-        path = os.path.join(a.dir, f"ckpt-{m}")
-        if rank == 0:
-            M.remove(path)
-        sv = save(m, st, path, pg, rank)
-        ld = load(m, st, path, pg)
+        sv, ld = save_and_load(m, st, a.dir, pg, rank)
         if ld["error"]:
             raise SystemExit(f"multirank rank {rank}: {m} warm round: {ld['error']}")
         doc["warm_round"][m] = {"save_s": sv["seconds"], "load_s": ld["seconds"]}
-        dist.barrier(pg)
-        if rank == 0:
-            M.remove(path)
     for r in range(a.rounds):
         rnd: dict[str, Any] = {"loadavg_before": os.getloadavg()}
         if rank == 0 and a.raw_size:
@@ -288,17 +298,8 @@ def main() -> None:
         order = mechs[r % len(mechs) :] + mechs[: r % len(mechs)]
         rnd["order"] = order
         for m in order:
-            path = os.path.join(a.dir, f"ckpt-{m}")
-            if rank == 0:
-                M.remove(path)
-                M.make_durable(a.dir)
-            gc.collect()
-            sv = save(m, st, path, pg, rank)
-            ld = load(m, st, path, pg)
+            sv, ld = save_and_load(m, st, a.dir, pg, rank)
             rnd[m] = {"save": sv, "load": ld}
-            dist.barrier(pg)
-            if rank == 0:
-                M.remove(path)
         rnd["loadavg_after"] = os.getloadavg()
         doc["rounds"].append(rnd)
     dist.barrier(pg)
