@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import ckptio  # noqa: E402
 import ckptio._load as L  # noqa: E402
+from common import ckptio_cmd, make_resident, parse_size  # noqa: E402
 from mechanisms import evict, touch  # noqa: E402
-from run import ckptio_cmd, make_resident, parse_size  # noqa: E402
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mechanisms as M  # noqa: E402
-from run import parse_size  # noqa: E402
+from common import parse_size  # noqa: E402
 
 
 def warm(path: str) -> None:

@@ -9,7 +9,6 @@ import os
 import platform
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,10 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from common import ROOT, machine, med, parse_size, version, write_results  # noqa: E402
+
 LAYOUTS = ("replicated", "shard0")
 MECHS = ("ckptio", "dcp", "ckptio-dcp")
 # On request (--mechanisms): ckptio.load with direct=True, O_DIRECT where replicated loads would
@@ -92,10 +94,6 @@ def launch(layout: str, a: argparse.Namespace, work: str) -> list[dict[str, Any]
         with open(out) as f:
             docs.append(json.load(f))
     return docs
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else 0.0
 
 
 # ckptio_save_dist's collectives in order (an agreement is a gather then a broadcast): holdings
@@ -275,14 +273,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     loadavg["end"] = os.getloadavg()
     import torch
 
-    from run import _version
-
     return {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                    "dir": os.path.abspath(a.dir), "loadavg": loadavg},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "ckptio": _version("ckptio")},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(a.dir, loadavg=loadavg),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "ckptio": version("ckptio")},
         "args": {k: v for k, v in vars(a).items()}, "seconds": round(elapsed, 1),
         "raw_write_gbps": round(raw_w, 4), "raw_read_gbps": round(raw_r, 4),
         "raw_write_runs": [round(x, 4) for x in raw["write"]], "raw_read_runs": [round(x, 4) for x in raw["read"]],
@@ -302,8 +295,6 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from run import parse_size
-
     ap = argparse.ArgumentParser(description=__doc__)
     add_args(ap)
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data"), help="bench directory (removed afterwards if made)")
@@ -316,8 +307,6 @@ def parser() -> argparse.ArgumentParser:
 
 def defaults(**over: Any) -> argparse.Namespace:
     """The cell's default arguments with ``over`` replacing some (for bench/run.py --multirank)."""
-    from run import parse_size
-
     a = parser().parse_args([])
     for k, v in over.items():
         setattr(a, k, v)
@@ -326,8 +315,6 @@ def defaults(**over: Any) -> argparse.Namespace:
 
 
 def main() -> None:
-    from run import parse_size
-
     a = parser().parse_args()
     a.size = parse_size(a.size)
     write(run(a), a.out)
@@ -336,14 +323,8 @@ def main() -> None:
 def write(doc: dict[str, Any], out: str) -> None:
     if not out:
         return
-    os.makedirs(out, exist_ok=True)
-    text = json.dumps(doc, indent=1)
-    for fn in ("multirank-latest.json", "multirank-" + time.strftime("%Y%m%d-%H%M%S") + ".json"):
-        with open(os.path.join(out, fn), "w") as f:
-            f.write(text + "\n")
-    print(f"results: {os.path.join(out, 'multirank-latest.json')}")
+    print(f"results: {write_results(doc, out, 'multirank-')}")
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, HERE)
     main()

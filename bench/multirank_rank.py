@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard, init_device_mesh  # noqa: E402
 
 import mechanisms as M  # noqa: E402
+from common import raw_measure  # noqa: E402
 
 MECHS = ("ckptio", "dcp", "ckptio-dcp")  # and "ckptio-direct" on request
 
@@ -291,8 +292,6 @@ def main() -> None:
     for r in range(a.rounds):
         rnd: dict[str, Any] = {"loadavg_before": os.getloadavg()}
         if rank == 0 and a.raw_size:
-            from run import raw_measure
-
             w, rd, _info = raw_measure(a.dir, a.raw_size)
             rnd["raw_write_gbps"], rnd["raw_read_gbps"] = w, rd
         order = mechs[r % len(mechs) :] + mechs[: r % len(mechs)]

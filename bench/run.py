@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -20,46 +17,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import mechanisms as M  # noqa: E402
-
-ROOT = os.path.dirname(HERE)
-
-
-def parse_size(s: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip().upper().removesuffix("IB").removesuffix("B")
-    return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
-
-
-def human(n: int) -> str:
-    for u, f in (("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if n >= f:
-            return f"{n / f:g} {u}"
-    return f"{n} B"
-
-
-def ckptio_cmd() -> str:
-    for c in (os.path.join(ROOT, "build", "tools", "ckptio"), os.path.join(sys.prefix, "bin", "ckptio")):
-        if os.access(c, os.X_OK):
-            return c
-    found = shutil.which("ckptio")
-    if not found:
-        raise SystemExit("bench: no ckptio command; run `make build` first")
-    return found
-
-
-def raw_measure(d: str, size: int) -> tuple[float, float, dict[str, Any]]:
-    """One raw O_DIRECT write (+fsync) and cold read of a ``size`` file in ``d``, by the C
-    `ckptio bench --raw-only` (io_uring, 8 MiB writes x16 in flight, 16 MiB reads x8)."""
-    out = subprocess.run(
-        [ckptio_cmd(), "bench", "--raw-only", "--json", "--runs", "1", "--size", str(size), "--dir", d],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    j = json.loads(out[out.index("{") :])
-    return j["raw_write_gbps"], j["raw_read_gbps"], j
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else 0.0
+from common import ROOT, human, machine, make_resident, med, parse_size, raw_measure, version, write_results  # noqa: E402
 
 
 class Progress:
@@ -141,15 +99,6 @@ def run_benchmark(
 # Loads also timed warm: the files resident in the page cache (read once through it), as after
 # torch.save or a copy; every page touched, as for the cold loads.
 WARM_LOADS = ("torch.load", "torch.load(mmap)", "safetensors.load_file", "ckptio.load", "ckptio.load(mmap)")
-
-
-def make_resident(path: str) -> None:
-    """Read every file under ``path`` once through the page cache."""
-    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _d, fs in os.walk(path) for f in fs]
-    for p in files:
-        with open(p, "rb", buffering=0) as f:
-            while f.read(1 << 24):
-                pass
 
 
 def timed_load(ctx: M.Ctx, path: str, ln: str, load: Any, nbytes: int, args: argparse.Namespace) -> float:
@@ -330,14 +279,10 @@ def main() -> None:
     if a.out and (rows or loop_rows):  # a run of only the cells with files of their own writes none
         import torch
 
-        os.makedirs(a.out, exist_ok=True)
         doc = {
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                        "dir": os.path.abspath(a.dir)},
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(a.dir),
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         **{p: _version(p) for p in ("ckptio", "numpy", "safetensors", "orbax-checkpoint", "jax")}},
+                         **{p: version(p) for p in ("ckptio", "numpy", "safetensors", "orbax-checkpoint", "jax")}},
             "args": vars(a), "seconds": round(elapsed, 1), "raw_engine": (raw.get("engine") or [""])[0],
             "raw_write_gbps": round(raw_w, 4), "raw_read_gbps": round(raw_r, 4),
             "raw_write_runs": [round(x, 4) for x in raw["write"]], "raw_read_runs": [round(x, 4) for x in raw["read"]],
@@ -345,21 +290,9 @@ def main() -> None:
         }  # fmt: skip
         for r in rows:
             r["raw_write_gbps"], r["raw_read_gbps"] = doc["raw_write_gbps"], doc["raw_read_gbps"]
-        text = json.dumps(doc, indent=1)
-        for fn in ("latest.json", time.strftime("%Y%m%d-%H%M%S") + ".json"):
-            with open(os.path.join(a.out, fn), "w") as f:
-                f.write(text + "\n")
+        latest = write_results(doc, a.out)
         plot(rows, raw_w, raw_r, os.path.join(a.out, "latest.png"))
-        print(f"results: {os.path.join(a.out, 'latest.json')}, latest.png")
-
-
-def _version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return ""
+        print(f"results: {latest}, latest.png")
 
 
 if __name__ == "__main__":

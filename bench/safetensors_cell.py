@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import shlex
@@ -20,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import mechanisms as M  # noqa: E402
+from common import ROOT, machine, med, parse_size, raw_measure, write_results  # noqa: E402
 
 # What issue 13 asks of this cell: cold load_file >= 0.9 of the raw read and >= stock's;
 # save_file (durable) >= 0.9 of the raw write.
@@ -58,7 +58,7 @@ FILES = {"ckptio.safetensors.save_file": "ckptio-written", "safetensors.save_fil
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dir", default=os.path.join(os.path.dirname(HERE), "bench-data"),
+    ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data"),
                     help="bench directory (its files are removed afterwards)")  # fmt: skip
     ap.add_argument("--model", default="1.3b", choices=list(M.MODELS), help="model shape")
     ap.add_argument("--runs", type=int, default=3, help="rounds")
@@ -71,8 +71,6 @@ def parser() -> argparse.ArgumentParser:
 def run(a: argparse.Namespace) -> dict[str, Any]:
     """Every round: the raw device once, then each saver writes its file (durable), then each
     loader reads each file cold, saver and loader order rotating per round."""
-    from run import med, parse_size, raw_measure
-
     raw_size = parse_size(a.raw_size) if isinstance(a.raw_size, str) else a.raw_size
     os.makedirs(a.dir, exist_ok=True)
     state = M.model_state(M.MODELS[a.model], False)
@@ -150,8 +148,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     return {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "dir": os.path.abspath(a.dir)},
+        "machine": machine(a.dir, mem=False),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "safetensors": safetensors.__version__, "ckptio": ckptio.__version__},
         "args": {k: v for k, v in vars(a).items()}, "seconds": round(time.time() - t_start, 1),
@@ -179,12 +176,7 @@ def summarize(doc: dict[str, Any]) -> str:
 def write(doc: dict[str, Any], out: str) -> None:
     if not out:
         return
-    os.makedirs(out, exist_ok=True)
-    text = json.dumps(doc, indent=1)
-    for fn in ("safetensors-latest.json", "safetensors-" + time.strftime("%Y%m%d-%H%M%S") + ".json"):
-        with open(os.path.join(out, fn), "w") as f:
-            f.write(text + "\n")
-    print(f"results: {os.path.join(out, 'safetensors-latest.json')}")
+    print(f"results: {write_results(doc, out, 'safetensors-')}")
 
 
 def main() -> None:
