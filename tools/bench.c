@@ -43,6 +43,7 @@ int bench_fail(const char *fmt, ...)
     return CLI_FAIL;
 }
 
+/* The bench's memory: what it holds at its peak, and what the machine has available. */
 static bool vm_kib(const char *field, uint64_t *out)
 {
     FILE *f = fopen("/proc/self/status", "r");
@@ -87,6 +88,8 @@ static uint64_t mem_available(void)
     return found ? (uint64_t)kib * 1024 : UINT64_MAX;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Options, the bench directory and the order of the phases                                   */
 /* ------------------------------------------------------------------------------------------ */
 
 static int parse_args(bench *b, int argc, char **argv)
