@@ -244,7 +244,7 @@ class Reader:
         if mmap:
             from ._mapped import Mapped
 
-            self._r, self._mapped = Mapped.open_reader(os.fspath(path), p)
+            self._r, self._mapped = Mapped.open_reader(os.fspath(path), p, roots)
         else:
             self._r = self._open_core(os.fspath(path), p)
         if roots:  # a striped checkpoint's stripes, moved from where it recorded them
