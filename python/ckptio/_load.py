@@ -748,9 +748,14 @@ def load(
     Tensors stored in pieces that are not back to back in one file are read eagerly. jax
     arrays are built from the mapping by jax.device_put, which copies on CPU devices.
     ``into``: a tree of the caller's numpy arrays and torch tensors (a state_dict()) to read
-    into in place, with no new memory; every shape and dtype is checked before any byte is
-    written. Returns a tree of into's structure holding the same arrays and tensors (and the
-    saved plain values).
+    into in place, with no new memory; every key, shape and dtype is checked before any byte
+    is written. Checksums are checked as the bytes land: if the read then fails (a checksum
+    mismatch, a damaged file, an I/O error, Ctrl-C), the exception's ``tensors`` lists the key
+    paths of the leaves it read into directly (contiguous host memory), which may hold new,
+    damaged or partly read bytes, and a CheckpointError's message names them; every other
+    leaf holds what it held before (strided views and GPU tensors are copied in only after
+    the whole read verified). Returns a tree of into's structure holding the same arrays and
+    tensors (and the saved plain values).
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
