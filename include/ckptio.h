@@ -727,6 +727,12 @@ CKPTIO_API void ckptio_mapper_close(ckptio_mapper *m);
  * was replaced in between: a reader opened on `path` meanwhile may have read another
  * manifest), or -errno. */
 CKPTIO_API int ckptio_mapper_same(const ckptio_mapper *m, const char *path);
+/* A striped checkpoint's stripes (see ckptio_reader_set_roots) are looked for in these `n`
+ * directories first, then where the save recorded them; `n` = 0 goes back to the recorded
+ * roots. Stripes are opened at once (an error is reported by the first ckptio_mapper_chunk
+ * that needs the file). Call it before the first ckptio_mapper_chunk: after that it is
+ * CKPTIO_E_STATE. Copies the strings. Since 0.3. */
+CKPTIO_API int ckptio_mapper_set_roots(ckptio_mapper *m, const char *const *roots, size_t n);
 /* Where chunk `chunk` of tensor `tensor` lies: *fd, a read-only descriptor of its data file
  * owned by the mapper (valid until close; dup it to keep it), at *file_offset, *stored_bytes
  * long. The file is opened on first need (not following links out of the checkpoint) and must

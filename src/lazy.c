@@ -25,6 +25,10 @@ struct ckptio_mapper {
     ino_t ino;
     ckptio__manifest *m;
     mfile *files;
+    int *root_fds; /* each stripe root's stripe directory (format 2), -1 until needed */
+    char **roots;  /* ckptio_mapper_set_roots: where to look for the stripes first */
+    size_t n_roots;
+    bool handed; /* a descriptor was handed out: the roots are fixed */
 };
 
 static const char *fname(const ckptio_mapper *m, uint32_t file)
@@ -37,19 +41,53 @@ static const char *tname(const ckptio_mapper *m, size_t tensor)
     return m->m->strtab + m->m->tensors[tensor].name;
 }
 
-/* Open data file i once and remember its size and times; -errno. */
+/* The stripe directory of stripe root k, in the given roots first, then where the save
+ * recorded it (as the reader looks); -errno. Not a link: what it holds must be this
+ * checkpoint's own. */
+static int stripe_dir(ckptio_mapper *m, uint32_t k)
+{
+    const ckptio__mroot *mr = &m->m->roots[k];
+    int err = ENOENT;
+    for (size_t j = 0; m->root_fds[k] < 0 && j <= m->n_roots; j++) {
+        int at = open(j < m->n_roots ? m->roots[j] : m->m->strtab + mr->path,
+                      O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (at >= 0)
+            m->root_fds[k] = openat(at, m->m->strtab + mr->name,
+                                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (m->root_fds[k] < 0) err = errno;
+        if (at >= 0) close(at);
+    }
+    return m->root_fds[k] >= 0 ? m->root_fds[k] : -err;
+}
+
+/* Open data file i once and remember its size and times; the error names the file (or the
+ * stripe it lies in) and the way out. */
 static int open_mfile(ckptio_mapper *m, uint32_t i)
 {
     mfile *f = &m->files[i];
     if (f->fd >= 0) return 0;
-    int direct = 0;
-    int rc = ckptio__file_open(m->dirfd, fname(m, i), CKPTIO__F_READ, CKPTIO_OFF, &f->fd, &direct);
+    uint32_t root = m->m->files[i].root;
+    int at = root ? stripe_dir(m, root - 1) : m->dirfd, direct = 0;
+    if (at < 0) {
+        const ckptio__mroot *mr = &m->m->roots[root - 1];
+        return ckptio__fail(&m->msg, at,
+                            "checkpoint '%s': its data file '%s' lies in stripe '%s' of root "
+                            "%u (recorded as '%s'), which %s: mount that file system, or pass "
+                            "roots= (ckptio_mapper_set_roots) naming where the stripes are now",
+                            m->path, fname(m, i), m->m->strtab + mr->name, root,
+                            m->m->strtab + mr->path,
+                            m->n_roots ? "is in none of the given roots" : "cannot be opened");
+    }
+    int rc = ckptio__file_open(at, fname(m, i), CKPTIO__F_READ, CKPTIO_OFF, &f->fd, &direct);
     if (rc == 0 && fstat(f->fd, &f->st) < 0) rc = -errno;
     if (rc < 0) {
         if (f->fd >= 0) close(f->fd);
         f->fd = -1;
+        return ckptio__fail(&m->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
+                            "cannot open data file '%s/%s'%s", m->path, fname(m, i),
+                            rc == -ENOENT ? ": it is missing" : "");
     }
-    return rc;
+    return 0;
 }
 
 int ckptio_mapper_open(ckptio_mapper **out, const char *path)
@@ -84,12 +122,15 @@ int ckptio_mapper_open(ckptio_mapper **out, const char *path)
         goto out;
     }
     m->files = calloc(m->m->n_files + 1, sizeof *m->files);
-    CKPTIO__GOTO_IF(!m->files, -ENOMEM);
+    m->root_fds = malloc((m->m->n_roots + 1) * sizeof *m->root_fds);
+    CKPTIO__GOTO_IF(!m->files || !m->root_fds, -ENOMEM);
     for (uint64_t i = 0; i < m->m->n_files; i++) m->files[i].fd = -1;
+    for (uint64_t k = 0; k < m->m->n_roots; k++) m->root_fds[k] = -1;
     /* Every data file now, while the directory is surely this checkpoint's: a later save that
      * replaces it unlinks them, and open files stay readable. One that cannot be opened is
      * reported by the first ckptio_mapper_chunk that needs it. */
     for (uint64_t i = 0; i < m->m->n_files; i++) (void)open_mfile(m, (uint32_t)i);
+    ckptio__msg_clear(&m->msg);
     free(buf);
     *out = m;
     return 0;
@@ -109,6 +150,11 @@ void ckptio_mapper_close(ckptio_mapper *m)
         for (uint64_t i = 0; i < m->m->n_files; i++)
             if (m->files[i].fd >= 0) close(m->files[i].fd);
     free(m->files);
+    for (uint64_t k = 0; m->root_fds && k < m->m->n_roots; k++)
+        if (m->root_fds[k] >= 0) close(m->root_fds[k]);
+    free(m->root_fds);
+    for (size_t k = 0; k < m->n_roots; k++) free(m->roots[k]);
+    free(m->roots);
     if (m->m) ckptio__manifest_free(m->m);
     if (m->dirfd >= 0) close(m->dirfd);
     free(m->path);
@@ -122,6 +168,47 @@ int ckptio_mapper_same(const ckptio_mapper *m, const char *path)
     if (stat(path, &st) < 0) return ckptio__fail(NULL, -errno, "cannot stat '%s'", path);
     /* The mapper holds its directory open, so its inode number cannot be reused meanwhile. */
     return st.st_dev == m->dev && st.st_ino == m->ino;
+}
+
+int ckptio_mapper_set_roots(ckptio_mapper *m, const char *const *roots, size_t n)
+{
+    if (!m || (n && !roots))
+        return ckptio__fail(m ? &m->msg : NULL, CKPTIO_E_USAGE,
+                            "ckptio_mapper_set_roots: NULL argument");
+    for (size_t k = 0; k < n; k++)
+        if (!roots[k])
+            return ckptio__fail(&m->msg, CKPTIO_E_USAGE, "ckptio_mapper_set_roots: a root is NULL");
+    /* Python maps each descriptor once, by number: one handed out must stay what it is. */
+    if (m->handed)
+        return ckptio__fail(&m->msg, CKPTIO_E_STATE,
+                            "ckptio_mapper_set_roots: '%s' has handed out data files already; "
+                            "set the roots before the first ckptio_mapper_chunk", m->path);
+    char **keep = calloc(n + 1, sizeof *keep);
+    for (size_t k = 0; keep && k < n; k++)
+        if (!(keep[k] = strdup(roots[k]))) {
+            while (k--) free(keep[k]);
+            free(keep);
+            keep = NULL;
+        }
+    CKPTIO__RET_IF(!keep, -ENOMEM);
+    for (size_t k = 0; k < m->n_roots; k++) free(m->roots[k]);
+    free(m->roots);
+    m->roots = keep;
+    m->n_roots = n;
+    /* The stripes again, from the given roots first: opened now, as ckptio_mapper_open opens
+     * them, so that a later save replacing the checkpoint cannot take them away. */
+    for (uint64_t k = 0; k < m->m->n_roots; k++) {
+        if (m->root_fds[k] >= 0) close(m->root_fds[k]);
+        m->root_fds[k] = -1;
+    }
+    for (uint64_t i = 0; i < m->m->n_files; i++) {
+        if (!m->m->files[i].root) continue;
+        if (m->files[i].fd >= 0) close(m->files[i].fd);
+        m->files[i].fd = -1;
+        (void)open_mfile(m, (uint32_t)i);
+    }
+    ckptio__msg_clear(&m->msg);
+    return 0;
 }
 
 static int find_chunk(ckptio_mapper *m, size_t tensor, size_t chunk, const ckptio__mchunk **out)
@@ -140,11 +227,7 @@ int ckptio_mapper_chunk(ckptio_mapper *m, size_t tensor, size_t chunk, int *fd,
     const ckptio__mchunk *c = NULL;
     CKPTIO__TRY(find_chunk(m, tensor, chunk, &c));
     mfile *f = &m->files[c->file];
-    int rc = open_mfile(m, c->file);
-    if (rc < 0)
-        return ckptio__fail(&m->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
-                            "cannot open data file '%s/%s'%s", m->path, fname(m, c->file),
-                            rc == -ENOENT ? ": it is missing" : "");
+    CKPTIO__TRY(open_mfile(m, c->file));
     uint64_t want = m->m->files[c->file].size;
     if ((uint64_t)f->st.st_size < want)
         return ckptio__fail(&m->msg, CKPTIO_E_CORRUPT,
@@ -155,6 +238,7 @@ int ckptio_mapper_chunk(ckptio_mapper *m, size_t tensor, size_t chunk, int *fd,
                             (unsigned long long)want, tname(m, tensor),
                             (unsigned long long)c->file_off,
                             (unsigned long long)(c->file_off + c->stored_len));
+    m->handed = true;
     if (fd) *fd = f->fd;
     if (file_offset) *file_offset = c->file_off;
     if (stored_bytes) *stored_bytes = c->stored_len;

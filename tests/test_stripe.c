@@ -83,7 +83,31 @@ static int read_tensor(ckptio_reader *r, int i, void *dst, uint64_t cap)
     return ckptio_reader_read(r, &reg, 1);
 }
 
-/* Read every tensor of path back (with roots= when n) and compare. */
+/* The mapper (mapped loads) finds the same stripes: every whole tensor, read through the
+ * descriptor it hands out, is the saved bytes and passes its checksums. */
+static int check_mapped(const char *path, const char *const *roots, size_t n)
+{
+    ckptio_mapper *m = NULL;
+    CHECK_OK(ckptio_mapper_open(&m, path));
+    if (n) CHECK_OK(ckptio_mapper_set_roots(m, roots, n));
+    for (int i = 0; i < N_T; i++) {
+        int fd = -1;
+        uint64_t off = 0, len = 0;
+        CHECK_OK(ckptio_mapper_chunk(m, (size_t)i, 0, &fd, &off, &len));
+        CHECK(len == sizes[i]);
+        unsigned char *got = t_alloc(len);
+        CHECK(got && pread(fd, got, len, (off_t)off) == (ssize_t)len);
+        CHECK(memcmp(got, data[i], len) == 0);
+        CHECK_OK(ckptio_mapper_check(m, (size_t)i, 0, got, len));
+        t_free(got, len);
+    }
+    /* A descriptor handed out stays what it is: the roots are fixed from then on. */
+    CHECK_ERR(ckptio_mapper_set_roots(m, roots, n), CKPTIO_E_STATE);
+    ckptio_mapper_close(m);
+    return 0;
+}
+
+/* Read every tensor of path back (with roots= when n) and compare, eagerly and mapped. */
 static int check_load(const char *path, const char *const *roots, size_t n)
 {
     ckptio_reader *r = NULL;
@@ -103,7 +127,7 @@ static int check_load(const char *path, const char *const *roots, size_t n)
         t_free(got, sizes[i]);
     }
     ckptio_reader_close(r);
-    return 0;
+    return check_mapped(path, roots, n);
 }
 
 /* The stripe directories in `root` whose name starts with `stem.`: count, and the last name. */

@@ -7,7 +7,13 @@ read lands in the caller's memory: C-contiguous host memory is the read's destin
 (O_DIRECT into it where its address is aligned; otherwise, as for the memory torch and numpy
 allocate, 64 and 16 bytes past a page, through the library's bounce buffers: one copy at
 memory speed); other leaves (strided views, torch tensors on a GPU) are read into a
-staging buffer and copied.
+staging buffer and copied once the whole read has verified.
+
+Checksums are checked as the bytes land, not before: a verified copy of the whole tree first
+would double the memory of the load. So a read that fails (a checksum mismatch, a damaged
+file, an I/O error, an interrupt) may leave new or damaged bytes in the leaves it reads into
+directly; its exception's ``tensors`` names them (see _written_by_failure) and every other
+leaf is untouched.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, _dtypes
-from ._errors import SHAPE, USAGE, error
+from ._errors import SHAPE, USAGE, CheckpointError, error
 from ._tree import Node, find, flatten, iter_leaves, unflatten
 
 _CONTAINERS = ("dict", "odict", "list", "tuple")
@@ -108,7 +114,8 @@ def load_into(r: Any, into: Any) -> Any:
         )
 
     regions = []
-    copies: list[tuple[Any, Any, Any]] = []  # (leaf, staging buffer, kind)
+    copies: list[tuple[Any, Any, str]] = []  # (leaf, staging buffer, key path)
+    written: list[str] = []  # key paths of the leaves the read lands in, in into's order
     for path, obj, info, n in jobs:
         if n == 0:
             continue
@@ -116,11 +123,20 @@ def load_into(r: Any, into: Any) -> Any:
         if dst is None:
             dst = _core.Buffer(n)
             copies.append((obj, dst, path))
+        else:
+            written.append(path)
         regions.append(_core.read_region(info.index, None, None, dst, 0, n))
-    if regions:
-        r._r.read(regions)
-    for obj, buf, _path in copies:
-        _copy_back(obj, buf)
+    # Checked as they land: a staged copy of the whole tree first would double the memory of
+    # the load. What a failure leaves is named instead: the leaves read into directly, and
+    # those copied back before it; the other leaves were never touched.
+    try:
+        if regions:
+            r._r.read(regions)
+        for obj, buf, path in copies:
+            written.append(path)
+            _copy_back(obj, buf)
+    except BaseException as e:
+        raise _written_by_failure(e, written) from None
     built = r._build(fresh) if fresh else {}
 
     def leaf(path: str, node: Node) -> Any:
@@ -131,6 +147,26 @@ def load_into(r: Any, into: Any) -> Any:
         return r._value(path, saved[path])
 
     return unflatten(root, leaf, value=leaf)
+
+
+def _written_by_failure(e: BaseException, written: list[str]) -> BaseException:
+    """``e``, saying which leaves of into= it may have left changed: ``e.tensors`` holds their
+    key paths, and a CheckpointError's message names them too (the first eight)."""
+    keys = tuple(p if p else "." for p in written)
+    if isinstance(e, CheckpointError):
+        shown = ", ".join(f"'{k}'" for k in keys[:8])
+        shown += f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+        held = (
+            f"these leaves of into= may hold new, damaged or partly read bytes: {shown}; "
+            "every other leaf holds what it held before"
+            if keys
+            else "no leaf of into= was written"
+        )
+        new = type(e)(f"{e}; {held}", e.code, e.name)
+        new.__traceback__ = e.__traceback__
+        e = new
+    setattr(e, "tensors", keys)  # noqa: B010: no exception class declares it
+    return e
 
 
 def _direct_dst(obj: Any) -> Any:

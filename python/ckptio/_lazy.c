@@ -76,6 +76,31 @@ static PyObject *Mapper_same(MapperObject *self, PyObject *arg)
     return PyBool_FromLong(rc);
 }
 
+/* set_roots((b"dir", ...)): where a striped checkpoint's stripes are now (ckptio._mapped passes
+ * the roots= of load and open, encoded). */
+static PyObject *Mapper_set_roots(MapperObject *self, PyObject *arg)
+{
+    if (mapper_open_check(self) < 0) return NULL;
+    if (!PyTuple_Check(arg)) return PyErr_Format(PyExc_TypeError, "set_roots expects a tuple");
+    Py_ssize_t n = PyTuple_GET_SIZE(arg);
+    const char **roots = PyMem_Calloc((size_t)n + 1, sizeof *roots);
+    if (!roots) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        roots[i] = PyBytes_AsString(PyTuple_GET_ITEM(arg, i));
+        if (!roots[i]) {
+            PyMem_Free(roots);
+            return NULL;
+        }
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_mapper_set_roots(self->m, roots, (size_t)n);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(roots);
+    if (rc < 0) return raise_mapper(rc, ckptio_mapper_errmsg(self->m));
+    Py_RETURN_NONE;
+}
+
 /* chunk(tensor, chunk) -> (fd, file_offset, stored_bytes); fd belongs to the mapper. */
 static PyObject *Mapper_chunk(MapperObject *self, PyObject *args)
 {
@@ -133,6 +158,8 @@ static PyObject *Mapper_close(MapperObject *self, PyObject *unused)
 static PyMethodDef Mapper_methods[] = {
     {"same", (PyCFunction)Mapper_same, METH_O,
      "same(path) -> whether path still names the directory the mapper opened"},
+    {"set_roots", (PyCFunction)Mapper_set_roots, METH_O,
+     "set_roots((bytes, ...)): look for a striped checkpoint's stripes in these directories"},
     {"chunk", (PyCFunction)Mapper_chunk, METH_VARARGS,
      "chunk(tensor, chunk) -> (fd, file_offset, stored_bytes); the fd belongs to the mapper"},
     {"check", (PyCFunction)Mapper_check, METH_VARARGS,

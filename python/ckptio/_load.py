@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -14,7 +15,7 @@ import numpy as np
 
 from . import _adapters, _core, _dtypes, _gpu
 from ._adapters import Target
-from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
+from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, InvalidType, TensorNotFound, error
 from ._options import Stats, params, split_roots
 from ._tree import (
     TREE_KEY,
@@ -32,7 +33,7 @@ from ._tree import (
 __all__ = ["load", "open", "Reader", "TensorInfo"]
 
 PathLike = str | os.PathLike[str]
-Region = Any  # a slice, an int, Ellipsis, or a tuple of them (np.s_[...])
+Region = Any  # a slice, an int, Ellipsis, None (a new axis), or a tuple of them (np.s_[...])
 
 _ALIGN: int = _core.alignment
 _region = _core.read_region
@@ -168,27 +169,69 @@ def prefaulting(fresh: list[Any], nbytes: int, read: Any, *args: Any) -> Any:
         t.join()
 
 
+def _check_index(i: Any, name: str) -> None:
+    """Refuse (InvalidType) an index that is not an int, a slice of ints, ``...`` or None: a
+    boolean or an array would be an advanced index, whose result numpy shapes otherwise."""
+    if i is None or i is Ellipsis:
+        return
+    for x in (i.start, i.stop, i.step) if isinstance(i, slice) else (i,):
+        if x is None:
+            continue
+        if isinstance(x, (bool, np.bool_)):
+            what = "a boolean"
+        else:
+            try:
+                operator.index(x)
+                continue
+            except TypeError:
+                what = f"a {type(x).__name__}"
+        raise error(
+            USAGE,
+            f"tensor '{name}': {what} index is not supported; index with ints, slices, '...' "
+            "and None (read the tensor and index it for the rest)",
+            InvalidType,
+        )
+
+
 def _region_box(
     region: Region, shape: tuple[int, ...], name: str
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]:
-    """(offset, shape) of the box a numpy-style index covers, and the index within that box."""
+    """(offset, shape) of the box a numpy-style index covers, and the index within that box.
+
+    Basic indexing as numpy and torch do it: ints (negative from the end), slices with a step
+    >= 1, one Ellipsis, and None (np.newaxis: a new dimension of 1, applied by the index within
+    the box). ``region`` None itself is the whole tensor (read()'s default). Boolean and array
+    (advanced) indices are refused, not guessed at."""
     if region is None:
         return (0,) * len(shape), shape, ()
     idx = region if isinstance(region, tuple) else (region,)
+    for i in idx:
+        _check_index(i, name)
+    dims_used = sum(i is not None and i is not Ellipsis for i in idx)
+    if sum(i is Ellipsis for i in idx) > 1:
+        raise error(USAGE, f"tensor '{name}': an index can only have a single ellipsis ('...')")
+    if dims_used > len(shape):
+        raise error(RANGE, f"tensor '{name}' has {len(shape)} dimensions; got {dims_used} indices")
     if any(i is Ellipsis for i in idx):
-        k = idx.index(Ellipsis)
-        fill = len(shape) - (len(idx) - 1)
-        idx = idx[:k] + (slice(None),) * fill + idx[k + 1 :]
-    if len(idx) > len(shape):
-        raise error(RANGE, f"tensor '{name}' has {len(shape)} dimensions; got {len(idx)} indices")
+        k = next(j for j, i in enumerate(idx) if i is Ellipsis)
+        idx = idx[:k] + (slice(None),) * (len(shape) - dims_used) + idx[k + 1 :]
     off: list[int] = []
     size: list[int] = []
     inner: list[Any] = []
-    for dim, i in zip(shape, idx):
+    dims = iter(shape)
+    for i in idx:
+        if i is None:
+            inner.append(None)
+            continue
+        dim = next(dims)
         if isinstance(i, slice):
+            if i.step is not None and operator.index(i.step) < 1:
+                raise error(
+                    USAGE,
+                    f"tensor '{name}': a slice step must be 1 or more, got {i.step} (negative "
+                    "steps are not supported; read and flip)",
+                )
             start, stop, step = i.indices(dim)
-            if step < 0:
-                raise error(USAGE, "read(): negative steps are not supported; read and flip")
             n = len(range(start, stop, step))
             if n == 0:
                 off.append(min(start, dim))
@@ -200,7 +243,7 @@ def _region_box(
                 size.append(last + 1 - start)
                 inner.append(slice(None, None, step) if step != 1 else slice(None))
         else:
-            j = int(i)  # an integer index drops the dimension
+            j = operator.index(i)  # an integer index drops the dimension
             if j < -dim:
                 raise error(
                     RANGE, f"tensor '{name}': index {j} is out of bounds for a dimension of {dim}"
@@ -211,7 +254,7 @@ def _region_box(
             off.append(j)
             size.append(1)
             inner.append(0)
-    for dim in shape[len(idx) :]:
+    for dim in dims:
         off.append(0)
         size.append(dim)
         inner.append(slice(None))
@@ -244,7 +287,7 @@ class Reader:
         if mmap:
             from ._mapped import Mapped
 
-            self._r, self._mapped = Mapped.open_reader(os.fspath(path), p)
+            self._r, self._mapped = Mapped.open_reader(os.fspath(path), p, roots)
         else:
             self._r = self._open_core(os.fspath(path), p)
         if roots:  # a striped checkpoint's stripes, moved from where it recorded them
@@ -440,8 +483,9 @@ class Reader:
 
     # ---- reading ----
     def read(self, key: str, region: Region = None, *, framework: str | None = None) -> Any:
-        """Read part of tensor ``key``: ``region`` is a numpy-style index of slices (step >= 1)
-        and ints, e.g. ``np.s_[10:20, :]``; only the bytes of that box are read.
+        """Read part of tensor ``key``: ``region`` is a numpy-style basic index of slices (step
+        >= 1), ints, ``...`` and None (a new dimension), e.g. ``np.s_[10:20, :]``; only the
+        bytes of that box are read. ``region`` None itself reads the whole tensor.
 
         Returns an array of the kind the tensor was saved from (numpy, torch, jax) unless
         ``framework`` says otherwise.
@@ -748,9 +792,14 @@ def load(
     Tensors stored in pieces that are not back to back in one file are read eagerly. jax
     arrays are built from the mapping by jax.device_put, which copies on CPU devices.
     ``into``: a tree of the caller's numpy arrays and torch tensors (a state_dict()) to read
-    into in place, with no new memory; every shape and dtype is checked before any byte is
-    written. Returns a tree of into's structure holding the same arrays and tensors (and the
-    saved plain values).
+    into in place, with no new memory; every key, shape and dtype is checked before any byte
+    is written. Checksums are checked as the bytes land: if the read then fails (a checksum
+    mismatch, a damaged file, an I/O error, Ctrl-C), the exception's ``tensors`` lists the key
+    paths of the leaves it read into directly (contiguous host memory), which may hold new,
+    damaged or partly read bytes, and a CheckpointError's message names them; every other
+    leaf holds what it held before (strided views and GPU tensors are copied in only after
+    the whole read verified). Returns a tree of into's structure holding the same arrays and
+    tensors (and the saved plain values).
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")

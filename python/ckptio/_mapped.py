@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Mapped loads (``mmap=True``): tensors that are views of private mappings of the data files.
 
-Each data file is mapped once, whole, MAP_PRIVATE (copy on write): a tensor whose stored bytes
-are one contiguous run of one file in the tensor's own order (one chunk, or chunks split along
-the first dimension stored back to back) is a view of that mapping, and its pages are read when
-first touched. Writes to such a tensor stay in this process. Every other tensor (chunks split
-along another dimension or spread over files, a stored offset that is not a multiple of the
-element size) is read into fresh memory as an eager load reads it.
+Each data file is mapped once, whole, MAP_PRIVATE (copy on write), a striped checkpoint's
+from its stripe directory (found in the roots= given, then where the save recorded it): a
+tensor whose stored bytes are one contiguous run of one file in the tensor's own order (one
+chunk, or chunks split along the first dimension stored back to back) is a view of that
+mapping, and its pages are read when first touched. Writes to such a tensor stay in this
+process. Every other tensor (chunks split along another dimension or spread over files, a
+stored offset that is not a multiple of the element size) is read into fresh memory as an
+eager load reads it.
 
 Replacement: the mapper holds the checkpoint's directory open, and a checkpoint that a later
 save replaces (by a rename) keeps its files alive while they are mapped: the views keep the old
@@ -16,6 +18,7 @@ bytes. A data file written in place (ckptio never does so) is found by ``Reader.
 from __future__ import annotations
 
 import mmap as _mmap
+import os
 from typing import Any
 
 from . import _core, _dtypes
@@ -35,12 +38,15 @@ class Mapped:
         self.checked: set[int] = set()
 
     @staticmethod
-    def open_reader(path: str, params: Any) -> tuple[Any, Mapped]:
-        """A C reader and a mapper of the same checkpoint. The mapper opens the directory first;
-        if ``path`` still names it once the reader has opened, the reader read the same
-        manifest (a directory replaced at ``path`` never comes back: its inode stays held)."""
+    def open_reader(path: str, params: Any, roots: list[str]) -> tuple[Any, Mapped]:
+        """A C reader and a mapper of the same checkpoint, both looking for a striped
+        checkpoint's stripes in ``roots`` first. The mapper opens the directory first; if
+        ``path`` still names it once the reader has opened, the reader read the same manifest
+        (a directory replaced at ``path`` never comes back: its inode stays held)."""
         for _ in range(3):
             mapper = _core.Mapper(path)
+            if roots:
+                mapper.set_roots(tuple(os.fsencode(p) for p in roots))
             r = _core.Reader(path, params)
             if mapper.same(path):
                 return r, Mapped(mapper)

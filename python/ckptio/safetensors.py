@@ -676,7 +676,8 @@ class safe_open:  # noqa: N801 - the name safetensors gives it
         h = self._header()
         _check_dtype(self._fw, e, h.path)
         t0 = time.perf_counter()
-        off, size, inner = _region_box(index, e.shape, e.name)
+        # sl[None] adds a dimension, as in numpy and torch; None alone is read()'s "whole".
+        off, size, inner = _region_box((None,) if index is None else index, e.shape, e.name)
         for o, s, d in zip(off, size, e.shape):
             if o + s > d:
                 raise error(

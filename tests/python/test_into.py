@@ -153,3 +153,55 @@ def test_into_allocates_nothing_big(tmp_path: pathlib.Path) -> None:
     base, after = rss_probe.run(INTO_BODY, tmp_path / "ckpt")
     mib = 1 << 20
     assert after - base < 48 * mib, f"{(after - base) / mib:.0f} MiB more resident for 256 MiB"
+
+
+def test_into_checksum_failure_names_what_it_wrote(ckpt: pathlib.Path) -> None:
+    # The read lands in the caller's memory as it is verified: after a failure, the exception
+    # lists every leaf it may have written (new, damaged or half-read bytes); every other leaf
+    # holds exactly what it held before (a strided view is copied only after the whole read).
+    rng = np.random.default_rng(3)
+    src = {
+        "a": rng.random(50_000),
+        "b": rng.random(100_000).astype(np.float32),
+        "m": rng.random((64, 64)),
+        "z": np.zeros(0),
+    }
+    ckptio.save(src, ckpt)
+    with ckptio.open(ckpt) as r:
+        ((_, _, file, file_offset, _, _),) = r._r.chunks(r.info("b").index)
+    path = ckpt / file
+    with open(path, "r+b") as f:
+        f.seek(file_offset + 5000)
+        byte = f.read(1)
+        f.seek(file_offset + 5000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    big = np.full((64, 128), 7.0)
+    dst = {
+        "a": np.full(50_000, 7.0),
+        "b": np.full(100_000, 7.0, np.float32),
+        "m": big[:, ::2],
+        "z": np.zeros(0),
+    }
+    with pytest.raises(ckptio.ChecksumMismatch) as e:
+        ckptio.load(ckpt, into=dst)
+    assert e.value.tensors == ("a", "b")  # type: ignore[attr-defined]
+    msg = str(e.value)
+    assert "'b'" in msg and "000000.ckd" in msg  # the damaged tensor and its file
+    assert "'a', 'b'" in msg and "may hold" in msg  # the leaves written
+    assert (big == 7.0).all()  # the strided leaf: untouched
+    # The same contract through ckptio.torch.load_state_dict (load_into underneath).
+    torch = pytest.importorskip("torch")
+    import ckptio.torch as ct
+
+    m = torch.nn.Linear(4, 4)
+    ckptio.save(m.state_dict(), ckpt, overwrite=True)
+    with ckptio.open(ckpt) as r:
+        ((_, _, file, file_offset, _, _),) = r._r.chunks(r.info("weight").index)
+    with open(ckpt / file, "r+b") as f:
+        f.seek(file_offset + 3)
+        byte = f.read(1)
+        f.seek(file_offset + 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ckptio.ChecksumMismatch) as e:
+        ct.load_state_dict(m, ckpt)
+    assert set(e.value.tensors) == {"bias", "weight"}  # type: ignore[attr-defined]

@@ -224,3 +224,35 @@ def test_jax_on_cpu_adopts_the_mapping(tmp_path: pathlib.Path) -> None:
     base, after, last = rss_probe.run(JAX_BODY, tmp_path / "ckpt")
     assert last == 1
     assert after - base < 16 << 20, f"{(after - base) >> 20} MiB resident after mapping 64 MiB"
+
+
+def test_striped_checkpoint_maps_from_its_stripes(tmp_path: pathlib.Path) -> None:
+    # Data files in stripe directories of other roots: mapped from there, as the eager load
+    # reads them; and from where the stripes are now when the caller passes roots=.
+    roots = [tmp_path / "nvme0", tmp_path / "nvme1"]
+    for r in roots:
+        r.mkdir()
+    tree = {f"t{i}": np.full((64, 1024), i, dtype=np.float32) for i in range(6)}
+    path = tmp_path / "ckpt"
+    ckptio.save(tree, path, roots=roots)
+    with ckptio.open(path) as r:
+        assert any(c.file != 0 for i in range(6) for c in r._r.chunks(i))  # really striped
+    out = ckptio.load(path, mmap=True)
+    for k, v in tree.items():
+        np.testing.assert_array_equal(out[k], v)
+        assert _is_view_of_file(out[k])
+    with ckptio.open(path, mmap=True) as r:
+        np.testing.assert_array_equal(r["t5"], tree["t5"])
+        r.verify()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    os.rename(roots[1], moved / "nvme1")
+    with pytest.raises(FileNotFoundError, match="roots="):
+        ckptio.load(path, mmap=True)
+    out = ckptio.load(path, mmap=True, roots=[moved / "nvme1"])
+    for k, v in tree.items():
+        np.testing.assert_array_equal(out[k], v)
+    with ckptio.open(path, mmap=True, roots=[moved / "nvme1"]) as r:
+        np.testing.assert_array_equal(r["t1"], tree["t1"])
+        np.testing.assert_array_equal(r["t5"], tree["t5"])
+        r.verify()

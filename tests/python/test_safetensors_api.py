@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -249,6 +250,120 @@ def test_get_slice_reads_only_the_rows(tmp_path: pathlib.Path, writer: str) -> N
     assert st is not None and st.bytes == 10 * 4096
     # At most one page more on each side of the one range (an unaligned file pays for them).
     assert st.io_bytes <= 10 * 4096 + 2 * 4096
+
+
+# Indices a slice reads the way stock safetensors does (with framework="pt" it indexes as torch
+# does, the same as numpy's basic indexing): None, Ellipsis, negative ints and bounds, steps.
+INDEX_CASES = [
+    None, (None,), (None, None), (0, None), (None, 0), np.s_[:, None], np.s_[..., None],
+    np.s_[None, ...], np.s_[None, ..., None], np.s_[0, None, 0], (), ..., np.s_[..., 0],
+    np.s_[0, ...], -1, np.s_[-1, -1], np.s_[0, -6], np.s_[-3:], np.s_[-100:100], np.s_[4:2],
+    np.s_[2:2], np.s_[::2], np.s_[1::2, ::3], np.s_[3::10], np.s_[:-1, -2:], np.s_[-1:-3],
+    np.s_[6:10], np.int64(1), (np.int64(-1),), np.s_[:, 1], np.s_[-5],
+]  # fmt: skip
+# What stock reads and ckptio refuses rather than guess at: boolean and array (advanced)
+# indices, more than one Ellipsis.
+REFUSED = [(True,), (False,), np.s_[True, 0], [0, 1], (np.array([0, 1]),), np.s_[..., ...]]
+# What neither reads.
+BOTH_REFUSE = [
+    -6, 5, np.s_[0, 6], np.s_[::-1], np.s_[::0], 1.0, np.s_[0, 0, 0], np.s_[:, :, :], np.s_[0.5:],
+]  # fmt: skip
+
+
+def _stock_and_ours(path: pathlib.Path, name: str, idx: Any) -> tuple[Any, Any]:
+    from safetensors import safe_open as stock_open
+
+    with stock_open(str(path), framework="pt") as f:
+        want = f.get_slice(name)[idx]
+    with cst.safe_open(path, framework="pt") as f:
+        got = f.get_slice(name)[idx]
+    return want, got
+
+
+def test_get_slice_indexes_as_stock_does(tmp_path: pathlib.Path) -> None:
+    arrays = {
+        "a": np.arange(30, dtype=np.float32).reshape(5, 6),
+        "c": np.arange(24, dtype=np.int16).reshape(2, 3, 4),
+        "s": np.array(3.0, np.float32),
+        "e": np.zeros((0, 3), np.float32),
+    }
+    path = tmp_path / "i.safetensors"
+    stock_np.save_file(arrays, str(path))
+    for name, arr in arrays.items():
+        for idx in INDEX_CASES:
+            try:
+                want = torch.from_numpy(arr)[idx]
+            except (IndexError, ValueError, TypeError):
+                continue  # e.g. (0, -6) of a 3-d tensor: covered by the refusals below
+            stock, got = _stock_and_ours(path, name, idx)
+            assert tuple(stock.shape) == tuple(want.shape), (name, idx)
+            assert tuple(got.shape) == tuple(want.shape), (name, idx)
+            assert torch.equal(got, want), (name, idx)
+            with cst.safe_open(path, framework="np") as f:
+                np_got = f.get_slice(name)[idx]
+            assert np_got.shape == arr[idx].shape, (name, idx)
+            np.testing.assert_array_equal(np_got, arr[idx])
+    for idx in REFUSED:
+        with pytest.raises(ckptio.InvalidRequest, match="'a'"):
+            _stock_and_ours(path, "a", idx)
+    for idx in BOTH_REFUSE:
+        from safetensors import safe_open as stock_open
+
+        with stock_open(str(path), framework="pt") as f, pytest.raises(Exception):
+            f.get_slice("a")[idx]
+        with cst.safe_open(path, framework="pt") as f:
+            with pytest.raises((ckptio.InvalidRequest, ckptio.RegionOutOfRange, ValueError)):
+                f.get_slice("a")[idx]
+    # ckptio.open(...).read's region takes the same indices; None there is the whole tensor.
+    ckpt = tmp_path / "ck"
+    ckptio.save({"a": arrays["a"]}, ckpt)
+    with ckptio.open(ckpt) as r:
+        assert r.read("a", None).shape == (5, 6)
+        assert r.read("a", np.s_[None, 1:3]).shape == (1, 2, 6)
+        np.testing.assert_array_equal(r.read("a", np.s_[..., None, -1]), arrays["a"][..., None, -1])
+
+
+def test_get_slice_indexes_as_stock_does_hypothesis(tmp_path: pathlib.Path) -> None:
+    from hypothesis import given, settings, strategies as st
+
+    arrays = {
+        "a": np.arange(30, dtype=np.float32).reshape(5, 6),
+        "c": np.arange(24, dtype=np.int16).reshape(2, 3, 4),
+    }
+    path = tmp_path / "h.safetensors"
+    stock_np.save_file(arrays, str(path))
+    bound = st.one_of(st.none(), st.integers(-8, 8))
+    elem = st.one_of(
+        st.none(),
+        st.integers(-7, 7),
+        st.builds(slice, bound, bound, st.sampled_from([None, 1, 2, 3, 5])),
+    )
+
+    @st.composite
+    def indices(draw: st.DrawFn) -> Any:
+        idx = draw(st.lists(elem, max_size=5))
+        if draw(st.booleans()):
+            idx.insert(draw(st.integers(0, len(idx))), Ellipsis)
+        return tuple(idx) if len(idx) != 1 or draw(st.booleans()) else idx[0]
+
+    from safetensors import safe_open as stock_open
+
+    with stock_open(str(path), framework="pt") as sf, cst.safe_open(path, framework="pt") as of:
+
+        @settings(max_examples=300, deadline=None, database=None)
+        @given(name=st.sampled_from(sorted(arrays)), idx=indices())
+        def check(name: str, idx: Any) -> None:
+            try:
+                want = sf.get_slice(name)[idx]
+            except Exception:
+                with pytest.raises((ckptio.InvalidRequest, ckptio.RegionOutOfRange, ValueError)):
+                    of.get_slice(name)[idx]
+                return
+            got = of.get_slice(name)[idx]
+            assert tuple(got.shape) == tuple(want.shape)
+            assert torch.equal(got, want)
+
+        check()
 
 
 def test_get_slice_out_of_range(tmp_path: pathlib.Path) -> None:
