@@ -104,6 +104,14 @@ class _Pool:
             for b in bufs:
                 self.free.setdefault(len(b), []).append(b)
 
+    def forget(self) -> None:
+        """In a forked child: a fresh lock and no buffers. Those lent to the parent's save in
+        flight never come back here, and the free ones are only a copy-on-write image of the
+        parent's memory, so the child starts empty rather than count what it cannot reuse."""
+        self.lock = threading.Lock()
+        self.free = {}
+        self.held = 0
+
     def release(self) -> int:
         """Free every buffer not lent to a save; returns the bytes freed."""
         with self.lock:
@@ -183,6 +191,7 @@ class AsyncSave:
         self._error: BaseException | None = None
         self._observed = False
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()  # the process whose thread runs the save
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -202,6 +211,18 @@ class AsyncSave:
         self._stats = stats
         self._error = err
         self._done.set()
+
+    def _orphan(self) -> None:
+        """In a forked child, for a save that was in flight at the fork: its thread runs in
+        the parent only, so here it is finished with an error saying so (and counted as
+        seen). A new Event, since the parent's may have been locked at the fork."""
+        self._done = threading.Event()
+        self._observed = True
+        self._finish(None, error(USAGE,
+            f"the async save to '{self.path}' runs in process {self._pid}, which forked this "
+            "one: a forked process inherits no pending save and cannot wait for it (the "
+            "parent's wait() gives its outcome)",
+        ))  # fmt: skip
 
     def __repr__(self) -> str:
         state = "running" if not self.done() else ("failed" if self._error else "committed")
@@ -631,4 +652,20 @@ def _at_exit() -> None:
     release_buffers()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child inherits no pending save and no thread: the threads that would finish
+    the parent's save, and the copy threads, exist only in the parent, and a lock may have
+    been held by one of them at the fork. The child starts with fresh locks, an empty pool,
+    no copy threads and nothing pending (so its exit waits for nothing and reports nothing
+    of the parent's)."""
+    global _LOCK, _COPIER, _pending
+    _LOCK = threading.Lock()
+    _POOL.forget()
+    _COPIER = None
+    h, _pending = _pending, None
+    if h is not None and not h._done.is_set():
+        h._orphan()
+
+
 atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,6 +104,7 @@ class Manager:
         self._pending: AsyncSave | None = None
         self._lock = threading.Lock()
         self._closed = False
+        _LIVE.add(self)
         os.makedirs(self.directory, exist_ok=True)
         if self.comm is None or self.comm.rank == 0:
             self._remove_leftovers()
@@ -282,3 +284,18 @@ class Manager:
 
     def __repr__(self) -> str:
         return f"ckptio.Manager('{self.directory}', keep={self.keep}, steps={self.all_steps()})"
+
+
+# Every Manager of this process, so that a forked child can reset them.
+_LIVE: weakref.WeakSet[Manager] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child's Managers have nothing pending (the save in flight, and its deletion
+    of old steps, are the parent's) and fresh locks (the parent's may have been held)."""
+    for m in list(_LIVE):
+        m._lock = threading.Lock()
+        m._pending = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
