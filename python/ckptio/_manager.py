@@ -11,6 +11,7 @@ import shutil
 import threading
 import weakref
 from collections.abc import Mapping
+from types import TracebackType
 from typing import Any
 
 from . import _comm, _core, _dist
@@ -191,8 +192,24 @@ class Manager:
     def __enter__(self) -> Manager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """close(); when the body raised, its exception goes on, and an error of close() (the
+        pending save's) is attached to it as a note rather than replacing it."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as e:
+            exc.add_note(
+                f"ckptio.Manager: closing the Manager of '{self.directory}' as this exception "
+                f"left the with block failed too: {type(e).__name__}: {e}"
+            )
 
     # ---- internals ----
     def _check_open(self) -> None:

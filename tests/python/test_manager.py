@@ -259,3 +259,17 @@ def test_torch_rank_0_killed_while_deleting(tmp_path: pathlib.Path) -> None:
     assert after["steps"] == [1] and after["w_ok"], after
     assert len(after["entries"]) == 2 and after["entries"][0].startswith("0.deleting-"), after
     assert after["left"] == ["1"], after
+
+
+def test_body_exception_is_not_replaced_by_the_close_error(tmp_path: pathlib.Path) -> None:
+    ckptio.save({"x": np.zeros(1)}, tmp_path / "1")  # step 1 exists: the async save of 1 fails
+    with pytest.raises(ValueError, match="the body's") as info:
+        with ckptio.Manager(tmp_path) as m:
+            m.save(1, state(1))
+            raise ValueError("the body's error")
+    notes = getattr(info.value, "__notes__", [])
+    assert any("CheckpointExists" in n and "already exists" in n for n in notes), notes
+    # Without an exception in the body, the close error is raised as before.
+    with pytest.raises(ckptio.CheckpointExists):
+        with ckptio.Manager(tmp_path) as m:
+            m.save(1, state(1))
