@@ -138,13 +138,23 @@ class Manager:
     ) -> bool:
         """Save ``tree`` as step ``step`` (an int >= 0); with async_save, returns once the
         tree may be changed. A save still in flight is waited for first (its error is raised
-        here if nobody waited for it). Afterwards the steps that ``keep`` / ``keep_every`` no
+        here if nobody waited for it). A step older than latest_step() is refused
+        (InvalidRequest, nothing written): steps only grow. Afterwards the steps that ``keep`` / ``keep_every`` no
         longer hold are deleted (in the background with async_save). Returns True."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise error(USAGE, f"step must be an int >= 0, got {step!r}", InvalidType)
         self._check_open()
         with self._lock:
             self._wait_pending()
+            latest = self.latest_step()
+            if latest is not None and step < latest:
+                # Steps only grow: "newest" is then one order for keep and latest_step().
+                raise error(USAGE,
+                    f"step {step} is older than the latest committed step {latest} of "
+                    f"'{self.directory}': a Manager's steps only grow (keep holds the highest "
+                    "ones, latest_step() is the highest); to go back to an earlier step, "
+                    "delete the newer ones first, or save into another directory",
+                )  # fmt: skip
             path = self.step_path(step)
             c = self._comm_for(tree)
             if self.async_save:

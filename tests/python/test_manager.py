@@ -273,3 +273,15 @@ def test_body_exception_is_not_replaced_by_the_close_error(tmp_path: pathlib.Pat
     with pytest.raises(ckptio.CheckpointExists):
         with ckptio.Manager(tmp_path) as m:
             m.save(1, state(1))
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_step_older_than_the_latest_is_refused(tmp_path: pathlib.Path, async_save: bool) -> None:
+    m = ckptio.Manager(tmp_path, keep=2, async_save=async_save)
+    for s in (10, 20, 30):
+        m.save(s, state(s))
+    with pytest.raises(ckptio.InvalidRequest, match="step 5 is older than the latest .* 30"):
+        m.save(5, state(5))
+    m.close()
+    assert m.all_steps() == [20, 30] and m.latest_step() == 30
+    assert sorted(os.listdir(tmp_path)) == ["20", "30"]  # nothing of step 5 was written
