@@ -327,6 +327,8 @@ def _save_async(
     p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
     kind = _dist.runtime_of(tree) if comm is None else "comm"
+    if kind is not None and "roots" in p:  # as save() refuses it, before any staging
+        raise error(USAGE, "roots= (striping) is not supported for a multi-rank save")
     if kind is not None:
         t = _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout)
         if not t > 0:

@@ -544,3 +544,28 @@ def test_mpi_without_thread_multiple_saves_during_the_call() -> None:
     c._MPI, c.rank, c.size = FakeMPI, 0, 2
     with pytest.warns(RuntimeWarning, match="MPI_THREAD_MULTIPLE"):
         assert _async._background_comm(c) is None
+
+
+def test_multi_rank_with_roots_is_refused_as_save_refuses_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_async and Manager refuse striping a multi-rank save before staging, as save does."""
+    roots = [str(tmp_path / "r1"), str(tmp_path / "r2")]
+    tree = {"w": ckptio.Shard(np.ones((4, 4)), (0, 0), (4, 4))}
+    with pytest.raises(ckptio.CheckpointError) as plain:
+        ckptio.save(tree, tmp_path / "plain", roots=roots)
+
+    def no_staging(*args: Any) -> Any:
+        raise AssertionError("staged before refusing")
+
+    monkeypatch.setattr(_async._dist, "stage_or_refuse", no_staging)
+    calls: list[Any] = [
+        lambda: ckptio.save_async(tree, tmp_path / "a", roots=roots),
+        lambda: ckptio.save_async(tree, tmp_path / "b", comm=_OneRank(), roots=roots),
+        lambda: ckptio.Manager(tmp_path / "m", comm=_OneRank(), roots=roots).save(1, tree),
+    ]
+    for call in calls:
+        with pytest.raises(ckptio.CheckpointError) as got:
+            call()
+        assert type(got.value) is type(plain.value) and str(got.value) == str(plain.value)
+    assert sorted(os.listdir(tmp_path)) == ["m"]
