@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -159,9 +159,10 @@ def _copy_into(pairs: list[tuple[_core.Buffer, np.ndarray]]) -> None:
     # machine takes fewer of them.
     it = iter(pieces)
     lock = threading.Lock()
+    stop = threading.Event()
 
     def run() -> None:
-        while True:
+        while not stop.is_set():
             with lock:
                 nxt = next(it, None)
             if nxt is None:
@@ -171,9 +172,13 @@ def _copy_into(pairs: list[tuple[_core.Buffer, np.ndarray]]) -> None:
     futs = [_COPIER.submit(run) for _ in range(_COPY_THREADS - 1)]
     try:
         run()
+    except BaseException:  # Ctrl-C: the other threads finish the piece they hold, no more
+        stop.set()
+        raise
     finally:  # no copy may still be running once the buffers are someone else's
-        for f in futs:
-            f.result()
+        wait(futs)
+    for f in futs:
+        f.result()
 
 
 class AsyncSave:
@@ -357,6 +362,9 @@ def _save_async(
             h._finish(None, e)
             _pending = h
             return h
+        except BaseException:  # KeyboardInterrupt, MemoryError: no save, the pool whole
+            _POOL.give(bufs)
+            raise
         snap = StagedSave(items, staged.tree, staged.meta, False)
         del staged
         th = threading.Thread(
@@ -364,8 +372,14 @@ def _save_async(
             name="ckptio-save-async", daemon=True,
         )  # fmt: skip
         h._thread = th
+        try:
+            th.start()
+        except BaseException:  # no thread: nothing is pending, and the buffers go back
+            if writer is not None:
+                writer.close()
+            _POOL.give(bufs)
+            raise
         _pending = h
-        th.start()
         h.stall_seconds = time.perf_counter() - t0
         return h
 
@@ -574,26 +588,26 @@ def _dist_async(
     if not blocking and total <= cap:
         sized = [a for a in srcs if a.nbytes]
         bufs = _POOL.take([a.nbytes for a in sized], cap)
-        pairs = [(b, a.reshape(-1).view(np.uint8)) for a, b in zip(sized, bufs)]
-        try:
+        try:  # until the thread owns them, an exception (Ctrl-C too) gives the buffers back
+            pairs = [(b, a.reshape(-1).view(np.uint8)) for a, b in zip(sized, bufs)]
             _copy_into(pairs)
+            del pairs
+            it_bufs = iter(bufs)
+            snap = []
+            for it, a in zip(items, srcs):
+                data = np.ndarray(a.shape, a.dtype, next(it_bufs)) if a.nbytes else a.copy()
+                snap.append(it[:3] + (data,) + it[4:])
+            del items, srcs
+            th = threading.Thread(
+                target=_dist_background, args=(h, snap, path, bg, meta_items, p, timeout, t0,
+                                               bufs, after),
+                name="ckptio-save-async", daemon=True,
+            )  # fmt: skip
+            h._thread = th
+            th.start()
         except BaseException:
             _POOL.give(bufs)
             raise
-        del pairs
-        it_bufs = iter(bufs)
-        snap = []
-        for it, a in zip(items, srcs):
-            data = np.ndarray(a.shape, a.dtype, next(it_bufs)) if a.nbytes else a.copy()
-            snap.append(it[:3] + (data,) + it[4:])
-        del items, srcs
-        th = threading.Thread(
-            target=_dist_background, args=(h, snap, path, bg, meta_items, p, timeout, t0,
-                                           bufs, after),
-            name="ckptio-save-async", daemon=True,
-        )  # fmt: skip
-        h._thread = th
-        th.start()
         h.stall_seconds = time.perf_counter() - t0
         return h
     # Saved during the call: on the background communicator all the same, since the other
