@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,14 @@ class _Pool:
             for b in bufs:
                 self.free.setdefault(len(b), []).append(b)
 
+    def forget(self) -> None:
+        """In a forked child: a fresh lock and no buffers. Those lent to the parent's save in
+        flight never come back here, and the free ones are only a copy-on-write image of the
+        parent's memory, so the child starts empty rather than count what it cannot reuse."""
+        self.lock = threading.Lock()
+        self.free = {}
+        self.held = 0
+
     def release(self) -> int:
         """Free every buffer not lent to a save; returns the bytes freed."""
         with self.lock:
@@ -151,9 +159,10 @@ def _copy_into(pairs: list[tuple[_core.Buffer, np.ndarray]]) -> None:
     # machine takes fewer of them.
     it = iter(pieces)
     lock = threading.Lock()
+    stop = threading.Event()
 
     def run() -> None:
-        while True:
+        while not stop.is_set():
             with lock:
                 nxt = next(it, None)
             if nxt is None:
@@ -163,9 +172,13 @@ def _copy_into(pairs: list[tuple[_core.Buffer, np.ndarray]]) -> None:
     futs = [_COPIER.submit(run) for _ in range(_COPY_THREADS - 1)]
     try:
         run()
+    except BaseException:  # Ctrl-C: the other threads finish the piece they hold, no more
+        stop.set()
+        raise
     finally:  # no copy may still be running once the buffers are someone else's
-        for f in futs:
-            f.result()
+        wait(futs)
+    for f in futs:
+        f.result()
 
 
 class AsyncSave:
@@ -183,6 +196,7 @@ class AsyncSave:
         self._error: BaseException | None = None
         self._observed = False
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()  # the process whose thread runs the save
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -202,6 +216,18 @@ class AsyncSave:
         self._stats = stats
         self._error = err
         self._done.set()
+
+    def _orphan(self) -> None:
+        """In a forked child, for a save that was in flight at the fork: its thread runs in
+        the parent only, so here it is finished with an error saying so (and counted as
+        seen). A new Event, since the parent's may have been locked at the fork."""
+        self._done = threading.Event()
+        self._observed = True
+        self._finish(None, error(USAGE,
+            f"the async save to '{self.path}' runs in process {self._pid}, which forked this "
+            "one: a forked process inherits no pending save and cannot wait for it (the "
+            "parent's wait() gives its outcome)",
+        ))  # fmt: skip
 
     def __repr__(self) -> str:
         state = "running" if not self.done() else ("failed" if self._error else "committed")
@@ -306,6 +332,8 @@ def _save_async(
     p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
     kind = _dist.runtime_of(tree) if comm is None else "comm"
+    if kind is not None and "roots" in p:  # as save() refuses it, before any staging
+        raise error(USAGE, "roots= (striping) is not supported for a multi-rank save")
     if kind is not None:
         t = _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout)
         if not t > 0:
@@ -334,6 +362,9 @@ def _save_async(
             h._finish(None, e)
             _pending = h
             return h
+        except BaseException:  # KeyboardInterrupt, MemoryError: no save, the pool whole
+            _POOL.give(bufs)
+            raise
         snap = StagedSave(items, staged.tree, staged.meta, False)
         del staged
         th = threading.Thread(
@@ -341,8 +372,14 @@ def _save_async(
             name="ckptio-save-async", daemon=True,
         )  # fmt: skip
         h._thread = th
+        try:
+            th.start()
+        except BaseException:  # no thread: nothing is pending, and the buffers go back
+            if writer is not None:
+                writer.close()
+            _POOL.give(bufs)
+            raise
         _pending = h
-        th.start()
         h.stall_seconds = time.perf_counter() - t0
         return h
 
@@ -551,26 +588,26 @@ def _dist_async(
     if not blocking and total <= cap:
         sized = [a for a in srcs if a.nbytes]
         bufs = _POOL.take([a.nbytes for a in sized], cap)
-        pairs = [(b, a.reshape(-1).view(np.uint8)) for a, b in zip(sized, bufs)]
-        try:
+        try:  # until the thread owns them, an exception (Ctrl-C too) gives the buffers back
+            pairs = [(b, a.reshape(-1).view(np.uint8)) for a, b in zip(sized, bufs)]
             _copy_into(pairs)
+            del pairs
+            it_bufs = iter(bufs)
+            snap = []
+            for it, a in zip(items, srcs):
+                data = np.ndarray(a.shape, a.dtype, next(it_bufs)) if a.nbytes else a.copy()
+                snap.append(it[:3] + (data,) + it[4:])
+            del items, srcs
+            th = threading.Thread(
+                target=_dist_background, args=(h, snap, path, bg, meta_items, p, timeout, t0,
+                                               bufs, after),
+                name="ckptio-save-async", daemon=True,
+            )  # fmt: skip
+            h._thread = th
+            th.start()
         except BaseException:
             _POOL.give(bufs)
             raise
-        del pairs
-        it_bufs = iter(bufs)
-        snap = []
-        for it, a in zip(items, srcs):
-            data = np.ndarray(a.shape, a.dtype, next(it_bufs)) if a.nbytes else a.copy()
-            snap.append(it[:3] + (data,) + it[4:])
-        del items, srcs
-        th = threading.Thread(
-            target=_dist_background, args=(h, snap, path, bg, meta_items, p, timeout, t0,
-                                           bufs, after),
-            name="ckptio-save-async", daemon=True,
-        )  # fmt: skip
-        h._thread = th
-        th.start()
         h.stall_seconds = time.perf_counter() - t0
         return h
     # Saved during the call: on the background communicator all the same, since the other
@@ -631,4 +668,20 @@ def _at_exit() -> None:
     release_buffers()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child inherits no pending save and no thread: the threads that would finish
+    the parent's save, and the copy threads, exist only in the parent, and a lock may have
+    been held by one of them at the fork. The child starts with fresh locks, an empty pool,
+    no copy threads and nothing pending (so its exit waits for nothing and reports nothing
+    of the parent's)."""
+    global _LOCK, _COPIER, _pending
+    _LOCK = threading.Lock()
+    _POOL.forget()
+    _COPIER = None
+    h, _pending = _pending, None
+    if h is not None and not h._done.is_set():
+        h._orphan()
+
+
 atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

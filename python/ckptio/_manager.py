@@ -9,7 +9,9 @@ import os
 import re
 import shutil
 import threading
+import weakref
 from collections.abc import Mapping
+from types import TracebackType
 from typing import Any
 
 from . import _comm, _core, _dist
@@ -103,6 +105,7 @@ class Manager:
         self._pending: AsyncSave | None = None
         self._lock = threading.Lock()
         self._closed = False
+        _LIVE.add(self)
         os.makedirs(self.directory, exist_ok=True)
         if self.comm is None or self.comm.rank == 0:
             self._remove_leftovers()
@@ -135,13 +138,23 @@ class Manager:
     ) -> bool:
         """Save ``tree`` as step ``step`` (an int >= 0); with async_save, returns once the
         tree may be changed. A save still in flight is waited for first (its error is raised
-        here if nobody waited for it). Afterwards the steps that ``keep`` / ``keep_every`` no
+        here if nobody waited for it). A step older than latest_step() is refused
+        (InvalidRequest, nothing written): steps only grow. Afterwards the steps that ``keep`` / ``keep_every`` no
         longer hold are deleted (in the background with async_save). Returns True."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise error(USAGE, f"step must be an int >= 0, got {step!r}", InvalidType)
         self._check_open()
         with self._lock:
             self._wait_pending()
+            latest = self.latest_step()
+            if latest is not None and step < latest:
+                # Steps only grow: "newest" is then one order for keep and latest_step().
+                raise error(USAGE,
+                    f"step {step} is older than the latest committed step {latest} of "
+                    f"'{self.directory}': a Manager's steps only grow (keep holds the highest "
+                    "ones, latest_step() is the highest); to go back to an earlier step, "
+                    "delete the newer ones first, or save into another directory",
+                )  # fmt: skip
             path = self.step_path(step)
             c = self._comm_for(tree)
             if self.async_save:
@@ -189,8 +202,24 @@ class Manager:
     def __enter__(self) -> Manager:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """close(); when the body raised, its exception goes on, and an error of close() (the
+        pending save's) is attached to it as a note rather than replacing it."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as e:
+            exc.add_note(
+                f"ckptio.Manager: closing the Manager of '{self.directory}' as this exception "
+                f"left the with block failed too: {type(e).__name__}: {e}"
+            )
 
     # ---- internals ----
     def _check_open(self) -> None:
@@ -282,3 +311,18 @@ class Manager:
 
     def __repr__(self) -> str:
         return f"ckptio.Manager('{self.directory}', keep={self.keep}, steps={self.all_steps()})"
+
+
+# Every Manager of this process, so that a forked child can reset them.
+_LIVE: weakref.WeakSet[Manager] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child's Managers have nothing pending (the save in flight, and its deletion
+    of old steps, are the parent's) and fresh locks (the parent's may have been held)."""
+    for m in list(_LIVE):
+        m._lock = threading.Lock()
+        m._pending = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

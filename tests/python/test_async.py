@@ -544,3 +544,85 @@ def test_mpi_without_thread_multiple_saves_during_the_call() -> None:
     c._MPI, c.rank, c.size = FakeMPI, 0, 2
     with pytest.warns(RuntimeWarning, match="MPI_THREAD_MULTIPLE"):
         assert _async._background_comm(c) is None
+
+
+def test_multi_rank_with_roots_is_refused_as_save_refuses_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_async and Manager refuse striping a multi-rank save before staging, as save does."""
+    roots = [str(tmp_path / "r1"), str(tmp_path / "r2")]
+    tree = {"w": ckptio.Shard(np.ones((4, 4)), (0, 0), (4, 4))}
+    with pytest.raises(ckptio.CheckpointError) as plain:
+        ckptio.save(tree, tmp_path / "plain", roots=roots)
+
+    def no_staging(*args: Any) -> Any:
+        raise AssertionError("staged before refusing")
+
+    monkeypatch.setattr(_async._dist, "stage_or_refuse", no_staging)
+    calls: list[Any] = [
+        lambda: ckptio.save_async(tree, tmp_path / "a", roots=roots),
+        lambda: ckptio.save_async(tree, tmp_path / "b", comm=_OneRank(), roots=roots),
+        lambda: ckptio.Manager(tmp_path / "m", comm=_OneRank(), roots=roots).save(1, tree),
+    ]
+    for call in calls:
+        with pytest.raises(ckptio.CheckpointError) as got:
+            call()
+        assert type(got.value) is type(plain.value) and str(got.value) == str(plain.value)
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, MemoryError])
+@pytest.mark.parametrize("how", ["all copied", "part written in the call", "distributed"])
+def test_pool_count_survives_an_exception_in_the_copy(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, exc: type[BaseException], how: str
+) -> None:
+    """Ctrl-C or MemoryError while the tensors are copied: the save does not start, the pool
+    gets its buffers back (its byte count stays true), and the next save works."""
+    state = {"a": np.arange(1 << 18, dtype=np.float32), "b": np.ones(1 << 18, np.uint8)}
+    opts: dict[str, Any] = {
+        "all copied": {},
+        # 1 MiB copied ("a"), "b" written from the caller's memory during the call.
+        "part written in the call": {"max_host_bytes": 3 << 19, "staging_bytes": 1 << 19},
+        "distributed": {"comm": _OneRank()},
+    }[how]
+    _async.release_buffers()
+    held = _async._POOL.held  # buffers lent to no save: 0, unless a test before leaked some
+    real = _async._copy_into
+
+    def failing(pairs: list[Any]) -> None:
+        real(pairs[:1])  # part of the copy is done
+        raise exc()
+
+    monkeypatch.setattr(_async, "_copy_into", failing)
+    with pytest.raises(exc):
+        ckptio.save_async(state, tmp_path / "c", **opts)
+    assert _async._pending is None or _async._pending.done()
+    assert not (tmp_path / "c").exists() and leftovers(tmp_path) == []
+    returned = _async.release_buffers()  # the buffers the failed save took came back
+    assert _async._POOL.held == held
+    monkeypatch.setattr(_async, "_copy_into", real)
+    ckptio.save_async(state, tmp_path / "c", **opts).wait(60)
+    assert_same(ckptio.load(tmp_path / "c"), state)
+    pooled = _async.release_buffers()  # what the same save takes when it succeeds
+    assert returned == pooled >= 1 << 20 and _async._POOL.held == held
+
+
+def test_interrupted_copy_stops_the_copy_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the calling thread's share of a copy: the copy threads take no further piece,
+    and none is still copying when _copy_into raises (the buffers go back to the pool)."""
+    monkeypatch.setattr(_async, "_COPY_PIECE", 1 << 10)
+    main = threading.current_thread()
+    calls: list[int] = []
+
+    class Dst:
+        def copy_from(self, src: Any, offset: int) -> None:
+            calls.append(offset)
+            if threading.current_thread() is main:
+                raise KeyboardInterrupt
+            time.sleep(0.002)
+
+    with pytest.raises(KeyboardInterrupt):
+        _async._copy_into([(Dst(), np.zeros(1 << 20, np.uint8))])  # type: ignore[list-item]
+    seen = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == seen < 1024 // 2, seen

@@ -259,3 +259,29 @@ def test_torch_rank_0_killed_while_deleting(tmp_path: pathlib.Path) -> None:
     assert after["steps"] == [1] and after["w_ok"], after
     assert len(after["entries"]) == 2 and after["entries"][0].startswith("0.deleting-"), after
     assert after["left"] == ["1"], after
+
+
+def test_body_exception_is_not_replaced_by_the_close_error(tmp_path: pathlib.Path) -> None:
+    ckptio.save({"x": np.zeros(1)}, tmp_path / "1")  # step 1 exists: the async save of 1 fails
+    with pytest.raises(ValueError, match="the body's") as info:
+        with ckptio.Manager(tmp_path) as m:
+            m.save(1, state(1))
+            raise ValueError("the body's error")
+    notes = getattr(info.value, "__notes__", [])
+    assert any("CheckpointExists" in n and "already exists" in n for n in notes), notes
+    # Without an exception in the body, the close error is raised as before.
+    with pytest.raises(ckptio.CheckpointExists):
+        with ckptio.Manager(tmp_path) as m:
+            m.save(1, state(1))
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_step_older_than_the_latest_is_refused(tmp_path: pathlib.Path, async_save: bool) -> None:
+    m = ckptio.Manager(tmp_path, keep=2, async_save=async_save)
+    for s in (10, 20, 30):
+        m.save(s, state(s))
+    with pytest.raises(ckptio.InvalidRequest, match="step 5 is older than the latest .* 30"):
+        m.save(5, state(5))
+    m.close()
+    assert m.all_steps() == [20, 30] and m.latest_step() == 30
+    assert sorted(os.listdir(tmp_path)) == ["20", "30"]  # nothing of step 5 was written
