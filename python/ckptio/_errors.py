@@ -33,8 +33,11 @@ class CheckpointError(Exception):
     """Base class of every error ckptio reports.
 
     ``code`` is the libckptio return code (negative: ``-errno`` or a ``CKPTIO_E_*`` value),
-    ``name`` its symbolic name, and ``str(e)`` the library's message, which names the path and,
-    where one is involved, the tensor.
+    ``name`` its symbolic name, and ``str(e)`` (also ``message``) the library's message, which
+    names the path and, where one is involved, the tensor. The same parts come as values where
+    the binding knows them, so that no one parses the message: ``path`` (the checkpoint or file
+    the call was about), ``tensor`` (the tensor involved) and ``rank`` (in a collective call, the
+    rank that raised it); None where unknown.
 
     >>> import ckptio
     >>> try:
@@ -46,6 +49,10 @@ class CheckpointError(Exception):
 
     code: int = 0
     name: str = ""
+    # Set on the instance by ckptio._core where it knows them.
+    path: str | None = None
+    tensor: str | None = None
+    rank: int | None = None
 
     def __init__(self, message: str, code: int = 0, name: str = "") -> None:
         super().__init__(message)
@@ -54,6 +61,11 @@ class CheckpointError(Exception):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    @property
+    def message(self) -> str:
+        """The library's message: ``str(self)``."""
+        return str(self)
 
 
 class CorruptCheckpoint(CheckpointError):

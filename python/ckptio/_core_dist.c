@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ckptio._core's collective save (save_dist over a Python communicator) and stripe clean-up. */
+#include "_core.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include "_comm.h"
+
+/* One parsed save_dist item: its dims and buffer live here while the GIL is released. */
+typedef struct {
+    uint64_t shape[CKPTIO_MAX_NDIM], off[CKPTIO_MAX_NDIM], box[CKPTIO_MAX_NDIM];
+    Py_buffer view;
+    int has_view;
+} dist_slot;
+
+
+/* The fields of a save_dist item; an item in GPU memory has three more. */
+enum {
+    DI_NAME,
+    DI_DTYPE,
+    DI_SHAPE,
+    DI_DATA, /* a C-contiguous buffer, or in GPU memory the device pointer (int) */
+    DI_OFFSET,
+    DI_BOX,
+    DI_FLAGS,
+    DI_N_HOST,
+    DI_NBYTES = DI_N_HOST,
+    DI_STREAM,
+    DI_OWNER, /* keeps the device memory alive; not used here */
+    DI_N_GPU
+};
+
+/* save_dist(path, comm, items, meta, params, timeout) -> IOStats: ckptio_save_dist on the
+ * communicator `comm` (a ckptio._comm.Communicator) with the GIL released. items: [(name,
+ * dtype code, global shape, data (C-contiguous), offset or None, box or None, flags)], or for
+ * an item in GPU memory the same with data the device pointer (int) followed by (nbytes,
+ * CUstream, owner) (10 fields; the owner is not used here); meta:
+ * [(key, bytes)] (used on rank 0 only). Collective: every rank calls it. */
+static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *comm_obj, *items, *meta, *params;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O&OOOOd:save_dist", PyUnicode_FSConverter, &path_obj, &comm_obj,
+                          &items, &meta, &params, &timeout))
+        return NULL;
+    PyObject *result = NULL, *fitems = NULL, *fmeta = NULL;
+    ckptio_dist_item *ds = NULL;
+    dist_slot *slots = NULL;
+    const char **mkeys = NULL;
+    const void **mvals = NULL;
+    size_t *mlens = NULL;
+    Py_ssize_t n = 0, nm = 0;
+    ckptio_comm *c = NULL;
+    ckptio_params p;
+    if (ckptio__pyparams(params, &p) < 0) goto out;
+    fitems = PySequence_Fast(items, "save_dist: items must be a sequence");
+    fmeta = fitems ? PySequence_Fast(meta, "save_dist: meta must be a sequence") : NULL;
+    if (!fmeta) goto out;
+    n = PySequence_Fast_GET_SIZE(fitems);
+    nm = PySequence_Fast_GET_SIZE(fmeta);
+    ds = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ds);
+    slots = PyMem_Calloc((size_t)(n ? n : 1), sizeof *slots);
+    mkeys = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mkeys);
+    mvals = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mvals);
+    mlens = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mlens);
+    if (!ds || !slots || !mkeys || !mvals || !mlens) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fitems, i);
+        Py_ssize_t nf = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
+        if (nf != DI_N_HOST && nf != DI_N_GPU) {
+            PyErr_SetString(PyExc_TypeError, "save_dist: each item is (name, dtype, shape, data, "
+                                             "offset, box, flags[, nbytes, stream, owner])");
+            goto out;
+        }
+        ckptio_dist_item *d = &ds[i];
+        dist_slot *s = &slots[i];
+        d->size = sizeof *d;
+        d->name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, DI_NAME));
+        if (!d->name) goto out;
+        d->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, DI_DTYPE));
+        if (d->dtype == -1 && PyErr_Occurred()) goto out;
+        int nd = ckptio__pydims(PyTuple_GET_ITEM(t, DI_SHAPE), s->shape, "shape", d->name);
+        if (nd < 0) goto out;
+        d->ndim = (uint32_t)nd;
+        d->shape = s->shape;
+        PyObject *off = PyTuple_GET_ITEM(t, DI_OFFSET), *box = PyTuple_GET_ITEM(t, DI_BOX);
+        if (off != Py_None) {
+            if (ckptio__pydims_n(off, s->off, d->ndim, "offset", d->name) < 0) goto out;
+            d->offset = s->off;
+        }
+        if (box != Py_None) {
+            if (ckptio__pydims_n(box, s->box, d->ndim, "box", d->name) < 0) goto out;
+            d->box = s->box;
+        }
+        unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, DI_FLAGS));
+        if (flags == (unsigned long)-1 && PyErr_Occurred()) goto out;
+        d->flags = (uint32_t)flags;
+        if (nf == DI_N_GPU) { /* GPU memory: a device pointer, size, stream */
+            unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_DATA));
+            unsigned long long nb = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_NBYTES));
+            unsigned long long st = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_STREAM));
+            if (PyErr_Occurred()) goto out;
+            d->data = (const void *)(uintptr_t)ptr;
+            d->nbytes = nb;
+            d->memory = CKPTIO_MEM_CUDA;
+            d->stream = st;
+            continue;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, DI_DATA), &s->view, PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+        s->has_view = 1;
+        d->data = s->view.buf;
+        d->nbytes = (uint64_t)s->view.len;
+    }
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        PyObject *kv = PySequence_Fast_GET_ITEM(fmeta, i);
+        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(kv, 1))) {
+            PyErr_SetString(PyExc_TypeError, "save_dist: meta is [(str, bytes)]");
+            goto out;
+        }
+        mkeys[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kv, 0));
+        if (!mkeys[i]) goto out;
+        mvals[i] = PyBytes_AS_STRING(PyTuple_GET_ITEM(kv, 1));
+        mlens[i] = (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(kv, 1));
+    }
+    c = ckptio__pycomm_new(comm_obj);
+    if (!c) goto out;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    ckptio_stats st;
+    memset(&st, 0, sizeof st);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_save_dist(path, c, ds, (size_t)n, mkeys, mvals, mlens, (size_t)nm, &p, timeout,
+                          &st);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        ckptio__pycomm_raise(c, rc);
+        PyObject *rank = PyLong_FromLong(c->rank);
+        PyObject *where = PyUnicode_DecodeFSDefault(path);
+        if (!rank || !where) PyErr_Clear(); /* the save's error is the one to keep */
+        ckptio__pyerr_locate(&(ckptio__pywhere){.path = where, .rank = rank});
+        Py_XDECREF(rank);
+        Py_XDECREF(where);
+    } else {
+        result = ckptio__pystats(&st);
+    }
+out:
+    if (c) ckptio_comm_free(c);
+    for (Py_ssize_t i = 0; slots && i < n; i++)
+        if (slots[i].has_view) PyBuffer_Release(&slots[i].view);
+    PyMem_Free(ds);
+    PyMem_Free(slots);
+    PyMem_Free(mkeys);
+    PyMem_Free(mvals);
+    PyMem_Free(mlens);
+    Py_XDECREF(fitems);
+    Py_XDECREF(fmeta);
+    Py_XDECREF(path_obj);
+    return result;
+}
+
+static int leftovers_remove(const char *path, const ckptio__pyroots *roots)
+{
+    uint64_t found = 0;
+    int rc = ckptio_stripe_leftovers(path, roots->roots, roots->n, 1, &found);
+    return rc < 0 ? rc : found > INT32_MAX ? INT32_MAX : (int)found;
+}
+
+/* remove_stripes(path, roots): remove the stripes a save to `path` left in `roots` that the
+ * checkpoint at `path` (if any) does not use: what pruning a striped step leaves. */
+static PyObject *mod_remove_stripes(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *seq;
+    if (!PyArg_ParseTuple(args, "O&O:remove_stripes", PyUnicode_FSConverter, &path_obj, &seq))
+        return NULL;
+    ckptio__pyroots roots;
+    if (ckptio__pyroots_get(seq, &roots) < 0) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = leftovers_remove(path, &roots);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    ckptio__pyroots_free(&roots);
+    PyObject *where = rc < 0 ? PyUnicode_DecodeFSDefault(path) : NULL;
+    Py_DECREF(path_obj);
+    if (rc >= 0) return PyLong_FromLong(rc);
+    if (!where) PyErr_Clear();
+    ckptio__pyraise(rc, msg, &(ckptio__pywhere){.path = where});
+    Py_XDECREF(where);
+    return NULL;
+}
+
+static PyMethodDef dist_functions[] = {
+    {"remove_stripes", mod_remove_stripes, METH_VARARGS,
+     "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
+    {"save_dist", mod_save_dist, METH_VARARGS,
+     "save_dist(path, comm, items, meta, params, timeout) -> IOStats (collective)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int ckptio__pydist_register(PyObject *m)
+{
+    return PyModule_AddFunctions(m, dist_functions);
+}

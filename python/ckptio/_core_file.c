@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ckptio._core.FileWriter, a file written and committed atomically, and file_read, its reader. */
+#include "_core.h"
+
+#include <limits.h>
+#include <string.h>
+
+static PyObject *FileWriter_write(PyObject *self, PyObject *arg)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    ckptio_file_writer *f = ckptio__pyhandle_enter(self);
+    if (!f) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    int rc;
+    /* Even a small write may wait for a staging buffer to come back from the device. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_file_writer_write(f, v.buf, (size_t)v.len);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t len = v.len;
+    PyBuffer_Release(&v);
+    if (ckptio__pyhandle_leave(self, rc, NULL) < 0) return NULL;
+    if (len >= (64 << 20) && PyErr_CheckSignals() < 0) return NULL;
+    return PyLong_FromSsize_t(len);
+}
+
+static PyObject *FileWriter_tell(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ckptio_file_writer *f = ckptio__pyhandle_get(self);
+    return f ? PyLong_FromUnsignedLongLong(ckptio_file_writer_tell(f)) : NULL;
+}
+
+/* seek(offset, whence=0): forward only. torch.save under torch.serialization.skip_data() seeks
+ * over each storage instead of writing it; the gap is written as zeros, which is what a reader
+ * of a file torch.save wrote with holes sees there. */
+static PyObject *FileWriter_seek(PyObject *self, PyObject *args)
+{
+    long long off;
+    int whence = 0;
+    if (!PyArg_ParseTuple(args, "L|i:seek", &off, &whence)) return NULL;
+    ckptio_file_writer *f = ckptio__pyhandle_enter(self);
+    if (!f) return NULL;
+    uint64_t pos = ckptio_file_writer_tell(f);
+    long long base;
+    if (whence == 0)
+        base = 0;
+    else if (whence == 1 || whence == 2) /* written front to back: the end is the position */
+        base = (long long)pos;
+    else {
+        ckptio__pyhandle_leave(self, 0, NULL);
+        return PyErr_Format(PyExc_ValueError, "invalid whence (%d, should be 0, 1 or 2)", whence);
+    }
+    if ((off > 0 && base > LLONG_MAX - off) || base + off < (long long)pos) {
+        PyObject *io = PyImport_ImportModule("io");
+        PyObject *exc = io ? PyObject_GetAttrString(io, "UnsupportedOperation") : NULL;
+        Py_XDECREF(io);
+        if (exc) {
+            PyErr_Format(exc, "this file is written front to back: cannot seek from byte %llu "
+                              "back to %lld", (unsigned long long)pos, base + off);
+            Py_DECREF(exc);
+        }
+        ckptio__pyhandle_leave(self, 0, NULL);
+        return NULL;
+    }
+    uint64_t gap = (uint64_t)(base + off) - pos;
+    static const char zeros[64 << 10];
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (gap && rc == 0) {
+        size_t n = gap < sizeof zeros ? (size_t)gap : sizeof zeros;
+        rc = ckptio_file_writer_write(f, zeros, n);
+        gap -= n;
+    }
+    Py_END_ALLOW_THREADS
+    if (ckptio__pyhandle_leave(self, rc, NULL) < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(ckptio_file_writer_tell(f));
+}
+
+static PyObject *FileWriter_flush(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!ckptio__pyhandle_get(self)) return NULL;
+    Py_RETURN_NONE; /* durability is commit's job */
+}
+
+static PyObject *ret_true(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *ret_false(PyObject *self, PyObject *unused)
+{
+    (void)self, (void)unused;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef FileWriter_methods[] = {
+    {"write", FileWriter_write, METH_O,
+     "write(b): append bytes (copied before returning); returns len(b)"},
+    {"tell", FileWriter_tell, METH_NOARGS, "bytes written so far"},
+    {"seek", FileWriter_seek, METH_VARARGS,
+     "seek(offset, whence=0): forward only, the gap written as zeros; returns the position"},
+    {"flush", FileWriter_flush, METH_NOARGS, "no-op: commit() makes the file durable"},
+    {"commit", ckptio__pyhandle_commit, METH_NOARGS,
+     "make the file durable and visible at its path; stats tuple"},
+    {"writable", ret_true, METH_NOARGS, NULL},
+    {"readable", ret_false, METH_NOARGS, NULL},
+    {"seekable", ret_false, METH_NOARGS, NULL},
+    CKPTIO_PYHANDLE_METHODS("release; without commit, discard"),
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef FileWriter_getset[] = {
+    CKPTIO_PYHANDLE_CLOSED,
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+CKPTIO_PYHANDLE_OPS(file_writer)
+
+static int file_writer_commit(void *f)
+{
+    return ckptio_file_writer_commit(f);
+}
+
+static ckptio__pyhandle_type FileWriter_Type = {
+    .type = CKPTIO_PYHANDLE_TYPE("ckptio._core.FileWriter", sizeof(ckptio__pyhandle),
+                                 "FileWriter(path, params=None): a write-only binary file "
+                                 "committed atomically.",
+                                 FileWriter_methods, FileWriter_getset),
+    .noun = "this file",
+    .closed_msg = "I/O operation on closed file",
+    .open = file_writer_open_any,
+    .close = file_writer_close_any,
+    .errmsg = file_writer_errmsg_any,
+    .stats = file_writer_stats_any,
+    .commit = file_writer_commit,
+};
+
+/* file_read(path, [(file_offset, length, dst, dst_offset)], params) -> stats tuple */
+static PyObject *mod_file_read(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *seq, *params = Py_None, *result = NULL, *fast = NULL;
+    ckptio_range *ranges = NULL;
+    Py_buffer *views = NULL;
+    size_t n_views = 0;
+    if (!PyArg_ParseTuple(args, "O&O|O:file_read", PyUnicode_FSConverter, &path_obj, &seq, &params))
+        return NULL;
+    ckptio_params p;
+    if (ckptio__pyparams(params, &p) < 0) goto out;
+    fast = PySequence_Fast(seq, "file_read expects a sequence of ranges");
+    if (!fast) goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    ranges = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ranges);
+    views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
+    if (!ranges || !views) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long off, len;
+        PyObject *dst;
+        Py_ssize_t doff;
+        if (!PyArg_ParseTuple(items[i], "KKOn;range must be (offset, length, dst, dst_offset)",
+                              &off, &len, &dst, &doff))
+            goto out;
+        char *ptr;
+        Py_ssize_t avail;
+        int have_view;
+        if (ckptio__pydst(dst, doff, &views[n_views], &have_view, &ptr, &avail) < 0) goto out;
+        if (have_view) n_views++;
+        if (len > (unsigned long long)avail) {
+            PyErr_Format(PyExc_ValueError, "file_read: %llu bytes do not fit in %zd", len, avail);
+            goto out;
+        }
+        ranges[i] = (ckptio_range){.size = sizeof(ckptio_range), .offset = off, .len = len,
+                                   .dst = ptr};
+    }
+    ckptio_stats st;
+    memset(&st, 0, sizeof st);
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_file_read(PyBytes_AS_STRING(path_obj), ranges, (size_t)n, &p, &st);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyObject *path = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(path_obj));
+        if (!path) PyErr_Clear();
+        ckptio__pyraise(rc, msg, &(ckptio__pywhere){.path = path});
+        Py_XDECREF(path);
+        goto out;
+    }
+    result = ckptio__pystats(&st);
+out:
+    for (size_t i = 0; i < n_views; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(ranges);
+    Py_XDECREF(fast);
+    Py_XDECREF(path_obj);
+    return result;
+}
+
+static PyMethodDef file_functions[] = {
+    {"file_read", mod_file_read, METH_VARARGS,
+     "file_read(path, [(offset, length, dst, dst_offset)], params=None) -> stats tuple"},
+    {NULL, NULL, 0, NULL},
+};
+
+int ckptio__pyfile_register(PyObject *m)
+{
+    if (PyType_Ready(&FileWriter_Type.type) < 0 ||
+        PyModule_AddObjectRef(m, "FileWriter", (PyObject *)&FileWriter_Type.type) < 0)
+        return -1;
+    return PyModule_AddFunctions(m, file_functions);
+}
