@@ -7,15 +7,17 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes, _gpu
-from ._adapters import Target
+from . import _core, _dtypes
 from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, TensorNotFound, error
 from ._options import Stats, params, split_roots
+from .frameworks import _gpu
+from .frameworks import _registry as _adapters
+from .frameworks._base import Target
 from ._tree import (
     TREE_KEY,
     Node,
@@ -143,7 +145,7 @@ class _Alloc:
     def read(self, r: Any, share: Any = None) -> None:
         if self.regions:
             if share is not None:
-                from . import _share
+                from .ranks import _share
 
                 read: Any = lambda regions: _share.read(r, regions, share)  # noqa: E731
             else:
@@ -255,12 +257,12 @@ class Reader:
         self._has_tree = False
         # The rank whose RankLocal values load gives (load(comm=...)); None: every rank's.
         self._rank: int | None = None
-        # load(comm=...) of bytes other ranks of the host read too: ckptio._share.Share.
+        # load(comm=...) of bytes other ranks of the host read too: ckptio.ranks._share.Share.
         self._share: Any = None
 
     @staticmethod
     def _open_core(path: str, p: dict[str, int]) -> Any:
-        """The library's reader (safetensors readers bring their own: ckptio._hf)."""
+        """The library's reader (safetensors readers bring their own: ckptio.formats._hf)."""
         return _core.Reader(path, p)
 
     # ---- context ----
@@ -390,7 +392,7 @@ class Reader:
     def _value(self, path: str, node: Node) -> Any:
         """A non-tensor leaf: a plain value, or rank-local state (ckptio.RankLocal)."""
         if node["t"] == "ranklocal":
-            from . import _dist
+            from .ranks import _dist
 
             return _dist.load_rank_local(self, path, node, self._rank)
         return decode_value(node)
@@ -499,7 +501,7 @@ class Reader:
         return unflatten(root, lambda p, n: built[p], keyset, value=self._value)
 
     def _load_like(self, like: Any, device: Any, framework: str | None) -> Any:
-        from ._dist import classify_like
+        from .ranks._dist import classify_like
 
         like_root, like_leaves = flatten(like, classify=classify_like)
         targets = {
@@ -698,11 +700,18 @@ def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  #
     return _reader_for(path)(path, mmap=mmap, **io_options)
 
 
-def _reader_for(path: PathLike) -> type[Reader]:
-    """Reader, or for a safetensors file or Hugging Face directory ckptio._hf's."""
-    from . import _hf
+#: Readers of layouts other than ckptio's own, tried in order: (handles(path), reader class).
+#: The format front ends above this module add theirs as they load (ckptio.formats._hf: a
+#: safetensors file or a Hugging Face directory).
+FOREIGN_READERS: list[tuple[Callable[[PathLike], bool], type[Reader]]] = []
 
-    return _hf.HFReader if _hf.handles(path) else Reader
+
+def _reader_for(path: PathLike) -> type[Reader]:
+    """Reader, or the foreign reader (FOREIGN_READERS) that handles ``path``."""
+    for handles, reader in FOREIGN_READERS:
+        if handles(path):
+            return reader
+    return Reader
 
 
 def load(
@@ -763,7 +772,7 @@ def load(
         raise error(USAGE, "into= loads into the given tree: pass neither like=, keys= nor mmap=")
     share = None
     if (comm is not None or like is not None) and not mmap and into is None:
-        from . import _share
+        from .ranks import _share
 
         if _reader_for(path) is Reader:
             share = _share.plan(comm, like, io_options)
@@ -771,7 +780,7 @@ def load(
             io_options = dict(io_options, direct=False)  # the ranks share the page cache
     with _reader_for(path)(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
-            from . import _dist
+            from .ranks import _dist
 
             r._rank = _dist.rank_of(comm, like)
         r._share = share

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import ckptio
-from ckptio import _comm, _core
+from ckptio import _core
+from ckptio.ranks import _comm
 
 CORRUPT = _core.errors()["CKPTIO_E_CORRUPT"]
 USAGE = _core.errors()["CKPTIO_E_USAGE"]

@@ -21,7 +21,7 @@ import time
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from . import _errors
+from .. import _errors
 
 __all__ = [
     "Communicator",

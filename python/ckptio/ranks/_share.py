@@ -8,6 +8,9 @@ import os
 import sys
 from typing import Any
 
+from .._tree import flatten
+from ._dist import classify_like
+
 __all__ = ["Share", "plan", "read", "last", "storage_read"]
 
 
@@ -100,9 +103,6 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
     if like is None:
         world = _host(world) if world is not None else None
         return Share(*world) if world is not None and world[1] > 1 else None
-    from ._dist import classify_like
-    from ._tree import flatten
-
     dtensor = None
     if "torch.distributed.tensor" in sys.modules:
         dtensor = getattr(sys.modules["torch.distributed.tensor"], "DTensor", None)
