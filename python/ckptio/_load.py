@@ -780,9 +780,11 @@ def load(
             io_options = dict(io_options, direct=False)  # the ranks share the page cache
     with _reader_for(path)(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
-            from .ranks import _dist
+            from .ranks import _comm, _dist
 
-            r._rank = _dist.rank_of(comm, like)
+            kind = comm if comm is not None else _dist.runtime_of(like)
+            ranks = _comm.resolve(kind, collective=False) if kind != "local" else None
+            r._rank = ranks.rank if ranks is not None else None
         r._share = share
         if into is not None:
             from ._into import load_into

@@ -508,39 +508,3 @@ def classify_like(obj: Any) -> Any:
     if isinstance(obj, RankLocal):
         return _RANK_LOCAL
     return _adapters.classify_like(obj)
-
-
-def rank_of(comm: Any, like: Any) -> int | None:
-    """This process's rank for rank-local state on load: from ``comm``, else from the runtime
-    of like's arrays that span processes, else None (every rank's state)."""
-    if comm is None:
-        kind = runtime_of(like) if like is not None else None
-        if kind == "torch":
-            import torch.distributed as dist
-
-            return int(dist.get_rank())
-        if kind == "jax":
-            import jax
-
-            return int(jax.process_index())
-        return None
-    if isinstance(comm, str):
-        if comm == "torch":
-            import torch.distributed as dist
-
-            return int(dist.get_rank())
-        if comm == "jax":
-            import jax
-
-            return int(jax.process_index())
-        if comm == "mpi":
-            from mpi4py import MPI
-
-            return int(MPI.COMM_WORLD.Get_rank())
-        raise error(USAGE, f"comm={comm!r}: use 'torch', 'jax', 'mpi' or a communicator")
-    module = type(comm).__module__ or ""
-    if module.startswith("torch"):
-        return int(comm.rank())
-    if module.startswith("mpi4py"):
-        return int(comm.Get_rank())
-    return int(comm.rank)
