@@ -48,7 +48,8 @@ def _timed(obj: Any, attr: str, label: str) -> None:
 def trace_ckptio() -> None:
     """Time ckptio's steps from outside: the collectives mark the save's phases (the plan
     exchange, this rank's writes until it reports its manifest, the merge and publish)."""
-    from ckptio import _comm, _core, _dist, _load
+    from ckptio import _core, _load
+    from ckptio.ranks import _comm, _dist
 
     for op in ("barrier", "broadcast", "gather"):
         _timed(_comm.TorchCommunicator, op, op)
@@ -184,7 +185,7 @@ def load(mech: str, st: dict[str, Any], path: str, pg: Any) -> dict[str, Any]:
     gc.collect()
     dist.barrier(pg)
     TRACE.clear()
-    from ckptio._share import storage_read
+    from ckptio.ranks._share import storage_read
 
     read0 = storage_read()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)

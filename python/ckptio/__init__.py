@@ -9,6 +9,25 @@
 (1000, dtype('float32'))
 
 ``ckptio.torch.save`` / ``ckptio.torch.load`` are drop-ins for torch.save / torch.load.
+
+Floors, bottom to top (a module imports its own floor and those below, never one above, at
+module level or inside a function; tests/python/test_structure.py checks it from the source):
+
+- base: the engine binding (_core, the C extension) and what everything uses: _errors,
+  _dtypes, _options, _tree (the tree walk, which reaches framework values through hooks the
+  registry fills).
+- framework common ground: frameworks/_base (the Adapter protocol, Target, Deferred, Aliases,
+  the adapters by name) and frameworks/_gpu (device tensors through the library's GPU path).
+- framework adapters: frameworks/_numpy, _torch, _jax, _cupy (DTensor targets in _torch).
+- framework registry: frameworks/_registry, every adapter in the order leaves are matched.
+- staging: _stage, a tree walked into the host buffers a save writes from.
+- ranks: ranks/_comm (communicators and the one comm resolver, resolve()), ranks/_dist
+  (Shard, RankLocal, the multi-rank save), ranks/_share (shared reads of replicated loads).
+- save and load: _save, _mapped, _into, _load, _async, _manager.
+- formats: the front ends of other layouts: safetensors, formats/_hf (which adds its reader
+  to _load's), orbax, formats/_torch_state, formats/_torch_dcp, _convert (the ckptio
+  command's `python -m ckptio._convert`).
+- public: this module, ckptio.torch and __main__.
 """
 
 from __future__ import annotations
@@ -41,9 +60,10 @@ from . import _core
 from ._load import Reader, TensorInfo, last_load_stats, load, open
 from ._options import IO_OPTIONS, Stats
 from ._save import save
-from ._dist import RankLocal, Shard
+from .ranks._dist import RankLocal, Shard
 from ._async import AsyncSave, release_buffers, save_async
 from ._manager import Manager
+from .formats import _hf  # noqa: F401  (load and open read safetensors files through it)
 
 __version__: str = "0.1.0"
 #: The version of the linked C library and the newest on-disk format it reads and writes.

@@ -22,14 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from . import _comm, _core, _dist, _gpu
-from ._adapters import Deferred
+from . import _core
 from ._core import AddItem
-from ._gpu import DeviceItem
 from ._errors import USAGE, CheckpointError, InvalidType, error
 from ._options import Stats, params
-from ._save import PathLike, StagedSave, _make_parent, _meta_items, _open, _stage, _write
+from ._save import _open, _write
+from ._stage import PathLike, StagedSave, _make_parent, _meta_items, _stage
 from ._tree import TREE_KEY, pause_gc
+from .frameworks import _gpu
+from .frameworks._base import Deferred
+from .frameworks._gpu import DeviceItem
+from .ranks import _comm, _dist
 
 __all__ = ["save_async", "AsyncSave", "release_buffers", "default_max_host_bytes"]
 

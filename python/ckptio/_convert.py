@@ -36,6 +36,7 @@ import numpy as np
 from . import _core
 from . import _dtypes as D
 from ._manager import _fsync_dir
+from .frameworks._registry import BY_NAME
 from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 
 FORMATS = ("ckptio", "safetensors", "hf", "torch", "dcp")
@@ -162,7 +163,6 @@ def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], dict[str, Spec], Cal
     tensor object, by id and by every key path that holds it (a tensor tied to an earlier one
     becomes an alias node naming it, as ckptio.save stores it), and the tree document."""
     torch = _torch()
-    from ._adapters import BY_NAME
 
     ad = BY_NAME["torch"]
     root, leaves = flatten(tree, classify=lambda o: ad if isinstance(o, torch.Tensor) else None)

@@ -32,7 +32,7 @@ enum {
 };
 
 /* save_dist(path, comm, items, meta, params, timeout) -> IOStats: ckptio_save_dist on the
- * communicator `comm` (a ckptio._comm.Communicator) with the GIL released. items: [(name,
+ * communicator `comm` (a ckptio.ranks._comm.Communicator) with the GIL released. items: [(name,
  * dtype code, global shape, data (C-contiguous), offset or None, box or None, flags)], or for
  * an item in GPU memory the same with data the device pointer (int) followed by (nbytes,
  * CUstream, owner) (10 fields; the owner is not used here); meta:

@@ -220,7 +220,7 @@ static const char *msg_name(PyObject *s)
  * todo): the saver's loop over a dict, for the values that are numpy arrays (exact type
  * `ndarray`) of a dtype in `codes` exporting a C-contiguous buffer, seen for the first time.
  * Each such value at key path prefix + key is appended to `items` as AddItem(path, code, None,
- * array, None, None) and named in `names` and in `first` (the alias table, ckptio._adapters.
+ * array, None, None) and named in `names` and in `first` (the alias table, ckptio.frameworks._registry.
  * Aliases: id(array) -> path); children[i] = 0, the tree's plain-array leaf. Every other entry
  * (non-str keys, other values, paths already in `names`, arrays already in `first`) is left to
  * Python: its index goes to `todo` and children[i] is None. Python would spend a microsecond

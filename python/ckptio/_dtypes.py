@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Dtype tables: ckptio's on-disk dtype codes and their numpy and ml_dtypes equivalents (torch's
-are in ckptio._fw_torch)."""
+are in ckptio.frameworks._torch)."""
 
 from __future__ import annotations
 
@@ -84,13 +84,3 @@ def np_for_code(code: int) -> np.dtype[Any]:
     if dt is None:
         raise error(DTYPE, f"dtype {NAMES.get(code, code)} needs the ml_dtypes package")
     return dt
-
-
-def np_dtype(node: dict[str, Any], info: Any) -> np.dtype[Any]:
-    """The numpy dtype to load stored tensor ``info`` (tree node ``node``) as: a dtype stored
-    as raw bytes is named in the node, as the adapter that saved it writes it."""
-    if info.code == BYTES and node.get("dtype") is not None:
-        from . import _adapters
-
-        return _adapters.get(node.get("f", "numpy")).saved_np_dtype(node)
-    return np_for_code(info.code)

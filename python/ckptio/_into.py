@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _dtypes
+from . import _core
 from ._errors import SHAPE, USAGE, CheckpointError, error
 from ._tree import Node, find, flatten, iter_leaves, unflatten
+from .frameworks._base import np_dtype
 
 _CONTAINERS = ("dict", "odict", "list", "tuple")
 
@@ -39,8 +40,8 @@ def _torch_bytes(t: Any) -> Any:
 def _kind(obj: Any) -> str:
     if isinstance(obj, np.ndarray):
         return "numpy"
-    from ._fw_jax import is_array
-    from ._fw_torch import TORCH
+    from .frameworks._jax import is_array
+    from .frameworks._torch import TORCH
 
     if TORCH.matches(obj):
         return "torch"
@@ -52,15 +53,15 @@ def _kind(obj: Any) -> str:
 def _expected(kind: str, node: Node, info: Any) -> Any:
     """The dtype the checkpoint's tensor has, in the leaf's framework."""
     if kind == "torch":
-        from ._fw_torch import stored_dtype
+        from .frameworks._torch import stored_dtype
 
         return stored_dtype(node, info)
-    return _dtypes.np_dtype(node, info)
+    return np_dtype(node, info)
 
 
 def load_into(r: Any, into: Any) -> Any:
     """Fill ``into``'s arrays and tensors from reader ``r``; see ckptio.load(into=)."""
-    from ._dist import classify_like
+    from .ranks._dist import classify_like
 
     root, leaves = flatten(into, classify=classify_like)
     objs = {(name if name != "." else ""): obj for name, obj, _ in leaves}

@@ -8,15 +8,17 @@ import json
 import operator
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes, _gpu
-from ._adapters import Target
+from . import _core, _dtypes
 from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, InvalidType, TensorNotFound, error
 from ._options import Stats, params, split_roots
+from .frameworks import _gpu
+from .frameworks import _registry as _adapters
+from .frameworks._base import Target
 from ._tree import (
     TREE_KEY,
     Node,
@@ -144,7 +146,7 @@ class _Alloc:
     def read(self, r: Any, share: Any = None) -> None:
         if self.regions:
             if share is not None:
-                from . import _share
+                from .ranks import _share
 
                 read: Any = lambda regions: _share.read(r, regions, share)  # noqa: E731
             else:
@@ -298,12 +300,12 @@ class Reader:
         self._has_tree = False
         # The rank whose RankLocal values load gives (load(comm=...)); None: every rank's.
         self._rank: int | None = None
-        # load(comm=...) of bytes other ranks of the host read too: ckptio._share.Share.
+        # load(comm=...) of bytes other ranks of the host read too: ckptio.ranks._share.Share.
         self._share: Any = None
 
     @staticmethod
     def _open_core(path: str, p: dict[str, int]) -> Any:
-        """The library's reader (safetensors readers bring their own: ckptio._hf)."""
+        """The library's reader (safetensors readers bring their own: ckptio.formats._hf)."""
         return _core.Reader(path, p)
 
     # ---- context ----
@@ -433,7 +435,7 @@ class Reader:
     def _value(self, path: str, node: Node) -> Any:
         """A non-tensor leaf: a plain value, or rank-local state (ckptio.RankLocal)."""
         if node["t"] == "ranklocal":
-            from . import _dist
+            from .ranks import _dist
 
             return _dist.load_rank_local(self, path, node, self._rank)
         return decode_value(node)
@@ -543,7 +545,7 @@ class Reader:
         return unflatten(root, lambda p, n: built[p], keyset, value=self._value)
 
     def _load_like(self, like: Any, device: Any, framework: str | None) -> Any:
-        from ._dist import classify_like
+        from .ranks._dist import classify_like
 
         like_root, like_leaves = flatten(like, classify=classify_like)
         targets = {
@@ -742,11 +744,18 @@ def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  #
     return _reader_for(path)(path, mmap=mmap, **io_options)
 
 
-def _reader_for(path: PathLike) -> type[Reader]:
-    """Reader, or for a safetensors file or Hugging Face directory ckptio._hf's."""
-    from . import _hf
+#: Readers of layouts other than ckptio's own, tried in order: (handles(path), reader class).
+#: The format front ends above this module add theirs as they load (ckptio.formats._hf: a
+#: safetensors file or a Hugging Face directory).
+FOREIGN_READERS: list[tuple[Callable[[PathLike], bool], type[Reader]]] = []
 
-    return _hf.HFReader if _hf.handles(path) else Reader
+
+def _reader_for(path: PathLike) -> type[Reader]:
+    """Reader, or the foreign reader (FOREIGN_READERS) that handles ``path``."""
+    for handles, reader in FOREIGN_READERS:
+        if handles(path):
+            return reader
+    return Reader
 
 
 def load(
@@ -812,7 +821,7 @@ def load(
         raise error(USAGE, "into= loads into the given tree: pass neither like=, keys= nor mmap=")
     share = None
     if (comm is not None or like is not None) and not mmap and into is None:
-        from . import _share
+        from .ranks import _share
 
         if _reader_for(path) is Reader:
             share = _share.plan(comm, like, io_options)
@@ -820,9 +829,11 @@ def load(
             io_options = dict(io_options, direct=False)  # the ranks share the page cache
     with _reader_for(path)(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
-            from . import _dist
+            from .ranks import _comm, _dist
 
-            r._rank = _dist.rank_of(comm, like)
+            kind = comm if comm is not None else _dist.runtime_of(like)
+            ranks = _comm.resolve(kind, collective=False) if kind != "local" else None
+            r._rank = ranks.rank if ranks is not None else None
         r._share = share
         if into is not None:
             from ._into import load_into

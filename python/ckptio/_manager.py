@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from . import _comm, _core, _dist
+from . import _core
 from ._async import AsyncSave, _save_async
-from ._comm import Communicator
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
 from ._save import PathLike, save
+from .ranks import _comm, _dist
+from .ranks._comm import Communicator
 
 __all__ = ["Manager"]
 

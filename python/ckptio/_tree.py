@@ -23,13 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters
 from ._errors import CORRUPT, DUPLICATE, FORMAT, NOT_FOUND, USAGE, InvalidType, error
 
 TREE_KEY = "ckptio.tree"
 TREE_VERSION = 1
 
 Node = dict[str, Any]
+
+#: The framework adapters whose own values (torch.Size) a tree may hold, in the order they are
+#: asked, and by the tag of their value nodes: ckptio.frameworks._registry fills both as it
+#: loads, since the tree walk sits below the adapters.
+VALUE_ADAPTERS: list[Any] = []
+BY_VALUE_TAG: dict[str, Any] = {}
 
 
 class _Missing:
@@ -105,10 +110,19 @@ def decode_value(node: Node) -> Any:
         return base64.b64decode(node["v"])
     if t == "complex":
         return complex(float.fromhex(node["v"][0]), float.fromhex(node["v"][1]))
-    ad = _adapters.BY_VALUE_TAG.get(t)
+    ad = BY_VALUE_TAG.get(t)
     if ad is not None:
         return ad.decode_value(node)
     raise error(CORRUPT, f"unknown value node {t!r} in the checkpoint's tree")
+
+
+def framework_value(obj: Any) -> Node | None:
+    """The node of a framework's own non-tensor value (torch.Size), else None."""
+    for ad in VALUE_ADAPTERS:
+        node = ad.encode_value(obj)
+        if node is not None:
+            return node
+    return None
 
 
 def encode_plain(obj: Any) -> Node:
@@ -130,7 +144,7 @@ def flatten(
 ) -> tuple[Any, list[tuple[str, Any, Node]]]:
     """Flatten ``tree`` into (spec root node, [(tensor name, leaf, node)]).
 
-    ``classify(obj)`` gives the framework adapter (ckptio._adapters) of a tensor leaf, whose
+    ``classify(obj)`` gives the framework adapter (ckptio.frameworks) of a tensor leaf, whose
     name becomes the node's "f", or None for an object ckptio cannot store (a TypeError
     naming the path follows); exact numpy arrays are numpy's without asking.
     ``on_array(name, array)``, if given, takes every exact numpy.ndarray leaf (the saver's fast
@@ -202,7 +216,7 @@ def flatten(
             }
         value = _encode_value(obj, path)
         if value is None and not _plain_only:
-            value = _adapters.encode_value(obj)  # a framework's own values: torch.Size
+            value = framework_value(obj)  # a framework's own values: torch.Size
         if value is not None:
             claim(path)
             return value

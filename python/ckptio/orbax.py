@@ -42,12 +42,15 @@ from orbax.checkpoint import type_handlers as ocp_types
 from orbax.checkpoint._src.metadata import sharding as ocp_sharding
 from orbax.checkpoint._src.metadata import value as ocp_value
 
-from . import _core, _dist
+from . import _core
 from ._errors import USAGE, CheckpointError, error
-from ._fw_jax import rebuild_sharding
 from ._load import Reader
 from ._options import params
 from ._tree import TREE_KEY
+from .frameworks._jax import rebuild_sharding
+from .frameworks._base import np_dtype
+from .ranks import _dist
+from .ranks._comm import JaxCommunicator
 
 __all__ = ["ArrayHandler", "register", "unregister", "SUBDIR", "TYPESTR"]
 
@@ -209,11 +212,9 @@ class ArrayHandler(ocp_types.TypeHandler):  # type: ignore[misc]
 
 def _saved(r: Reader, name: str) -> tuple[tuple[int, ...], np.dtype[Any], dict[str, Any]]:
     """Shape, dtype and tree node of array ``name`` as it was saved."""
-    from . import _dtypes
-
     info = r.info(name)
     node = r._tensor_nodes().get(name, {})
-    return Reader._elem_shape(node, info), _dtypes.np_dtype(node, info), node
+    return Reader._elem_shape(node, info), np_dtype(node, info), node
 
 
 def _target_sharding(a: Any) -> Any:
@@ -246,8 +247,6 @@ def _local_path(p: Any) -> str:
 def _communicator(parent_dir: Any) -> Any:
     """A JAX communicator whose keys are named after the checkpoint directory (the same on
     every process), so that processes need not create communicators in the same order."""
-    from ._comm import JaxCommunicator
-
     c = JaxCommunicator()
     tag = hashlib.blake2b(_local_path(parent_dir).encode(), digest_size=8).hexdigest()
     c._prefix = f"ckptio/orbax/{tag}/"

@@ -31,7 +31,7 @@ import torch as _torch
 from . import _core
 from ._errors import CheckpointError, CheckpointExists
 from ._options import IO_OPTIONS, Stats, params
-from ._torch_state import load_state_dict
+from .formats._torch_state import load_state_dict
 
 __all__ = ["save", "load", "load_state_dict", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
 
@@ -359,7 +359,7 @@ def load(
 
 
 def _dcp_module() -> Any:
-    """ckptio.torch.dcp: a module whose public names come from ckptio._torch_dcp on first use,
+    """ckptio.torch.dcp: a module whose public names come from ckptio.formats._torch_dcp on first use,
     so that importing ckptio.torch does not import torch.distributed. Only those names import
     it: torch inspects loaded modules' attributes (``__wrapped__``, ``__path__``...) while it
     imports itself, and a module that imported torch.distributed.checkpoint on any attribute
@@ -373,7 +373,7 @@ def _dcp_module() -> Any:
     def __getattr__(name: str) -> Any:
         if name not in names:
             raise AttributeError(f"module {mod.__name__!r} has no attribute {name!r}")
-        from . import _torch_dcp
+        from .formats import _torch_dcp
 
         return getattr(_torch_dcp, name)
 

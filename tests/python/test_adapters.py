@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import ckptio
-from ckptio import _adapters, _core, _dtypes, _options, _save
+from ckptio import _core, _dtypes, _options, _save, _stage
+from ckptio.frameworks import _base
+from ckptio.frameworks import _registry as _adapters
 
 
 def test_params_are_passed_by_the_librarys_names(ckpt: pathlib.Path) -> None:
@@ -63,7 +65,7 @@ def test_add_item_without_shape_must_be_a_whole_tensor(ckpt: pathlib.Path) -> No
 def test_stage_writes_nothing_and_the_tree_may_change_after(ckpt: pathlib.Path) -> None:
     a = np.arange(4.0)
     tree = {"a": a, "step": 3, "l": [np.ones(2), a], "s": np.float32(2.5)}
-    staged = _save._stage(tree, metadata={"run": "x"})
+    staged = _stage._stage(tree, metadata={"run": "x"})
     assert not ckpt.exists() and not ckpt.parent.joinpath("ckpt").exists()
     tree["step"] = 4  # already encoded
     del tree["l"]  # the staged items keep the arrays alive
@@ -85,8 +87,8 @@ def test_deferred_items_are_written_in_batches(
         made.append(i)
         return [_core.AddItem((f"d{i}", _dtypes.I64, (3,), np.full(3, i), None, None))]
 
-    staged = _save._stage({"x": np.zeros(2)})
-    staged.items += [_adapters.Deferred(24, lambda i=i: make(i)) for i in range(5)]
+    staged = _stage._stage({"x": np.zeros(2)})
+    staged.items += [_base.Deferred(24, lambda i=i: make(i)) for i in range(5)]
     staged.deferred = True
     monkeypatch.setattr(_save, "_TRANSIENT_BATCH", 48)
     flushes: list[int] = []
@@ -125,7 +127,7 @@ def test_one_alias_rule_for_the_c_loop_and_python(ckpt: pathlib.Path) -> None:
     a = np.arange(3.0)
     s = np.float64(1.0)
     tree = {"d": {"a": a, "again": a}, "l": [a, s, s], "t": (a,)}
-    staged = _save._stage(tree)
+    staged = _stage._stage(tree)
     assert [it.name for it in staged.items if type(it) is _core.AddItem] == ["d.a", "l.1"]
     _save._write(staged, ckpt, _options.params({}))
     out = ckptio.load(ckpt)

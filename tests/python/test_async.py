@@ -531,7 +531,7 @@ def test_distributed_staging_error(tmp_path: pathlib.Path) -> None:
 def test_mpi_without_thread_multiple_saves_during_the_call() -> None:
     """MPI below MPI_THREAD_MULTIPLE forbids the save thread's collectives: no background
     communicator, and a warning saying why."""
-    from ckptio import _comm
+    from ckptio.ranks import _comm
 
     class FakeMPI:
         THREAD_MULTIPLE = 3

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import ckptio
-from ckptio import _comm, _core
+from ckptio import _core
+from ckptio.ranks import _comm
 
 CORRUPT = _core.errors()["CKPTIO_E_CORRUPT"]
 USAGE = _core.errors()["CKPTIO_E_USAGE"]
@@ -239,6 +240,31 @@ def test_resolve() -> None:
         _comm.resolve("nccl")
     with pytest.raises(ckptio.InvalidType, match="got a object"):
         _comm.resolve(object())
+
+
+def test_resolve_ranks_only() -> None:
+    """collective=False: the one resolver's answer for loads, this process's (rank, size) with
+    nothing created, and the same refusals as a collective resolve."""
+    assert _comm.resolve(None, collective=False) is None
+    assert _comm.resolve(Single(), collective=False) == _comm.Ranks(0, 1)
+
+    class Plain:  # rank and size only: enough to know this process's place, not to exchange
+        rank, size = 2, 4
+
+    assert _comm.resolve(Plain(), collective=False) == (2, 4)
+    with pytest.raises(ckptio.InvalidType, match="got a Plain"):
+        _comm.resolve(Plain())
+    with pytest.raises(ckptio.InvalidRequest, match="'torch', 'jax', 'mpi'"):
+        _comm.resolve("nccl", collective=False)
+    with pytest.raises(ckptio.InvalidType, match="got a object"):
+        _comm.resolve(object(), collective=False)
+
+
+def test_one_resolver() -> None:
+    """comm= is turned into ranks in one place: the other two resolvers are gone."""
+    from ckptio.ranks import _dist, _share
+
+    assert not hasattr(_share, "_world") and not hasattr(_dist, "rank_of")
 
 
 def test_docstring_examples() -> None:

@@ -126,7 +126,7 @@ def test_one_process_shard_and_rank_local(tmp_path: pathlib.Path) -> None:
     assert np.array_equal(out["w"], a) and out["step"] == 3
     assert list(out["rng"]) == [0] and out["rng"][0]["k"] == "x"
     # With comm=, a rank gets its own value; a rank the save did not have gets None.
-    from ckptio._dist import SingleRank
+    from ckptio.ranks._dist import SingleRank
 
     class Rank5(SingleRank):
         rank, size = 5, 6
@@ -232,7 +232,7 @@ def test_dtensor_placement_that_is_not_a_box_is_refused() -> None:
     pytest.importorskip("torch")
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    from ckptio import _dist
+    from ckptio.ranks import _dist
 
     class Fake:  # what FSDP2 + TP leave on a parameter: not a box of the global tensor
         placements = (_StridedShard(0, split_factor=2),)

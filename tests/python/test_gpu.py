@@ -279,7 +279,7 @@ def test_torch_cuda_dist_save(tmp_path: pathlib.Path) -> None:
 
     from test_comm import ThreadComm, ThreadGroup
 
-    from ckptio._dist import GPU_NOTE
+    from ckptio.ranks._dist import GPU_NOTE
 
     w = t.randn(8, 1 << 16, device="cuda")
     rep = t.arange(1 << 20, device="cuda", dtype=t.float32)

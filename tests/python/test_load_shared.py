@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """load(comm=...) of bytes several ranks read: through the page cache, each rank starting at
-its own 1/N (ckptio._share); 4 torch gloo ranks launched here (tests/python/dist/
+its own 1/N (ckptio.ranks._share); 4 torch gloo ranks launched here (tests/python/dist/
 load_shared_torch.py), bounded, on 127.0.0.1."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ckptio import _share
+from ckptio.ranks import _share
 from test_comm_dist import DIST, launch, results
 from test_dist_save import no_error, torch_env
 

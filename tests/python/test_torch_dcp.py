@@ -141,7 +141,7 @@ def test_region_reads_only(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPat
         def __getattr__(self, name: str) -> Any:
             return getattr(self._r, name)
 
-    import ckptio._torch_dcp as mod
+    import ckptio.formats._torch_dcp as mod
 
     class Narrow(DefaultLoadPlanner):
         def create_local_plan(self) -> Any:

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _report import emit  # noqa: E402
 
 import ckptio  # noqa: E402
-from ckptio import _share  # noqa: E402
-from ckptio._share import storage_read  # noqa: E402
+from ckptio.ranks import _share  # noqa: E402
+from ckptio.ranks._share import storage_read  # noqa: E402
 
 root = sys.argv[1]
 dist.init_process_group("gloo")

@@ -13,7 +13,7 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 from _report import emit, selftest  # noqa: E402
 
-from ckptio import _comm  # noqa: E402
+from ckptio.ranks import _comm  # noqa: E402
 
 port, pid, n = (int(a) for a in sys.argv[1:4])
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,

@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from _report import selftest  # noqa: E402
 
-from ckptio import _comm  # noqa: E402
+from ckptio.ranks import _comm  # noqa: E402
 
 comm = _comm.resolve("mpi")
 assert comm is not None and _comm.resolve("mpi") is comm

@@ -14,7 +14,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(__file__))
 from _report import selftest  # noqa: E402
 
-from ckptio import _comm  # noqa: E402
+from ckptio.ranks import _comm  # noqa: E402
 
 timeout = float(sys.argv[1])
 dist.init_process_group("gloo")

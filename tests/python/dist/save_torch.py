@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _report import emit  # noqa: E402
 
 import ckptio  # noqa: E402
-from ckptio import _comm  # noqa: E402
+from ckptio.ranks import _comm  # noqa: E402
 
 mode, root = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")

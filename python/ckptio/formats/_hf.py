@@ -21,12 +21,12 @@ import json
 import os
 from typing import Any
 
-from . import _core, _dtypes
-from ._errors import CORRUPT, DUPLICATE, DTYPE, RANGE, USAGE, error
-from ._load import _SMALL as _OWN_MEMORY
-from ._load import PathLike, Reader, TensorInfo
-from ._tree import Node
-from .safetensors import DTYPES, Header, read_header, runs, span
+from .. import _core, _dtypes, _load
+from .._errors import CORRUPT, DUPLICATE, DTYPE, RANGE, USAGE, error
+from .._load import _SMALL as _OWN_MEMORY
+from .._load import PathLike, Reader, TensorInfo
+from .._tree import Node
+from ..safetensors import DTYPES, Header, read_header, runs, span
 
 __all__ = ["handles", "HFReader", "INDEX_NAME"]
 
@@ -362,3 +362,5 @@ class HFReader(Reader):
     def verify(self) -> None:
         self._r.verify()
 
+
+_load.FOREIGN_READERS.append((handles, HFReader))

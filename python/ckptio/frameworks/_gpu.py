@@ -9,8 +9,8 @@ import os
 import threading
 from typing import Any
 
-from . import _core
-from ._errors import error
+from .. import _core
+from .._errors import error
 
 __all__ = ["DeviceItem", "route", "take_note", "note", "stats_text"]
 
@@ -72,7 +72,7 @@ class OnDevice:
     def item(
         self, name: str, code: int | None, dt: Any, shape: tuple[int, ...], box: Any, node: Any
     ) -> DeviceItem:
-        from . import _dtypes
+        from .. import _dtypes
 
         off, cs = (box[0], box[1]) if box else (None, None)
         if code is None:  # raw bytes with a trailing dimension of the item size
@@ -153,7 +153,7 @@ def stats_text(handle: Any, fallback: str) -> str:
     """What Stats.gpu says: the library's path ("staged", "gds", "gds+staged", with why GDS was
     not used where it could have been), else the host-copy note, else ""."""
     if not isinstance(handle, (_core.Reader, _core.Writer)):
-        return fallback  # a safetensors reader (ckptio._hf) reads host memory only
+        return fallback  # a safetensors reader (ckptio.formats._hf) reads host memory only
     path, _dev, _gds, _staging, reason = _core.gpu_stats(handle)
     if path == "none":
         return fallback
@@ -212,7 +212,7 @@ def pinned_copy(it: DeviceItem) -> tuple[Any, Any] | None:
     """save_async's snapshot of a GPU tensor: (AddItem of a pinned host copy, what waits for
     it), the copy queued on the tensor's own stream; None where the framework offers no pinned
     memory (then the tensor is written before save_async returns)."""
-    from ._core import AddItem
+    from .._core import AddItem
 
     keep = it.keep
     if hasattr(keep, "data_ptr") and hasattr(keep, "pin_memory"):  # torch

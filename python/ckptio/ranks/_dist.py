@@ -12,10 +12,24 @@ from typing import Any
 
 import numpy as np
 
-from . import _adapters, _core, _dtypes, _gpu
-from ._adapters import Deferred, Node
-from ._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, error
-from ._tree import flatten, leaf_name, make_document
+from .. import _core, _dtypes
+from .. import _stage as _staging
+from .._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, error
+from .._stage import _make_parent
+from .._tree import (
+    TREE_KEY,
+    flatten,
+    iter_leaves,
+    leaf_name,
+    make_document,
+    parse_document,
+    unflatten,
+)
+from ..frameworks import _gpu
+from ..frameworks import _registry as _adapters
+from ..frameworks._base import Deferred, Node
+from ..frameworks._jax import JAX, index_box
+from ..frameworks._torch import TORCH, _device_item, _dtensor_type, _host_item
 
 __all__ = ["Shard", "RankLocal", "DEFAULT_TIMEOUT"]
 
@@ -93,13 +107,6 @@ class RankLocal:
 
 
 # ---- finding what needs a distributed save ----
-
-
-def _dtensor_type() -> Any:
-    if "torch" not in sys.modules:
-        return None
-    mod = sys.modules.get("torch.distributed.tensor")
-    return getattr(mod, "DTensor", None) if mod is not None else None
 
 
 def _is_global_jax(obj: Any) -> bool:
@@ -228,7 +235,6 @@ def _stage_dtensor(name: str, t: Any, node: Node) -> list[DistItem]:
     from torch.distributed.tensor import Shard as TShard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from ._fw_torch import TORCH, _device_item, _host_item
 
     for p in t.placements:
         if type(p) is not TShard and type(p) is not Replicate:
@@ -260,7 +266,6 @@ def _stage_dtensor(name: str, t: Any, node: Node) -> list[DistItem]:
 
 
 def _stage_global_jax(name: str, x: Any, node: Node) -> list[DistItem]:
-    from ._fw_jax import JAX, index_box
 
     JAX.describe(name, x, node)
     try:
@@ -314,9 +319,8 @@ def _stage_shard(name: str, s: Shard, node: Node) -> list[DistItem]:
 
 
 def _stage_rank_local(name: str, r: RankLocal, node: Node, nranks: int) -> list[DistItem]:
-    from ._save import _stage
 
-    sub = _stage(r.value)
+    sub = _staging._stage(r.value)
     out: list[DistItem] = []
     for it in sub.items:
         for a in it.make() if type(it) is Deferred else [it]:
@@ -405,9 +409,8 @@ def save(
     p: Any,
     timeout: float,
 ) -> Any:
-    """ckptio_save_dist of ``tree`` over ``comm`` (a ckptio._comm.Communicator): collective.
+    """ckptio_save_dist of ``tree`` over ``comm`` (a ckptio.ranks._comm.Communicator): collective.
     Afterwards, _gpu.take_note() says how GPU arrays went (for Stats.gpu)."""
-    from ._tree import TREE_KEY
 
     if not timeout > 0:
         raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
@@ -417,7 +420,6 @@ def save(
         _gpu.note(GPU_NOTE)
     import os
 
-    from ._save import _make_parent
 
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
@@ -477,7 +479,6 @@ def load_rank_local(reader: Any, path: str, node: Node, rank: int | None) -> Any
 
 
 def _load_one(reader: Any, path: str, rank: int) -> Any:
-    from ._tree import iter_leaves, parse_document, unflatten
 
     base = leaf_name(path)
     suffix = f"@rank{rank}"
@@ -507,83 +508,3 @@ def classify_like(obj: Any) -> Any:
     if isinstance(obj, RankLocal):
         return _RANK_LOCAL
     return _adapters.classify_like(obj)
-
-
-def rank_of(comm: Any, like: Any) -> int | None:
-    """This process's rank for rank-local state on load: from ``comm``, else from the runtime
-    of like's arrays that span processes, else None (every rank's state)."""
-    if comm is None:
-        kind = runtime_of(like) if like is not None else None
-        if kind == "torch":
-            import torch.distributed as dist
-
-            return int(dist.get_rank())
-        if kind == "jax":
-            import jax
-
-            return int(jax.process_index())
-        return None
-    if isinstance(comm, str):
-        if comm == "torch":
-            import torch.distributed as dist
-
-            return int(dist.get_rank())
-        if comm == "jax":
-            import jax
-
-            return int(jax.process_index())
-        if comm == "mpi":
-            from mpi4py import MPI
-
-            return int(MPI.COMM_WORLD.Get_rank())
-        raise error(USAGE, f"comm={comm!r}: use 'torch', 'jax', 'mpi' or a communicator")
-    module = type(comm).__module__ or ""
-    if module.startswith("torch"):
-        return int(comm.rank())
-    if module.startswith("mpi4py"):
-        return int(comm.Get_rank())
-    return int(comm.rank)
-
-
-def dtensor_target(tgt: Any, node: Node, like: Any) -> bool:
-    """For a like= DTensor: read only this rank's box and make a DTensor with like's mesh,
-    placements, global shape and stride. False if ``like`` is not a DTensor."""
-    dtensor = _dtensor_type()
-    if dtensor is None or not isinstance(like, dtensor):
-        return False
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor import Shard as TShard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    for p in like.placements:
-        if type(p) is not TShard and type(p) is not Replicate:
-            raise error(
-                USAGE,
-                f"like= DTensor placement {p!r} is not a plain box of the global tensor; "
-                "ckptio loads into Shard(dim) and Replicate placements",
-                InvalidType,
-            )
-    lshape, goff = compute_local_shape_and_global_offset(
-        like.shape, like.device_mesh, like.placements
-    )
-    tgt.box = (tuple(int(o) for o in goff), tuple(int(d) for d in lshape))
-    tgt.place = like.to_local().device
-    tgt.place_key = str(tgt.place)
-    mesh, placements = like.device_mesh, tuple(like.placements)
-    shape, stride = like.shape, like.stride()
-    param, grad = bool(node.get("param")), bool(node.get("grad"))
-
-    def wrap(t: Any) -> Any:
-        import torch
-
-        d = dtensor.from_local(
-            t.detach(), mesh, placements, run_check=False, shape=shape, stride=stride
-        )
-        if param:
-            return torch.nn.Parameter(d, requires_grad=grad)
-        if grad:
-            d.requires_grad_(True)
-        return d
-
-    tgt.wrap = wrap
-    return True

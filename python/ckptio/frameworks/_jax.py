@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes, _gpu
-from ._adapters import Box, Node, Target, np_view
-from ._core import AddItem
-from ._errors import DTYPE, USAGE, error
+from .. import _dtypes
+from . import _gpu
+from ._base import Box, Node, Target, np_dtype, np_view
+from .._core import AddItem
+from .._errors import DTYPE, USAGE, error
 
 
 def jax() -> Any:
@@ -208,7 +209,7 @@ class JaxAdapter:
     def target(
         self, tgt: Target, node: Node, info: Any, like: Any, device: Any, region: bool
     ) -> None:
-        tgt.dtype = _dtypes.np_dtype(node, info)
+        tgt.dtype = np_dtype(node, info)
         if like is not None and np.dtype(like.dtype) != tgt.dtype:
             tgt.cast = np.dtype(like.dtype)
         if region:

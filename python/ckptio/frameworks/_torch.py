@@ -11,14 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes, _gpu
-from ._adapters import Deferred, Node, Target
-from ._core import AddItem
-from ._dtypes import (
+from .. import _dtypes
+from . import _gpu
+from ._base import Deferred, Node, Target
+from ._jax import JAX
+from .._core import AddItem
+from .._dtypes import (
     BF16, BOOL, BYTES, C64, C128, F8_E4M3FN, F8_E5M2, F16, F32, F64, I8, I16, I32, I64, U8, U16,
     U32, U64,
 )  # fmt: skip
-from ._errors import DTYPE, USAGE, InvalidType, error
+from .._errors import DTYPE, USAGE, InvalidType, error
 
 
 @cache
@@ -214,18 +216,14 @@ class TorchAdapter:
     def target(
         self, tgt: Target, node: Node, info: Any, like: Any, device: Any, region: bool
     ) -> None:
-        from . import _adapters
-
         tgt.dtype = stored_dtype(node, info)
         if like is not None:
             if like.dtype != tgt.dtype:
                 tgt.cast = like.dtype
             tgt.place = like.device
-            from ._dist import dtensor_target
-
             if not region and dtensor_target(tgt, node, like):
                 return
-        elif device is not None and _adapters.device_owner(device) is None:
+        elif device is not None and not JAX.owns_device(device):  # jax is the only other owner
             tgt.place = device
         tgt.place_key = str(tgt.place)
 
@@ -269,3 +267,54 @@ class TorchAdapter:
 
 
 TORCH = TorchAdapter()
+
+
+def _dtensor_type() -> Any:
+    if "torch" not in sys.modules:
+        return None
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def dtensor_target(tgt: Any, node: Node, like: Any) -> bool:
+    """For a like= DTensor: read only this rank's box and make a DTensor with like's mesh,
+    placements, global shape and stride. False if ``like`` is not a DTensor."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(like, dtensor):
+        return False
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for p in like.placements:
+        if type(p) is not TShard and type(p) is not Replicate:
+            raise error(
+                USAGE,
+                f"like= DTensor placement {p!r} is not a plain box of the global tensor; "
+                "ckptio loads into Shard(dim) and Replicate placements",
+                InvalidType,
+            )
+    lshape, goff = compute_local_shape_and_global_offset(
+        like.shape, like.device_mesh, like.placements
+    )
+    tgt.box = (tuple(int(o) for o in goff), tuple(int(d) for d in lshape))
+    tgt.place = like.to_local().device
+    tgt.place_key = str(tgt.place)
+    mesh, placements = like.device_mesh, tuple(like.placements)
+    shape, stride = like.shape, like.stride()
+    param, grad = bool(node.get("param")), bool(node.get("grad"))
+
+    def wrap(t: Any) -> Any:
+        import torch
+
+        d = dtensor.from_local(
+            t.detach(), mesh, placements, run_check=False, shape=shape, stride=stride
+        )
+        if param:
+            return torch.nn.Parameter(d, requires_grad=grad)
+        if grad:
+            d.requires_grad_(True)
+        return d
+
+    tgt.wrap = wrap
+    return True

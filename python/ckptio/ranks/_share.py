@@ -8,6 +8,10 @@ import os
 import sys
 from typing import Any
 
+from .._tree import flatten
+from ._comm import resolve
+from ._dist import classify_like
+
 __all__ = ["Share", "plan", "read", "last", "storage_read"]
 
 
@@ -29,34 +33,6 @@ class Share:
 #: the order they ran], "tensors": [the tensor indices of each call], "first": the byte offset
 #: within the load's regions it started at}.
 last: dict[str, Any] | None = None
-
-
-def _world(comm: Any) -> tuple[int, int] | None:
-    """(rank, size) of ``comm`` as load(comm=) takes it, or None."""
-    if isinstance(comm, str):
-        if comm == "torch":
-            import torch.distributed as dist
-
-            return int(dist.get_rank()), int(dist.get_world_size())
-        if comm == "jax":
-            import jax
-
-            return int(jax.process_index()), int(jax.process_count())
-        if comm == "mpi":
-            from mpi4py import MPI
-
-            w = MPI.COMM_WORLD
-            return int(w.Get_rank()), int(w.Get_size())
-        return None
-    module = type(comm).__module__ or ""
-    if module.startswith("torch"):
-        return int(comm.rank()), int(comm.size())
-    if module.startswith("mpi4py"):
-        return int(comm.Get_rank()), int(comm.Get_size())
-    rank, size = getattr(comm, "rank", None), getattr(comm, "size", None)
-    if isinstance(rank, int) and isinstance(size, int):
-        return rank, size
-    return None
 
 
 def _host(world: tuple[int, int]) -> tuple[int, int]:
@@ -92,7 +68,8 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
     ``direct=True`` keeps O_DIRECT: the caller asked for it."""
     if io_options.get("direct") is True or io_options.get("mmap"):
         return None
-    world = _world(comm) if comm is not None else None
+    ranks = resolve(comm, collective=False)
+    world = (ranks.rank, ranks.size) if ranks is not None else None
     if world is None:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_initialized() or dist.get_world_size() < 2:
@@ -100,9 +77,6 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
     if like is None:
         world = _host(world) if world is not None else None
         return Share(*world) if world is not None and world[1] > 1 else None
-    from ._dist import classify_like
-    from ._tree import flatten
-
     dtensor = None
     if "torch.distributed.tensor" in sys.modules:
         dtensor = getattr(sys.modules["torch.distributed.tensor"], "DTensor", None)

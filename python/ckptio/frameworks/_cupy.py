@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes, _gpu
-from ._adapters import Node, Target, np_view
-from ._core import AddItem
-from ._errors import USAGE, InvalidType, error
-from ._fw_numpy import NUMPY
+from .. import _dtypes
+from . import _gpu
+from ._base import Node, Target, np_view
+from .._core import AddItem
+from .._errors import USAGE, InvalidType, error
+from ._numpy import NUMPY
 
 
 def _cupy() -> Any:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes
-from ._adapters import Node, Target, np_view
-from ._core import AddItem
-from ._errors import DTYPE, USAGE, CheckpointError, InvalidType, error
+from .. import _dtypes
+from ._base import Node, Target, np_dtype, np_view
+from .._core import AddItem
+from .._errors import DTYPE, USAGE, CheckpointError, InvalidType, error
 
 _ndarray = np.ndarray
 
@@ -99,7 +99,7 @@ class NumpyAdapter:
     def target(
         self, tgt: Target, node: Node, info: Any, like: Any, device: Any, region: bool
     ) -> None:
-        tgt.dtype = _dtypes.np_dtype(node, info)
+        tgt.dtype = np_dtype(node, info)
         if like is not None and np.dtype(like.dtype) != tgt.dtype:
             tgt.cast = np.dtype(like.dtype)
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 import itertools
 import time
 from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, overload, runtime_checkable
 
-from . import _errors
+from .. import _errors
 
 __all__ = [
     "Communicator",
     "TorchCommunicator",
     "JaxCommunicator",
     "MPICommunicator",
+    "Ranks",
     "resolve",
 ]
 
@@ -365,21 +366,87 @@ def _mpi_for(comm: Any) -> MPICommunicator:
 _defaults: dict[str, Communicator] = {}
 
 
-def resolve(comm: Any) -> Communicator | None:
+class Ranks(NamedTuple):
+    """This process's ``rank`` among the ``size`` ranks of a communicator, read without
+    creating any group: what ``resolve(comm, collective=False)`` gives."""
+
+    rank: int
+    size: int
+
+
+def _refuse_name(comm: str) -> Exception:
+    return _errors.error(
+        _errors.USAGE,
+        f"comm={comm!r}: use 'torch', 'jax', 'mpi', a torch.distributed ProcessGroup, an "
+        "mpi4py communicator or a ckptio Communicator",
+    )
+
+
+def _refuse_type(comm: Any) -> Exception:
+    return _errors.error(
+        _errors.USAGE,
+        f"comm= got a {type(comm).__name__}: pass 'torch', 'jax', 'mpi', a torch.distributed "
+        "ProcessGroup, an mpi4py communicator or an object with rank, size, barrier, broadcast "
+        "and gather (ckptio's Communicator)",
+        _errors.InvalidType,
+    )
+
+
+def _ranks(comm: Any) -> Ranks | None:
+    """resolve(comm, collective=False): the same kinds of ``comm=``, the same refusals."""
+    if comm is None:
+        return None
+    if isinstance(comm, str):
+        if comm == "torch":
+            import torch.distributed as dist
+
+            return Ranks(int(dist.get_rank()), int(dist.get_world_size()))
+        if comm == "jax":
+            import jax
+
+            return Ranks(int(jax.process_index()), int(jax.process_count()))
+        if comm == "mpi":
+            from mpi4py import MPI
+
+            w = MPI.COMM_WORLD
+            return Ranks(int(w.Get_rank()), int(w.Get_size()))
+        raise _refuse_name(comm)
+    module = type(comm).__module__ or ""
+    if module.startswith("torch"):
+        return Ranks(int(comm.rank()), int(comm.size()))
+    if module.startswith("mpi4py"):
+        return Ranks(int(comm.Get_rank()), int(comm.Get_size()))
+    rank, size = getattr(comm, "rank", None), getattr(comm, "size", None)
+    if isinstance(rank, int) and isinstance(size, int):
+        return Ranks(rank, size)
+    raise _refuse_type(comm)
+
+
+@overload
+def resolve(comm: Any) -> Communicator | None: ...
+@overload
+def resolve(comm: Any, *, collective: Literal[True]) -> Communicator | None: ...
+@overload
+def resolve(comm: Any, *, collective: Literal[False]) -> Ranks | None: ...
+
+
+def resolve(comm: Any, *, collective: bool = True) -> Communicator | Ranks | None:
     """The communicator for ``comm=``: None (one process) stays None; "torch", "jax" or "mpi"
     is that runtime's default group; a torch.distributed ProcessGroup or an mpi4py
     communicator is wrapped; an object that already implements Communicator is used as is.
     Collective the first time a group is seen (it may create a gloo group or an MPI
-    duplicate), so call it on every rank in the same order."""
+    duplicate), so call it on every rank in the same order.
+
+    ``collective=False`` (loads, which exchange nothing): only this process's Ranks (rank,
+    size) in that group, read from the runtime at once; nothing is created or cached, so any
+    rank may ask at any time."""
+    if not collective:
+        return _ranks(comm)
     if comm is None:
         return None
     if isinstance(comm, str):
         if comm not in ("torch", "jax", "mpi"):
-            raise _errors.error(
-                _errors.USAGE,
-                f"comm={comm!r}: use 'torch', 'jax', 'mpi', a torch.distributed ProcessGroup, an "
-                "mpi4py communicator or a ckptio Communicator",
-            )
+            raise _refuse_name(comm)
         if comm not in _defaults:
             if comm == "torch":
                 _defaults[comm] = TorchCommunicator()
@@ -400,10 +467,4 @@ def resolve(comm: Any) -> Communicator | None:
         return _mpi_for(comm)
     if isinstance(comm, Communicator):
         return comm
-    raise _errors.error(
-        _errors.USAGE,
-        f"comm= got a {type(comm).__name__}: pass 'torch', 'jax', 'mpi', a torch.distributed "
-        "ProcessGroup, an mpi4py communicator or an object with rank, size, barrier, broadcast "
-        "and gather (ckptio's Communicator)",
-        _errors.InvalidType,
-    )
+    raise _refuse_type(comm)

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Framework adapters: what ckptio knows about numpy, torch and jax, one object per framework.
+"""Framework adapters' common ground: the Adapter protocol and the records adapters exchange with
+the save and load paths (Target, Deferred, Aliases), one adapter object per framework.
 
-Saving asks each adapter, in REGISTRY order, whether it ``matches`` a leaf; the one that does
-describes the leaf in its tree node, names its alias key (tied tensors), and stages it: host
+Saving asks each adapter, in REGISTRY order (ckptio.frameworks._registry), whether it
+``matches`` a leaf; the one that does describes the leaf in its tree node, names its alias key (tied tensors), and stages it: host
 buffers the writer streams from (AddItem records of ckptio._core). Loading asks the adapter
 named by the caller (``framework=``, a ``like=`` leaf, or the saved node's "f") for a target
 (dtype, placement) and builds the object from the bytes read. Adapters for torch and jax never
@@ -17,7 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._errors import USAGE, error
+from .. import _dtypes
+from .._errors import USAGE, error
 
 Node = dict[str, Any]
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
@@ -148,29 +150,8 @@ def np_view(piece: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndar
     return np.ndarray(shape, dtype, piece.buf, piece.at)
 
 
-def _load_registry() -> tuple[Adapter, ...]:
-    from ._fw_jax import JAX
-    from ._fw_numpy import NUMPY
-    from ._fw_torch import TORCH
-
-    from ._fw_cupy import CUPY  # after torch and jax, whose GPU arrays also speak its interface
-
-    return (NUMPY, TORCH, JAX, CUPY)
-
-
-#: Every adapter, in the order leaves are matched.
-REGISTRY: tuple[Adapter, ...] = ()
+#: Every adapter by name (a saved node's "f"): ckptio.frameworks._registry fills it as it loads.
 BY_NAME: dict[str, Adapter] = {}
-BY_VALUE_TAG: dict[str, Adapter] = {}
-
-
-def _init() -> None:
-    global REGISTRY
-    REGISTRY = _load_registry()
-    for ad in REGISTRY:
-        BY_NAME[ad.name] = ad
-        for tag in ad.value_tags:
-            BY_VALUE_TAG[tag] = ad
 
 
 def get(name: str) -> Adapter:
@@ -181,34 +162,9 @@ def get(name: str) -> Adapter:
     return ad
 
 
-def classify(obj: Any) -> Adapter | None:
-    """The adapter whose tensors include ``obj``, or None."""
-    for ad in REGISTRY:
-        if ad.matches(obj):
-            return ad
-    return None
-
-
-def classify_like(obj: Any) -> Adapter | None:
-    for ad in REGISTRY:
-        if ad.matches_like(obj):
-            return ad
-    return None
-
-
-def encode_value(obj: Any) -> Node | None:
-    for ad in REGISTRY:
-        node = ad.encode_value(obj)
-        if node is not None:
-            return node
-    return None
-
-
-def device_owner(device: Any) -> Adapter | None:
-    for ad in REGISTRY:
-        if ad.owns_device(device):
-            return ad
-    return None
-
-
-_init()
+def np_dtype(node: Node, info: Any) -> np.dtype[Any]:
+    """The numpy dtype to load stored tensor ``info`` (tree node ``node``) as: a dtype stored
+    as raw bytes is named in the node, as the adapter that saved it writes it."""
+    if info.code == _dtypes.BYTES and node.get("dtype") is not None:
+        return get(node.get("f", "numpy")).saved_np_dtype(node)
+    return _dtypes.np_for_code(info.code)

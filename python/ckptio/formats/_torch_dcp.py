@@ -45,12 +45,13 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
-from . import _core, _dist, _dtypes
-from ._errors import NOT_FOUND, USAGE, CheckpointError, error
-from ._fw_torch import _host_item, stored_dtype, tables
-from ._load import Reader
-from ._options import params
-from ._tree import TREE_KEY, decode_value, iter_leaves, leaf_name, make_document
+from .. import _core, _dtypes
+from .._errors import NOT_FOUND, USAGE, CheckpointError, error
+from .._load import Reader
+from .._options import params
+from ..frameworks._torch import _host_item, stored_dtype, tables
+from ..ranks import _comm, _dist
+from .._tree import TREE_KEY, decode_value, iter_leaves, leaf_name, make_document
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_KEY"]
 
@@ -64,7 +65,6 @@ def _comm_for(group: Any, nplans: int | None) -> Any:
     on one rank of a job)."""
     if not (dist.is_available() and dist.is_initialized()) or nplans == 1:
         return _dist.SingleRank()
-    from . import _comm
 
     comm = _comm.resolve(group if group is not None else "torch")
     if nplans is not None and nplans != comm.size:

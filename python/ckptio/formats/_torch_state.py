@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._errors import NOT_FOUND, error
-from ._into import load_into
-from ._load import Reader
+from .._errors import NOT_FOUND, error
+from .._into import load_into
+from .._load import Reader
 
 PathLike = str | os.PathLike[str]
 

@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ranks floor: communicators and the one comm resolver, the multi-rank save, shared reads."""
