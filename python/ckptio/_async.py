@@ -334,17 +334,11 @@ def _save_async(
         raise error(USAGE, f"max_host_bytes must be an int >= 0, got {cap!r}", InvalidType)
     p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
-    kind = _dist.runtime_of(tree) if comm is None else "comm"
-    if kind is not None and "roots" in p:  # as save() refuses it, before any staging
-        raise error(USAGE, "roots= (striping) is not supported for a multi-rank save")
-    if kind is not None:
-        t = _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout)
-        if not t > 0:
-            raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
-        c = _comm.resolve(comm if comm is not None else kind) if kind != "local" else None
+    c, t = _dist.save_comm(tree, comm, p, timeout)  # as save() decides, before any staging
+    if c is not None:
         with _LOCK:
             _wait_previous()
-            h = _dist_async(tree, spath, c or _dist.SingleRank(), p, cap, metadata, t, after)
+            h = _dist_async(tree, spath, c, p, cap, metadata, t, after)
             _pending = h
             return h
     with _LOCK:

@@ -13,14 +13,13 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._errors import USAGE, error
 from ._options import Stats, params, split_roots
 from ._stage import RESERVED_PREFIX, PathLike, StagedSave, _make_parent, _meta_items, _stage
 from ._tree import TREE_KEY, pause_gc
 from .frameworks import _gpu
 from .frameworks._base import Deferred
 from .frameworks._gpu import DeviceItem
-from .ranks import _comm, _dist
+from .ranks import _dist
 
 __all__ = ["save", "RESERVED_PREFIX", "StagedSave"]
 
@@ -141,20 +140,10 @@ def save(
     """
     t0 = time.perf_counter()
     p = params(io_options, overwrite=overwrite)
-    kind = _dist.runtime_of(tree) if comm is None else "comm"
-    if kind is not None and "roots" in p:
-        raise error(USAGE, "roots= (striping) is not supported for a multi-rank save")
-    if kind is not None:
-        c = _comm.resolve(comm if comm is not None else kind) if kind != "local" else None
+    c, t = _dist.save_comm(tree, comm, p, timeout)
+    if c is not None:
         with pause_gc():
-            st = _dist.save(
-                tree,
-                os.fspath(path),
-                c if c is not None else _dist.SingleRank(),
-                _meta_items(metadata),
-                p,
-                _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout),
-            )
+            st = _dist.save(tree, os.fspath(path), c, _meta_items(metadata), p, t)
         stats = Stats._from_core(st, time.perf_counter() - t0)
         return dataclasses.replace(stats, gpu=_gpu.take_note())
     with pause_gc():

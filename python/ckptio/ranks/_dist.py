@@ -30,6 +30,7 @@ from ..frameworks import _registry as _adapters
 from ..frameworks._base import Deferred, Node
 from ..frameworks._jax import JAX, index_box
 from ..frameworks._torch import TORCH, _device_item, _dtensor_type, _host_item
+from ._comm import resolve
 
 __all__ = ["Shard", "RankLocal", "DEFAULT_TIMEOUT"]
 
@@ -154,6 +155,24 @@ def runtime_of(tree: Any) -> str | None:
         if kind in found:
             return kind
     return None
+
+
+def save_comm(tree: Any, comm: Any, p: Any, timeout: float | None) -> tuple[Any, float]:
+    """The communicator a save of ``tree`` runs over and its timeout: (None, 0.0) for a save
+    of this process alone, SingleRank for a one-rank collective save (Shard and RankLocal
+    leaves), else ``comm`` (or the runtime the tree's arrays span) resolved. Refuses, before
+    anything is staged, roots= (striping is per process) and a timeout that is not > 0."""
+    kind = runtime_of(tree) if comm is None else "comm"
+    if kind is None:
+        return None, 0.0
+    if "roots" in p:
+        raise error(USAGE, "roots= (striping) is not supported for a multi-rank save")
+    t = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if not t > 0:
+        raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
+    if kind == "local":
+        return SingleRank(), t
+    return resolve(comm if comm is not None else kind), t
 
 
 class SingleRank:
