@@ -78,10 +78,4 @@ CKPTIO__HIDDEN int ckptio__stripe_collect_owned(const char *owner, const char *r
  * checkpoint); free each and the array. */
 CKPTIO__HIDDEN int ckptio__stripe_recorded_roots(const char *dir, char ***roots, size_t *n);
 
-/* The manifest's bytes (*buf, malloc'd, *len of them), read through the checkpoint directory's
- * descriptor `dirfd` (never by path: the checkpoint may be replaced at `path` meanwhile); the
- * failure, naming `path`, goes to msg. load.c. */
-CKPTIO__HIDDEN int ckptio__read_manifest(int dirfd, const char *path, ckptio__msg *msg,
-                                         uint8_t **buf, uint64_t *len);
-
 #endif
