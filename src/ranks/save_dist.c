@@ -10,7 +10,8 @@
 #include "../common/box.h"
 #include "plan.h"
 #include "../format/manifest.h"
-#include "../internal.h"
+#include "../io/params.h"
+#include "../write/part.h"
 
 /* The coordinator's plan cache, one per process: a job saves through one communicator, and
  * a save through another (or with another rank count) simply plans afresh. */

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "../format/manifest.h"
-#include "../internal.h"
 #include "../io/engine.h"
 #include "../io/vfs.h"
 #include "open.h"

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The reader's insides, shared by its rooms: open, plan, execute, regions and file reads. */
+/* The reader's insides, shared by its files: open, plan, execute, regions and file reads. */
 #ifndef CKPTIO_READ_READER_H
 #define CKPTIO_READ_READER_H
 
@@ -8,7 +8,8 @@
 #include "../common/workers.h"
 #include "../format/manifest.h"
 #include "../gpu/staged.h"
-#include "../internal.h"
+#include "../commit/txn.h"
+#include "../io/params.h"
 #include "../io/cache.h"
 #include "../io/ring.h"
 #include "open.h"
