@@ -83,12 +83,12 @@ static int read_gds(ckptio_reader *r, const box *bx, uint64_t stream)
 {
     const ckptio__mtensor *t = &r->m->tensors[bx->t];
     const ckptio__mchunk *c = &r->m->chunks[t->chunk0];
-    if (t->n_chunks != 1 || c->codec != CKPTIO__CODEC_NONE || c->stored_len != bx->bytes ||
-        bx->bytes < (1u << 20) || c->file_off % 4096 || bx->bytes % 4096)
-        return 0; /* whole aligned extents only: O_DIRECT's rules, whatever cuFile's mode */
+    if (t->n_chunks != 1 || c->codec != CKPTIO__CODEC_NONE || c->stored_len != bx->bytes)
+        return 0; /* one plain chunk, read whole */
     const rfile *f = &r->files[c->file];
     ckptio__gpu *g = &r->gpu;
-    if (!ckptio__gpu_gds_file(g, f->fd, f->direct)) return 0;
+    if (ckptio__gpu_route(g, f->fd, f->direct, c->file_off, bx->bytes, true) != CKPTIO__ROUTE_GDS)
+        return 0;
     const char *name = r->m->strtab + t->name;
     uint64_t dst = (uint64_t)(uintptr_t)bx->reg->dst;
     char label[CKPTIO__MSG_LEN / 2];

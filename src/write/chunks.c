@@ -73,9 +73,6 @@ static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_
 
 /* ---- GPU chunks ---- */
 
-/* Chunks at least this large, at 4 KiB aligned offsets, go through cuFile where it works. */
-#define GDS_MIN (1u << 20)
-
 typedef struct gpu_put {
     ckptio_writer *w;
     uint64_t csum_at;
@@ -108,7 +105,7 @@ static int write_chunk_gpu(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t 
     ckptio__gpu *g = &w->gpu;
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, off));
     gpu_put p = {.w = w, .csum_at = csum_at, .hash = n_csums > 0};
-    if (n >= GDS_MIN && off % 4096 == 0 && ckptio__gpu_gds_file(g, w->fd, w->sink.direct)) {
+    if (ckptio__gpu_route(g, w->fd, w->sink.direct, off, n, false) == CKPTIO__ROUTE_GDS) {
         /* cuFile writes the 4 KiB-aligned body; the tail goes through the sink, after it, so
          * that the sink's next window starts where cuFile's bytes end. */
         uint64_t body = n / 4096 * 4096;
