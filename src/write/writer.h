@@ -14,7 +14,6 @@
 #include "../io/sink.h"
 #include "part.h"
 
-
 /* Per-tensor bookkeeping while writing; becomes a ckptio__mtensor at commit (format/build.c). */
 typedef ckptio__btensor wtensor;
 
@@ -28,6 +27,7 @@ typedef struct pending_csums {
 /* Chunks at least this large are hashed on the hasher thread. */
 #define ASYNC_HASH_MIN (1u << 20)
 
+/* A metadata entry, key and value owned by the writer. */
 typedef ckptio__bmeta wmeta;
 
 /* A data file's writing state while another lane is current (striping). */
