@@ -513,6 +513,77 @@ CKPTIO_API int ckptio_stripe_leftovers(const char *path, const char *const *root
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
+/* safetensors headers. Experimental: define CKPTIO_EXPERIMENTAL to use them.                 */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* The header of a .safetensors file (a u64 length N, then N bytes of JSON) as flat arrays:
+ * the parser and writer that ckptio's own conversion uses, for a tool or binding that reads
+ * or writes such files through ckptio_file_read and ckptio_file_writer. Pure code, no I/O;
+ * the parser is fuzzed. Since 0.3. */
+
+/* Largest header length N accepted, as in the reference implementation. */
+#define CKPTIO_ST_MAX_HEADER 100000000ull
+/* safetensors dtypes are numbered 1 .. CKPTIO_ST_COUNT - 1 (0: none); ckptio_st_dtype_name
+ * gives each one's name ("BF16", "F8_E4M3", ...). */
+#define CKPTIO_ST_COUNT 23
+
+typedef struct ckptio_st_tensor {
+    uint64_t name;     /* strtab offset; strtab[name + name_len] == 0 */
+    uint32_t name_len;
+    uint32_t st_dtype; /* 1 .. CKPTIO_ST_COUNT - 1 */
+    int32_t dtype;     /* CKPTIO_DT_*, or 0 where ckptio has none (F4, F6_*, F8_E8M0, ...FNUZ) */
+    uint32_t ndim;     /* <= CKPTIO_MAX_NDIM; 0 for a scalar */
+    uint64_t dims;     /* index into dims[] of ndim entries */
+    uint64_t begin;    /* data_offsets, relative to the data start (8 + header length) */
+    uint64_t end;
+} ckptio_st_tensor;
+
+typedef struct ckptio_st_meta {
+    uint64_t key; /* strtab offsets, each string followed by a NUL */
+    uint32_t key_len;
+    uint32_t reserved;
+    uint64_t val;
+    uint64_t val_len; /* a value may hold NULs of its own (\u0000): use val_len */
+} ckptio_st_meta;
+
+/* Strings live in strtab, each followed by a NUL. */
+typedef struct ckptio_st_header {
+    uint64_t header_len; /* N */
+    uint64_t data_start; /* 8 + N */
+    uint64_t n_tensors, n_meta, n_dims, strtab_len;
+    ckptio_st_tensor *tensors; /* parsed: sorted by (begin, end, order in the header) */
+    ckptio_st_meta *meta;      /* parsed: in header order; keys unique */
+    uint64_t *dims;
+    char *strtab;
+} ckptio_st_header;
+
+/* Parse the n JSON bytes `hdr` of a safetensors file of file_size bytes (whose first 8 bytes
+ * hold n). Checked: UTF-8; one object of name -> {"dtype", "shape", "data_offsets"} and at
+ * most one "__metadata__" -> {string: string}; unique names; end - begin = ceil(bits *
+ * elements / 8); the tensors, by offset, tile the data exactly. On success *out is one
+ * allocation (free with ckptio_st_free). On failure CKPTIO_E_LIMIT, CKPTIO_E_DTYPE,
+ * CKPTIO_E_DUPLICATE, CKPTIO_E_SHAPE, CKPTIO_E_CORRUPT or -ENOMEM, and err (errlen bytes)
+ * says why, naming the tensor and the byte. Thread-safe. */
+CKPTIO_API int ckptio_st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size,
+                               ckptio_st_header **out, char *err, size_t errlen);
+CKPTIO_API void ckptio_st_free(ckptio_st_header *h); /* accepts NULL */
+/* Encode h (its tensors, meta, dims and strtab; header_len and data_start are ignored) as the
+ * start of a safetensors file: the length word, then the JSON ("__metadata__" first when
+ * there is any, then the tensors in h's order), padded with spaces so that the data start is
+ * a multiple of `align` (a power of two; 1: no padding). Offsets are written as given: the
+ * caller lays them out. On success *out (malloc'd; free()) holds *len bytes; else
+ * CKPTIO_E_USAGE, CKPTIO_E_LIMIT or -ENOMEM, with err. Thread-safe. */
+CKPTIO_API int ckptio_st_encode(const ckptio_st_header *h, uint64_t align, uint8_t **out,
+                                uint64_t *len, char *err, size_t errlen);
+/* A safetensors dtype's name, or NULL outside 1 .. CKPTIO_ST_COUNT - 1. */
+CKPTIO_API const char *ckptio_st_dtype_name(int st_dtype);
+/* The CKPTIO_DT_* a safetensors dtype holds, or 0 where ckptio has none. */
+CKPTIO_API int ckptio_st_dtype_ckptio(int st_dtype);
+
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Commit in the background. Experimental: define CKPTIO_EXPERIMENTAL to use them.            */
 /* ------------------------------------------------------------------------------------------ */
 #if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)

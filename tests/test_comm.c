@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "../src/dist/comm.h"
+#include "../src/ranks/comm.h"
 #include "test.h"
 
 /* --- running one function on every rank of a local group, one thread each ----------------- */

@@ -5,9 +5,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "../src/dist/plan.h"
+#include "../src/ranks/plan.h"
 #include "../src/format/manifest.h"
-#include "../src/dist/comm.h"
+#include "../src/ranks/comm.h"
 #include "../src/io/vfs.h"
 #include "model.h"
 #include "test.h"

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #define CKPTIO_EXPERIMENTAL
-#include "../src/dist/comm.h"
+#include "../src/ranks/comm.h"
 #include "../src/gpu/staged.h"
 #include "../src/io/engine.h"
 #include "../src/io/vfs.h"

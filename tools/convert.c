@@ -21,7 +21,6 @@
 #include "ckptio.h"
 #include "cli.h"
 #include "commands.h"
-#include "../src/format/safetensors.h"
 
 enum fmt { F_NONE, F_CKPTIO, F_ST, F_HF, F_TORCH, F_DCP };
 static const char *const fmt_names[] = {"?", "ckptio", "safetensors", "hf", "torch", "dcp"};
@@ -56,7 +55,7 @@ typedef struct conv {
     /* source */
     ckptio_reader *reader;
     char **st_paths;   /* safetensors source files */
-    ckptio__st_header **st_hdrs;
+    ckptio_st_header **st_hdrs;
     size_t n_st;
     item *items;
     size_t n_items;
@@ -197,7 +196,7 @@ static int open_ckptio_src(conv *c)
     return 0;
 }
 
-static int read_st_header(conv *c, const char *path, ckptio__st_header **out)
+static int read_st_header(conv *c, const char *path, ckptio_st_header **out)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return failf(c, "%s: %s", path, strerror(errno));
@@ -211,7 +210,7 @@ static int read_st_header(conv *c, const char *path, ckptio__st_header **out)
     }
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
-    if (n > CKPTIO__ST_MAX_HEADER || n > (uint64_t)st.st_size - 8) {
+    if (n > CKPTIO_ST_MAX_HEADER || n > (uint64_t)st.st_size - 8) {
         failf(c, "%s: not a safetensors file (header length %" PRIu64 " of a %lld-byte file)",
               path, n, (long long)st.st_size);
         goto out;
@@ -230,7 +229,7 @@ static int read_st_header(conv *c, const char *path, ckptio__st_header **out)
         got += (uint64_t)k;
     }
     char why[512];
-    if (ckptio__st_parse(hdr, n, (uint64_t)st.st_size, out, why, sizeof why) < 0) {
+    if (ckptio_st_parse(hdr, n, (uint64_t)st.st_size, out, why, sizeof why) < 0) {
         failf(c, "%s: %s", path, why);
         goto out;
     }
@@ -324,16 +323,16 @@ static int open_st_src(conv *c)
     c->items = calloc(n ? n : 1, sizeof *c->items);
     if (!c->items) return failf(c, "out of memory");
     for (size_t f = 0; f < c->n_st; f++) {
-        const ckptio__st_header *h = c->st_hdrs[f];
+        const ckptio_st_header *h = c->st_hdrs[f];
         for (uint64_t i = 0; i < h->n_tensors; i++) {
-            const ckptio__st_tensor *t = &h->tensors[i];
+            const ckptio_st_tensor *t = &h->tensors[i];
             item *it = &c->items[c->n_items++];
             it->name = h->strtab + t->name;
             if (!t->dtype)
                 return failf(c,
                              "%s: tensor '%s' has dtype %s, which ckptio has no code for; it "
                              "cannot be converted",
-                             c->st_paths[f], it->name, ckptio__st_dtype_name((int)t->st_dtype));
+                             c->st_paths[f], it->name, ckptio_st_dtype_name((int)t->st_dtype));
             it->dtype = t->dtype, it->ndim = t->ndim, it->nbytes = t->end - t->begin;
             memcpy(it->shape, h->dims + t->dims, t->ndim * sizeof *it->shape);
             it->src_index = f;
@@ -413,8 +412,8 @@ static void plan_shards(conv *c)
 
 static int st_dtype_of(int dt)
 {
-    for (int s = 1; s < CKPTIO__ST_COUNT; s++)
-        if (ckptio__st_dtype_ckptio(s) == dt) return s;
+    for (int s = 1; s < CKPTIO_ST_COUNT; s++)
+        if (ckptio_st_dtype_ckptio(s) == dt) return s;
     return 0;
 }
 
@@ -435,7 +434,7 @@ static void order_shard(conv *c, size_t a, size_t b)
 /* Open the safetensors file of shard s and write its header. */
 static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
 {
-    ckptio__st_header h = {0};
+    ckptio_st_header h = {0};
     uint64_t strlen_ = 1, ndims = 0;
     size_t nmeta = 0;
     bool has_format = false;
@@ -450,7 +449,7 @@ static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
             strlen_ += strlen(key) + len + 2;
     }
     if (c->n_st == 1 && c->to == F_ST) {
-        const ckptio__st_header *sh = c->st_hdrs[0];
+        const ckptio_st_header *sh = c->st_hdrs[0];
         for (uint64_t i = 0; i < sh->n_meta; i++)
             strlen_ += sh->meta[i].key_len + sh->meta[i].val_len + 2;
         nm = sh->n_meta;
@@ -479,7 +478,7 @@ static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
                         "metadata holds text only, so it is left out\n", key, len);
                 continue;
             }
-            ckptio__st_meta *m = &h.meta[nmeta++];
+            ckptio_st_meta *m = &h.meta[nmeta++];
             m->key_len = (uint32_t)strlen(key);
             m->key = PUTSTR(key, m->key_len);
             m->val_len = len;
@@ -487,9 +486,9 @@ static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
             has_format |= !strcmp(key, "format");
         }
     } else if (c->n_st == 1 && c->to == F_ST) {
-        const ckptio__st_header *sh = c->st_hdrs[0];
+        const ckptio_st_header *sh = c->st_hdrs[0];
         for (uint64_t i = 0; i < sh->n_meta; i++) {
-            ckptio__st_meta *m = &h.meta[nmeta++];
+            ckptio_st_meta *m = &h.meta[nmeta++];
             m->key_len = sh->meta[i].key_len;
             m->key = PUTSTR(sh->strtab + sh->meta[i].key, m->key_len);
             m->val_len = sh->meta[i].val_len;
@@ -499,7 +498,7 @@ static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
     }
     if (!has_format) {
         /* transformers refuses safetensors files whose metadata lacks "format". */
-        ckptio__st_meta *m = &h.meta[nmeta++];
+        ckptio_st_meta *m = &h.meta[nmeta++];
         m->key_len = 6, m->key = PUTSTR("format", 6);
         m->val_len = 2, m->val = PUTSTR("pt", 2);
     }
@@ -507,7 +506,7 @@ static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
     uint64_t data = 0, dp = 0;
     for (size_t i = a; i < b; i++) {
         const item *it = &c->items[i];
-        ckptio__st_tensor *t = &h.tensors[h.n_tensors++];
+        ckptio_st_tensor *t = &h.tensors[h.n_tensors++];
         t->st_dtype = (uint32_t)st_dtype_of(it->dtype);
         if (!t->st_dtype) {
             failf(c, "%s: tensor '%s' has dtype %s, which safetensors cannot hold", c->src,
@@ -530,7 +529,7 @@ static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
     h.strtab_len = sp;
     uint64_t len = 0;
     char why[512];
-    if (ckptio__st_encode(&h, 4096, &enc, &len, why, sizeof why) < 0) {
+    if (ckptio_st_encode(&h, 4096, &enc, &len, why, sizeof why) < 0) {
         failf(c, "%s: %s", c->dst, why);
         goto out;
     }
@@ -865,7 +864,7 @@ static int convert_native(conv *c)
             }
         } else {
             for (size_t f = 0; f < c->n_st; f++) {
-                const ckptio__st_header *h = c->st_hdrs[f];
+                const ckptio_st_header *h = c->st_hdrs[f];
                 for (uint64_t i = 0; i < h->n_meta; i++)
                     if (ckptio_writer_set_meta(c->writer, h->strtab + h->meta[i].key,
                                                h->strtab + h->meta[i].val,
@@ -902,7 +901,7 @@ out:
     }
     for (size_t f = 0; f < c->n_st; f++) {
         free(c->st_paths[f]);
-        if (c->st_hdrs) ckptio__st_free(c->st_hdrs[f]);
+        if (c->st_hdrs) ckptio_st_free(c->st_hdrs[f]);
     }
     free(c->st_paths);
     free(c->st_hdrs);

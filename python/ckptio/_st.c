@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/format/safetensors.h"
+#include "ckptio.h"
 
 /* Raise the ckptio.CheckpointError for `code` with `msg` (ckptio._errors._from_code). */
 static PyObject *st_raise(int code, const char *msg)
@@ -46,9 +46,9 @@ static PyObject *mod_st_parse(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*K|K:st_parse", &hdr, &file_size, &declared)) return NULL;
     uint64_t n = declared == ULLONG_MAX ? (uint64_t)hdr.len : declared;
     char err[512] = "";
-    ckptio__st_header *h = NULL;
+    ckptio_st_header *h = NULL;
     int rc;
-    if (n > (uint64_t)hdr.len && n <= CKPTIO__ST_MAX_HEADER && file_size >= 8 &&
+    if (n > (uint64_t)hdr.len && n <= CKPTIO_ST_MAX_HEADER && file_size >= 8 &&
         n <= file_size - 8) {
         rc = CKPTIO_E_CORRUPT; /* the file shrank under the caller */
         snprintf(err, sizeof err,
@@ -58,18 +58,18 @@ static PyObject *mod_st_parse(PyObject *mod, PyObject *args)
     } else if (n > (uint64_t)hdr.len) {
         /* A length the parser refuses before it reads a byte of the header. */
         static const uint8_t none[1] = {0};
-        rc = ckptio__st_parse(none, n, file_size, &h, err, sizeof err);
+        rc = ckptio_st_parse(none, n, file_size, &h, err, sizeof err);
         assert(rc < 0);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        rc = ckptio__st_parse(hdr.buf, n, file_size, &h, err, sizeof err);
+        rc = ckptio_st_parse(hdr.buf, n, file_size, &h, err, sizeof err);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&hdr);
     if (rc < 0) return st_raise(rc, err);
     PyObject *tensors = PyList_New((Py_ssize_t)h->n_tensors), *meta = NULL, *out = NULL;
     for (uint64_t i = 0; tensors && i < h->n_tensors; i++) {
-        const ckptio__st_tensor *t = &h->tensors[i];
+        const ckptio_st_tensor *t = &h->tensors[i];
         PyObject *shape = PyTuple_New(t->ndim);
         for (uint32_t k = 0; shape && k < t->ndim; k++) {
             PyObject *d = PyLong_FromUnsignedLongLong(h->dims[t->dims + k]);
@@ -78,7 +78,7 @@ static PyObject *mod_st_parse(PyObject *mod, PyObject *args)
         }
         PyObject *name = shape ? st_str(h->strtab + t->name, t->name_len) : NULL;
         PyObject *rec = name ? Py_BuildValue("(NsiNKK)", name,
-                                             ckptio__st_dtype_name((int)t->st_dtype), t->dtype,
+                                             ckptio_st_dtype_name((int)t->st_dtype), t->dtype,
                                              shape, (unsigned long long)t->begin,
                                              (unsigned long long)t->end)
                              : NULL;
@@ -92,7 +92,7 @@ static PyObject *mod_st_parse(PyObject *mod, PyObject *args)
     if (tensors && h->n_meta) {
         meta = PyDict_New();
         for (uint64_t i = 0; meta && i < h->n_meta; i++) {
-            const ckptio__st_meta *m = &h->meta[i];
+            const ckptio_st_meta *m = &h->meta[i];
             PyObject *k = st_str(h->strtab + m->key, m->key_len);
             PyObject *v = k ? st_str(h->strtab + m->val, m->val_len) : NULL;
             if (!v || PyDict_SetItem(meta, k, v) < 0) Py_CLEAR(meta);
@@ -105,15 +105,15 @@ static PyObject *mod_st_parse(PyObject *mod, PyObject *args)
     if (tensors && meta) out = PyTuple_Pack(2, tensors, meta);
     Py_XDECREF(tensors);
     Py_XDECREF(meta);
-    ckptio__st_free(h);
+    ckptio_st_free(h);
     return out;
 }
 
-/* The CKPTIO__ST_* of a safetensors dtype name, or 0. */
+/* The CKPTIO_ST_* of a safetensors dtype name, or 0. */
 static uint32_t st_dtype_of(const char *name)
 {
-    for (int i = 1; i < CKPTIO__ST_COUNT; i++)
-        if (!strcmp(ckptio__st_dtype_name(i), name)) return (uint32_t)i;
+    for (int i = 1; i < CKPTIO_ST_COUNT; i++)
+        if (!strcmp(ckptio_st_dtype_name(i), name)) return (uint32_t)i;
     return 0;
 }
 
@@ -152,7 +152,7 @@ static PyObject *mod_st_encode(PyObject *mod, PyObject *args)
                        ? PyTuple_New(0)
                        : PySequence_Fast(mseq, "st_encode: metadata must be a sequence of pairs");
     PyObject *out = NULL;
-    ckptio__st_header h;
+    ckptio_st_header h;
     memset(&h, 0, sizeof h);
     char *arena = NULL;
     if (!fm) goto done;
@@ -183,21 +183,21 @@ static PyObject *mod_st_encode(PyObject *mod, PyObject *args)
             st_put(NULL, &str_bytes, PyTuple_GET_ITEM(kv, 1), &off, &len, "metadata value", i) < 0)
             goto done;
     }
-    size_t bytes = (size_t)nt * sizeof(ckptio__st_tensor) + (size_t)nm * sizeof(ckptio__st_meta) +
+    size_t bytes = (size_t)nt * sizeof(ckptio_st_tensor) + (size_t)nm * sizeof(ckptio_st_meta) +
                    (size_t)n_dims * sizeof(uint64_t) + (size_t)str_bytes + 1;
     arena = PyMem_Calloc(1, bytes);
     if (!arena) {
         PyErr_NoMemory();
         goto done;
     }
-    h.tensors = (ckptio__st_tensor *)arena;
-    h.meta = (ckptio__st_meta *)(h.tensors + nt);
+    h.tensors = (ckptio_st_tensor *)arena;
+    h.meta = (ckptio_st_meta *)(h.tensors + nt);
     h.dims = (uint64_t *)(h.meta + nm);
     h.strtab = (char *)(h.dims + n_dims);
     uint64_t at = 0;
     for (Py_ssize_t i = 0; i < nt; i++) {
         PyObject *t = PySequence_Fast_GET_ITEM(ft, i);
-        ckptio__st_tensor *e = &h.tensors[i];
+        ckptio_st_tensor *e = &h.tensors[i];
         uint64_t off = 0, len = 0;
         st_put(h.strtab, &at, PyTuple_GET_ITEM(t, 0), &off, &len, "tensor name", i);
         e->name = off;
@@ -232,7 +232,7 @@ static PyObject *mod_st_encode(PyObject *mod, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < nm; i++) {
         PyObject *kv = PySequence_Fast_GET_ITEM(fm, i);
-        ckptio__st_meta *m = &h.meta[i];
+        ckptio_st_meta *m = &h.meta[i];
         uint64_t len = 0;
         st_put(h.strtab, &at, PyTuple_GET_ITEM(kv, 0), &m->key, &len, "metadata key", i);
         m->key_len = (uint32_t)len;
@@ -244,7 +244,7 @@ static PyObject *mod_st_encode(PyObject *mod, PyObject *args)
     uint8_t *buf = NULL;
     uint64_t len = 0;
     char err[512] = "";
-    int rc = ckptio__st_encode(&h, align, &buf, &len, err, sizeof err);
+    int rc = ckptio_st_encode(&h, align, &buf, &len, err, sizeof err);
     if (rc < 0) {
         st_raise(rc, err);
         goto done;

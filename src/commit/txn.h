@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include "../common/common.h"
+#include "../io/params.h"
 
 /* Every writer commits the same way: begin resolves the target (through symlinks), checks what
  * is there may be replaced, and creates `<target>.tmp-<pid>.<n>` beside it (a rename cannot
@@ -108,5 +109,11 @@ CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
 /* Remove a directory tree without following symlinks (openat/unlinkat); best effort, returns
  * the first error. */
 CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);
+
+/* The commit transaction's flags for these settings. */
+static inline unsigned ckptio__cfg_txn_flags(const ckptio__cfg *c)
+{
+    return (c->overwrite ? CKPTIO__TXN_OVERWRITE : 0) | (c->fsync ? CKPTIO__TXN_FSYNC : 0);
+}
 
 #endif

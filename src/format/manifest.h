@@ -184,4 +184,65 @@ CKPTIO__HIDDEN int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, 
 CKPTIO__HIDDEN int ckptio__manifest_merge(const ckptio__manifest *const *parts, size_t n,
                                           ckptio__manifest **out, char *err, size_t errlen);
 
+/* ---- building a manifest from what a writer collected (src/format/build.c) ------------------- */
+
+/* A tensor as a writer collects it: its chunks, in the order added, are a list through the
+ * build's next[] (UINT64_MAX ends it). */
+typedef struct ckptio__btensor {
+    const char *name; /* NUL-terminated */
+    uint32_t name_len;
+    uint32_t dtype, ndim;
+    uint64_t dims;       /* global shape in dims[] */
+    uint64_t head, tail; /* chunk list through next[] (UINT64_MAX = none) */
+    uint64_t n_chunks;
+    uint64_t covered;    /* sum of chunk volumes, elements */
+} ckptio__btensor;
+
+typedef struct ckptio__bmeta {
+    char *key;
+    size_t key_len;
+    uint8_t *val;
+    size_t val_len;
+} ckptio__bmeta;
+
+/* A data file (name relative to its root's directory) and a stripe root (format 2). */
+typedef struct ckptio__bfile {
+    const char *name;
+    uint32_t root; /* 0: the checkpoint's directory; k: roots[k - 1] */
+    uint64_t size;
+} ckptio__bfile;
+
+typedef struct ckptio__broot {
+    const char *path, *name;
+} ckptio__broot;
+
+/* Everything a manifest is built from; the arrays are only read (csums is not copied: the
+ * manifest points at it while it is encoded). */
+typedef struct ckptio__build {
+    const ckptio__btensor *tensors;
+    size_t n_tensors;
+    const ckptio__mchunk *chunks; /* n_chunks of them, in the order added */
+    const uint64_t *next;         /* n_chunks: the tensors' chunk lists */
+    uint64_t n_chunks;
+    uint64_t *dims, *csums;
+    uint64_t n_dims, n_csums;
+    const ckptio__bmeta *meta;
+    size_t n_meta;
+    const ckptio__bfile *files;
+    size_t n_files;
+    const ckptio__broot *roots;
+    size_t n_roots;
+    bool checksums;
+    uint64_t csum_block;
+    bool partial; /* CKPTIO__MANIFEST_PARTIAL: a rank's share, tensors need not be covered */
+} ckptio__build;
+
+/* Build the manifest (tensors and metadata sorted by name, each tensor's chunks contiguous, in
+ * the order added), validate and encode it into *buf (malloc'd, *len bytes). A tensor whose
+ * chunks do not cover it is CKPTIO_E_INCOMPLETE (unless partial); a manifest that fails
+ * validation is a bug in its builder, reported as an internal error naming `what` (the
+ * checkpoint's path). err gets the message (empty for -ENOMEM). */
+CKPTIO__HIDDEN int ckptio__manifest_build(const ckptio__build *b, const char *what, uint8_t **buf,
+                                          uint64_t *len, char *err, size_t errlen);
+
 #endif

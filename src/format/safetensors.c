@@ -713,3 +713,34 @@ int ckptio__st_encode(const ckptio__st_header *h, uint64_t align, uint8_t **out,
     *len = total;
     return 0;
 }
+
+/* ---- the experimental public names ---- */
+
+_Static_assert(CKPTIO__ST_COUNT == CKPTIO_ST_COUNT, "include/ckptio.h's CKPTIO_ST_COUNT");
+
+int ckptio_st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_st_header **out,
+                    char *err, size_t errlen)
+{
+    return ckptio__st_parse(hdr, n, file_size, out, err, errlen);
+}
+
+void ckptio_st_free(ckptio_st_header *h)
+{
+    ckptio__st_free(h);
+}
+
+int ckptio_st_encode(const ckptio_st_header *h, uint64_t align, uint8_t **out, uint64_t *len,
+                     char *err, size_t errlen)
+{
+    return ckptio__st_encode(h, align, out, len, err, errlen);
+}
+
+const char *ckptio_st_dtype_name(int st_dtype)
+{
+    return ckptio__st_dtype_name(st_dtype);
+}
+
+int ckptio_st_dtype_ckptio(int st_dtype)
+{
+    return ckptio__st_dtype_ckptio(st_dtype);
+}

@@ -6,7 +6,7 @@
 #include "../common/common.h"
 
 /* Largest header length accepted, as in the reference implementation. */
-#define CKPTIO__ST_MAX_HEADER 100000000ull
+#define CKPTIO__ST_MAX_HEADER CKPTIO_ST_MAX_HEADER
 
 /* The safetensors dtypes. Sizes are in bits: F4 and F6_* pack below a byte, and a tensor of
  * those takes ceil(bits * element count / 8) bytes (the rule this parser checks offsets by). */
@@ -49,34 +49,10 @@ CKPTIO__HIDDEN const char *ckptio__st_dtype_name(int st);
 CKPTIO__HIDDEN unsigned ckptio__st_dtype_bits(int st);
 CKPTIO__HIDDEN int ckptio__st_dtype_ckptio(int st);
 
-typedef struct ckptio__st_tensor {
-    uint64_t name;     /* strtab offset; strtab[name + name_len] == 0 */
-    uint32_t name_len;
-    uint32_t st_dtype; /* CKPTIO__ST_* */
-    int32_t dtype;     /* CKPTIO_DT_*, or 0 where ckptio has none (see above) */
-    uint32_t ndim;     /* <= CKPTIO_MAX_NDIM; 0 for a scalar */
-    uint64_t dims;     /* index into dims[] of ndim entries */
-    uint64_t begin;    /* data_offsets, relative to the data start (8 + header length) */
-    uint64_t end;
-} ckptio__st_tensor;
-
-typedef struct ckptio__st_meta {
-    uint64_t key; /* strtab offsets, each string followed by a NUL */
-    uint32_t key_len;
-    uint32_t reserved;
-    uint64_t val;
-    uint64_t val_len; /* a value may hold NULs of its own (\u0000): use val_len */
-} ckptio__st_meta;
-
-typedef struct ckptio__st_header {
-    uint64_t header_len; /* N */
-    uint64_t data_start; /* 8 + N */
-    uint64_t n_tensors, n_meta, n_dims, strtab_len;
-    ckptio__st_tensor *tensors; /* sorted by (begin, end, order in the header) */
-    ckptio__st_meta *meta;      /* in header order; keys unique */
-    uint64_t *dims;
-    char *strtab;
-} ckptio__st_header;
+/* The structures are the public ones (include/ckptio.h, experimental). */
+typedef ckptio_st_tensor ckptio__st_tensor;
+typedef ckptio_st_meta ckptio__st_meta;
+typedef ckptio_st_header ckptio__st_header;
 
 /* Parse the n JSON bytes `hdr` of a safetensors file of file_size bytes (whose first 8 bytes
  * hold n). The header must be UTF-8, start with '{', and end with the object's '}' followed

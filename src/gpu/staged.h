@@ -89,4 +89,19 @@ CKPTIO__HIDDEN void ckptio__gpu_split_init(ckptio__gpu_split *s, const uint64_t 
 CKPTIO__HIDDEN bool ckptio__gpu_split_next(ckptio__gpu_split *s, uint64_t *off, uint64_t *shape,
                                            uint64_t *bytes, uint64_t esize);
 
+/* ---- the route (src/gpu/route.c) ---- */
+
+/* How an extent moves between a file and GPU memory. */
+enum { CKPTIO__ROUTE_STAGED = 0, CKPTIO__ROUTE_GDS = 1 };
+/* Extents at least this large may go through cuFile. */
+#define CKPTIO__GDS_MIN (1u << 20)
+/* The one decision, for reads and writes alike: CKPTIO__ROUTE_GDS when cuFile may move the `n`
+ * bytes at file offset `off` of fd (opened O_DIRECT when `direct`): at least CKPTIO__GDS_MIN
+ * bytes, a 4 KiB-aligned start and, when `whole` (a read lands whole; a write sends an
+ * unaligned tail through the ring), a 4 KiB-aligned length, in a file cuFile takes (see
+ * ckptio__gpu_gds_file, which sets st.reason when not). Else CKPTIO__ROUTE_STAGED: the pinned
+ * ring. */
+CKPTIO__HIDDEN int ckptio__gpu_route(ckptio__gpu *g, int fd, int direct, uint64_t off, uint64_t n,
+                                     bool whole);
+
 #endif

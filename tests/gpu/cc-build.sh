@@ -41,7 +41,7 @@ echo "cc-build: io_uring $uring, xxhash ${lib:-header}"
 srcs=()
 while IFS= read -r f; do
     case "$f" in
-    */dist/comm_mpi.c | */common/hash_variant.c) continue ;;
+    */ranks/comm_mpi.c | */common/hash_variant.c) continue ;;
     */io/uring.c) [ $uring = 1 ] || continue ;;
     esac
     srcs+=("$f")

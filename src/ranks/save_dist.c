@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/box.h"
-#include "dist/plan.h"
-#include "format/manifest.h"
-#include "internal.h"
+#include "../common/box.h"
+#include "plan.h"
+#include "../format/manifest.h"
+#include "../io/params.h"
+#include "../write/part.h"
 
 /* The coordinator's plan cache, one per process: a job saves through one communicator, and
  * a save through another (or with another rank count) simply plans afresh. */

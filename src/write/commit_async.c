@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "writer.h"
 
 struct ckptio_completion {
     ckptio_writer *w;

@@ -7,10 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "format/manifest.h"
-#include "internal.h"
-#include "io/engine.h"
-#include "io/vfs.h"
+#include "../format/manifest.h"
+#include "../io/engine.h"
+#include "../io/vfs.h"
+#include "open.h"
 
 typedef struct mfile {
     int fd; /* -1 until a chunk of it is asked for */

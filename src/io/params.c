@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "gpu/staged.h"
-#include "common/workers.h"
-#include "io/engine.h"
+#include "params.h"
+#include "../gpu/staged.h"
+#include "../common/workers.h"
+#include "engine.h"
 
 #define DEFAULT_DEPTH 64u
 #define DEFAULT_THREADS 16u

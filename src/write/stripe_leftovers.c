@@ -8,10 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "commit/stripe.h"
-#include "commit/txn.h"
-#include "format/manifest.h"
-#include "internal.h"
+#include "../commit/stripe.h"
+#include "../commit/txn.h"
+#include "../format/manifest.h"
+#include "writer.h"
 
 char *ckptio__stripe_owner_of(const char *target)
 {

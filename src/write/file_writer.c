@@ -3,9 +3,10 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "internal.h"
-#include "io/engine.h"
-#include "io/sink.h"
+#include "../io/params.h"
+#include "../io/engine.h"
+#include "../commit/txn.h"
+#include "../io/sink.h"
 
 struct ckptio_file_writer {
     ckptio__msg msg;

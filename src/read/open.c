@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Opening a checkpoint to read: its manifest, its data files (striped ones too), queries. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../io/engine.h"
+#include "../io/vfs.h"
+#include "reader.h"
+
+/* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
+ * *)(base + i * stride + at) with length *(uint32_t *)(... + len_at), or -1. */
+static int64_t find_name(const char *strtab, const void *base, size_t n, size_t stride, size_t at,
+                         size_t len_at, const char *key)
+{
+    size_t klen = strlen(key), lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const uint8_t *e = (const uint8_t *)base + mid * stride;
+        uint64_t off;
+        uint32_t len;
+        memcpy(&off, e + at, sizeof off);
+        memcpy(&len, e + len_at, sizeof len);
+        int c = memcmp(strtab + off, key, CKPTIO__MIN((size_t)len, klen));
+        if (!c) c = len < klen ? -1 : len > klen;
+        if (!c) return (int64_t)mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
+/* The first versions of the structs that may grow end with these fields. */
+/* Element i of the caller's array of sized structs (stride: element 0's size) into *out, as
+ * far as its size covers; the rest of *out is zero. */
+int ckptio__read_take_sized(ckptio__msg *msg, void *out, size_t ours, size_t v1, const void *arr,
+                            size_t i, const char *fn, const char *type)
+{
+    uint32_t stride, size;
+    memcpy(&stride, arr, sizeof stride);
+    if (stride < v1)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s: element 0 has .size %u; set .size = sizeof(%s) (%zu here)", fn,
+                            stride, type, ours);
+    const uint8_t *e = (const uint8_t *)arr + i * (size_t)stride;
+    memcpy(&size, e, sizeof size);
+    if (size != stride)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s: element %zu has .size %u but element 0 has %u; set every "
+                            ".size = sizeof(%s)",
+                            fn, i, size, stride, type);
+    memset(out, 0, ours);
+    memcpy(out, e, CKPTIO__MIN((size_t)size, ours));
+    return 0;
+}
+
+/* ---- open ---- */
+
+int ckptio__read_manifest(int dirfd, const char *path, ckptio__msg *msg, uint8_t **buf,
+                          uint64_t *len)
+{
+    int fd = ckptio__vfs_open(dirfd, "manifest", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return ckptio__fail(msg, CKPTIO_E_NOT_CHECKPOINT,
+                                "'%s' has no manifest: it is not a committed checkpoint (an "
+                                "interrupted save leaves such a directory; load the previous "
+                                "checkpoint)",
+                                path);
+        return ckptio__fail(msg, -errno, "cannot open '%s/manifest'", path);
+    }
+    struct stat st;
+    int rc = 0;
+    *buf = NULL;
+    if (fstat(fd, &st) < 0) {
+        rc = ckptio__fail(msg, -errno, "cannot stat '%s/manifest'", path);
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > CKPTIO__MAX_MANIFEST_BYTES) {
+        rc = ckptio__fail(msg, CKPTIO_E_CORRUPT,
+                          "'%s/manifest' is not a regular file of at most %llu bytes", path,
+                          (unsigned long long)CKPTIO__MAX_MANIFEST_BYTES);
+        goto out;
+    }
+    *len = (uint64_t)st.st_size;
+    *buf = malloc(*len ? *len : 1);
+    CKPTIO__GOTO_IF(!*buf, -ENOMEM);
+    for (uint64_t got = 0; got < *len;) {
+        ssize_t n = CKPTIO__VFS->pread(fd, *buf + got, *len - got, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            rc = ckptio__fail(msg, n < 0 ? -errno : CKPTIO_E_CORRUPT,
+                              "reading '%s/manifest' failed", path);
+            goto out;
+        }
+        got += (uint64_t)n;
+    }
+out:
+    close(fd);
+    if (rc < 0) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return rc;
+}
+
+int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p)
+{
+    if (!out || !path || !*path) {
+        if (out) *out = NULL;
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_open: out and path are required");
+    }
+    *out = NULL;
+    double t0 = ckptio__now();
+    ckptio_reader *r = calloc(1, sizeof *r);
+    if (!r) return ckptio__fail(NULL, -ENOMEM, "out of memory opening '%s'", path);
+    r->dirfd = -1;
+    uint8_t *buf = NULL;
+    uint64_t len = 0;
+    int rc;
+    r->path = strdup(path);
+    CKPTIO__GOTO_IF(!r->path, -ENOMEM);
+    CKPTIO__CHECK(ckptio__cfg_resolve(p, &r->cfg, &r->msg));
+    ckptio__gpu_init(&r->gpu, r->cfg.gpu, r->cfg.gpu_staging, r->cfg.csum_block);
+    r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (r->dirfd < 0) {
+        rc = -errno;
+        ckptio__fail(&r->msg, rc, "cannot open checkpoint directory '%s'%s", path,
+                     rc == -ENOTDIR ? ": not a directory" : "");
+        goto out;
+    }
+    CKPTIO__CHECK(ckptio__read_manifest(r->dirfd, r->path, &r->msg, &buf, &len));
+    char err[512] = "";
+    rc = ckptio__manifest_decode(buf, len, &r->m, err, sizeof err);
+    if (rc < 0) {
+        ckptio__fail(&r->msg, rc, "'%s/manifest' %s: %s", path,
+                     rc == CKPTIO_E_FORMAT ? "needs a newer ckptio" : "is corrupt", err);
+        goto out;
+    }
+    r->files = calloc(r->m->n_files + 1, sizeof *r->files);
+    CKPTIO__GOTO_IF(!r->files, -ENOMEM);
+    for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = r->files[i].bfd = -1;
+    r->gpu.block = r->m->csum_block ? r->m->csum_block : 4096; /* slots: whole blocks */
+    /* A staging buffer holds a whole checksum block plus alignment slack at both ends; the
+     * format bounds the block (manifest.c), so this does not overflow. */
+    r->buf_size = CKPTIO__MAX(r->cfg.request, 2 * r->m->csum_block);
+    r->stats.seconds = ckptio__now() - t0;
+    *out = r;
+    free(buf);
+    return 0;
+out:
+    free(buf);
+    {
+        ckptio__msg keep = r->msg;
+        ckptio_reader_close(r);
+        return ckptio__refail(NULL, &keep, rc, "cannot open checkpoint", NULL);
+    }
+}
+
+void ckptio_reader_close(ckptio_reader *r)
+{
+    if (!r) return;
+    ckptio__ring_fini(&r->ring);
+    ckptio__gpu_fini(&r->gpu);
+    ckptio__workers_stop(r->workers);
+    if (r->files)
+        for (uint64_t i = 0; i < r->m->n_files; i++) ckptio__read_close_rfile(&r->files[i]);
+    free(r->files);
+    for (uint64_t k = 0; r->root_fds && k < r->m->n_roots; k++)
+        if (r->root_fds[k] >= 0) close(r->root_fds[k]);
+    free(r->root_fds);
+    for (size_t k = 0; k < r->n_roots; k++) free(r->roots[k]);
+    free(r->roots);
+    if (r->m) ckptio__manifest_free(r->m);
+    if (r->dirfd >= 0) close(r->dirfd);
+    free(r->path);
+    free(r);
+}
+
+/* The ring, on the first read: planning does not need it. */
+int ckptio__read_start_ring(ckptio_reader *r)
+{
+    if (r->ring.eng) return 0;
+    CKPTIO__TRY(ckptio__ring_init(&r->ring, r->cfg.backend, r->cfg.depth, r->cfg.threads,
+                                  r->cfg.staging, r->buf_size, r->path, &r->msg));
+    ckptio__stats_backend(r->stats.backend, r->cfg.backend, ckptio__engine_name(r->ring.eng));
+    return 0;
+}
+
+/* Open a file to read and learn its size and alignment; -errno. */
+int ckptio__read_open_rfile(rfile *f, int dirfd, const char *name, int want_direct, int cache)
+{
+    if (f->fd >= 0) return 0;
+    f->bfd = -1;
+    int rc = ckptio__file_open(dirfd, name, CKPTIO__F_READ, want_direct, &f->fd, &f->direct);
+    if (rc < 0) {
+        f->fd = -1;
+        return rc;
+    }
+    struct stat st;
+    if (fstat(f->fd, &st) < 0) {
+        rc = -errno;
+        close(f->fd);
+        f->fd = -1;
+        return rc;
+    }
+    f->size = (uint64_t)st.st_size;
+    if (f->direct) ckptio__file_dio_align(f->fd, &f->mem_align, &f->off_align);
+    else f->mem_align = f->off_align = 1;
+    f->off_align = CKPTIO__MIN(f->off_align, 4096u);
+    /* A second, buffered descriptor copies resident pages; without one (it failed to open)
+     * everything is read from the device as before. A file opened without O_DIRECT is read
+     * through the cache already. */
+    if (cache && f->direct) {
+        int d = 0;
+        if (ckptio__file_open(dirfd, name, CKPTIO__F_READ, CKPTIO_OFF, &f->bfd, &d) < 0) f->bfd = -1;
+        /* It reads resident pages only: readahead would pull in from the device the very
+         * bytes that O_DIRECT is reading. Filling the cache, it reads everything: ahead. */
+        else
+            posix_fadvise(f->bfd, 0, 0,
+                          cache == CKPTIO__CACHE_FILL ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
+        f->cf = (ckptio__cachefile){.fd = f->bfd, .size = f->size};
+    }
+    return 0;
+}
+
+void ckptio__read_close_rfile(rfile *f)
+{
+    if (f->fd >= 0) close(f->fd);
+    if (f->bfd >= 0) close(f->bfd);
+    ckptio__cache_fini(&f->cf);
+    f->fd = f->bfd = -1;
+}
+
+/* ---- striped checkpoints (format 2): data files in stripe directories of other roots ---- */
+
+/* Open data file i, which lies in the stripe directory of root m->files[i].root: looked for in
+ * the roots given to ckptio_reader_set_roots, else in the recorded root. */
+static int open_striped(ckptio_reader *r, uint32_t i)
+{
+    uint32_t k = r->m->files[i].root - 1;
+    const ckptio__mroot *mr = &r->m->roots[k];
+    const char *recorded = r->m->strtab + mr->path, *name = r->m->strtab + mr->name;
+    if (!r->root_fds) {
+        r->root_fds = malloc(r->m->n_roots * sizeof *r->root_fds);
+        CKPTIO__RET_IF(!r->root_fds, -ENOMEM);
+        for (uint64_t j = 0; j < r->m->n_roots; j++) r->root_fds[j] = -1;
+    }
+    int err = ENOENT;
+    /* The given roots first, then the recorded one: a stripe that did not move is found. */
+    for (size_t j = 0; r->root_fds[k] < 0 && j <= r->n_roots; j++) {
+        const char *root = j < r->n_roots ? r->roots[j] : recorded;
+        int at = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (at < 0) {
+            err = errno;
+            continue;
+        }
+        /* The stripe itself is no link: what it holds must be the checkpoint's own. */
+        r->root_fds[k] = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (r->root_fds[k] < 0) err = errno;
+        close(at);
+    }
+    if (r->root_fds[k] < 0)
+        return ckptio__fail(&r->msg, -err,
+                            "checkpoint '%s': its data file '%s' lies in stripe '%s' of root %u "
+                            "(recorded as '%s'), which %s: mount that file system, or pass "
+                            "roots= (ckptio_reader_set_roots) naming where the stripes are now",
+                            r->path, fname(r, i), name, k + 1, recorded,
+                            r->n_roots ? "is in none of the given roots" : "cannot be opened");
+    rfile *f = &r->files[i];
+    int rc = ckptio__read_open_rfile(f, r->root_fds[k], fname(r, i), r->cfg.direct, r->cfg.cache);
+    if (rc < 0)
+        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
+                            "cannot open data file '%s/%s/%s' of checkpoint '%s'%s", recorded,
+                            name, fname(r, i), r->path, rc == -ENOENT ? ": it is missing" : "");
+    r->stats.direct = f->direct;
+    r->stats.alignment = f->off_align;
+    return 0;
+}
+
+int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n)
+{
+    if (!r || (n && !roots))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_set_roots: NULL argument");
+    for (uint64_t j = 0; r->root_fds && j < r->m->n_roots; j++) {
+        if (r->root_fds[j] >= 0) close(r->root_fds[j]);
+        r->root_fds[j] = -1;
+    }
+    for (size_t k = 0; k < r->n_roots; k++) free(r->roots[k]);
+    free(r->roots);
+    r->roots = NULL;
+    r->n_roots = 0;
+    if (!n) return 0;
+    r->roots = calloc(n, sizeof *r->roots);
+    CKPTIO__RET_IF(!r->roots, -ENOMEM);
+    for (size_t k = 0; k < n; k++) {
+        if (!roots[k] || !(r->roots[k] = strdup(roots[k]))) {
+            /* Refused whole: the reader goes on with the recorded roots. */
+            bool null = !roots[k];
+            while (k--) free(r->roots[k]);
+            free(r->roots);
+            r->roots = NULL;
+            return null ? ckptio__fail(&r->msg, CKPTIO_E_USAGE,
+                                       "ckptio_reader_set_roots: a root is NULL")
+                        : -ENOMEM;
+        }
+    }
+    r->n_roots = n;
+    return 0;
+}
+
+/* Data files are opened when a read first needs them, before it is planned: a checkpoint with
+ * a damaged file can still be inspected and its other tensors read, and a reader holds no more
+ * descriptors than its reads need. */
+int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
+{
+    rfile *f = &r->files[i];
+    if (f->fd >= 0) return 0;
+    uint32_t root = r->m->files[i].root;
+    if (root) return open_striped(r, i);
+    int rc = ckptio__read_open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
+    if (rc < 0)
+        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
+                            "cannot open data file '%s/%s'%s", r->path, fname(r, i),
+                            rc == -ENOENT ? ": it is missing" : "");
+    r->stats.direct = f->direct;
+    r->stats.alignment = f->off_align;
+    return 0;
+}
+
+/* ---- queries ---- */
+
+size_t ckptio_reader_num_tensors(const ckptio_reader *r)
+{
+    return r ? (size_t)r->m->n_tensors : 0;
+}
+
+int ckptio_reader_tensor(const ckptio_reader *r, size_t index, ckptio_tensor_info *out)
+{
+    if (!r || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_tensor: NULL argument");
+    if (index >= r->m->n_tensors)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "'%s' has %llu tensors; index %zu is past them",
+                            r->path, (unsigned long long)r->m->n_tensors, index);
+    if (out->size < TENSOR_INFO_V1)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_reader_tensor: out->size is %u; set it to "
+                            "sizeof(ckptio_tensor_info) (%zu here) before the call",
+                            out->size, sizeof(ckptio_tensor_info));
+    const ckptio__mtensor *t = &r->m->tensors[index];
+    uint64_t stored = 0;
+    for (uint64_t c = 0; c < t->n_chunks; c++) stored += r->m->chunks[t->chunk0 + c].stored_len;
+    ckptio_tensor_info ti = {.size = out->size};
+    ti.name = r->m->strtab + t->name;
+    ti.dtype = (int)t->dtype;
+    ti.ndim = t->ndim;
+    ti.shape = r->m->dims + t->dims;
+    ckptio__volume(ti.shape, t->ndim, ckptio_dtype_size((int)t->dtype), &ti.nbytes);
+    ti.stored_bytes = stored;
+    ti.num_chunks = t->n_chunks;
+    memcpy(out, &ti, CKPTIO__MIN((size_t)out->size, sizeof ti)); /* what the caller's holds */
+    return 0;
+}
+
+int64_t ckptio__read_find_tensor(const ckptio_reader *r, const char *name)
+{
+    return find_name(r->m->strtab, r->m->tensors, r->m->n_tensors, sizeof(ckptio__mtensor),
+                     offsetof(ckptio__mtensor, name), offsetof(ckptio__mtensor, name_len), name);
+}
+
+int64_t ckptio_reader_find(const ckptio_reader *r, const char *name)
+{
+    if (!r || !name) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_find: NULL argument");
+    int64_t i = ckptio__read_find_tensor(r, name);
+    if (i < 0)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "no tensor '%s' in '%s'", name, r->path);
+    return i;
+}
+
+int ckptio_reader_chunk(const ckptio_reader *r, size_t tensor, size_t chunk, ckptio_chunk_info *out)
+{
+    if (!r || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_chunk: NULL argument");
+    if (tensor >= r->m->n_tensors || chunk >= r->m->tensors[tensor].n_chunks)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "no chunk %zu of tensor %zu in '%s'", chunk,
+                            tensor, r->path);
+    const ckptio__mtensor *t = &r->m->tensors[tensor];
+    const ckptio__mchunk *c = &r->m->chunks[t->chunk0 + chunk];
+    out->offset = r->m->dims + c->dims;
+    out->shape = r->m->dims + c->dims + t->ndim;
+    out->file = fname(r, c->file);
+    out->file_offset = c->file_off;
+    out->stored_bytes = c->stored_len;
+    out->nbytes = c->raw_len;
+    return 0;
+}
+
+size_t ckptio_reader_num_meta(const ckptio_reader *r)
+{
+    return r ? (size_t)r->m->n_meta : 0;
+}
+
+int ckptio_reader_meta(const ckptio_reader *r, size_t index, const char **key, const void **value,
+                       size_t *len)
+{
+    if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_meta: reader is NULL");
+    if (index >= r->m->n_meta)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "metadata index %zu is past the %llu entries",
+                            index, (unsigned long long)r->m->n_meta);
+    const ckptio__mmeta *m = &r->m->meta[index];
+    if (key) *key = r->m->strtab + m->key;
+    if (value) *value = r->m->strtab + m->val;
+    if (len) *len = (size_t)m->val_len;
+    return 0;
+}
+
+int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, const void **value, size_t *len)
+{
+    if (!r || !key) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_get_meta: NULL argument");
+    int64_t i = find_name(r->m->strtab, r->m->meta, r->m->n_meta, sizeof(ckptio__mmeta),
+                          offsetof(ckptio__mmeta, key), offsetof(ckptio__mmeta, key_len), key);
+    if (i >= 0) return ckptio_reader_meta(r, (size_t)i, NULL, value, len);
+    return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND, "no metadata key '%s' in '%s'", key, r->path);
+}
+
+const char *ckptio_reader_errmsg(const ckptio_reader *r)
+{
+    return r ? r->msg.text : "";
+}
+
+const char *ckptio_reader_path(const ckptio_reader *r)
+{
+    return r ? r->path : "";
+}
+
+int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out)
+{
+    if (!r || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_stats: NULL argument");
+    *out = r->stats;
+    out->gbps = out->seconds > 0 ? (double)out->bytes / out->seconds / 1e9 : 0;
+    return 0;
+}
+
+int ckptio_reader_read_stats(const ckptio_reader *r, ckptio_read_stats *out)
+{
+    if (!r || !out)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_read_stats: NULL argument");
+    if (out->size < offsetof(ckptio_read_stats, merged) + sizeof(uint64_t))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_reader_read_stats: out->size is %u; set it to "
+                            "sizeof(ckptio_read_stats) (%zu here) before the call",
+                            out->size, sizeof(ckptio_read_stats));
+    ckptio_read_stats st = r->rstats;
+    st.size = out->size;
+    st.device_bytes = r->stats.io_bytes;
+    memcpy(out, &st, CKPTIO__MIN((size_t)out->size, sizeof st));
+    return 0;
+}

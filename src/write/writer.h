@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The writer's insides, shared by its files: data files, chunks, open and commit. */
+#ifndef CKPTIO_WRITE_WRITER_H
+#define CKPTIO_WRITE_WRITER_H
+
+#include <stdio.h>
+
+#include "../commit/stripe.h"
+#include "../commit/txn.h"
+#include "../common/hasher.h"
+#include "../format/manifest.h"
+#include "../gpu/staged.h"
+#include "../io/params.h"
+#include "../io/sink.h"
+#include "part.h"
+
+/* Per-tensor bookkeeping while writing; becomes a ckptio__mtensor at commit (format/build.c). */
+typedef ckptio__btensor wtensor;
+
+/* Checksums of a large chunk, computed by the hasher into `buf`, copied into csums[at] once
+ * the hasher is idle (csums may move while it works). */
+typedef struct pending_csums {
+    uint64_t at, n;
+    uint64_t *buf;
+} pending_csums;
+
+/* Chunks at least this large are hashed on the hasher thread. */
+#define ASYNC_HASH_MIN (1u << 20)
+
+/* A metadata entry, key and value owned by the writer. */
+typedef ckptio__bmeta wmeta;
+
+/* A data file's writing state while another lane is current (striping). */
+typedef struct lane {
+    int fd;            /* -1: no file yet (the lane's first file is made on first use) */
+    ckptio__sink sink; /* its own engine, so its writes stay in flight while others are fed */
+    char *label;
+    uint32_t file;     /* index of its current data file */
+    uint64_t bytes;    /* chunk bytes given to it, for balancing */
+} lane;
+
+/* A block of the name arena: names never move, so the map can point at them. */
+typedef struct arena_block {
+    struct arena_block *prev;
+    size_t used, cap;
+    char data[];
+} arena_block;
+
+struct ckptio_writer {
+    ckptio__msg msg;
+    ckptio__cfg cfg;
+    ckptio__handle_state hs;
+    ckptio__txn txn;   /* the temporary directory and its publish */
+    const char *path;  /* txn.path, for messages */
+    int fd;            /* the data file */
+    char *data_label; /* its path, for messages */
+    char *tmp_abs;      /* a distributed save's temporary directory, absolute, for the ranks */
+    bool part_done;     /* a rank's share is written and described; only publish may follow */
+    /* The data files: file i is data/<prefix><i in 6 digits>.ckd, in the checkpoint's
+     * directory or, striped, in the stripe directory of its root. Bytes go to the current one
+     * (fd, sink, cur_file); sizes[i] is file i's length once it is finished. */
+    char *file_prefix;       /* NULL: none */
+    uint64_t max_file_bytes; /* a chunk that would pass it starts the next file; 0: no bound */
+    uint64_t *sizes;
+    uint32_t *file_roots;    /* 0: the checkpoint's directory; k: stripes[k - 1] */
+    size_t n_files, cap_files;
+    uint32_t cur_file;
+    bool is_part;
+    bool splitting; /* add_split is adding the pieces of one chunk */
+    /* Striping (ckptio_writer_set_roots): lane 0 writes into the checkpoint's own data/, lane
+     * k into stripes[k - 1]. The current lane's file is fd/sink/data_label/cur_file; the others
+     * wait in lanes[] (the current one's entry is empty) with their writes in flight. */
+    ckptio__stripe *stripes;
+    lane *lanes;
+    size_t n_stripes, cur_lane;
+    ckptio__sink sink;
+    ckptio__hasher *hasher; /* started with the first large chunk */
+    ckptio__vec pending;    /* pending_csums: checksums the hasher is still computing */
+
+    ckptio__vec tensors; /* wtensor */
+    ckptio__vec chunks;  /* ckptio__mchunk */
+    ckptio__vec next;    /* uint64_t, parallel to chunks */
+    ckptio__vec dims;    /* uint64_t */
+    ckptio__vec csums;   /* uint64_t */
+    ckptio__vec meta;    /* wmeta */
+    ckptio__strmap names;
+    arena_block *arena;
+
+    ckptio__gpu gpu; /* CKPTIO_MEM_CUDA chunks: pinned ring, stream, cuFile */
+
+    double t_open;
+    ckptio_stats stats;
+};
+
+/* A striped writer cuts chunks into pieces of at least this size (add_split). */
+#define STRIPE_PIECE_MIN (32ull << 20)
+
+/* Longest data file name: "data/", a prefix, 7 digits at most (CKPTIO__MAX_FILES), ".ckd". */
+#define MAX_PREFIX 64
+#define DATA_NAME_LEN (MAX_PREFIX + 32)
+
+static inline void data_name(const ckptio_writer *w, uint64_t i, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "data/%s%06llu.ckd", w->file_prefix ? w->file_prefix : "",
+             (unsigned long long)i);
+}
+
+/* ---- writer.c ---- */
+
+/* A copy of s[0, len) in the name arena, NUL-terminated; it never moves. */
+CKPTIO__HIDDEN const char *ckptio__writer_arena_dup(ckptio_writer *w, const char *s, size_t len);
+
+/* Fail the writer for good with `code`: every later call but close returns it. */
+CKPTIO__HIDDEN int ckptio__writer_poison(ckptio_writer *w, int code);
+
+/* 0 while the writer may be fed or committed, else why not (in its message). */
+CKPTIO__HIDDEN int ckptio__writer_check_usable(ckptio_writer *w);
+
+/* ---- data_files.c ---- */
+
+/* Register data file number n_files in root `root` and create it: *fd, *direct, *label. */
+CKPTIO__HIDDEN int ckptio__writer_new_file(ckptio_writer *w, uint32_t root, int *fd, int *direct,
+                                           char **label, uint32_t *index);
+
+/* Finish a data file: its writes done, its length cut and recorded, fsynced, closed. */
+CKPTIO__HIDDEN int ckptio__writer_finish_file(ckptio_writer *w, ckptio__sink *s, int *fd,
+                                              const char *label, uint32_t file);
+
+/* Finish the current data file and go on in the next one of the same root, through the same
+ * sink. */
+CKPTIO__HIDDEN int ckptio__writer_roll_file(ckptio_writer *w);
+
+/* Make lane k current, parking the current one with its writes in flight; a lane's first use
+ * starts its engine and creates its first file. */
+CKPTIO__HIDDEN int ckptio__writer_lane_enter(ckptio_writer *w, size_t k);
+
+/* The lane for a chunk of n bytes: the one given the fewest bytes so far (equal chunks go
+ * round-robin), so each root receives an equal share. */
+CKPTIO__HIDDEN size_t ckptio__writer_pick_lane(ckptio_writer *w, uint64_t n);
+
+/* ---- chunks.c ---- */
+
+/* Wait for the hasher and move its results into place. */
+CKPTIO__HIDDEN void ckptio__writer_settle_hashes(ckptio_writer *w);
+
+/* ---- stripe_leftovers.c ---- */
+
+/* The absolute path that stripes of the checkpoint at `target` record as their owner
+ * (malloc'd; NULL when its parent cannot be resolved). */
+CKPTIO__HIDDEN char *ckptio__stripe_owner_of(const char *target);
+/* Remove (dry: count) the stripes of `owner` in `root` that no live save holds and that the
+ * checkpoint published at `owner` does not name. */
+CKPTIO__HIDDEN int ckptio__stripe_collect_owned(const char *owner, const char *root, bool dry,
+                                                unsigned *found);
+/* The roots recorded by the checkpoint published at `dir` (none for format 1 or no
+ * checkpoint); free each and the array. */
+CKPTIO__HIDDEN int ckptio__stripe_recorded_roots(const char *dir, char ***roots, size_t *n);
+
+#endif
