@@ -758,18 +758,19 @@ typedef struct ckptio_pool_params {
     uint32_t reserved;
 } ckptio_pool_params;
 
+/* Fill `p` with defaults. Since 0.3. */
 CKPTIO_API void ckptio_pool_params_init(ckptio_pool_params *p);
 /* Make a pool (no buffer yet). `p` may be NULL (defaults). ON without a usable CUDA device is
- * CKPTIO_E_UNSUPPORTED. Free with ckptio_pool_free(). */
+ * CKPTIO_E_UNSUPPORTED. Free with ckptio_pool_free(). Since 0.3. */
 CKPTIO_API int ckptio_pool_new(ckptio_pool **out, const ckptio_pool_params *p);
 /* Change the cap for the next snapshots (0: the default). Idle buffers over it are freed at
- * the next take; buffers lent are never taken back. */
+ * the next take; buffers lent are never taken back. Since 0.3. */
 CKPTIO_API int ckptio_pool_set_max_bytes(ckptio_pool *pool, uint64_t max_bytes);
 /* Free every idle buffer (buffers lent to a snapshot or a save in flight are kept); returns
- * the bytes freed. */
+ * the bytes freed. Since 0.3. */
 CKPTIO_API uint64_t ckptio_pool_release(ckptio_pool *pool);
 
-/* A pool's accounting. `size` = sizeof(ckptio_pool_usage), set by the caller. */
+/* A pool's accounting. `size` = sizeof(ckptio_pool_usage), set by the caller. Since 0.3. */
 typedef struct ckptio_pool_usage {
     uint32_t size;
     uint32_t pinned;       /* 1 if buffers made from now on are page-locked, 0 if plain */
@@ -781,14 +782,16 @@ typedef struct ckptio_pool_usage {
     uint64_t allocations;  /* buffers made since the pool was made */
     char reason[160];      /* why buffers are plain, or "" */
 } ckptio_pool_usage;
-/* Thread-safe. */
+/* The pool's accounting into `out` (fields past out->size left alone). Thread-safe. Since
+ * 0.3. */
 CKPTIO_API int ckptio_pool_stats(const ckptio_pool *pool, ckptio_pool_usage *out);
 /* Free the idle buffers and the pool; snapshots and saves made from it keep it alive until
- * they are freed. Accepts NULL. */
+ * they are freed. Accepts NULL. Since 0.3. */
 CKPTIO_API void ckptio_pool_free(ckptio_pool *pool);
 
 /* A copy of a set of tensors in a pool's buffers: the items given to ckptio_snapshot_take,
- * re-pointed at host copies. Owned by the caller until handed to a background save. */
+ * re-pointed at host copies. Owned by the caller until handed to a background save. Since
+ * 0.3. */
 typedef struct ckptio_snapshot ckptio_snapshot;
 
 /* Copy `n` items (see ckptio_dist_item: a box of a global tensor; CKPTIO_MEM_CUDA items are
@@ -805,16 +808,17 @@ typedef struct ckptio_snapshot ckptio_snapshot;
  * writer's own staging memory is not counted: open it with a small staging_bytes.
  *
  * Strings and arrays of the items are copied; zero-byte items are kept. On failure *out is
- * NULL, the pool lends nothing more than before, and `w` may be poisoned (an I/O error). */
+ * NULL, the pool lends nothing more than before, and `w` may be poisoned (an I/O error).
+ * Since 0.3. */
 CKPTIO_API int ckptio_snapshot_take(ckptio_snapshot **out, ckptio_pool *pool,
                                     const ckptio_dist_item *items, size_t n, ckptio_writer *w);
 /* The snapshot's items (host memory, sizeof(ckptio_dist_item) each): the copied ones, and the
  * copied heads of split ones; what was written during the take is not among them. Valid while
- * the snapshot lives. */
+ * the snapshot lives. Since 0.3. */
 CKPTIO_API int ckptio_snapshot_items(const ckptio_snapshot *s, const ckptio_dist_item **items,
                                      size_t *n);
 
-/* What a take did. `size` = sizeof(ckptio_take_stats), set by the caller. */
+/* What a take did. `size` = sizeof(ckptio_take_stats), set by the caller. Since 0.3. */
 typedef struct ckptio_take_stats {
     uint32_t size;
     uint32_t split;         /* items split between a copy and a write */
@@ -825,21 +829,22 @@ typedef struct ckptio_take_stats {
     double seconds;         /* the take's wall time */
 } ckptio_take_stats;
 CKPTIO_API int ckptio_snapshot_stats(const ckptio_snapshot *s, ckptio_take_stats *out);
-/* Give the buffers back to the pool and free. Accepts NULL. */
+/* Give the buffers back to the pool and free. Accepts NULL. Since 0.3. */
 CKPTIO_API void ckptio_snapshot_free(ckptio_snapshot *s);
 
 /* Add the snapshot's items to `w` (the writer given to the take, or any open writer when
  * everything fit) and commit it, on a thread of ckptio's (ckptio_writer_commit_async). On
  * success the completion owns `s` and `w`: the buffers go back to the pool when the commit
  * is done, before wait returns. Set metadata on `w` before the call. On failure nothing was
- * started and `s` and `w` are still the caller's. */
+ * started and `s` and `w` are still the caller's. Since 0.3. */
 CKPTIO_API int ckptio_snapshot_commit_async(ckptio_snapshot *s, ckptio_writer *w,
                                             ckptio_completion **out);
 /* ckptio_save_dist of the snapshot's items on a thread of ckptio's: collective, as
  * ckptio_save_dist. `path`, the metadata and `p` are copied; `comm` is used from that thread
  * and must outlive the completion (one thread at a time: give it a communicator the caller's
  * other threads do not use). On success the completion owns `s`; ckptio_completion_stats gives
- * this rank's statistics. On failure nothing was started and `s` is still the caller's. */
+ * this rank's statistics. On failure nothing was started and `s` is still the caller's.
+ * Since 0.3. */
 CKPTIO_API int ckptio_snapshot_save_dist_async(ckptio_snapshot *s, const char *path,
                                                const ckptio_comm *comm,
                                                const char *const *meta_keys,

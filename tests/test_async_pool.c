@@ -407,6 +407,13 @@ static int child_after_fork(ckptio_pool *pool, ckptio_completion *parents, uint6
 
 static int run_child(ckptio_pool *pool, ckptio_completion *parents, uint64_t seed, int want)
 {
+#if defined(__SANITIZE_THREAD__)
+    /* TSan cannot follow a child of a threaded process that starts threads (the child's save
+     * does): ASan and the plain build run these. */
+    (void)pool, (void)parents, (void)seed, (void)want;
+    printf("skipped under TSan\n");
+    return T_SKIP;
+#endif
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) _exit(child_after_fork(pool, parents, seed, want));
@@ -418,6 +425,7 @@ static int run_child(ckptio_pool *pool, ckptio_completion *parents, uint64_t see
 
 static int test_pool_fork_in_flight(void)
 {
+    int rc;
     state st;
     ckptio_pool *pool = begin(256 * MiB, &st, 16, MiB, 13);
     CHECK(pool);
@@ -426,7 +434,8 @@ static int test_pool_fork_in_flight(void)
     CHECK(save_async(pool, &st, t_path("parent"), &c, NULL) == 0);
     while (fsyncs_seen() == 0) usleep(1000); /* the commit is inside its first fsync */
     CHECK(usage(pool).lent > 0);
-    CHECK(run_child(pool, c, 14, CKPTIO_E_STATE) == 0);
+    rc = run_child(pool, c, 14, CKPTIO_E_STATE);
+    CHECK(rc == 0 || rc == T_SKIP);
     gate_release();
     CHECK_OK(ckptio_completion_wait(c, 60));
     ckptio_completion_free(c);
@@ -434,7 +443,7 @@ static int test_pool_fork_in_flight(void)
     CHECK(check_state(t_path("parent"), 16, MiB, 13) == 0);
     state_free(&st);
     ckptio_pool_free(pool);
-    return 0;
+    return rc; /* T_SKIP where the child could not run */
 }
 
 /* After a finished save large enough to start the copy threads, a forked child's save (on
@@ -447,7 +456,8 @@ static int test_pool_fork_after(void)
     ckptio_completion *c;
     CHECK(save_async(pool, &st, t_path("parent"), &c, NULL) == 0);
     CHECK_OK(ckptio_completion_wait(c, 60));
-    CHECK(run_child(pool, c, 16, 0) == 0); /* the parent's finished completion, not yet freed */
+    int rc = run_child(pool, c, 16, 0); /* the parent's finished completion, not yet freed */
+    CHECK(rc == 0 || rc == T_SKIP);
     ckptio_completion_free(c);
     CHECK(check_state(t_path("parent"), 4096, 48 * MiB, 15) == 0);
     /* The parent's pool still works, and reuses its buffers. */
@@ -460,7 +470,7 @@ static int test_pool_fork_after(void)
     ckptio_completion_free(c);
     state_free(&st);
     ckptio_pool_free(pool);
-    return 0;
+    return rc; /* T_SKIP where the child could not run */
 }
 
 /* A multi-rank save (one rank here) from the pool's copies, in the background. */
@@ -510,9 +520,10 @@ static int test_pool_usage_errors(void)
     ckptio_snapshot *s;
     ckptio_dist_item bad = {.size = sizeof bad, .name = "x", .dtype = CKPTIO_DT_F32, .ndim = 1};
     uint64_t shape[1] = {4};
+    float data[4] = {1, 2, 3, 4};
     bad.shape = shape;
     bad.nbytes = 15;
-    bad.data = shape;
+    bad.data = data;
     CHECK_ERR(ckptio_snapshot_take(&s, pool, &bad, 1, NULL), CKPTIO_E_SHAPE);
     CHECK_ERR(ckptio_snapshot_take(NULL, pool, &bad, 1, NULL), CKPTIO_E_USAGE);
     CHECK(usage(pool).lent == 0 && usage(pool).held == 0);
@@ -630,12 +641,12 @@ static int test_pool_gpu(void)
     u = usage(pool);
     CHECK(u.pinned_bytes == u.held && u.held == st.an + st.bn + 8 && u.lent == 0);
     CHECK(check_state(t_path("ck"), 256, 3 * MiB, 19) == 0);
-    if (!G.real) { /* the third device copy: "a" of this second take */
+    if (!G.real) { /* the third device copy, of this second take */
         ckptio_writer *w;
         CHECK_OK(ckptio_writer_open(&w, t_path("ck2"), NULL));
         ckptio_snapshot *s;
         CHECK_ERR(ckptio_snapshot_take(&s, pool, st.it, 4, w), -EIO);
-        CHECK(t_contains(ckptio_last_error(), "'a'"));
+        CHECK(t_contains(ckptio_last_error(), "from GPU memory failed"));
         CHECK(usage(pool).lent == 0);
         ckptio_writer_close(w);
     }

@@ -177,7 +177,7 @@ static uint64_t drop_idle(ckptio_pool *pool, uint64_t need, ckptio__pbuf **keep,
 }
 
 /* A new buffer, faulted in now so that no later copy into it page-faults. */
-static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, ckptio__pbuf **out,
+static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, uint64_t dev, ckptio__pbuf **out,
                     ckptio__msg *m)
 {
     ckptio__pbuf *b = calloc(1, sizeof *b);
@@ -186,7 +186,7 @@ static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, ckptio__pbuf **o
     if (pinned) {
         const ckptio__cuda *cu = ckptio__cuda_get(NULL);
         char e[160];
-        ckptio__CUresult r = cu ? ckptio__cuda_bind(cu, 0) : 1;
+        ckptio__CUresult r = cu ? ckptio__cuda_bind(cu, dev) : 1;
         if (r == CKPTIO__CUDA_SUCCESS)
             r = cu->MemHostAlloc(&b->p, n, CKPTIO__CU_MEMHOSTALLOC_PORTABLE);
         if (r != CKPTIO__CUDA_SUCCESS) {
@@ -220,7 +220,7 @@ static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, ckptio__pbuf **o
 }
 
 int ckptio__pool_take(ckptio_pool *pool, const uint64_t *sizes, const bool *device, size_t count,
-                      ckptio__pbuf **out, ckptio__msg *m)
+                      uint64_t dev, ckptio__pbuf **out, ckptio__msg *m)
 {
     int rc = 0;
     uint64_t missing = 0;
@@ -239,7 +239,7 @@ int ckptio__pool_take(ckptio_pool *pool, const uint64_t *sizes, const bool *devi
     drop_idle(pool, missing, out, count);
     for (size_t i = 0; i < count && rc == 0; i++) {
         if (out[i]) continue;
-        rc = buf_make(pool, sizes[i], pool->pinned || device[i], &out[i], m);
+        rc = buf_make(pool, sizes[i], pool->pinned || device[i], dev, &out[i], m);
         if (rc == 0) out[i]->lent = true;
     }
     for (size_t i = 0; i < count; i++) {

@@ -18,11 +18,14 @@ typedef struct ckptio__pbuf {
 } ckptio__pbuf;
 
 /* Lend `count` buffers of exactly sizes[i] bytes (0 < sizes[i]; sum within the cap less what
- * is lent already), device[i] asking for page-locked memory. Idle buffers of other sizes are
+ * is lent already), device[i] asking for page-locked memory. `dev` (0: none) is a device
+ * pointer of the save: page-locked memory is made in its device's context when the calling
+ * thread has none current, not in device 0's. Idle buffers of other sizes are
  * freed first when new ones would pass the cap. On failure nothing is lent and the held count
  * is exact (buffers made before the failure stay idle for the next save). */
 CKPTIO__HIDDEN int ckptio__pool_take(ckptio_pool *pool, const uint64_t *sizes, const bool *device,
-                                     size_t count, ckptio__pbuf **out, ckptio__msg *m);
+                                     size_t count, uint64_t dev, ckptio__pbuf **out,
+                                     ckptio__msg *m);
 /* Give lent buffers back (NULL entries skipped). */
 CKPTIO__HIDDEN void ckptio__pool_give(ckptio_pool *pool, ckptio__pbuf **bufs, size_t count);
 /* Bytes that a new snapshot may take: the cap less what other snapshots hold. */

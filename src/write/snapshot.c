@@ -280,8 +280,10 @@ int ckptio_snapshot_take(ckptio_snapshot **out, ckptio_pool *pool, const ckptio_
     }
     ckptio_pool_usage ps = {.size = sizeof ps};
     ckptio_pool_stats(pool, &ps);
-    uint64_t allocs0 = ps.allocations;
-    CKPTIO__CHECK(ckptio__pool_take(pool, sizes, dev, nsizes, taken, &m));
+    uint64_t allocs0 = ps.allocations, devptr = 0;
+    for (size_t i = 0; i < n && !devptr; i++)
+        if (its[i].memory == CKPTIO_MEM_CUDA) devptr = (uint64_t)(uintptr_t)its[i].data;
+    CKPTIO__CHECK(ckptio__pool_take(pool, sizes, dev, nsizes, devptr, taken, &m));
     size_t b = 0;
     for (size_t i = 0; i < n; i++) {
         if (pl[i].how == WRITE) continue;
