@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #define CKPTIO_EXPERIMENTAL
+#include "../src/dist/comm.h"
 #include "../src/io/vfs.h"
 #include "../src/write/pool.h"
 #include "test.h"
@@ -507,6 +508,58 @@ static int test_pool_dist(void)
     return 0;
 }
 
+/* Two ranks (threads of one process) each snapshot their rows of "w" and a replica of "b",
+ * change their tensors, and save together from their background threads. */
+static int test_pool_dist_two_ranks(void)
+{
+    enum { ROWS = 128, COLS = 1024 };
+    static float w[ROWS * COLS], want[ROWS * COLS];
+    static unsigned char b[2][8192];
+    t_fill(w, sizeof w, 21);
+    memcpy(want, w, sizeof w);
+    ckptio__comm_local *g;
+    CHECK_OK(ckptio__comm_local_new(&g, 2));
+    uint64_t wshape[2] = {ROWS, COLS}, bshape[1] = {8192}, box[2] = {ROWS / 2, COLS};
+    uint64_t off[2][2] = {{0, 0}, {ROWS / 2, 0}};
+    ckptio_pool *pools[2];
+    ckptio_completion *c[2];
+    for (int r = 0; r < 2; r++) {
+        t_fill(b[r], sizeof b[r], 22); /* replicas hold the same bytes */
+        pools[r] = pool_make(16 * MiB);
+        CHECK(pools[r]);
+        ckptio_dist_item its[2] = {
+            {.size = sizeof its[0], .name = "w", .dtype = CKPTIO_DT_F32, .ndim = 2,
+             .shape = wshape, .offset = off[r], .box = box, .data = w + (size_t)r * ROWS / 2 * COLS,
+             .nbytes = sizeof w / 2},
+            {.size = sizeof its[1], .name = "b", .dtype = CKPTIO_DT_U8, .ndim = 1,
+             .shape = bshape, .data = b[r], .nbytes = sizeof b[r]},
+        };
+        ckptio_snapshot *s;
+        CHECK_OK(ckptio_snapshot_take(&s, pools[r], its, 2, NULL));
+        memset(b[r], 0, sizeof b[r]);
+        CHECK_OK(ckptio_snapshot_save_dist_async(s, t_path("ck"), ckptio__comm_local_rank(g, r),
+                                                 NULL, NULL, NULL, 0, NULL, 30, &c[r]));
+    }
+    memset(w, 0, sizeof w);
+    for (int r = 0; r < 2; r++) {
+        CHECK_OK(ckptio_completion_wait(c[r], 60));
+        ckptio_completion_free(c[r]);
+        CHECK(usage(pools[r]).lent == 0);
+        ckptio_pool_free(pools[r]);
+    }
+    ckptio__comm_local_free(g);
+    ckptio_reader *rd;
+    CHECK_OK(ckptio_reader_open(&rd, t_path("ck"), NULL));
+    CHECK_OK(ckptio_reader_read_tensor(rd, "w", w, sizeof w));
+    CHECK(!memcmp(w, want, sizeof w));
+    unsigned char got[8192], ref[8192];
+    t_fill(ref, sizeof ref, 22);
+    CHECK_OK(ckptio_reader_read_tensor(rd, "b", got, sizeof got));
+    CHECK(!memcmp(got, ref, sizeof got));
+    ckptio_reader_close(rd);
+    return 0;
+}
+
 static int test_pool_usage_errors(void)
 {
     ckptio_pool *pool = NULL;
@@ -691,6 +744,7 @@ const ckptio_test tests_async_pool[] = {
     {"async/pool-fork-in-flight", test_pool_fork_in_flight, 0, 120},
     {"async/pool-fork-after", test_pool_fork_after, 0, 120},
     {"async/pool-dist", test_pool_dist, 0, 60},
+    {"async/pool-dist-two-ranks", test_pool_dist_two_ranks, 0, 60},
     {"async/pool-usage", test_pool_usage_errors, 0, 60},
     {"async/pool-gpu", test_pool_gpu, 0, 60},
     {"async/pool-gpu-plain", test_pool_gpu_plain, 0, 60},
