@@ -775,7 +775,9 @@ typedef struct ckptio_pool_usage {
     uint32_t size;
     uint32_t pinned;       /* 1 if buffers made from now on are page-locked, 0 if plain */
     uint64_t max_bytes;    /* the cap */
-    uint64_t held;         /* bytes of every buffer the pool owns, lent or idle: <= max_bytes */
+    uint64_t held;         /* bytes of every buffer the pool owns, lent or idle: at most
+                            * max_bytes (after a lower cap, once the next take has run and
+                            * the buffers lent before it are back) */
     uint64_t lent;         /* of which lent to snapshots (saves not yet done) */
     uint64_t pinned_bytes; /* of `held`, page-locked */
     uint64_t buffers;      /* buffers held */
