@@ -748,7 +748,8 @@ typedef struct ckptio_pool ckptio_pool;
 typedef struct ckptio_pool_params {
     uint32_t size;         /* sizeof(ckptio_pool_params), set by ckptio_pool_params_init */
     int pinned;            /* enum ckptio_switch. AUTO: page-locked (cuMemHostAlloc) when the
-                            * CUDA driver loads and reports a device, plain otherwise (it makes
+                            * CUDA driver loads and reports a device, plain otherwise, and plain
+                            * from the first host copy's buffer the driver refuses on (it makes
                             * the process's CUDA context: pass OFF for host-only saves on a GPU
                             * host); ON: page-locked or fail; OFF: plain memory. Device tensors
                             * are copied into page-locked buffers only; with plain buffers they

@@ -733,6 +733,40 @@ static int test_pool_gpu_plain(void)
     return 0;
 }
 
+/* Where the driver refuses page-locked memory, an AUTO pool copies host tensors into plain
+ * buffers and says why; a device tensor, which needs page-locked memory, fails the take. */
+static int test_pool_gpu_pin_refused(void)
+{
+    setenv("CKPTIO_STANDIN_FAIL_ALLOC", "1", 1);
+    int rc = gpu_open();
+    if (rc) return rc;
+    if (G.real) return T_SKIP;
+    state st;
+    ckptio_pool *pool;
+    state_make(&st, 16, MiB, 23);
+    CHECK_OK(ckptio_pool_new(&pool, NULL));
+    CHECK(usage(pool).pinned == 1);
+    ckptio_completion *c;
+    CHECK(save_async(pool, &st, t_path("ck"), &c, NULL) == 0);
+    CHECK_OK(ckptio_completion_wait(c, 60));
+    ckptio_completion_free(c);
+    ckptio_pool_usage u = usage(pool);
+    CHECK(u.pinned == 0 && u.pinned_bytes == 0 && u.held == st.an + st.bn + 8);
+    CHECK(t_contains(u.reason, "cuMemHostAlloc"));
+    CHECK(check_state(t_path("ck"), 16, MiB, 23) == 0);
+    void *da = gpu_copy_of(st.a, st.an);
+    CHECK(da);
+    st.it[0].data = da;
+    st.it[0].memory = CKPTIO_MEM_CUDA;
+    ckptio_snapshot *s;
+    CHECK_ERR(ckptio_snapshot_take(&s, pool, st.it, 4, NULL), CKPTIO_E_LIMIT);
+    CHECK(t_contains(ckptio_last_error(), "page-locked"));
+    CHECK(usage(pool).lent == 0);
+    ckptio_pool_free(pool);
+    state_free(&st);
+    return 0;
+}
+
 const ckptio_test tests_async_pool[] = {
     {"async/pool-round-trip", test_pool_round_trip, T_PER_BACKEND, 60},
     {"async/pool-reuse", test_pool_reuse, 0, 60},
@@ -748,5 +782,6 @@ const ckptio_test tests_async_pool[] = {
     {"async/pool-usage", test_pool_usage_errors, 0, 60},
     {"async/pool-gpu", test_pool_gpu, 0, 60},
     {"async/pool-gpu-plain", test_pool_gpu_plain, 0, 60},
+    {"async/pool-gpu-pin-refused", test_pool_gpu_pin_refused, 0, 60},
     {0},
 };

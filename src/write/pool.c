@@ -176,9 +176,11 @@ static uint64_t drop_idle(ckptio_pool *pool, uint64_t need, ckptio__pbuf **keep,
     return freed;
 }
 
-/* A new buffer, faulted in now so that no later copy into it page-faults. */
-static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, uint64_t dev, ckptio__pbuf **out,
-                    ckptio__msg *m)
+/* A new buffer, faulted in now so that no later copy into it page-faults. Page-locked when
+ * `pinned`; where the driver refuses and the buffer is not `must` (a host copy on an AUTO
+ * pool), plain memory instead, from then on, with the reason in the stats. */
+static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, bool must, uint64_t dev,
+                    ckptio__pbuf **out, ckptio__msg *m)
 {
     ckptio__pbuf *b = calloc(1, sizeof *b);
     if (!b) return ckptio__fail(m, -ENOMEM, "out of memory for a pool buffer's record");
@@ -189,12 +191,20 @@ static int buf_make(ckptio_pool *pool, uint64_t n, bool pinned, uint64_t dev, ck
         ckptio__CUresult r = cu ? ckptio__cuda_bind(cu, dev) : 1;
         if (r == CKPTIO__CUDA_SUCCESS)
             r = cu->MemHostAlloc(&b->p, n, CKPTIO__CU_MEMHOSTALLOC_PORTABLE);
-        if (r != CKPTIO__CUDA_SUCCESS) {
+        if (r != CKPTIO__CUDA_SUCCESS && must) {
             free(b);
             return ckptio__fail(m, -ENOMEM,
                                 "cannot make a page-locked buffer of %llu bytes: %s",
                                 (unsigned long long)n, ckptio__cuda_errstr(cu, r, e, sizeof e));
         }
+        if (r != CKPTIO__CUDA_SUCCESS) {
+            pool->pinned = false;
+            snprintf(pool->reason, sizeof pool->reason, "cuMemHostAlloc refused %llu bytes (%s)",
+                     (unsigned long long)n, ckptio__cuda_errstr(cu, r, e, sizeof e));
+            pinned = false;
+        }
+    }
+    if (pinned) {
         b->pinned = true;
     } else {
         if (ckptio__pool_fail_alloc_at > 0 && --ckptio__pool_fail_alloc_at == 0) b->p = MAP_FAILED;
@@ -239,7 +249,8 @@ int ckptio__pool_take(ckptio_pool *pool, const uint64_t *sizes, const bool *devi
     drop_idle(pool, missing, out, count);
     for (size_t i = 0; i < count && rc == 0; i++) {
         if (out[i]) continue;
-        rc = buf_make(pool, sizes[i], pool->pinned || device[i], dev, &out[i], m);
+        rc = buf_make(pool, sizes[i], pool->pinned || device[i],
+                      device[i] || pool->pinned_mode == CKPTIO_ON, dev, &out[i], m);
         if (rc == 0) out[i]->lent = true;
     }
     for (size_t i = 0; i < count; i++) {
