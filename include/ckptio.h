@@ -776,6 +776,159 @@ CKPTIO_API int ckptio_save_dist(const char *path, const ckptio_comm *comm,
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
+/* Async saves: a pool of host buffers, snapshots into it, the write in the background.       */
+/* Experimental: define CKPTIO_EXPERIMENTAL to use them. Since 0.3.                            */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* An async save is two steps. ckptio_snapshot_take copies the caller's tensors (host memory,
+ * or CUDA device memory: the device-to-host copy lands straight in the pool's buffer) into
+ * host buffers of a pool and returns; from then on the caller may change its tensors. Then
+ * ckptio_snapshot_commit_async (one process) or ckptio_snapshot_save_dist_async (several
+ * ranks) writes the copies and commits on a thread of ckptio's, and gives the buffers back to
+ * the pool when it is done, success or failure.
+ *
+ * The error rule. The take reports everything that happens during the call: invalid items,
+ * no memory, a failed device copy, an I/O error while writing what the cap could not hold;
+ * then nothing is lent and nothing is started. ckptio_completion_wait reports everything after
+ * it: the writes, checks, commit and publish. A save whose error nobody received from
+ * ckptio_completion_wait (freed without waiting, or not yet waited for) has its error reported
+ * once by the next ckptio_snapshot_take on the same pool, which then starts nothing and says
+ * so; the checkpoint of the failed save was not written.
+ *
+ * One save in flight per pool: a take waits for the pool's save in flight first.
+ *
+ * Fork: a forked child inherits no save. In the child, a completion started by the parent
+ * reports CKPTIO_E_STATE at once ("belongs to the parent process") and is not reported by the
+ * child's next take; its free neither waits for the parent's thread nor touches its writer;
+ * buffers the parent had lent belong to no pool in the child; the pool's copy threads are
+ * started anew; pinned memory is not used in the child (the CUDA driver does not survive a
+ * fork), plain idle buffers are reused. A child may take snapshots and save as any process. */
+
+/* A pool of host buffers, each of exactly the size of a tensor it holds a copy of, aligned to
+ * ckptio_alignment(), faulted in once when made and reused by size by later snapshots, so a
+ * save of the same state allocates nothing the second time. It never holds more than its cap:
+ * idle buffers of sizes a snapshot does not reuse are freed before new ones are made.
+ *
+ * Thread safety: a pool, and the snapshots and completions made from it, are used by one
+ * thread at a time, except ckptio_pool_stats, ckptio_completion_wait and
+ * ckptio_completion_done, which any thread may call at any time. */
+typedef struct ckptio_pool ckptio_pool;
+
+/* How a pool is made. Initialize with ckptio_pool_params_init(). `size` as for ckptio_params. */
+typedef struct ckptio_pool_params {
+    uint32_t size;         /* sizeof(ckptio_pool_params), set by ckptio_pool_params_init */
+    int pinned;            /* enum ckptio_switch. AUTO: page-locked (cuMemHostAlloc) when the
+                            * CUDA driver loads and reports a device, plain otherwise, and plain
+                            * from the first host copy's buffer the driver refuses on (it makes
+                            * the process's CUDA context: pass OFF for host-only saves on a GPU
+                            * host); ON: page-locked or fail; OFF: plain memory. Device tensors
+                            * are copied into page-locked buffers only; with plain buffers they
+                            * are written through the writer during the take. */
+    uint64_t max_bytes;    /* the cap; 0 = a quarter of physical memory. */
+    uint32_t copy_threads; /* threads that copy host tensors, the caller's included; 0 = 2 */
+    uint32_t reserved;
+} ckptio_pool_params;
+
+/* Fill `p` with defaults. Since 0.3. */
+CKPTIO_API void ckptio_pool_params_init(ckptio_pool_params *p);
+/* Make a pool (no buffer yet). `p` may be NULL (defaults). ON without a usable CUDA device is
+ * CKPTIO_E_UNSUPPORTED. Free with ckptio_pool_free(). Since 0.3. */
+CKPTIO_API int ckptio_pool_new(ckptio_pool **out, const ckptio_pool_params *p);
+/* Change the cap for the next snapshots (0: the default). Idle buffers over it are freed at
+ * the next take; buffers lent are never taken back. Since 0.3. */
+CKPTIO_API int ckptio_pool_set_max_bytes(ckptio_pool *pool, uint64_t max_bytes);
+/* Free every idle buffer (buffers lent to a snapshot or a save in flight are kept); returns
+ * the bytes freed. Since 0.3. */
+CKPTIO_API uint64_t ckptio_pool_release(ckptio_pool *pool);
+
+/* A pool's accounting. `size` = sizeof(ckptio_pool_usage), set by the caller. Since 0.3. */
+typedef struct ckptio_pool_usage {
+    uint32_t size;
+    uint32_t pinned;       /* 1 if buffers made from now on are page-locked, 0 if plain */
+    uint64_t max_bytes;    /* the cap */
+    uint64_t held;         /* bytes of every buffer the pool owns, lent or idle: at most
+                            * max_bytes (after a lower cap, once the next take has run and
+                            * the buffers lent before it are back) */
+    uint64_t lent;         /* of which lent to snapshots (saves not yet done) */
+    uint64_t pinned_bytes; /* of `held`, page-locked */
+    uint64_t buffers;      /* buffers held */
+    uint64_t allocations;  /* buffers made since the pool was made */
+    char reason[160];      /* why buffers are plain, or "" */
+} ckptio_pool_usage;
+/* The pool's accounting into `out` (fields past out->size left alone). Thread-safe. Since
+ * 0.3. */
+CKPTIO_API int ckptio_pool_stats(const ckptio_pool *pool, ckptio_pool_usage *out);
+/* Free the idle buffers and the pool; snapshots and saves made from it keep it alive until
+ * they are freed. Accepts NULL. Since 0.3. */
+CKPTIO_API void ckptio_pool_free(ckptio_pool *pool);
+
+/* A copy of a set of tensors in a pool's buffers: the items given to ckptio_snapshot_take,
+ * re-pointed at host copies. Owned by the caller until handed to a background save. Since
+ * 0.3. */
+typedef struct ckptio_snapshot ckptio_snapshot;
+
+/* Copy `n` items (see ckptio_dist_item: a box of a global tensor; CKPTIO_MEM_CUDA items are
+ * copied on the item's stream, after the work queued on it before the call) into `pool`'s
+ * buffers, on the pool's copy threads, and return once every copy is complete: the caller's
+ * tensors may change at once. First waits for the pool's save in flight (see the error rule).
+ *
+ * What does not fit under the cap (less what other snapshots of the pool hold) is written
+ * through `w` during the call (ckptio_writer_add_mem, then flushed): an item of which at least
+ * 1 MiB fits is split along its first dimension, the rows that fit copied, the others written
+ * now as a chunk of their own. `w` is then the writer that ckptio_snapshot_commit_async must
+ * commit. Without `w` (NULL, a multi-rank save) nothing is split or written: items that do not
+ * all fit fail with CKPTIO_E_LIMIT, nothing lent, and the caller saves during the call. The
+ * writer's own staging memory is not counted: open it with a small staging_bytes.
+ *
+ * Strings and arrays of the items are copied; zero-byte items are kept. On failure *out is
+ * NULL, the pool lends nothing more than before, and `w` may be poisoned (an I/O error).
+ * Since 0.3. */
+CKPTIO_API int ckptio_snapshot_take(ckptio_snapshot **out, ckptio_pool *pool,
+                                    const ckptio_dist_item *items, size_t n, ckptio_writer *w);
+/* The snapshot's items (host memory, sizeof(ckptio_dist_item) each): the copied ones, and the
+ * copied heads of split ones; what was written during the take is not among them. Valid while
+ * the snapshot lives. Since 0.3. */
+CKPTIO_API int ckptio_snapshot_items(const ckptio_snapshot *s, const ckptio_dist_item **items,
+                                     size_t *n);
+
+/* What a take did. `size` = sizeof(ckptio_take_stats), set by the caller. Since 0.3. */
+typedef struct ckptio_take_stats {
+    uint32_t size;
+    uint32_t split;         /* items split between a copy and a write */
+    uint64_t copied_bytes;  /* bytes copied into the pool's buffers */
+    uint64_t device_bytes;  /* of which from device memory */
+    uint64_t written_bytes; /* bytes written through the writer during the take */
+    uint64_t allocations;   /* buffers the pool had to make for this take */
+    double seconds;         /* the take's wall time */
+} ckptio_take_stats;
+CKPTIO_API int ckptio_snapshot_stats(const ckptio_snapshot *s, ckptio_take_stats *out);
+/* Give the buffers back to the pool and free. Accepts NULL. Since 0.3. */
+CKPTIO_API void ckptio_snapshot_free(ckptio_snapshot *s);
+
+/* Add the snapshot's items to `w` (the writer given to the take, or any open writer when
+ * everything fit) and commit it, on a thread of ckptio's (ckptio_writer_commit_async). On
+ * success the completion owns `s` and `w`: the buffers go back to the pool when the commit
+ * is done, before wait returns. Set metadata on `w` before the call. On failure nothing was
+ * started and `s` and `w` are still the caller's. Since 0.3. */
+CKPTIO_API int ckptio_snapshot_commit_async(ckptio_snapshot *s, ckptio_writer *w,
+                                            ckptio_completion **out);
+/* ckptio_save_dist of the snapshot's items on a thread of ckptio's: collective, as
+ * ckptio_save_dist. `path`, the metadata and `p` are copied; `comm` is used from that thread
+ * and must outlive the completion (one thread at a time: give it a communicator the caller's
+ * other threads do not use). On success the completion owns `s`; ckptio_completion_stats gives
+ * this rank's statistics. On failure nothing was started and `s` is still the caller's.
+ * Since 0.3. */
+CKPTIO_API int ckptio_snapshot_save_dist_async(ckptio_snapshot *s, const char *path,
+                                               const ckptio_comm *comm,
+                                               const char *const *meta_keys,
+                                               const void *const *meta_vals,
+                                               const size_t *meta_lens, size_t n_meta,
+                                               const ckptio_params *p, double timeout,
+                                               ckptio_completion **out);
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Mapped (lazy) loads. Experimental: define CKPTIO_EXPERIMENTAL to use them.                 */
 /* ------------------------------------------------------------------------------------------ */
 #if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)

@@ -34,8 +34,9 @@ static int gated_fsync(int fd)
 
 static ckptio__vfs g_vfs;
 
-/* Install the vfs (before any writer exists: the I/O threads read the table unlocked). */
-static void gate_install(int open, int err)
+/* Install the vfs (before any writer exists: the I/O threads read the table unlocked). Shared
+ * with test_async_pool.c, as are gate_release and fsyncs_seen. */
+void gate_install(int open, int err)
 {
     g_vfs = ckptio__vfs_real;
     g_vfs.fsync = gated_fsync;
@@ -52,7 +53,7 @@ static void gate_fail(int err)
     pthread_mutex_unlock(&g_lock);
 }
 
-static void gate_release(void)
+void gate_release(void)
 {
     pthread_mutex_lock(&g_lock);
     g_open = 1;
@@ -60,7 +61,7 @@ static void gate_release(void)
     pthread_mutex_unlock(&g_lock);
 }
 
-static int fsyncs_seen(void)
+int fsyncs_seen(void)
 {
     pthread_mutex_lock(&g_lock);
     int n = g_fsyncs;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Background commits: ckptio_writer_commit() on a thread of ckptio's, with a completion to wait on. */
+/* Background saves: a commit or a multi-rank save on a thread of ckptio's, with a completion to wait on. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -7,11 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "forksafe.h"
+#include "pool.h"
 #include "writer.h"
 
 struct ckptio_completion {
-    ckptio_writer *w;
+    ckptio__job job;
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -19,36 +22,50 @@ struct ckptio_completion {
     int rc;
     ckptio__msg msg;
     ckptio_stats stats;
+    bool seen;   /* wait has handed the result to someone */
+    bool forked; /* in a child of the process that started it: no thread, hands off */
+    ckptio__forksafe fork;
 };
 
-static void *commit_thread(void *arg)
+/* The child has no commit thread: a save still running is the parent's, never the child's. */
+static void fork_child(void *obj)
+{
+    ckptio_completion *c = obj;
+    if (!c->done) {
+        c->done = 1;
+        c->rc = CKPTIO_E_STATE;
+        snprintf(c->msg.text, sizeof c->msg.text,
+                 "this background save belongs to the parent process (pid %ld), which forked "
+                 "this one; it goes on there, and this process cannot wait for it",
+                 (long)getppid());
+    }
+    c->seen = true;
+    c->forked = true;
+}
+
+static void *job_thread(void *arg)
 {
     ckptio_completion *c = arg;
-    int rc = ckptio_writer_commit(c->w);
     ckptio_stats st;
+    ckptio__msg msg;
     memset(&st, 0, sizeof st);
-    (void)ckptio_writer_stats(c->w, &st);
+    msg.text[0] = '\0';
+    int rc = c->job.run(c->job.ctx, &st, &msg);
     pthread_mutex_lock(&c->lock);
     c->rc = rc;
     c->stats = st;
-    if (rc < 0) snprintf(c->msg.text, sizeof c->msg.text, "%s", ckptio_writer_errmsg(c->w));
+    if (rc < 0) c->msg = msg;
     c->done = 1;
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
     return NULL;
 }
 
-int ckptio_writer_commit_async(ckptio_writer *w, ckptio_completion **out)
+int ckptio__completion_start(const ckptio__job *job, ckptio_completion **out, const char *what)
 {
-    if (out) *out = NULL;
-    if (!w || !out)
-        return ckptio__fail(NULL, CKPTIO_E_USAGE,
-                            "ckptio_writer_commit_async: the writer and `out` must not be NULL");
     ckptio_completion *c = calloc(1, sizeof *c);
-    if (!c)
-        return ckptio__fail(NULL, -ENOMEM,
-                            "ckptio_writer_commit_async: out of memory for the completion");
-    c->w = w;
+    if (!c) return ckptio__fail(NULL, -ENOMEM, "%s: out of memory for the completion", what);
+    c->job = *job;
     pthread_condattr_t ca;
     int e = pthread_condattr_init(&ca);
     if (!e) {
@@ -59,28 +76,58 @@ int ckptio_writer_commit_async(ckptio_writer *w, ckptio_completion **out)
     }
     if (e) {
         free(c);
-        return ckptio__fail(NULL, -e, "ckptio_writer_commit_async: cannot make a condition "
-                                      "variable; the writer is unchanged, commit it directly");
+        return ckptio__fail(NULL, -e, "%s: cannot make a condition variable; nothing was "
+                                      "started", what);
     }
     pthread_mutex_init(&c->lock, NULL);
-    /* The commit thread takes no signals: they stay with the caller's threads, whose
-     * handlers (Python's Ctrl-C among them) expect them. */
+    c->fork = (ckptio__forksafe){&c->lock, fork_child, c, NULL};
+    /* Listed as the thread starts, under the list's lock: a fork sees both or neither. */
+    ckptio__forksafe_lock();
+    /* The thread takes no signals: they stay with the caller's threads, whose handlers
+     * (Python's Ctrl-C among them) expect them. */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    e = pthread_create(&c->thread, NULL, commit_thread, c);
+    e = pthread_create(&c->thread, NULL, job_thread, c);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!e) ckptio__forksafe_add_locked(&c->fork);
+    ckptio__forksafe_unlock();
     if (e) {
         pthread_cond_destroy(&c->cond);
         pthread_mutex_destroy(&c->lock);
         free(c);
         return ckptio__fail(NULL, -e,
-                            "ckptio_writer_commit_async: cannot start a thread (%s); the writer "
-                            "is unchanged: commit it directly, or retry with fewer threads",
-                            strerror(e));
+                            "%s: cannot start a thread (%s); nothing was started: save "
+                            "directly, or retry with fewer threads",
+                            what, strerror(e));
     }
+    if (job->pool) ckptio__pool_set_pending(job->pool, c);
     *out = c;
     return 0;
+}
+
+static int commit_run(void *ctx, ckptio_stats *st, ckptio__msg *msg)
+{
+    ckptio_writer *w = ctx;
+    int rc = ckptio_writer_commit(w);
+    (void)ckptio_writer_stats(w, st);
+    if (rc < 0) snprintf(msg->text, sizeof msg->text, "%s", ckptio_writer_errmsg(w));
+    return rc;
+}
+
+static void commit_drop(void *ctx, bool forked)
+{
+    if (!forked) ckptio_writer_close(ctx); /* in a child its I/O threads are the parent's */
+}
+
+int ckptio_writer_commit_async(ckptio_writer *w, ckptio_completion **out)
+{
+    if (out) *out = NULL;
+    if (!w || !out)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_writer_commit_async: the writer and `out` must not be NULL");
+    ckptio__job job = {commit_run, commit_drop, w, NULL};
+    return ckptio__completion_start(&job, out, "ckptio_writer_commit_async");
 }
 
 int ckptio_completion_wait(ckptio_completion *c, double timeout)
@@ -107,6 +154,7 @@ int ckptio_completion_wait(ckptio_completion *c, double timeout)
             if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) == ETIMEDOUT) break;
     }
     int done = c->done, rc = c->rc;
+    if (done) c->seen = true;
     pthread_mutex_unlock(&c->lock);
     if (!done)
         return ckptio__fail(NULL, -ETIMEDOUT,
@@ -142,12 +190,31 @@ int ckptio_completion_stats(const ckptio_completion *c, ckptio_stats *out)
     return 0;
 }
 
+int ckptio__completion_result(ckptio_completion *c, bool mark_seen, bool *seen, ckptio__msg *msg)
+{
+    pthread_mutex_lock(&c->lock);
+    while (!c->done) pthread_cond_wait(&c->cond, &c->lock);
+    *seen = c->seen;
+    if (mark_seen) c->seen = true;
+    if (c->rc < 0) *msg = c->msg;
+    int rc = c->rc;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 void ckptio_completion_free(ckptio_completion *c)
 {
     if (!c) return;
-    pthread_join(c->thread, NULL);
-    ckptio_writer_close(c->w);
-    pthread_cond_destroy(&c->cond);
-    pthread_mutex_destroy(&c->lock);
+    ckptio__forksafe_remove(&c->fork);
+    /* A forked child's copy has no thread to join, and its lock and condition variable may
+     * show the parent's waiters: it is only forgotten. */
+    if (!c->forked) pthread_join(c->thread, NULL);
+    if (c->job.pool)
+        ckptio__pool_forget(c->job.pool, c, c->seen ? 0 : c->rc, c->msg.text);
+    c->job.drop(c->job.ctx, c->forked);
+    if (!c->forked) {
+        pthread_cond_destroy(&c->cond);
+        pthread_mutex_destroy(&c->lock);
+    }
     free(c);
 }
