@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* `ckptio bench --merge`: runs the merge benchmark, the program ckptio-bench-merge beside this one. */
+/* `ckptio bench --merge`: runs the merge benchmark, the program ckptio-bench-merge beside it. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Finding a striped checkpoint's stripe directories: the given roots first, then the recorded one. */
+/* Finding a striped checkpoint's stripe directories: given roots first, then the recorded one. */
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -82,7 +82,8 @@ int ckptio__stripes_dir(ckptio__stripes *s, const ckptio__manifest *m, uint32_t 
             err = errno;
             continue;
         }
-        s->fds[k] = openat(at, m->strtab + mr->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        s->fds[k] =
+            openat(at, m->strtab + mr->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (s->fds[k] < 0) err = errno;
         close(at);
     }
