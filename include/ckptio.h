@@ -528,6 +528,8 @@ CKPTIO_API int ckptio_stripe_leftovers(const char *path, const char *const *root
  * gives each one's name ("BF16", "F8_E4M3", ...). */
 #define CKPTIO_ST_COUNT 23
 
+/* One tensor of a header. Its layout is versioned by the ckptio_st_header that points to it
+ * (see its .size), as is ckptio_st_meta's. */
 typedef struct ckptio_st_tensor {
     uint64_t name;     /* strtab offset; strtab[name + name_len] == 0 */
     uint32_t name_len;
@@ -547,8 +549,15 @@ typedef struct ckptio_st_meta {
     uint64_t val_len; /* a value may hold NULs of its own (\u0000): use val_len */
 } ckptio_st_meta;
 
-/* Strings live in strtab, each followed by a NUL. */
+/* Strings live in strtab, each followed by a NUL. `size` versions this struct and, with it,
+ * the layout of the ckptio_st_tensor and ckptio_st_meta arrays it points to (when either of
+ * those grows, this struct grows too). A header the caller builds for ckptio_st_encode, its
+ * arrays included, is the caller's: set .size = sizeof(ckptio_st_header). A parsed header
+ * (ckptio_st_parse) is the library's, one allocation in the library's own layout, and its
+ * .size says which. */
 typedef struct ckptio_st_header {
+    uint32_t size;       /* sizeof(ckptio_st_header) */
+    uint32_t reserved;   /* 0 */
     uint64_t header_len; /* N */
     uint64_t data_start; /* 8 + N */
     uint64_t n_tensors, n_meta, n_dims, strtab_len;
@@ -573,7 +582,8 @@ CKPTIO_API void ckptio_st_free(ckptio_st_header *h); /* accepts NULL */
  * there is any, then the tensors in h's order), padded with spaces so that the data start is
  * a multiple of `align` (a power of two; 1: no padding). Offsets are written as given: the
  * caller lays them out. On success *out (malloc'd; free()) holds *len bytes; else
- * CKPTIO_E_USAGE, CKPTIO_E_LIMIT or -ENOMEM, with err. Thread-safe. */
+ * CKPTIO_E_USAGE (also for an h->size other than sizeof(ckptio_st_header)), CKPTIO_E_LIMIT or
+ * -ENOMEM, with err. Thread-safe. */
 CKPTIO_API int ckptio_st_encode(const ckptio_st_header *h, uint64_t align, uint8_t **out,
                                 uint64_t *len, char *err, size_t errlen);
 /* A safetensors dtype's name, or NULL outside 1 .. CKPTIO_ST_COUNT - 1. */

@@ -325,6 +325,14 @@ static int test_encode(void)
     uint64_t len;
     CHECK(ckptio__st_encode(h, 3000, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
     CHECK(ckptio__st_encode(h, 0, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
+    /* The public encoder reads the caller's layout by .size: a parsed header says the library's. */
+    CHECK(h->size == sizeof *h);
+    CHECK_OK(ckptio_st_encode(h, 1, &buf, &len, err, sizeof err));
+    free(buf);
+    h->size = 0;
+    CHECK(ckptio_st_encode(h, 1, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
+    CHECK(buf == NULL && strstr(err, "sizeof(ckptio_st_header)"));
+    h->size = sizeof *h;
     h->tensors[0].st_dtype = CKPTIO__ST_COUNT;
     CHECK(ckptio__st_encode(h, 1, &buf, &len, err, sizeof err) == CKPTIO_E_USAGE);
     CHECK(buf == NULL && strstr(err, "unknown dtype"));

@@ -434,7 +434,7 @@ static void order_shard(conv *c, size_t a, size_t b)
 /* Open the safetensors file of shard s and write its header. */
 static int open_shard(conv *c, uint32_t s, size_t a, size_t b)
 {
-    ckptio_st_header h = {0};
+    ckptio_st_header h = {.size = sizeof h};
     uint64_t strlen_ = 1, ndims = 0;
     size_t nmeta = 0;
     bool has_format = false;

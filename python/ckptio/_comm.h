@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ckptio._core's bridge from Python communicators (ckptio._comm) to ckptio_comm tables. */
+/* ckptio._core's bridge from Python communicators (ckptio.ranks._comm) to ckptio_comm tables. */
 #ifndef CKPTIO_PY_COMM_H
 #define CKPTIO_PY_COMM_H
 
@@ -15,7 +15,7 @@
  * 0, or -1 with an exception set. */
 int ckptio__pycomm_register(PyObject *m);
 
-/* A table whose callbacks call `obj` (a ckptio._comm.Communicator: rank, size, barrier,
+/* A table whose callbacks call `obj` (a ckptio.ranks._comm.Communicator: rank, size, barrier,
  * broadcast, gather), holding a reference to it. Called with the GIL held; the table may then
  * be used with the GIL released (each callback takes it). Free with ckptio_comm_free(), GIL held
  * or not. NULL with an exception set on failure. */

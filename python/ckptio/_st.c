@@ -154,6 +154,7 @@ static PyObject *mod_st_encode(PyObject *mod, PyObject *args)
     PyObject *out = NULL;
     ckptio_st_header h;
     memset(&h, 0, sizeof h);
+    h.size = sizeof h;
     char *arena = NULL;
     if (!fm) goto done;
     Py_ssize_t nt = PySequence_Fast_GET_SIZE(ft), nm = PySequence_Fast_GET_SIZE(fm);

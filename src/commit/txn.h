@@ -26,7 +26,7 @@
  * - object storage: no rename there; a publish variant writes the manifest object last (its
  *   presence is the commit) in place of publish_dir()'s rename, behind the same begin/abort.
  *
- * Layering: uses src/io (vfs, file_open, fsync) and src/common; used by save.c and file.c. */
+ * Layering: uses src/io (vfs, file_open, fsync) and src/common; used by src/write and src/read. */
 
 enum {
     CKPTIO__TXN_DIR = 1,  /* a checkpoint directory; tmp_fd is the temporary directory */

@@ -566,6 +566,7 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
     h->meta = (ckptio__st_meta *)p, p += r.cap_meta * sizeof(ckptio__st_meta);
     h->dims = (uint64_t *)p, p += r.cap_dims * sizeof(uint64_t);
     h->strtab = (char *)p;
+    h->size = sizeof *h;
     h->header_len = n;
     h->data_start = 8 + n;
     r.h = h;
@@ -732,6 +733,14 @@ void ckptio_st_free(ckptio_st_header *h)
 int ckptio_st_encode(const ckptio_st_header *h, uint64_t align, uint8_t **out, uint64_t *len,
                      char *err, size_t errlen)
 {
+    /* One layout so far: a header of another size was built against another ckptio.h. */
+    if (h && h->size != sizeof *h) {
+        *out = NULL;
+        *len = 0;
+        return fail(err, errlen, CKPTIO_E_USAGE,
+                    "ckptio_st_encode: h->size is %u; set it to sizeof(ckptio_st_header) (%zu "
+                    "here)", h->size, sizeof *h);
+    }
     return ckptio__st_encode(h, align, out, len, err, errlen);
 }
 

@@ -11,6 +11,7 @@
 #include "../io/engine.h"
 #include "../io/vfs.h"
 #include "open.h"
+#include "stripes.h"
 
 typedef struct mfile {
     int fd; /* -1 until a chunk of it is asked for */
@@ -25,9 +26,7 @@ struct ckptio_mapper {
     ino_t ino;
     ckptio__manifest *m;
     mfile *files;
-    int *root_fds; /* each stripe root's stripe directory (format 2), -1 until needed */
-    char **roots;  /* ckptio_mapper_set_roots: where to look for the stripes first */
-    size_t n_roots;
+    ckptio__stripes stripes; /* format 2: ckptio_mapper_set_roots, the stripe directories */
     bool handed; /* a descriptor was handed out: the roots are fixed */
 };
 
@@ -41,25 +40,6 @@ static const char *tname(const ckptio_mapper *m, size_t tensor)
     return m->m->strtab + m->m->tensors[tensor].name;
 }
 
-/* The stripe directory of stripe root k, in the given roots first, then where the save
- * recorded it (as the reader looks); -errno. Not a link: what it holds must be this
- * checkpoint's own. */
-static int stripe_dir(ckptio_mapper *m, uint32_t k)
-{
-    const ckptio__mroot *mr = &m->m->roots[k];
-    int err = ENOENT;
-    for (size_t j = 0; m->root_fds[k] < 0 && j <= m->n_roots; j++) {
-        int at = open(j < m->n_roots ? m->roots[j] : m->m->strtab + mr->path,
-                      O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (at >= 0)
-            m->root_fds[k] = openat(at, m->m->strtab + mr->name,
-                                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (m->root_fds[k] < 0) err = errno;
-        if (at >= 0) close(at);
-    }
-    return m->root_fds[k] >= 0 ? m->root_fds[k] : -err;
-}
-
 /* Open data file i once and remember its size and times; the error names the file (or the
  * stripe it lies in) and the way out. */
 static int open_mfile(ckptio_mapper *m, uint32_t i)
@@ -67,17 +47,10 @@ static int open_mfile(ckptio_mapper *m, uint32_t i)
     mfile *f = &m->files[i];
     if (f->fd >= 0) return 0;
     uint32_t root = m->m->files[i].root;
-    int at = root ? stripe_dir(m, root - 1) : m->dirfd, direct = 0;
-    if (at < 0) {
-        const ckptio__mroot *mr = &m->m->roots[root - 1];
-        return ckptio__fail(&m->msg, at,
-                            "checkpoint '%s': its data file '%s' lies in stripe '%s' of root "
-                            "%u (recorded as '%s'), which %s: mount that file system, or pass "
-                            "roots= (ckptio_mapper_set_roots) naming where the stripes are now",
-                            m->path, fname(m, i), m->m->strtab + mr->name, root,
-                            m->m->strtab + mr->path,
-                            m->n_roots ? "is in none of the given roots" : "cannot be opened");
-    }
+    int at = root ? ckptio__stripes_dir(&m->stripes, m->m, root - 1) : m->dirfd, direct = 0;
+    if (at < 0)
+        return ckptio__stripes_fail(&m->stripes, &m->msg, at, m->m, root - 1, m->path, fname(m, i),
+                                    "ckptio_mapper_set_roots");
     int rc = ckptio__file_open(at, fname(m, i), CKPTIO__F_READ, CKPTIO_OFF, &f->fd, &direct);
     if (rc == 0 && fstat(f->fd, &f->st) < 0) rc = -errno;
     if (rc < 0) {
@@ -122,10 +95,9 @@ int ckptio_mapper_open(ckptio_mapper **out, const char *path)
         goto out;
     }
     m->files = calloc(m->m->n_files + 1, sizeof *m->files);
-    m->root_fds = malloc((m->m->n_roots + 1) * sizeof *m->root_fds);
-    CKPTIO__GOTO_IF(!m->files || !m->root_fds, -ENOMEM);
+    CKPTIO__GOTO_IF(!m->files, -ENOMEM);
     for (uint64_t i = 0; i < m->m->n_files; i++) m->files[i].fd = -1;
-    for (uint64_t k = 0; k < m->m->n_roots; k++) m->root_fds[k] = -1;
+    CKPTIO__CHECK(ckptio__stripes_init(&m->stripes, m->m->n_roots));
     /* Every data file now, while the directory is surely this checkpoint's: a later save that
      * replaces it unlinks them, and open files stay readable. One that cannot be opened is
      * reported by the first ckptio_mapper_chunk that needs it. */
@@ -150,11 +122,7 @@ void ckptio_mapper_close(ckptio_mapper *m)
         for (uint64_t i = 0; i < m->m->n_files; i++)
             if (m->files[i].fd >= 0) close(m->files[i].fd);
     free(m->files);
-    for (uint64_t k = 0; m->root_fds && k < m->m->n_roots; k++)
-        if (m->root_fds[k] >= 0) close(m->root_fds[k]);
-    free(m->root_fds);
-    for (size_t k = 0; k < m->n_roots; k++) free(m->roots[k]);
-    free(m->roots);
+    ckptio__stripes_free(&m->stripes);
     if (m->m) ckptio__manifest_free(m->m);
     if (m->dirfd >= 0) close(m->dirfd);
     free(m->path);
@@ -175,32 +143,15 @@ int ckptio_mapper_set_roots(ckptio_mapper *m, const char *const *roots, size_t n
     if (!m || (n && !roots))
         return ckptio__fail(m ? &m->msg : NULL, CKPTIO_E_USAGE,
                             "ckptio_mapper_set_roots: NULL argument");
-    for (size_t k = 0; k < n; k++)
-        if (!roots[k])
-            return ckptio__fail(&m->msg, CKPTIO_E_USAGE, "ckptio_mapper_set_roots: a root is NULL");
+    CKPTIO__TRY(ckptio__stripes_check(roots, n, &m->msg, "ckptio_mapper_set_roots"));
     /* Python maps each descriptor once, by number: one handed out must stay what it is. */
     if (m->handed)
         return ckptio__fail(&m->msg, CKPTIO_E_STATE,
                             "ckptio_mapper_set_roots: '%s' has handed out data files already; "
                             "set the roots before the first ckptio_mapper_chunk", m->path);
-    char **keep = calloc(n + 1, sizeof *keep);
-    for (size_t k = 0; keep && k < n; k++)
-        if (!(keep[k] = strdup(roots[k]))) {
-            while (k--) free(keep[k]);
-            free(keep);
-            keep = NULL;
-        }
-    CKPTIO__RET_IF(!keep, -ENOMEM);
-    for (size_t k = 0; k < m->n_roots; k++) free(m->roots[k]);
-    free(m->roots);
-    m->roots = keep;
-    m->n_roots = n;
+    CKPTIO__TRY(ckptio__stripes_set(&m->stripes, roots, n, &m->msg, "ckptio_mapper_set_roots"));
     /* The stripes again, from the given roots first: opened now, as ckptio_mapper_open opens
      * them, so that a later save replacing the checkpoint cannot take them away. */
-    for (uint64_t k = 0; k < m->m->n_roots; k++) {
-        if (m->root_fds[k] >= 0) close(m->root_fds[k]);
-        m->root_fds[k] = -1;
-    }
     for (uint64_t i = 0; i < m->m->n_files; i++) {
         if (!m->m->files[i].root) continue;
         if (m->files[i].fd >= 0) close(m->files[i].fd);

@@ -144,6 +144,7 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     r->files = calloc(r->m->n_files + 1, sizeof *r->files);
     CKPTIO__GOTO_IF(!r->files, -ENOMEM);
     for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = r->files[i].bfd = -1;
+    CKPTIO__CHECK(ckptio__stripes_init(&r->stripes, r->m->n_roots));
     r->gpu.block = r->m->csum_block ? r->m->csum_block : 4096; /* slots: whole blocks */
     /* A staging buffer holds a whole checksum block plus alignment slack at both ends; the
      * format bounds the block (manifest.c), so this does not overflow. */
@@ -170,11 +171,7 @@ void ckptio_reader_close(ckptio_reader *r)
     if (r->files)
         for (uint64_t i = 0; i < r->m->n_files; i++) ckptio__read_close_rfile(&r->files[i]);
     free(r->files);
-    for (uint64_t k = 0; r->root_fds && k < r->m->n_roots; k++)
-        if (r->root_fds[k] >= 0) close(r->root_fds[k]);
-    free(r->root_fds);
-    for (size_t k = 0; k < r->n_roots; k++) free(r->roots[k]);
-    free(r->roots);
+    ckptio__stripes_free(&r->stripes);
     if (r->m) ckptio__manifest_free(r->m);
     if (r->dirfd >= 0) close(r->dirfd);
     free(r->path);
@@ -243,40 +240,18 @@ void ckptio__read_close_rfile(rfile *f)
 static int open_striped(ckptio_reader *r, uint32_t i)
 {
     uint32_t k = r->m->files[i].root - 1;
+    int at = ckptio__stripes_dir(&r->stripes, r->m, k);
+    if (at < 0)
+        return ckptio__stripes_fail(&r->stripes, &r->msg, at, r->m, k, r->path, fname(r, i),
+                                    "ckptio_reader_set_roots");
     const ckptio__mroot *mr = &r->m->roots[k];
-    const char *recorded = r->m->strtab + mr->path, *name = r->m->strtab + mr->name;
-    if (!r->root_fds) {
-        r->root_fds = malloc(r->m->n_roots * sizeof *r->root_fds);
-        CKPTIO__RET_IF(!r->root_fds, -ENOMEM);
-        for (uint64_t j = 0; j < r->m->n_roots; j++) r->root_fds[j] = -1;
-    }
-    int err = ENOENT;
-    /* The given roots first, then the recorded one: a stripe that did not move is found. */
-    for (size_t j = 0; r->root_fds[k] < 0 && j <= r->n_roots; j++) {
-        const char *root = j < r->n_roots ? r->roots[j] : recorded;
-        int at = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (at < 0) {
-            err = errno;
-            continue;
-        }
-        /* The stripe itself is no link: what it holds must be the checkpoint's own. */
-        r->root_fds[k] = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (r->root_fds[k] < 0) err = errno;
-        close(at);
-    }
-    if (r->root_fds[k] < 0)
-        return ckptio__fail(&r->msg, -err,
-                            "checkpoint '%s': its data file '%s' lies in stripe '%s' of root %u "
-                            "(recorded as '%s'), which %s: mount that file system, or pass "
-                            "roots= (ckptio_reader_set_roots) naming where the stripes are now",
-                            r->path, fname(r, i), name, k + 1, recorded,
-                            r->n_roots ? "is in none of the given roots" : "cannot be opened");
     rfile *f = &r->files[i];
-    int rc = ckptio__read_open_rfile(f, r->root_fds[k], fname(r, i), r->cfg.direct, r->cfg.cache);
+    int rc = ckptio__read_open_rfile(f, at, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)
         return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
-                            "cannot open data file '%s/%s/%s' of checkpoint '%s'%s", recorded,
-                            name, fname(r, i), r->path, rc == -ENOENT ? ": it is missing" : "");
+                            "cannot open data file '%s/%s/%s' of checkpoint '%s'%s",
+                            r->m->strtab + mr->path, r->m->strtab + mr->name, fname(r, i), r->path,
+                            rc == -ENOENT ? ": it is missing" : "");
     r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
     return 0;
@@ -286,31 +261,9 @@ int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n
 {
     if (!r || (n && !roots))
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_set_roots: NULL argument");
-    for (uint64_t j = 0; r->root_fds && j < r->m->n_roots; j++) {
-        if (r->root_fds[j] >= 0) close(r->root_fds[j]);
-        r->root_fds[j] = -1;
-    }
-    for (size_t k = 0; k < r->n_roots; k++) free(r->roots[k]);
-    free(r->roots);
-    r->roots = NULL;
-    r->n_roots = 0;
-    if (!n) return 0;
-    r->roots = calloc(n, sizeof *r->roots);
-    CKPTIO__RET_IF(!r->roots, -ENOMEM);
-    for (size_t k = 0; k < n; k++) {
-        if (!roots[k] || !(r->roots[k] = strdup(roots[k]))) {
-            /* Refused whole: the reader goes on with the recorded roots. */
-            bool null = !roots[k];
-            while (k--) free(r->roots[k]);
-            free(r->roots);
-            r->roots = NULL;
-            return null ? ckptio__fail(&r->msg, CKPTIO_E_USAGE,
-                                       "ckptio_reader_set_roots: a root is NULL")
-                        : -ENOMEM;
-        }
-    }
-    r->n_roots = n;
-    return 0;
+    /* Refused whole, the reader goes on with the recorded roots: the old ones go first. */
+    (void)ckptio__stripes_set(&r->stripes, NULL, 0, &r->msg, "ckptio_reader_set_roots");
+    return ckptio__stripes_set(&r->stripes, roots, n, &r->msg, "ckptio_reader_set_roots");
 }
 
 /* Data files are opened when a read first needs them, before it is planned: a checkpoint with

@@ -13,6 +13,7 @@
 #include "../io/cache.h"
 #include "../io/ring.h"
 #include "open.h"
+#include "stripes.h"
 
 /* Staged segments closer than this are read as one request: reading the gap costs less than
  * another request. */
@@ -75,9 +76,7 @@ struct ckptio_reader {
     ckptio__manifest *m;
     rfile *files;
     ckptio__ring ring; /* started on first read */
-    int *root_fds;     /* striped: each root's stripe directory once opened, else -1 */
-    char **roots;      /* ckptio_reader_set_roots: where to look for stripes instead */
-    size_t n_roots;
+    ckptio__stripes stripes; /* striped: ckptio_reader_set_roots, the stripe directories */
     uint64_t buf_size; /* of a staging buffer */
     ckptio__gpu gpu;   /* CKPTIO_MEM_CUDA regions */
     ckptio_stats stats;
