@@ -31,7 +31,7 @@ static void *commit_thread(void *arg)
     pthread_mutex_lock(&c->lock);
     c->rc = rc;
     c->stats = st;
-    if (rc < 0) snprintf(c->msg.text, sizeof c->msg.text, "%s", ckptio_writer_errmsg(c->w));
+    if (rc < 0) c->msg = c->w->msg; /* the text and its values */
     c->done = 1;
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
@@ -113,7 +113,7 @@ int ckptio_completion_wait(ckptio_completion *c, double timeout)
                             "the background commit is still running after %.3g s; wait again, "
                             "and keep the buffers given to the writer unchanged until it is done",
                             timeout);
-    if (rc < 0) return ckptio__fail(NULL, rc, "%s", c->msg.text);
+    if (rc < 0) return ckptio__refail(NULL, &c->msg, rc, ckptio_strerror(rc), NULL);
     return rc;
 }
 
@@ -129,6 +129,14 @@ int ckptio_completion_done(const ckptio_completion *c)
 const char *ckptio_completion_errmsg(const ckptio_completion *c)
 {
     return c && ckptio_completion_done(c) ? c->msg.text : "";
+}
+
+int ckptio_completion_error_info(const ckptio_completion *c, ckptio_error_info *out)
+{
+    static const ckptio__msg none; /* a completion has no failure until it is done */
+    if (!c) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_completion_error_info: NULL");
+    return ckptio__msg_info(ckptio_completion_done(c) ? &c->msg : &none, out,
+                            "ckptio_completion_error_info");
 }
 
 int ckptio_completion_stats(const ckptio_completion *c, ckptio_stats *out)
