@@ -546,8 +546,9 @@ out:
 
 /* After the last agreement failed with the coordinator's own error (publish: replicas that
  * differ, ...), rank 0 tells every rank whom it blames, so that every rank's error carries the
- * same values. One more broadcast, made by every rank or none: they all hold the same verdict,
- * and the exchange that gave it shows they are alive. Raises the error again with them. */
+ * same values. One more broadcast, made by every rank that holds the verdict "rank 0 failed"
+ * (all of them, unless the verdict's own broadcast failed somewhere: then the others wait at
+ * most `timeout` more). Raises the error again with the values. */
 static void share_blame(const ckptio_comm *comm, int rc, const ckptio_error_info *mine,
                         double timeout)
 {
