@@ -781,6 +781,17 @@ CKPTIO_API int ckptio_save_dist(const char *path, const ckptio_comm *comm,
                                 const size_t *meta_lens, size_t n_meta, const ckptio_params *p,
                                 double timeout, ckptio_stats *out);
 
+/* Take part in the ckptio_save_dist of `path` that the other ranks of `comm` are making, while
+ * refusing it: this rank could not make its items, for the reason `code` (< 0) and `msg` (may
+ * be NULL; a code >= 0 is taken as CKPTIO_E_USAGE). Collective, with the same path, params and
+ * timeout as the others' calls. The plan fails on every rank before any byte is written: every
+ * rank (this one too) returns the code of rank R, the lowest-numbered rank that refused or
+ * failed, with ckptio_last_error() reading "rank R: <its msg>" and ckptio_last_error_info()
+ * giving rank R (and CKPTIO_ERROR_REFUSED in flags when R refused). So a rank that cannot take
+ * part makes the others fail at once, not at the timeout. Never returns 0. Since 0.3. */
+CKPTIO_API int ckptio_save_dist_refuse(const char *path, const ckptio_comm *comm, int code,
+                                       const char *msg, const ckptio_params *p, double timeout);
+
 /* MPI, for C programs: include <ckptio_mpi.h> (which includes <mpi.h>) and link libckptio-mpi
  * (pkg-config ckptio-mpi), built when MPI was found at build time. ckptio.h never needs MPI. */
 #endif /* CKPTIO_EXPERIMENTAL */
@@ -1025,6 +1036,49 @@ CKPTIO_API int ckptio_reader_gpu_stats(const ckptio_reader *r, ckptio_gpu_stats 
  * when GPU buffers would be refused; `why` (may be NULL) gets the reason. Loads the driver
  * (and cuFile) if need be. Since 0.2. */
 CKPTIO_API int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t len);
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors as values. Experimental: define CKPTIO_EXPERIMENTAL to use them.                     */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+#define CKPTIO_ERROR_NO_RANK (-1)               /* rank and other_rank: not known */
+#define CKPTIO_ERROR_NO_OFFSET UINT64_MAX       /* offset: not known */
+#define CKPTIO_ERROR_FILE_MAX 4096              /* bytes of `file`, with its NUL */
+#define CKPTIO_ERROR_REFUSED 1u                 /* flags: `rank` refused to take part */
+
+/* A failure as values, beside its message, for bindings that must not parse text: what the
+ * failing site knew of where it happened. Fields it did not know are empty ("") or
+ * CKPTIO_ERROR_NO_*. Set `size` to sizeof(ckptio_error_info) before asking; fields beyond a
+ * smaller size are left alone, so the struct can grow. Since 0.3. */
+typedef struct ckptio_error_info {
+    uint32_t size;
+    int32_t code;       /* the error returned (0: no failure recorded) */
+    int32_t rank;       /* the rank to blame in a multi-rank save: the one that failed, refused,
+                         * or (with other_rank) disagreed */
+    int32_t other_rank; /* the rank it disagreed with (overlapping boxes, differing replicas,
+                         * dtypes or shapes), or CKPTIO_ERROR_NO_RANK */
+    uint32_t flags;     /* CKPTIO_ERROR_REFUSED: `rank` called ckptio_save_dist_refuse */
+    uint32_t reserved;
+    uint64_t offset;    /* byte offset in `file` where the trouble is (the damaged block of a
+                         * checksum mismatch, the chunk of a truncated file) */
+    char tensor[CKPTIO_MAX_NAME + 1]; /* the tensor's stored name ("<name>@rank<R>" for
+                                       * rank-local state), NUL-terminated */
+    char file[CKPTIO_ERROR_FILE_MAX]; /* the file involved, as a path (truncated to fit) */
+} ckptio_error_info;
+
+/* The calling thread's last failure (ckptio_last_error()) as values. 0, or CKPTIO_E_USAGE when
+ * out is NULL or out->size is smaller than offsetof(ckptio_error_info, tensor). Thread-safe.
+ * Since 0.3. */
+CKPTIO_API int ckptio_last_error_info(ckptio_error_info *out);
+/* A handle's last failure (its *_errmsg()) as values; same results. A completion has one once
+ * it is done. Since 0.3. */
+CKPTIO_API int ckptio_writer_error_info(const ckptio_writer *w, ckptio_error_info *out);
+CKPTIO_API int ckptio_reader_error_info(const ckptio_reader *r, ckptio_error_info *out);
+CKPTIO_API int ckptio_file_writer_error_info(const ckptio_file_writer *f, ckptio_error_info *out);
+CKPTIO_API int ckptio_completion_error_info(const ckptio_completion *c, ckptio_error_info *out);
+CKPTIO_API int ckptio_mapper_error_info(const ckptio_mapper *m, ckptio_error_info *out);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

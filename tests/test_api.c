@@ -1627,6 +1627,19 @@ static int test_corrupt_flip(void)
                names[t], ckptio_errname(rc), msg);
         CHECKF(t_contains(msg, names[t]) && t_contains(msg, file),
                "message does not name tensor '%s' and file '%s': %s", names[t], file, msg);
+        /* the same as values: the tensor, the file and the damaged block's offset in it */
+        static ckptio_error_info info, last;
+        info.size = last.size = sizeof info;
+        CHECK_OK(ckptio_reader_error_info(r, &info));
+        CHECK_OK(ckptio_last_error_info(&last));
+        uint64_t block_at = foff + pos / (1u << 20) * (1u << 20);
+        CHECKF(info.code == CKPTIO_E_CHECKSUM && !strcmp(info.tensor, names[t]) &&
+                   !strcmp(info.file, path) && info.offset == block_at &&
+                   info.rank == CKPTIO_ERROR_NO_RANK,
+               "error info: code %d tensor '%s' file '%s' offset %llu (expected %llu)",
+               info.code, info.tensor, info.file, (unsigned long long)info.offset,
+               (unsigned long long)block_at);
+        CHECK(!memcmp(&info, &last, sizeof info));
         /* a one-element region holding the damaged byte */
         uint64_t roff[1] = {pos}, rshp[1] = {1};
         ckptio_region rg = {.size = sizeof(ckptio_region), .name = names[t], .offset = roff,

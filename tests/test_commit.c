@@ -68,7 +68,7 @@ static int make_ck(const char *dir, const char *text)
 static int test_dir_publish(void)
 {
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_OK(ckptio__txn_begin(&t, "ck//", DIRF, SYNC, 0, &msg));
     CHECK(!strcmp(t.path, "ck") && !strcmp(t.parent, "."));
     CHECK(t.found == CKPTIO__AT_NOTHING && t.owner && !t.published);
@@ -108,7 +108,7 @@ static int test_dir_publish(void)
 static int test_file_publish(void)
 {
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_OK(ckptio__txn_begin(&t, "f.bin", FILEF, SYNC, CKPTIO_OFF, &msg));
     CHECK(t.fd >= 0 && t.tmp_fd < 0 && t.found == CKPTIO__AT_NOTHING && !t.direct);
     CHECK(write(t.fd, "hello", 5) == 5);
@@ -136,7 +136,7 @@ static int test_overwrite_exchange(void)
 {
     CHECK(make_ck("ck", "old") == 0);
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_ERR(ckptio__txn_begin(&t, "ck", DIRF, SYNC, 0, &msg), CKPTIO_E_EXISTS);
     CHECK(t_contains(msg.text, "pass overwrite"));
     ckptio__txn_fini(&t);
@@ -174,7 +174,7 @@ static int test_abort_keeps_target(void)
 {
     CHECK(make_ck("ck", "old") == 0);
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, OVER | SYNC, 0, &msg));
     CHECK(put(t.tmp_fd, "manifest", "new") == 0);
     CHECK(mkdirat(t.tmp_fd, "data", 0755) == 0);
@@ -207,7 +207,7 @@ static int test_file_mode_and_link(void)
     CHECK(chmod("secret.pt", 0600) == 0);
     CHECK(symlink("secret.pt", "link.pt") == 0);
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_OK(ckptio__txn_begin(&t, "link.pt", FILEF, OVER, CKPTIO_OFF, &msg));
     CHECK(!strcmp(t.path, "secret.pt"));
     CHECK(write(t.fd, "new!", 4) == 4);
@@ -226,7 +226,7 @@ static int test_file_mode_and_link(void)
 static int test_join(void)
 {
     ckptio__txn owner, member;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_OK(ckptio__txn_begin(&owner, "ck", DIRF, SYNC, 0, &msg));
     CHECK_OK(ckptio__txn_join(&member, "ck", owner.tmp_path, SYNC, &msg));
     CHECK(!member.owner && member.tmp_fd >= 0);
@@ -258,7 +258,7 @@ static int test_stale_cleanup(void)
     CHECK(mkdir(dead, 0755) == 0 && mkdir(live, 0755) == 0);
     CHECK(mkdir("other.tmp-999999.1", 0755) == 0);
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, 0, 0, &msg));
     CHECK(access(dead, F_OK) < 0 && access(live, F_OK) == 0);
     CHECK(access("other.tmp-999999.1", F_OK) == 0);
@@ -299,7 +299,7 @@ static int test_not_durable(void)
     ckptio__vfs_set(&v);
 
     ckptio__txn t;
-    ckptio__msg msg = {{0}};
+    ckptio__msg msg = {0};
     for (int replace = 0; replace < 2; replace++) {
         const char *path = replace ? "out/ck" : "out/new";
         CHECK_OK(ckptio__txn_begin(&t, path, DIRF, SYNC | (replace ? OVER : 0), 0, &msg));
@@ -342,7 +342,7 @@ static int test_not_durable(void)
 static int test_handle_helpers(void)
 {
     ckptio__handle_state h = {0};
-    ckptio__msg m = {{0}};
+    ckptio__msg m = {0};
     CHECK_OK(ckptio__handle_usable(&h, &m, "p"));
     CHECK(ckptio__handle_poison(&h, -EIO) == -EIO);
     CHECK(ckptio__handle_poison(&h, -ENOSPC) == -ENOSPC);

@@ -54,6 +54,7 @@ typedef struct tplan {
     uint32_t n;
     ckptio__plan_cache cache;
     char err[1024];
+    ckptio_error_info blame; /* who the last failure is about */
 } tplan;
 
 static void tplan_drop(tplan *t)
@@ -85,7 +86,7 @@ static int plan_ranks(tplan *t, trank *ranks, uint32_t n, const ckptio__plan **o
     }
     ckptio_bytes_free(&b);
     int rc = ckptio__plan_make(&t->cache, (const ckptio__holdings *const *)t->h, n, out, t->err,
-                               sizeof t->err);
+                               sizeof t->err, &t->blame);
     if (rc < 0) fprintf(stderr, "plan: %s\n", t->err);
     return rc;
 }
@@ -125,14 +126,14 @@ static int check_cover(tplan *t, const ckptio__plan *pl)
                              (unsigned long long)sum, (unsigned long long)want);
     CHECK(sum == want);
     ckptio_bytes wire = CKPTIO_BYTES_INIT;
-    CHECK_OK(ckptio__plan_encode(pl, 0, NULL, &wire));
+    CHECK_OK(ckptio__plan_encode(pl, 0, NULL, NULL, &wire));
     uint64_t seen = 0;
     for (uint32_t r = 0; r < t->n; r++) {
         CHECK(per_rank[r] == pl->rank_bytes[r]);
         ckptio__vec mine;
         ckptio__vec_init(&mine, sizeof(ckptio__assign));
         CHECK_OK(ckptio__plan_decode_rank(wire.data, wire.len, r, t->h[r], &mine, t->err,
-                                          sizeof t->err));
+                                          sizeof t->err, NULL));
         for (size_t i = 0; i < mine.len; i++) {
             const ckptio__assign *a = CKPTIO__VEC_AT(&mine, ckptio__assign, i);
             CHECK(a->rank == r);
@@ -291,6 +292,7 @@ static int test_plan_hole(void)
     CHECK(t_contains(t.err, "tensor 'w' [1024,256]"));
     CHECK(t_contains(t.err, "ranks 0, 1, 3"));
     CHECK(t_contains(t.err, "no rank holds [offset 512,0 shape 256,256]"));
+    CHECK(strcmp(t.blame.tensor, "w") == 0 && t.blame.rank == CKPTIO_ERROR_NO_RANK);
     /* Not one dimension: the volumes. */
     reset(2);
     uint64_t shape[2] = {4, 4}, o0[2] = {0, 0}, b0[2] = {2, 2}, o1[2] = {2, 2};
@@ -313,12 +315,14 @@ static int test_plan_overlap(void)
     fprintf(stderr, "%s\n", t.err);
     CHECK(t_contains(t.err, "tensor 'w' [1024,256]: rank 1's box [offset 256,0 shape 256,256] "
                             "overlaps rank 2's box [offset 500,0 shape 256,256]"));
+    CHECK(t.blame.rank == 1 && t.blame.other_rank == 2 && strcmp(t.blame.tensor, "w") == 0);
     /* One rank listing a box twice. */
     reset(1);
     hold_rows(&R[0], "w", CKPTIO_DT_F32, 4, 4, 0, 4, 1);
     hold_rows(&R[0], "w", CKPTIO_DT_F32, 4, 4, 0, 4, 1);
     CHECK_ERR(plan_ranks(&t, R, 1, &pl), CKPTIO_E_DUPLICATE);
     CHECK(t_contains(t.err, "rank 0 lists the box [offset 0,0 shape 4,4] twice"));
+    CHECK(t.blame.rank == 0 && t.blame.other_rank == CKPTIO_ERROR_NO_RANK);
     /* Swept along columns, which the box order (rows first) does not follow: the box met first
      * along the sweep (rank 2's, from column 3) is named first, not the lower in box order. */
     reset(3);
@@ -348,6 +352,7 @@ static int test_plan_disagree(void)
         hold_rows(&R[r], "w", r == 2 ? CKPTIO_DT_BF16 : CKPTIO_DT_F32, 1024, 256, 256 * r, 256, r);
     CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_SHAPE);
     CHECK(t_contains(t.err, "rank 0 has f32 [1024,256] but rank 2 has bf16 [1024,256]"));
+    CHECK(t.blame.rank == 0 && t.blame.other_rank == 2 && strcmp(t.blame.tensor, "w") == 0);
     tplan_free(&t);
     return 0;
 }
@@ -367,6 +372,7 @@ static int test_plan_diverge(void)
     CHECK(t_contains(t.err, "tensor 'w': ranks 0 and 3 hold different values for the same box "
                             "[offset 0,0 shape 16,16]; a plain tensor saved from every rank must "
                             "be identical on all ranks — save rank-specific values as rank-local"));
+    CHECK(t.blame.rank == 0 && t.blame.other_rank == 3 && strcmp(t.blame.tensor, "w") == 0);
     /* Same structure, agreeing: planned and cached; then rank 1 diverges: the cached plan
      * still compares. */
     R[3].it[0].hash = 5;
@@ -378,6 +384,7 @@ static int test_plan_diverge(void)
     R[1].it[0].hash = 9;
     CHECK_ERR(plan_ranks(&t, R, 4, &pl), CKPTIO_E_DUPLICATE);
     CHECK(t_contains(t.err, "ranks 0 and 1 hold different values"));
+    CHECK(t.blame.rank == 0 && t.blame.other_rank == 1 && strcmp(t.blame.tensor, "w") == 0);
     R[1].it[0].hash = 5;
     CHECK_OK(plan_ranks(&t, R, 4, &pl));
     CHECK(t.cache.hits == 2);
@@ -436,26 +443,38 @@ static int test_plan_rank_error(void)
     char err[512];
     for (uint32_t r = 0; r < 3; r++) {
         if (r == 1)
-            CHECK_OK(ckptio__holdings_encode_error(-ENOSPC, "tensor 'w': no space", &b));
+            CHECK_OK(ckptio__holdings_encode_error(-ENOSPC, "tensor 'w': no space",
+                                                   CKPTIO_ERROR_REFUSED, &b));
         else
             CHECK_OK(ckptio__holdings_encode(R[r].it, R[r].n, &b, err, sizeof err));
         CHECK_OK(ckptio__holdings_decode(b.data, b.len, &h[r], err, sizeof err));
     }
     ckptio__plan_cache cache = {0};
     const ckptio__plan *pl = NULL;
+    static ckptio_error_info blame, told;
     CHECK_ERR(ckptio__plan_make(&cache, (const ckptio__holdings *const *)h, 3, &pl, err,
-                                sizeof err), -ENOSPC);
+                                sizeof err, &blame), -ENOSPC);
     CHECK(strcmp(err, "rank 1: tensor 'w': no space") == 0);
-    CHECK_OK(ckptio__plan_encode(NULL, -ENOSPC, err, &b));
+    CHECK(blame.rank == 1 && blame.flags == CKPTIO_ERROR_REFUSED && !blame.tensor[0]);
+    /* The blame crosses the wire with the message. */
+    snprintf(blame.tensor, sizeof blame.tensor, "w");
+    blame.other_rank = 2;
+    CHECK_OK(ckptio__plan_encode(NULL, -ENOSPC, err, &blame, &b));
     ckptio__vec mine;
     ckptio__vec_init(&mine, sizeof(ckptio__assign));
     char got[512];
-    CHECK_ERR(ckptio__plan_decode_rank(b.data, b.len, 2, h[2], &mine, got, sizeof got), -ENOSPC);
+    CHECK_ERR(ckptio__plan_decode_rank(b.data, b.len, 2, h[2], &mine, got, sizeof got, &told),
+              -ENOSPC);
     CHECK(strcmp(got, err) == 0 && mine.len == 0);
+    CHECK(told.rank == 1 && told.other_rank == 2 && told.flags == CKPTIO_ERROR_REFUSED &&
+          strcmp(told.tensor, "w") == 0);
+    /* Cut short or padded, it is no plan. */
+    CHECK_ERR(ckptio__plan_decode_rank(b.data, b.len - 1, 2, h[2], &mine, got, sizeof got, NULL),
+              CKPTIO_E_CORRUPT);
     CHECK(ckptio__plan_status(b.data, b.len) == -ENOSPC);
     /* Even when the coordinator's error is CORRUPT (a rank's holdings it could not decode),
      * every rank knows it for the plan's verdict, not for damage to its own copy. */
-    CHECK_OK(ckptio__plan_encode(NULL, CKPTIO_E_CORRUPT, "rank 1: holdings: cut short", &b));
+    CHECK_OK(ckptio__plan_encode(NULL, CKPTIO_E_CORRUPT, "rank 1: holdings: cut short", NULL, &b));
     CHECK(ckptio__plan_status(b.data, b.len) == CKPTIO_E_CORRUPT);
     CHECK(ckptio__plan_status(b.data, 7) == 1);
     /* An invalid item is refused by encode, naming it. */
@@ -507,19 +526,19 @@ static int test_plan_wire_untrusted(void)
     ckptio_bytes w = CKPTIO_BYTES_INIT;
     ckptio__vec mine;
     ckptio__vec_init(&mine, sizeof(ckptio__assign));
-    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, &w));
-    CHECK_OK(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err));
+    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, NULL, &w));
+    CHECK_OK(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err, NULL));
     CHECK(mine.len == 2);
     for (size_t len = 0; len < w.len; len++)
-        CHECK(ckptio__plan_decode_rank(w.data, len, 0, h, &mine, err, sizeof err) ==
+        CHECK(ckptio__plan_decode_rank(w.data, len, 0, h, &mine, err, sizeof err, NULL) ==
               CKPTIO_E_CORRUPT);
     a[0].rows = 257;
-    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, &w));
-    CHECK_ERR(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err),
+    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, NULL, &w));
+    CHECK_ERR(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err, NULL),
               CKPTIO_E_CORRUPT);
     a[0].rows = 1, a[1].item = 2;
-    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, &w));
-    CHECK_ERR(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err),
+    CHECK_OK(ckptio__plan_encode(&pl, 0, NULL, NULL, &w));
+    CHECK_ERR(ckptio__plan_decode_rank(w.data, w.len, 0, h, &mine, err, sizeof err, NULL),
               CKPTIO_E_CORRUPT);
     ckptio__holdings_free(h);
     ckptio__vec_free(&mine);
@@ -557,16 +576,17 @@ static int test_plan_many_ranks(void)
     const ckptio__plan *pl = NULL;
     for (int round = 0; round < 2; round++) {
         CHECK_OK(ckptio__plan_make(&cache, (const ckptio__holdings *const *)h, N, &pl, err,
-                                   sizeof err));
+                                   sizeof err, NULL));
         CHECK(pl->n_assign == 3ull * N + 2);
         CHECK(pl->tensors == 4ull + N);
         CHECK(cache.hits == (uint64_t)round);
     }
-    CHECK_OK(ckptio__plan_encode(pl, 0, NULL, &b));
+    CHECK_OK(ckptio__plan_encode(pl, 0, NULL, NULL, &b));
     fprintf(stderr, "sent %llu bytes in all, plan %zu bytes\n", (unsigned long long)sent, b.len);
     ckptio__vec mine;
     ckptio__vec_init(&mine, sizeof(ckptio__assign));
-    CHECK_OK(ckptio__plan_decode_rank(b.data, b.len, N - 1, h[N - 1], &mine, err, sizeof err));
+    CHECK_OK(ckptio__plan_decode_rank(b.data, b.len, N - 1, h[N - 1], &mine, err, sizeof err,
+                                      NULL));
     CHECK(mine.len >= 3);
     ckptio__vec_free(&mine);
     ckptio__plan_cache_free(&cache);
@@ -634,9 +654,11 @@ typedef struct djob {
     bool absent; /* never calls: a rank that hangs or died before the save */
     bool keep;   /* overwrite off */
     bool nosum;  /* checksums off */
+    bool refuse; /* takes part refusing, with -ENOSPC (ckptio_save_dist_refuse) */
     double timeout;
     int result;
     char msg[1024];
+    ckptio_error_info info; /* the failure as values */
     ckptio_stats st;
 } djob;
 
@@ -693,9 +715,15 @@ static void *d_main(void *p)
     static const size_t lens[] = {4};
     ckptio_params prm = fparams(!j->keep);
     if (j->nosum) prm.checksums = CKPTIO_OFF;
-    j->result = ckptio_save_dist("ckpt", j->c, j->it, j->n, keys, vals, lens, 1, &prm, j->timeout,
-                                 &j->st);
+    if (j->refuse)
+        j->result = ckptio_save_dist_refuse("ckpt", j->c, -ENOSPC, "no host memory to stage 'w'",
+                                            &prm, j->timeout);
+    else
+        j->result = ckptio_save_dist("ckpt", j->c, j->it, j->n, keys, vals, lens, 1, &prm,
+                                     j->timeout, &j->st);
     snprintf(j->msg, sizeof j->msg, "%s", j->result < 0 ? ckptio_last_error() : "");
+    j->info.size = sizeof j->info;
+    (void)ckptio_last_error_info(&j->info);
     return NULL;
 }
 
@@ -879,6 +907,8 @@ static int test_save_rank_error(void)
         CHECK(J[r].st.bytes == 0);
     }
     CHECK(t_contains(J[0].msg, "rank 2: tensor 'b'"));
+    for (int r = 0; r < 4; r++)
+        CHECK(J[r].info.code == CKPTIO_E_SHAPE && J[r].info.rank == 2 && J[r].info.flags == 0);
     CHECK(d_intact() == 0);
     /* Replicas that differ. */
     CHECK(d_setup() == 0);
@@ -891,6 +921,40 @@ static int test_save_rank_error(void)
     CHECK(d_run(4, NULL) == 0);
     CHECK_ERR(J[1].result, CKPTIO_E_DUPLICATE);
     CHECK(t_contains(J[1].msg, "tensor 'b': ranks 0 and 3 hold different values"));
+    /* found by the coordinator after the writes: every rank learns whom it blames */
+    for (int r = 0; r < 4; r++)
+        CHECK(J[r].info.rank == 0 && J[r].info.other_rank == 3 &&
+              !strcmp(J[r].info.tensor, "b"));
+    CHECK(d_intact() == 0);
+    return 0;
+}
+
+/* A rank that cannot make its items takes part refusing: every rank fails at the plan, before
+ * any byte is written, with its code, its number (flagged as refused) and its message. */
+static int test_save_refuse(void)
+{
+    CHECK(d_previous() == 0);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    J[1].refuse = true;
+    CHECK(d_run(4, NULL) == 0);
+    for (int r = 0; r < 4; r++) {
+        CHECK_ERR(J[r].result, -ENOSPC);
+        CHECK(!strcmp(J[r].msg, J[0].msg) && J[r].st.bytes == 0);
+        CHECK(J[r].info.rank == 1 && J[r].info.flags == CKPTIO_ERROR_REFUSED);
+        CHECK(J[r].info.other_rank == CKPTIO_ERROR_NO_RANK && !J[r].info.tensor[0]);
+    }
+    CHECK(t_contains(J[0].msg, "rank 1: no host memory to stage 'w'"));
+    CHECK(d_intact() == 0);
+    /* Two refusals: the lower rank speaks; a code >= 0 is a usage error. */
+    CHECK(d_setup() == 0);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    J[3].refuse = J[2].refuse = true;
+    CHECK(d_run(4, NULL) == 0);
+    CHECK(J[0].info.rank == 2 && J[3].info.rank == 2);
+    ckptio_comm *one = NULL;
+    CHECK_OK(ckptio_comm_single(&one));
+    CHECK_ERR(ckptio_save_dist_refuse("ckpt", one, 0, NULL, NULL, 5), CKPTIO_E_USAGE);
+    ckptio_comm_free(one);
     CHECK(d_intact() == 0);
     return 0;
 }
@@ -995,6 +1059,7 @@ const ckptio_test tests_dist[] = {
     {"dist/save_replicated", test_save_replicated, 0, 60},
     {"dist/save_replicas_diverge", test_save_replicas_diverge, 0, 60},
     {"dist/save_rank_error", test_save_rank_error, 0, 60},
+    {"dist/save_refuse", test_save_refuse, 0, 60},
     {"dist/save_rank_dies", test_save_rank_dies, 0, 60},
     {"dist/save_enospc", test_save_enospc, 0, 60},
     {"dist/save_idle_ranks", test_save_idle_ranks, 0, 60},

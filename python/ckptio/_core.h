@@ -16,19 +16,25 @@
 /* --- Errors (_core_values.c) ----------------------------------------------------------------- */
 
 /* Where an error happened, as far as this side knows it; every field may be NULL. They reach
- * Python as the exception's `path`, `tensor` and `rank` attributes, never inside text only. */
+ * Python as the exception's `path`, `tensor` and `rank` attributes, never inside text only;
+ * what the library recorded (`info`) adds `file`, `offset`, `other_rank` and `refused`, and
+ * its tensor and rank win over the binding's. */
 typedef struct {
     PyObject *path;     /* str (borrowed): the checkpoint or file the call was about */
     const char *tensor; /* the tensor involved */
     PyObject *rank;     /* int (borrowed): the rank that raised, in a collective call */
+    const ckptio_error_info *info; /* the library's values for this failure */
 } ckptio__pywhere;
 
 /* Raise the ckptio.CheckpointError subclass for `code` (ckptio._errors._from_code) carrying `msg`
- * (ckptio_strerror(code) when empty) and `where` (may be NULL). Returns NULL. */
+ * (ckptio_strerror(code) when empty) and `where` (may be NULL). Without where->info, the
+ * thread's last error (ckptio_last_error_info) supplies the values when it is this failure:
+ * same code, same text. Returns NULL. */
 PyObject *ckptio__pyraise(int code, const char *msg, const ckptio__pywhere *where);
 
-/* Add `path`, `tensor` and `rank` from `where` to the CheckpointError being raised (one set by
- * another part of the extension), leaving any other exception as it is. */
+/* Add `path`, `tensor` and `rank` (and where->info's values) from `where` to the
+ * CheckpointError being raised (one set by another part of the extension), leaving any other
+ * exception as it is. */
 void ckptio__pyerr_locate(const ckptio__pywhere *where);
 
 /* --- I/O params, dims and records (_core_values.c) ---------------------------------------- */

@@ -37,6 +37,21 @@ enum {
  * an item in GPU memory the same with data the device pointer (int) followed by (nbytes,
  * CUstream, owner) (10 fields; the owner is not used here); meta:
  * [(key, bytes)] (used on rank 0 only). Collective: every rank calls it. */
+/* The CheckpointError of a failed collective call on this rank: the communicator's (with its
+ * Python exception as the cause) or the library's, with the path, this rank, and the values the
+ * library recorded (`info`: the rank to blame, the tensor...) when they are this failure's. */
+static void raise_dist(ckptio_comm *c, int rc, const char *path, const ckptio_error_info *info)
+{
+    ckptio__pycomm_raise(c, rc);
+    PyObject *rank = PyLong_FromLong(c->rank);
+    PyObject *where = PyUnicode_DecodeFSDefault(path);
+    if (!rank || !where) PyErr_Clear(); /* the save's error is the one to keep */
+    ckptio__pyerr_locate(&(ckptio__pywhere){.path = where, .rank = rank,
+                                            .info = info && info->code == rc ? info : NULL});
+    Py_XDECREF(rank);
+    Py_XDECREF(where);
+}
+
 static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -53,6 +68,7 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
     size_t *mlens = NULL;
     Py_ssize_t n = 0, nm = 0;
     ckptio_comm *c = NULL;
+    ckptio_error_info *info = NULL;
     ckptio_params p;
     if (ckptio__pyparams(params, &p) < 0) goto out;
     fitems = PySequence_Fast(items, "save_dist: items must be a sequence");
@@ -131,6 +147,8 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
     }
     c = ckptio__pycomm_new(comm_obj);
     if (!c) goto out;
+    info = PyMem_Malloc(sizeof *info); /* ~8 KiB; without it, no values */
+    if (info) info->size = sizeof *info;
     const char *path = PyBytes_AS_STRING(path_obj);
     ckptio_stats st;
     memset(&st, 0, sizeof st);
@@ -138,19 +156,15 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = ckptio_save_dist(path, c, ds, (size_t)n, mkeys, mvals, mlens, (size_t)nm, &p, timeout,
                           &st);
+    if (rc < 0 && info && ckptio_last_error_info(info) < 0) info->code = 0;
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        ckptio__pycomm_raise(c, rc);
-        PyObject *rank = PyLong_FromLong(c->rank);
-        PyObject *where = PyUnicode_DecodeFSDefault(path);
-        if (!rank || !where) PyErr_Clear(); /* the save's error is the one to keep */
-        ckptio__pyerr_locate(&(ckptio__pywhere){.path = where, .rank = rank});
-        Py_XDECREF(rank);
-        Py_XDECREF(where);
+        raise_dist(c, rc, path, info);
     } else {
         result = ckptio__pystats(&st);
     }
 out:
+    PyMem_Free(info);
     if (c) ckptio_comm_free(c);
     for (Py_ssize_t i = 0; slots && i < n; i++)
         if (slots[i].has_view) PyBuffer_Release(&slots[i].view);
@@ -163,6 +177,40 @@ out:
     Py_XDECREF(fmeta);
     Py_XDECREF(path_obj);
     return result;
+}
+
+/* save_dist_refuse(path, comm, code, message, params, timeout): take part in the save_dist of
+ * path that the other ranks are making while refusing it (ckptio_save_dist_refuse): every rank
+ * fails at once with `code`, this rank's number and `message`. Always raises that error (the
+ * lowest refusing or failing rank's), as save_dist does on the other ranks. Collective. */
+static PyObject *mod_save_dist_refuse(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL, *comm_obj, *params;
+    int code;
+    const char *msg;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O&OisOd:save_dist_refuse", PyUnicode_FSConverter, &path_obj,
+                          &comm_obj, &code, &msg, &params, &timeout))
+        return NULL;
+    ckptio_params p;
+    ckptio_comm *c = NULL;
+    ckptio_error_info *info = NULL;
+    if (ckptio__pyparams(params, &p) < 0 || !(c = ckptio__pycomm_new(comm_obj))) goto out;
+    info = PyMem_Malloc(sizeof *info);
+    if (info) info->size = sizeof *info;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_save_dist_refuse(path, c, code, msg, &p, timeout);
+    if (info && ckptio_last_error_info(info) < 0) info->code = 0;
+    Py_END_ALLOW_THREADS
+    raise_dist(c, rc < 0 ? rc : CKPTIO_E_USAGE, path, info);
+out:
+    PyMem_Free(info);
+    if (c) ckptio_comm_free(c);
+    Py_XDECREF(path_obj);
+    return NULL;
 }
 
 static int leftovers_remove(const char *path, const ckptio__pyroots *roots)
@@ -207,6 +255,8 @@ static PyMethodDef dist_functions[] = {
      "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
     {"save_dist", mod_save_dist, METH_VARARGS,
      "save_dist(path, comm, items, meta, params, timeout) -> IOStats (collective)"},
+    {"save_dist_refuse", mod_save_dist_refuse, METH_VARARGS,
+     "save_dist_refuse(path, comm, code, message, params, timeout): take part refusing; raises"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,35 +8,71 @@
 /* ckptio._errors._from_code(code, name, message) -> exception; ckptio._errors.CheckpointError. */
 static PyObject *g_from_code, *g_checkpoint_error;
 
-/* Set `path`, `tensor`, `rank` on `exc` where `where` knows them; the class says None for the
- * others. An attribute that cannot be set is left out: the error itself matters more. */
+/* A str from the library's UTF-8 (tensor names) or file-system bytes (paths); NULL for "". */
+static PyObject *info_str(const char *s, int fs)
+{
+    if (!s || !s[0]) return NULL;
+    PyObject *o = fs ? PyUnicode_DecodeFSDefault(s)
+                     : PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+    if (!o) PyErr_Clear();
+    return o;
+}
+
+/* Set `path`, `tensor`, `rank` on `exc` where `where` knows them, then what the library
+ * recorded: `tensor`, `file`, `offset`, `rank`, `other_rank`, `refused`. The class says None
+ * for the others. An attribute that cannot be set is left out: the error itself matters more. */
 static void set_where(PyObject *exc, const ckptio__pywhere *where)
 {
     if (!where) return;
-    PyObject *tensor = where->tensor ? PyUnicode_DecodeUTF8(where->tensor,
-                                                            (Py_ssize_t)strlen(where->tensor),
-                                                            "replace")
-                                     : NULL;
+    const ckptio_error_info *in = where->info;
+    PyObject *tensor = info_str(in ? in->tensor : NULL, 0);
+    if (!tensor) tensor = info_str(where->tensor, 0);
+    PyObject *file = info_str(in ? in->file : NULL, 1);
+    PyObject *rank = in && in->rank >= 0 ? PyLong_FromLong(in->rank) : Py_XNewRef(where->rank);
+    PyObject *other = in && in->other_rank >= 0 ? PyLong_FromLong(in->other_rank) : NULL;
+    PyObject *offset = in && in->offset != CKPTIO_ERROR_NO_OFFSET
+                           ? PyLong_FromUnsignedLongLong(in->offset)
+                           : NULL;
+    PyObject *refused = in && (in->flags & CKPTIO_ERROR_REFUSED) ? Py_NewRef(Py_True) : NULL;
+    if (PyErr_Occurred()) PyErr_Clear(); /* a number that could not be made: left out */
     const struct {
         const char *name;
         PyObject *value;
-    } attrs[] = {{"path", where->path}, {"tensor", tensor}, {"rank", where->rank}};
+    } attrs[] = {{"path", where->path}, {"tensor", tensor},      {"rank", rank},
+                 {"file", file},        {"other_rank", other},   {"offset", offset},
+                 {"refused", refused}};
     for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
         if (attrs[i].value && PyObject_SetAttrString(exc, attrs[i].name, attrs[i].value) < 0)
             PyErr_Clear();
-    if (where->tensor && !tensor) PyErr_Clear();
     Py_XDECREF(tensor);
+    Py_XDECREF(file);
+    Py_XDECREF(rank);
+    Py_XDECREF(other);
+    Py_XDECREF(offset);
+    Py_XDECREF(refused);
+}
+
+/* The thread's last error as values when it is the failure being raised (code and text). */
+static const ckptio_error_info *last_info(int code, const char *msg, ckptio_error_info *buf)
+{
+    buf->size = sizeof *buf;
+    if (ckptio_last_error_info(buf) < 0 || buf->code != code || !msg) return NULL;
+    return strcmp(msg, ckptio_last_error()) == 0 ? buf : NULL;
 }
 
 PyObject *ckptio__pyraise(int code, const char *msg, const ckptio__pywhere *where)
 {
+    ckptio__pywhere w = where ? *where : (ckptio__pywhere){0};
+    ckptio_error_info *buf = w.info ? NULL : PyMem_Malloc(sizeof *buf); /* ~8 KiB */
+    if (buf) w.info = last_info(code, msg, buf);
     if (!msg || !msg[0]) msg = ckptio_strerror(code);
     PyObject *exc = PyObject_CallFunction(g_from_code, "iss", code, ckptio_errname(code), msg);
     if (exc) {
-        set_where(exc, where);
+        set_where(exc, &w);
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);
     }
+    PyMem_Free(buf);
     return NULL;
 }
 

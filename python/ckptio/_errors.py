@@ -37,7 +37,11 @@ class CheckpointError(Exception):
     names the path and, where one is involved, the tensor. The same parts come as values where
     the binding knows them, so that no one parses the message: ``path`` (the checkpoint or file
     the call was about), ``tensor`` (the tensor involved) and ``rank`` (in a collective call, the
-    rank that raised it); None where unknown.
+    rank the failure is about: the one that failed, refused or disagreed, else the rank that
+    raised it); where the library recorded them, also ``file`` (the data file involved),
+    ``offset`` (the byte offset in it), ``other_rank`` (the rank that ``rank`` disagreed with)
+    and ``refused`` (True when ``rank`` refused to take part: it could not stage its part);
+    None (False) where unknown.
 
     >>> import ckptio
     >>> try:
@@ -53,6 +57,10 @@ class CheckpointError(Exception):
     path: str | None = None
     tensor: str | None = None
     rank: int | None = None
+    file: str | None = None
+    offset: int | None = None
+    other_rank: int | None = None
+    refused: bool = False
 
     def __init__(self, message: str, code: int = 0, name: str = "") -> None:
         super().__init__(message)
@@ -186,6 +194,20 @@ _BY_NAME: dict[str, type[CheckpointError]] = {
     "CKPTIO_E_INTERRUPTED": Interrupted,
     "CKPTIO_E_NOT_DURABLE": NotDurable,
 }
+
+
+#: The attributes that say where an error happened (CheckpointError's values).
+VALUES = ("path", "tensor", "rank", "file", "offset", "other_rank", "refused")
+
+
+def carry_values(src: CheckpointError, dst: CheckpointError) -> CheckpointError:
+    """``dst`` with the values ``src`` has (path, tensor, rank, ...): for an exception rebuilt
+    from another, so that what the library said as values is not lost. Returns ``dst``."""
+    for k in VALUES:
+        v = src.__dict__.get(k)
+        if v is not None and k not in dst.__dict__:
+            setattr(dst, k, v)
+    return dst
 
 
 def _from_code(code: int, name: str, message: str) -> CheckpointError:

@@ -29,7 +29,7 @@ from typing import IO, Any
 import torch as _torch
 
 from . import _core
-from ._errors import CheckpointError, CheckpointExists
+from ._errors import CheckpointError, CheckpointExists, carry_values
 from ._options import IO_OPTIONS, Stats, params
 from .formats._torch_state import load_state_dict
 
@@ -69,7 +69,7 @@ def _as_runtime_error(e: CheckpointError) -> CheckpointError:
         attrs = {"__module__": cls.__module__, "__doc__": cls.__doc__}
         both = type(cls.__name__, (cls, RuntimeError), attrs)
         _AS_RUNTIME[cls] = both
-    out = both(str(e), e.code, e.name)
+    out = carry_values(e, both(str(e), e.code, e.name))
     out.__traceback__ = e.__traceback__
     return out
 

@@ -49,6 +49,7 @@
 #define CKPTIO__MSG_LEN 1024
 typedef struct ckptio__msg {
     char text[CKPTIO__MSG_LEN];
+    ckptio_error_info info; /* the same failure as values; info.code 0 until one is set */
 } ckptio__msg;
 
 /* Format the message into m (may be NULL) and the thread's last error; returns code so that
@@ -57,6 +58,30 @@ typedef struct ckptio__msg {
 CKPTIO__HIDDEN int ckptio__fail(ckptio__msg *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 CKPTIO__HIDDEN int ckptio__vfail(ckptio__msg *m, int code, const char *fmt, va_list ap);
+/* ckptio__fail that also records, as values, where it happened: `where` (may be NULL) gives
+ * rank, other_rank, offset, tensor and file; its code and size are ignored. */
+CKPTIO__HIDDEN int ckptio__fail_info(ckptio__msg *m, int code, const ckptio_error_info *where,
+                                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* ckptio__fail naming the tensor (may be NULL), the file "dir/file" (either may be NULL) and
+ * the byte offset in it (CKPTIO_ERROR_NO_OFFSET: unknown): the reader's and writer's sites. */
+CKPTIO__HIDDEN int ckptio__fail_at(ckptio__msg *m, int code, const char *tensor, const char *dir,
+                                   const char *file, uint64_t offset, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+/* Fill in what m's last failure (and so the thread's last error, which holds the same) did not
+ * yet name: the tensor, the file "dir/file" and the offset (arguments as for ckptio__fail_at).
+ * For a public entry point that knows the tensor its inner layers failed on. No-op if m has no
+ * failure. */
+CKPTIO__HIDDEN void ckptio__msg_name(ckptio__msg *m, const char *tensor, const char *dir,
+                                     const char *file, uint64_t offset);
+/* Copy the thread's last error (text and values) into out, to raise it again later with
+ * ckptio__refail after calls that may overwrite it. */
+CKPTIO__HIDDEN void ckptio__msg_last(ckptio__msg *out);
+/* Set info to "no failure known" (code 0, no rank, no offset, empty names). */
+CKPTIO__HIDDEN void ckptio__info_none(ckptio_error_info *info);
+/* Copy m's failure (NULL: the thread's last error) into a caller's out, honouring out->size:
+ * what ckptio_*_error_info() return. */
+CKPTIO__HIDDEN int ckptio__msg_info(const ckptio__msg *m, ckptio_error_info *out,
+                                    const char *who);
 CKPTIO__HIDDEN void ckptio__msg_clear(ckptio__msg *m);
 /* For the pure rooms (format/, dist/ plans) that report into a caller's buffer, not a handle:
  * format into err (errlen bytes; either may be 0/NULL) and return code. */

@@ -262,9 +262,17 @@ int ckptio_comm_agree(const ckptio_comm *c, int code, const char *msg, double ti
     }
     rc = get_i32(verdict.data);
     if (rc > 0) rc = CKPTIO_E_CORRUPT;
-    if (rc < 0)
-        ckptio__fail(NULL, rc, "rank %d of %d: %.*s", get_i32((unsigned char *)verdict.data + 4),
-                     c->nranks, (int)(verdict.len - 8), (const char *)verdict.data + 8);
+    if (rc < 0) {
+        ckptio_error_info *who = malloc(sizeof *who); /* the failing rank, as a value */
+        int32_t bad = get_i32((unsigned char *)verdict.data + 4);
+        if (who) {
+            ckptio__info_none(who);
+            who->rank = bad >= 0 && bad < c->nranks ? bad : CKPTIO_ERROR_NO_RANK;
+        }
+        ckptio__fail_info(NULL, rc, who, "rank %d of %d: %.*s", bad, c->nranks,
+                          (int)(verdict.len - 8), (const char *)verdict.data + 8);
+        free(who);
+    }
 out:
     if (rc == -ENOMEM) {
         ckptio__fail(NULL, rc, "agree on rank %d of %d: out of memory", c->rank, c->nranks);

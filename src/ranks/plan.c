@@ -18,10 +18,14 @@
 
 #define HOLD_MAGIC 0x444c484bu /* "KHLD" */
 #define PLAN_MAGIC 0x4c504b43u /* "CKPL" */
-#define WIRE_VERSION 1u
+#define WIRE_VERSION 2u /* 2: a failed plan carries who is to blame */
 #define HOLD_HEAD 24u /* magic, version, code, msg_len, n */
 #define HOLD_ITEM 24u /* name_len, dtype, ndim, flags, nbytes; then name and 3 x ndim dims */
 #define PLAN_HEAD 32u /* magic, version, code, msg_len, nranks, n_rep members, n_assign */
+/* A failed plan (code < 0) has no assignments: its header says instead which ranks are to blame
+ * (rank, other rank; 0xffffffff: none), the length of the tensor's name, which follows the
+ * message, and the blame's flags (CKPTIO_ERROR_REFUSED). A rank's failed holdings carry those
+ * flags in place of their item count. */
 #define PLAN_ENTRY 24u
 #define PLAN_REP 16u /* rank, item, slabs: one holder of a replicated box */
 
@@ -46,6 +50,21 @@ static inline void put64(uint8_t *p, uint64_t v)
 }
 
 #define fail ckptio__errf /* report into the caller's err buffer (common/error.c) */
+
+/* Who a planning failure is about, for ckptio_error_info (b may be NULL). */
+static void blame(ckptio_error_info *b, int64_t rank, int64_t other, const char *name,
+                  uint32_t name_len)
+{
+    if (!b) return;
+    ckptio__info_none(b);
+    b->flags = 0;
+    b->rank = rank < 0 ? CKPTIO_ERROR_NO_RANK : (int32_t)rank;
+    b->other_rank = other < 0 ? CKPTIO_ERROR_NO_RANK : (int32_t)other;
+    if (name)
+        snprintf(b->tensor, sizeof b->tensor, "%.*s",
+                 (int)CKPTIO__MIN(name_len, sizeof b->tensor - 1), name);
+}
+#define NONE (-1)
 
 static const char *dt_name(uint32_t dt)
 {
@@ -142,7 +161,7 @@ int ckptio__holdings_encode(const ckptio__hold *items, size_t n, ckptio_bytes *o
     return 0;
 }
 
-int ckptio__holdings_encode_error(int code, const char *msg, ckptio_bytes *out)
+int ckptio__holdings_encode_error(int code, const char *msg, uint32_t flags, ckptio_bytes *out)
 {
     size_t ml = msg ? strnlen(msg, MSG_MAX) : 0;
     if (code >= 0) code = CKPTIO_E_USAGE;
@@ -152,7 +171,7 @@ int ckptio__holdings_encode_error(int code, const char *msg, ckptio_bytes *out)
     put32(p + 4, WIRE_VERSION);
     put32(p + 8, (uint32_t)code);
     put32(p + 12, (uint32_t)ml);
-    put64(p + 16, 0);
+    put64(p + 16, flags & CKPTIO_ERROR_REFUSED); /* no items: the count's place holds flags */
     if (ml) memcpy(p + HOLD_HEAD, msg, ml);
     return 0;
 }
@@ -169,9 +188,11 @@ int ckptio__holdings_decode(const uint8_t *buf, uint64_t len, ckptio__holdings *
                     WIRE_VERSION);
     int code = (int)get32(buf + 8);
     uint32_t ml = get32(buf + 12);
-    uint64_t n = get64(buf + 16);
-    if (code > 0 || ml > MSG_MAX || (code == 0 && ml) || (code < 0 && (n || len != HOLD_HEAD + ml)))
+    uint64_t n = get64(buf + 16), flags = 0;
+    if (code > 0 || ml > MSG_MAX || (code == 0 && ml) ||
+        (code < 0 && ((n & ~(uint64_t)CKPTIO_ERROR_REFUSED) || len != HOLD_HEAD + ml)))
         return fail(err, errlen, CKPTIO_E_CORRUPT, "holdings: inconsistent header");
+    if (code < 0) flags = n, n = 0;
     if (n > (len - HOLD_HEAD) / (HOLD_ITEM + 1 + 8))
         return fail(err, errlen, CKPTIO_E_CORRUPT, "holdings: %llu items cannot fit in %llu bytes",
                     U(n), U(len));
@@ -189,6 +210,7 @@ int ckptio__holdings_decode(const uint8_t *buf, uint64_t len, ckptio__holdings *
     memcpy(msg, buf + HOLD_HEAD, code < 0 ? ml : 0);
     h->n = n;
     h->code = code;
+    h->flags = (uint32_t)flags;
     h->msg = msg;
     if (code < 0) {
         *out = h;
@@ -263,6 +285,7 @@ typedef struct pctx {
     uint32_t nranks;
     char *err;
     size_t errlen;
+    ckptio_error_info *blame; /* may be NULL */
     pitem *it;
     uint64_t n_it;
     char *lnames; /* stored names of rank-local items */
@@ -301,10 +324,11 @@ static bool same_box(const pitem *a, const pitem *b)
 
 #define TNAME(p) (int)CKPTIO__MIN((p)->name_len, NAME_SHOWN), (p)->name
 
-static int diverge(char *err, size_t errlen, const char *name, uint32_t name_len,
-                   const ckptio__hold *h, uint32_t ra, uint32_t rb)
+static int diverge(char *err, size_t errlen, ckptio_error_info *b, const char *name,
+                   uint32_t name_len, const ckptio__hold *h, uint32_t ra, uint32_t rb)
 {
     char b1[256], b2[256];
+    blame(b, ra, rb, name, name_len);
     return fail(err, errlen, CKPTIO_E_DUPLICATE,
                 "tensor '%.*s': ranks %u and %u hold different values for the same box [offset "
                 "%s shape %s]; a plain tensor saved from every rank must be identical on all "
@@ -319,6 +343,8 @@ static int collect(pctx *x)
     uint64_t n = 0, lbytes = 0;
     for (uint32_t r = 0; r < x->nranks; r++) {
         const ckptio__holdings *h = x->ranks[r];
+        if (!h || h->code < 0 || h->n > UINT32_MAX) blame(x->blame, r, NONE, NULL, 0);
+        if (h && h->code < 0 && x->blame) x->blame->flags = h->flags;
         if (!h) return fail(x->err, x->errlen, CKPTIO_E_USAGE, "rank %u's holdings are missing", r);
         if (h->code < 0)
             return fail(x->err, x->errlen, h->code, "rank %u: %s", r,
@@ -340,11 +366,13 @@ static int collect(pctx *x)
             *p = (pitem){h, h->name, h->name_len, r, (uint32_t)i};
             if (!(h->flags & CKPTIO__HOLD_RANK_LOCAL)) continue;
             size_t k = ckptio__rank_local_name(ln, h->name_len + 17, h->name, h->name_len, r);
-            if (k == 0 || k > CKPTIO_MAX_NAME)
+            if (k == 0 || k > CKPTIO_MAX_NAME) {
+                blame(x->blame, r, NONE, p->name, p->name_len);
                 return fail(x->err, x->errlen, CKPTIO_E_LIMIT,
                             "rank %u: rank-local tensor '%.*s': its stored name "
                             "'<name>@rank%u' is longer than %u bytes",
                             r, TNAME(p), r, CKPTIO_MAX_NAME);
+            }
             p->name = ln;
             p->name_len = (uint32_t)k;
             ln += k + 1;
@@ -362,6 +390,7 @@ static int check_agreement(pctx *x, uint64_t g0, uint64_t g1)
         bool fl = f->h->flags & CKPTIO__HOLD_RANK_LOCAL, pl = p->h->flags & CKPTIO__HOLD_RANK_LOCAL;
         if (fl != pl) {
             const pitem *l = fl ? f : p, *o = fl ? p : f;
+            blame(x->blame, l->rank, o->rank, f->name, f->name_len);
             return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                         "tensor '%.*s': rank %u stores its rank-local '%.*s' under this name, and "
                         "rank %u saves a plain tensor of the same name; rename one",
@@ -371,6 +400,7 @@ static int check_agreement(pctx *x, uint64_t g0, uint64_t g1)
         if (f->h->dtype != p->h->dtype || f->h->ndim != p->h->ndim ||
             cmp_dims(f->h->shape, p->h->shape, f->h->ndim)) {
             const pitem *a = f->rank < p->rank ? f : p, *b = f->rank < p->rank ? p : f;
+            blame(x->blame, a->rank, b->rank, f->name, f->name_len);
             return fail(x->err, x->errlen, CKPTIO_E_SHAPE,
                         "tensor '%.*s': rank %u has %s [%s] but rank %u has %s [%s]; every rank "
                         "must give a tensor the same dtype and global shape",
@@ -435,6 +465,7 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
     if (nd > 0 && ckptio__first_overlap(&x->sweep, shape, nd, n, &ka, &kb)) {
         /* ka is met first along the sweep: named first, as the rank that already holds it */
         const pitem *a = &x->it[x->box[x->live[ka]].first], *b = &x->it[x->box[x->live[kb]].first];
+        blame(x->blame, a->rank, b->rank, f->name, f->name_len);
         return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                     "tensor '%.*s' [%s]: rank %u's box [offset %s shape %s] overlaps "
                     "rank %u's box [offset %s shape %s]; the boxes saved of a tensor "
@@ -444,6 +475,7 @@ static int check_tiling(pctx *x, uint64_t b0, uint64_t b1)
                     DIMS(b4s, b->h->box, nd));
     }
     if (covered == tvol) return 0;
+    blame(x->blame, NONE, NONE, f->name, f->name_len); /* a hole: nobody's in particular */
     char ranks[128];
     snprintf(b4s, sizeof b4s, "the boxes of ranks %s cover %llu of its %llu elements",
              fmt_ranks(ranks, sizeof ranks, x, b0, b1), U(covered), U(tvol));
@@ -474,13 +506,16 @@ static int plan_tensor(pctx *x, uint64_t g0, uint64_t g1, uint64_t *seq)
         for (; e < g1 && same_box(&x->it[e], f); e++) {
             const pitem *p = &x->it[e];
             char b1[256], b2[256];
-            if (p->rank == x->it[e - 1].rank)
+            if (p->rank == x->it[e - 1].rank) {
+                blame(x->blame, p->rank, NONE, f->name, f->name_len);
                 return fail(x->err, x->errlen, CKPTIO_E_DUPLICATE,
                             "tensor '%.*s': rank %u lists the box [offset %s shape %s] twice",
                             TNAME(f), p->rank, DIMS(b1, f->h->offset, f->h->ndim),
                             DIMS(b2, f->h->box, f->h->ndim));
+            }
             if (p->h->hash != f->h->hash)
-                return diverge(x->err, x->errlen, f->name, f->name_len, f->h, f->rank, p->rank);
+                return diverge(x->err, x->errlen, x->blame, f->name, f->name_len, f->h, f->rank,
+                               p->rank);
         }
         x->box[x->n_box++] = (dbox){k, e - k, f->h->nbytes, (*seq)++};
         k = e;
@@ -624,7 +659,7 @@ static uint8_t *structure_key(const ckptio__holdings *const *ranks, uint32_t nra
 
 /* The one check a cached plan still makes: replicas hold equal bytes. */
 static int check_replicas(const ckptio__plan *pl, const ckptio__holdings *const *ranks,
-                          char *err, size_t errlen)
+                          char *err, size_t errlen, ckptio_error_info *b)
 {
     for (uint64_t g = 0; g < pl->n_rep; g++) {
         const uint32_t *m = pl->rep + 2 * pl->rep_first[g];
@@ -632,7 +667,7 @@ static int check_replicas(const ckptio__plan *pl, const ckptio__holdings *const 
         for (uint64_t i = 1; i < pl->rep_first[g + 1] - pl->rep_first[g]; i++) {
             const ckptio__hold *h = &ranks[m[2 * i]]->items[m[2 * i + 1]];
             if (h->hash != f->hash)
-                return diverge(err, errlen, f->name, f->name_len, f, m[0], m[2 * i]);
+                return diverge(err, errlen, b, f->name, f->name_len, f, m[0], m[2 * i]);
         }
     }
     return 0;
@@ -677,19 +712,23 @@ static int record_replicas(pctx *x, ckptio__plan *pl)
 }
 
 int ckptio__plan_make(ckptio__plan_cache *cache, const ckptio__holdings *const *ranks,
-                      uint32_t nranks, const ckptio__plan **out, char *err, size_t errlen)
+                      uint32_t nranks, const ckptio__plan **out, char *err, size_t errlen,
+                      ckptio_error_info *b)
 {
     if (err && errlen) err[0] = 0;
+    blame(b, NONE, NONE, NULL, 0);
     if (!cache || !out || !ranks || nranks == 0)
         return fail(err, errlen, CKPTIO_E_USAGE, "plan: no cache, output or ranks");
     *out = NULL;
-    pctx x = {.ranks = ranks, .nranks = nranks, .err = err, .errlen = errlen};
+    pctx x = {.ranks = ranks, .nranks = nranks, .err = err, .errlen = errlen, .blame = b};
     ckptio__vec_init(&x.assign, sizeof(ckptio__assign));
     ckptio__plan *pl = NULL;
     uint8_t *key = NULL;
     uint64_t klen = 0;
     int rc = 0;
     for (uint32_t r = 0; r < nranks; r++) {
+        if (!ranks[r] || ranks[r]->code < 0) blame(b, r, NONE, NULL, 0);
+        if (ranks[r] && ranks[r]->code < 0 && b) b->flags = ranks[r]->flags;
         CKPTIO__GOTO_IF(!ranks[r], fail(err, errlen, CKPTIO_E_USAGE,
                                         "rank %u's holdings are missing", r));
         CKPTIO__GOTO_IF(ranks[r]->code < 0,
@@ -699,7 +738,7 @@ int ckptio__plan_make(ckptio__plan_cache *cache, const ckptio__holdings *const *
     key = structure_key(ranks, nranks, &klen);
     CKPTIO__GOTO_IF(!key, fail(err, errlen, -ENOMEM, "out of memory planning"));
     if (cache->plan && cache->key_len == klen && memcmp(cache->key, key, klen) == 0) {
-        CKPTIO__CHECK(check_replicas(cache->plan, ranks, err, errlen));
+        CKPTIO__CHECK(check_replicas(cache->plan, ranks, err, errlen, b));
         cache->hits++;
         *out = cache->plan;
         goto out;
@@ -762,26 +801,36 @@ void ckptio__plan_cache_free(ckptio__plan_cache *cache)
 
 /* ---- the plan on the wire ---- */
 
-int ckptio__plan_encode(const ckptio__plan *plan, int code, const char *msg, ckptio_bytes *out)
+int ckptio__plan_encode(const ckptio__plan *plan, int code, const char *msg,
+                        const ckptio_error_info *b, ckptio_bytes *out)
 {
     size_t ml = code < 0 && msg ? strnlen(msg, MSG_MAX) : 0;
+    size_t tl = code < 0 && b ? strnlen(b->tensor, CKPTIO_MAX_NAME) : 0;
     uint64_t n = code < 0 || !plan ? 0 : plan->n_assign;
     uint64_t nr = code < 0 || !plan || !plan->n_rep ? 0 : plan->rep_first[plan->n_rep];
     if (code >= 0 && !plan) return CKPTIO_E_USAGE;
     if (n > (SIZE_MAX - PLAN_HEAD - ml) / PLAN_ENTRY / 2 || nr > UINT32_MAX ||
         nr > (SIZE_MAX - PLAN_HEAD - ml) / PLAN_REP / 2)
         return CKPTIO_E_LIMIT;
-    CKPTIO__TRY(ckptio_bytes_resize(out, PLAN_HEAD + ml + n * PLAN_ENTRY + nr * PLAN_REP));
+    CKPTIO__TRY(ckptio_bytes_resize(out, PLAN_HEAD + ml + tl + n * PLAN_ENTRY + nr * PLAN_REP));
     uint8_t *p = out->data;
     put32(p, PLAN_MAGIC);
     put32(p + 4, WIRE_VERSION);
     put32(p + 8, (uint32_t)(code < 0 ? code : 0));
     put32(p + 12, (uint32_t)ml);
-    put32(p + 16, plan && code >= 0 ? plan->nranks : 0);
-    put32(p + 20, (uint32_t)nr);
-    put64(p + 24, n);
+    if (code < 0) {
+        put32(p + 16, b ? (uint32_t)b->rank : UINT32_MAX);
+        put32(p + 20, b ? (uint32_t)b->other_rank : UINT32_MAX);
+        put32(p + 24, (uint32_t)tl);
+        put32(p + 28, b ? b->flags & CKPTIO_ERROR_REFUSED : 0);
+    } else {
+        put32(p + 16, plan->nranks);
+        put32(p + 20, (uint32_t)nr);
+        put64(p + 24, n);
+    }
     if (ml) memcpy(p + PLAN_HEAD, msg, ml);
-    p += PLAN_HEAD + ml;
+    if (tl) memcpy(p + PLAN_HEAD + ml, b->tensor, tl);
+    p += PLAN_HEAD + ml + tl;
     for (uint64_t i = 0; i < n; i++, p += PLAN_ENTRY) {
         const ckptio__assign *a = &plan->assign[i];
         put32(p, a->rank);
@@ -806,23 +855,38 @@ int ckptio__plan_status(const uint8_t *buf, uint64_t len)
     return code > 0 ? 1 : code;
 }
 
+/* A rank number from a failed plan's header: UINT32_MAX (or anything out of range) is none. */
+static int32_t wire_rank(uint32_t v)
+{
+    return v > INT32_MAX ? CKPTIO_ERROR_NO_RANK : (int32_t)v;
+}
+
 int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
                              const ckptio__holdings *mine, ckptio__vec *out, char *err,
-                             size_t errlen)
+                             size_t errlen, ckptio_error_info *b)
 {
     if (err && errlen) err[0] = 0;
+    blame(b, NONE, NONE, NULL, 0);
     if (!buf || len < PLAN_HEAD || get32(buf) != PLAN_MAGIC || get32(buf + 4) != WIRE_VERSION)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: not a ckptio plan of version %u",
                     WIRE_VERSION);
     int code = (int)get32(buf + 8);
     uint32_t ml = get32(buf + 12), nranks = get32(buf + 16), nr = get32(buf + 20);
     uint64_t n = get64(buf + 24);
+    if (code < 0) { /* the blame instead of assignments */
+        uint32_t tl = get32(buf + 24), flags = get32(buf + 28);
+        if (ml > MSG_MAX || tl > CKPTIO_MAX_NAME || len - PLAN_HEAD != (uint64_t)ml + tl ||
+            (flags & ~CKPTIO_ERROR_REFUSED))
+            return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: inconsistent header");
+        blame(b, wire_rank(nranks), wire_rank(nr), tl ? (const char *)buf + PLAN_HEAD + ml : NULL,
+              tl);
+        if (b) b->flags = flags;
+        return fail(err, errlen, code, "%.*s", (int)ml, (const char *)buf + PLAN_HEAD);
+    }
     if (code > 0 || ml > MSG_MAX || len - PLAN_HEAD < ml ||
         (len - PLAN_HEAD - ml) / PLAN_ENTRY < n ||
         len - PLAN_HEAD - ml - n * PLAN_ENTRY != (uint64_t)nr * PLAN_REP)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: inconsistent header");
-    if (code < 0)
-        return fail(err, errlen, code, "%.*s", (int)ml, (const char *)buf + PLAN_HEAD);
     if (rank >= nranks)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "plan: made for %u ranks, this is rank %u",
                     nranks, rank);

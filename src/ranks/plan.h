@@ -66,6 +66,7 @@ typedef struct ckptio__holdings {
     uint64_t n;
     ckptio__hold *items;
     int code;
+    uint32_t flags;  /* with code < 0: CKPTIO_ERROR_REFUSED when the rank refused to take part */
     const char *msg; /* "" unless code < 0 */
 } ckptio__holdings;
 
@@ -74,8 +75,10 @@ typedef struct ckptio__holdings {
  * item and its tensor: CKPTIO_E_USAGE, _DTYPE, _SHAPE, _RANGE, _LIMIT, or -ENOMEM. */
 CKPTIO__HIDDEN int ckptio__holdings_encode(const ckptio__hold *items, size_t n, ckptio_bytes *out,
                                            char *err, size_t errlen);
-/* Encode a rank's failure (code < 0, msg may be NULL) in place of its holdings. */
-CKPTIO__HIDDEN int ckptio__holdings_encode_error(int code, const char *msg, ckptio_bytes *out);
+/* Encode a rank's failure (code < 0, msg may be NULL; flags: CKPTIO_ERROR_REFUSED when it
+ * refused, ckptio_save_dist_refuse) in place of its holdings. */
+CKPTIO__HIDDEN int ckptio__holdings_encode_error(int code, const char *msg, uint32_t flags,
+                                                 ckptio_bytes *out);
 /* Parse and check `len` bytes. On success *out is one allocation (free with
  * ckptio__holdings_free); on failure CKPTIO_E_CORRUPT (or _LIMIT, -ENOMEM) with the reason in
  * err. Never reads outside buf; allocates at most about 3 x len + a constant. */
@@ -120,26 +123,33 @@ typedef struct ckptio__plan_cache {
 } ckptio__plan_cache;
 
 /* Plan over the holdings of ranks 0 .. nranks-1 (`ranks[r]` from rank r). A rank that sent an
- * error makes the plan fail with its code and "rank R: <its message>". On success *out points
+ * error (one that failed, or refused: ckptio_save_dist_refuse) makes the plan fail with its code
+ * and "rank R: <its message>". On failure `blame` (may be NULL) says who, as values: rank R for
+ * a rank's own error or a box listed twice; the two ranks named (rank, other_rank, in the
+ * message's order) for a disagreement, an overlap or diverging replicas; and the tensor's
+ * stored name, with no rank for a hole. On success *out points
  * at the plan, owned by `cache` (valid until the cache's next use or free). On failure the
  * code and a one-line message in err; the cache keeps its previous plan only if the structure
  * was the same (only hashes differed). */
 CKPTIO__HIDDEN int ckptio__plan_make(ckptio__plan_cache *cache,
                                      const ckptio__holdings *const *ranks, uint32_t nranks,
-                                     const ckptio__plan **out, char *err, size_t errlen);
+                                     const ckptio__plan **out, char *err, size_t errlen,
+                                     ckptio_error_info *blame);
 CKPTIO__HIDDEN void ckptio__plan_cache_free(ckptio__plan_cache *cache);
 
 /* What the coordinator broadcasts: the plan (code 0) or the error every rank is to raise
- * (code < 0, msg; plan may be NULL). Replaces out's contents. */
+ * (code < 0, msg, and blame's rank, other_rank and tensor, may be NULL; plan may be NULL).
+ * Replaces out's contents. */
 CKPTIO__HIDDEN int ckptio__plan_encode(const ckptio__plan *plan, int code, const char *msg,
-                                       ckptio_bytes *out);
+                                       const ckptio_error_info *blame, ckptio_bytes *out);
 /* Rank `rank`'s share of an encoded plan, checked against its own holdings `mine` (item
  * indices, row ranges): its assignments are appended to `out` (a vec of ckptio__assign).
- * Returns the plan's code: 0, or the coordinator's error with its message in err; or
+ * Returns the plan's code: 0, or the coordinator's error with its message in err and who is
+ * to blame in `blame` (may be NULL); or
  * CKPTIO_E_CORRUPT for bytes that are no valid plan for these holdings. */
 CKPTIO__HIDDEN int ckptio__plan_decode_rank(const uint8_t *buf, uint64_t len, uint32_t rank,
                                             const ckptio__holdings *mine, ckptio__vec *out,
-                                            char *err, size_t errlen);
+                                            char *err, size_t errlen, ckptio_error_info *blame);
 
 /* One of a rank's items that other ranks hold too, and the number of slabs k it is written
  * as: slab j is rows [rows * j / k, rows * (j + 1) / k) of its box along dimension 0 (the

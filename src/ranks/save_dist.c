@@ -331,9 +331,21 @@ static const ckptio__mchunk *find_chunk(const ckptio__manifest *m,
 
 /* Every slab's holders against the lowest-ranked one: the writer's block checksums (or its own
  * hashes when its checksums are off) and the other holders' hashes. */
+/* Who a failed replica check is about: ranks a and b, tensor name. */
+static void blame_pair(ckptio_error_info *b, uint32_t ra, uint32_t rb, const char *name,
+                       uint32_t name_len)
+{
+    if (!b) return;
+    ckptio__info_none(b);
+    b->rank = (int32_t)ra;
+    b->other_rank = (int32_t)rb;
+    snprintf(b->tensor, sizeof b->tensor, "%.*s",
+             (int)CKPTIO__MIN(name_len, sizeof b->tensor - 1), name);
+}
+
 static int check_replicas(const ckptio__manifest *m, const ckptio__manifest *const *parts,
                           uint32_t nparts, ckptio__vec *cs, const ckptio__vec *hs, char *why,
-                          size_t wl)
+                          size_t wl, ckptio_error_info *blame)
 {
     if (cs->len) qsort(cs->items, cs->len, sizeof(rcheck), rcheck_cmp); /* NULL when empty */
     char b1[256], b2[256];
@@ -369,13 +381,15 @@ static int check_replicas(const ckptio__manifest *m, const ckptio__manifest *con
             if (c == ref) continue;
             const uint64_t *ch_h = c == &w ? m->csums + ch->csums : CKPTIO__VEC_AT(hs, uint64_t, c->at);
             if (c->block != ref->block)
-                return snprintf(why, wl, "tensor '%.*s': ranks %u and %u hash replicas in blocks "
+                return blame_pair(blame, ref->rank, c->rank, f->name, f->name_len),
+                       snprintf(why, wl, "tensor '%.*s': ranks %u and %u hash replicas in blocks "
                                 "of %llu and %llu bytes; give every rank the same params",
                                 (int)CKPTIO__MIN(f->name_len, 200u), f->name, ref->rank, c->rank,
                                 (unsigned long long)ref->block, (unsigned long long)c->block),
                        CKPTIO_E_USAGE;
             if (c->n != ref->n || memcmp(ch_h, rh, 8 * c->n)) {
                 uint32_t a = CKPTIO__MIN(ref->rank, c->rank), b = CKPTIO__MAX(ref->rank, c->rank);
+                blame_pair(blame, a, b, f->name, f->name_len);
                 return snprintf(why, wl,
                                 "tensor '%.*s': ranks %u and %u hold different values for the "
                                 "same box [offset %s shape %s]; a plain tensor saved from every "
@@ -398,7 +412,9 @@ static void coordinate(const ckptio_comm *comm, const ckptio_bytes *all, const u
     uint32_t n = (uint32_t)comm->nranks;
     ckptio__holdings **h = calloc(n, sizeof *h);
     char why[CKPTIO__MSG_LEN], sub[CKPTIO__MSG_LEN];
+    ckptio_error_info *blame = malloc(sizeof *blame); /* who, for every rank's exception */
     int rc = 0;
+    if (blame) ckptio__info_none(blame);
     if (!h) {
         rc = -ENOMEM;
         snprintf(why, sizeof why, "out of memory planning for %u ranks", n);
@@ -411,6 +427,7 @@ static void coordinate(const ckptio_comm *comm, const ckptio_bytes *all, const u
         at += lens[r];
         if (rc < 0) {
             snprintf(why, sizeof why, "rank %u: %.900s", r, sub);
+            if (blame) blame->rank = (int32_t)r;
             goto out;
         }
     }
@@ -421,16 +438,18 @@ static void coordinate(const ckptio_comm *comm, const ckptio_bytes *all, const u
         cache_nranks = comm->nranks;
     }
     const ckptio__plan *pl = NULL;
-    rc = ckptio__plan_make(&cache, (const ckptio__holdings *const *)h, n, &pl, why, sizeof why);
-    if (rc == 0) rc = ckptio__plan_encode(pl, 0, NULL, planb);
+    rc = ckptio__plan_make(&cache, (const ckptio__holdings *const *)h, n, &pl, why, sizeof why,
+                           blame);
+    if (rc == 0) rc = ckptio__plan_encode(pl, 0, NULL, NULL, planb);
     pthread_mutex_unlock(&cache_mu);
     if (rc == 0) goto done;
     if (rc == -ENOMEM && !why[0]) snprintf(why, sizeof why, "out of memory encoding the plan");
 out:
-    if (ckptio__plan_encode(NULL, rc, why, planb) < 0) ckptio_bytes_free(planb);
+    if (ckptio__plan_encode(NULL, rc, why, blame, planb) < 0) ckptio_bytes_free(planb);
 done:
     for (uint32_t r = 0; h && r < n; r++) ckptio__holdings_free(h[r]);
     free(h);
+    free(blame);
 }
 
 /* One assigned piece into the writer: a slab of rows of an item's box. */
@@ -466,7 +485,7 @@ static int write_piece(ckptio_writer *w, const ckptio_dist_item *it, const ckpti
 
 /* Rank 0, once every part is in: decode, merge, publish. */
 static int publish(const ckptio_comm *comm, ckptio_writer *w, const ckptio_bytes *all,
-                   const uint64_t *lens, char *why, size_t wl)
+                   const uint64_t *lens, char *why, size_t wl, ckptio_error_info *blame)
 {
     uint32_t n = (uint32_t)comm->nranks;
     ckptio__manifest **parts = calloc(n, sizeof *parts), *merged = NULL;
@@ -503,7 +522,8 @@ static int publish(const ckptio_comm *comm, ckptio_writer *w, const ckptio_bytes
         goto out;
     }
     /* Diverging replicas fail the save here, before anything is published. */
-    rc = check_replicas(merged, (const ckptio__manifest *const *)parts, n, &cs, &hs, why, wl);
+    rc = check_replicas(merged, (const ckptio__manifest *const *)parts, n, &cs, &hs, why, wl,
+                        blame);
     if (rc < 0) goto out;
     rc = ckptio__manifest_encoded_size(merged, &len);
     if (rc == 0 && !(buf = malloc(len))) rc = -ENOMEM;
@@ -524,10 +544,47 @@ out:
     return rc;
 }
 
-int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dist_item *items,
+/* After the last agreement failed with the coordinator's own error (publish: replicas that
+ * differ, ...), rank 0 tells every rank whom it blames, so that every rank's error carries the
+ * same values. One more broadcast, made by every rank that holds the verdict "rank 0 failed"
+ * (all of them, unless the verdict's own broadcast failed somewhere: then the others wait at
+ * most `timeout` more). Raises the error again with the values. */
+static void share_blame(const ckptio_comm *comm, int rc, const ckptio_error_info *mine,
+                        double timeout)
+{
+    ckptio__msg *last = malloc(sizeof *last);
+    if (!last) return;
+    ckptio__msg_last(last);
+    ckptio_bytes b = CKPTIO_BYTES_INIT;
+    if (last->info.rank != 0) goto out; /* not the coordinator's, or no verdict */
+    size_t tl = mine ? strlen(mine->tensor) : 0;
+    if (comm->rank == 0 && ckptio_bytes_resize(&b, 8 + tl) == 0) {
+        put64le(b.data, mine ? (uint64_t)(uint32_t)mine->other_rank << 32 | (uint32_t)mine->rank
+                             : UINT64_MAX);
+        memcpy((uint8_t *)b.data + 8, mine ? mine->tensor : "", tl);
+    }
+    if (ckptio_comm_broadcast(comm, 0, &b, timeout) < 0 || b.len < 8 ||
+        b.len - 8 >= sizeof last->info.tensor)
+        goto out;
+    uint64_t who = get64le(b.data);
+    int32_t ra = (int32_t)(uint32_t)who, rb = (int32_t)(uint32_t)(who >> 32);
+    if (ra < 0 || ra >= comm->nranks) goto out; /* nobody in particular: the coordinator */
+    last->info.rank = ra;
+    last->info.other_rank = rb >= 0 && rb < comm->nranks ? rb : CKPTIO_ERROR_NO_RANK;
+    memcpy(last->info.tensor, (uint8_t *)b.data + 8, b.len - 8);
+    last->info.tensor[b.len - 8] = 0;
+out:
+    ckptio__refail(NULL, last, rc, "", NULL);
+    ckptio_bytes_free(&b);
+    free(last);
+}
+
+/* ckptio_save_dist; with refused < 0, this rank takes part with that error (and refuse_msg)
+ * in place of its items. */
+static int save_dist(const char *path, const ckptio_comm *comm, const ckptio_dist_item *items,
                      size_t n, const char *const *meta_keys, const void *const *meta_vals,
                      const size_t *meta_lens, size_t n_meta, const ckptio_params *p,
-                     double timeout, ckptio_stats *out)
+                     double timeout, ckptio_stats *out, int refused, const char *refuse_msg)
 {
     if (!comm || comm->nranks < 1 || comm->rank < 0 || comm->rank >= comm->nranks)
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_save_dist: no usable communicator");
@@ -553,25 +610,36 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
         local = -ENOMEM;
         snprintf(why, sizeof why, "out of memory");
     }
+    if (local == 0 && refused < 0) {
+        local = refused;
+        snprintf(why, sizeof why, "%s", refuse_msg ? refuse_msg : ckptio_strerror(refused));
+    }
 
     /* 1. Holdings to the coordinator; the plan or its error back. */
     if (local == 0) local = take_items(items, n, its, why, sizeof why);
     if (local == 0) local = make_holds(its, n, holds, zeros, why, sizeof why);
     if (local == 0) local = ckptio__holdings_encode(holds, n, &mine, why, sizeof why);
-    if (local < 0 && ckptio__holdings_encode_error(local, why, &mine) < 0) ckptio_bytes_free(&mine);
+    if (local < 0 && ckptio__holdings_encode_error(local, why,
+                                                   refused < 0 ? CKPTIO_ERROR_REFUSED : 0,
+                                                   &mine) < 0)
+        ckptio_bytes_free(&mine);
     CKPTIO__CHECK(ckptio_comm_gather(comm, 0, mine.data, mine.len, &all, lens, timeout));
     if (rank == 0) coordinate(comm, &all, lens, &planb);
     CKPTIO__CHECK(ckptio_comm_broadcast(comm, 0, &planb, timeout));
     {
         ckptio__holdings view = {.n = local < 0 ? 0 : n, .items = holds, .msg = ""};
+        ckptio_error_info *blame = malloc(sizeof *blame); /* ~8 KiB */
         int pc = ckptio__plan_decode_rank(planb.data, planb.len, rank, &view, &assign, why,
-                                          sizeof why);
-        /* A failed plan is the same bytes on every rank: every rank stops here, nothing written.
-         * Anything else wrong with it is this rank's own failure, told at the agreement. */
+                                          sizeof why, blame);
+        /* A failed plan is the same bytes on every rank: every rank stops here, nothing written,
+         * with the same message and blame. Anything else wrong with it is this rank's own
+         * failure, told at the agreement. */
         if (pc < 0 && ckptio__plan_status(planb.data, planb.len) < 0) {
-            rc = ckptio__fail(NULL, pc, "%s", why);
+            rc = ckptio__fail_info(NULL, pc, blame, "%s", why);
+            free(blame);
             goto out;
         }
+        free(blame);
         if (pc == 0)
             pc = ckptio__plan_decode_replicas(planb.data, planb.len, rank, &view, &reps, why,
                                               sizeof why);
@@ -651,8 +719,12 @@ int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
 
     /* 4. The coordinator merges and publishes; every rank returns its outcome. */
     local = 0;
-    if (rank == 0) local = publish(comm, w, &all, lens, why, sizeof why);
+    ckptio_error_info *blame = rank == 0 ? malloc(sizeof *blame) : NULL;
+    if (blame) ckptio__info_none(blame);
+    if (rank == 0) local = publish(comm, w, &all, lens, why, sizeof why, blame);
     rc = ckptio_comm_agree(comm, local, why, timeout);
+    if (rc < 0) share_blame(comm, rc, blame, timeout);
+    free(blame);
 out:
     if (out) {
         memset(out, 0, sizeof *out);
@@ -663,10 +735,11 @@ out:
     /* The coordinator's close removes the temporary directory unless it published; joined
      * writers leave it to the coordinator. */
     if (w) {
-        char keep[CKPTIO__MSG_LEN];
-        snprintf(keep, sizeof keep, "%s", ckptio_last_error());
+        ckptio__msg *keep = malloc(sizeof *keep); /* the text and its values (~9 KiB) */
+        if (keep) ckptio__msg_last(keep);
         ckptio_writer_close(w);
-        if (rc < 0) ckptio__fail(NULL, rc, "%s", keep);
+        if (rc < 0 && keep) ckptio__refail(NULL, keep, rc, "", NULL);
+        free(keep);
     }
     ckptio_bytes_free(&mine);
     ckptio_bytes_free(&all);
@@ -681,4 +754,20 @@ out:
     free(holds);
     free(its);
     return rc;
+}
+
+int ckptio_save_dist(const char *path, const ckptio_comm *comm, const ckptio_dist_item *items,
+                     size_t n, const char *const *meta_keys, const void *const *meta_vals,
+                     const size_t *meta_lens, size_t n_meta, const ckptio_params *p,
+                     double timeout, ckptio_stats *out)
+{
+    return save_dist(path, comm, items, n, meta_keys, meta_vals, meta_lens, n_meta, p, timeout,
+                     out, 0, NULL);
+}
+
+int ckptio_save_dist_refuse(const char *path, const ckptio_comm *comm, int code, const char *msg,
+                            const ckptio_params *p, double timeout)
+{
+    return save_dist(path, comm, NULL, 0, NULL, NULL, NULL, 0, p, timeout, NULL,
+                     code < 0 ? code : CKPTIO_E_USAGE, msg);
 }

@@ -32,13 +32,14 @@ static int note_bad(const ckptio_reader *r, plan *pl, const seg *s, uint64_t x, 
 
 static void report_bad(ckptio_reader *r, const plan *pl)
 {
-    ckptio__fail(&r->msg, CKPTIO_E_CHECKSUM,
-                 "checksum mismatch in tensor '%s': bytes %llu..%llu of its chunk at offset %llu "
-                 "of '%s/%s' are damaged; restore this checkpoint from a copy or load an earlier "
-                 "one",
-                 tname(r, pl->bad_chunk), (unsigned long long)pl->bad_x,
-                 (unsigned long long)(pl->bad_x + pl->bad_len), (unsigned long long)pl->bad_foff,
-                 r->path, fname(r, pl->bad_file));
+    ckptio__fail_at(&r->msg, CKPTIO_E_CHECKSUM, tname(r, pl->bad_chunk), r->path,
+                    fname(r, pl->bad_file), pl->bad_foff,
+                    "checksum mismatch in tensor '%s': bytes %llu..%llu of its chunk at offset "
+                    "%llu of '%s/%s' are damaged; restore this checkpoint from a copy or load an "
+                    "earlier one",
+                    tname(r, pl->bad_chunk), (unsigned long long)pl->bad_x,
+                    (unsigned long long)(pl->bad_x + pl->bad_len), (unsigned long long)pl->bad_foff,
+                    r->path, fname(r, pl->bad_file));
 }
 
 /* One checksum block to hash, and the part of it a staged segment puts in its destination
@@ -175,11 +176,13 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
                 pl->bad[s->chunk] = 1; /* a flag: counting here would wrap */
                 pl->bad_chunks++;
             }
-            trunc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                                 "data file '%s/%s' ended at byte %llu while reading tensor '%s'; "
-                                 "the file is truncated",
-                                 r->path, fname(r, s->file),
-                                 (unsigned long long)(io->off + (uint64_t)res), tname(r, s->chunk));
+            trunc = ckptio__fail_at(&r->msg, CKPTIO_E_CORRUPT, tname(r, s->chunk), r->path,
+                                    fname(r, s->file), io->off + (uint64_t)res,
+                                    "data file '%s/%s' ended at byte %llu while reading tensor "
+                                    "'%s'; the file is truncated",
+                                    r->path, fname(r, s->file),
+                                    (unsigned long long)(io->off + (uint64_t)res),
+                                    tname(r, s->chunk));
             end = k;
             break;
         }
@@ -331,11 +334,13 @@ int ckptio__read_execute(ckptio_reader *r, plan *pl)
                 pl->bad_chunks++;
             }
             rc = res[i].rc == CKPTIO_E_CORRUPT
-                     ? ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                                    "data file '%s/%s' ended at byte %llu while reading tensor "
-                                    "'%s'; the file is truncated",
-                                    r->path, fname(r, s->file),
-                                    (unsigned long long)(s->foff + res[i].got), tname(r, s->chunk))
+                     ? ckptio__fail_at(&r->msg, CKPTIO_E_CORRUPT, tname(r, s->chunk), r->path,
+                                       fname(r, s->file), s->foff + res[i].got,
+                                       "data file '%s/%s' ended at byte %llu while reading "
+                                       "tensor '%s'; the file is truncated",
+                                       r->path, fname(r, s->file),
+                                       (unsigned long long)(s->foff + res[i].got),
+                                       tname(r, s->chunk))
                      : ckptio__fail(&r->msg, res[i].rc,
                                     "reading %llu bytes at offset %llu of '%s/%s' (tensor '%s') "
                                     "from the page cache failed",

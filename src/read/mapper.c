@@ -56,9 +56,10 @@ static int open_mfile(ckptio_mapper *m, uint32_t i)
     if (rc < 0) {
         if (f->fd >= 0) close(f->fd);
         f->fd = -1;
-        return ckptio__fail(&m->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
-                            "cannot open data file '%s/%s'%s", m->path, fname(m, i),
-                            rc == -ENOENT ? ": it is missing" : "");
+        return ckptio__fail_at(&m->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc, NULL, m->path,
+                               fname(m, i), CKPTIO_ERROR_NO_OFFSET,
+                               "cannot open data file '%s/%s'%s", m->path, fname(m, i),
+                               rc == -ENOENT ? ": it is missing" : "");
     }
     return 0;
 }
@@ -178,17 +179,22 @@ int ckptio_mapper_chunk(ckptio_mapper *m, size_t tensor, size_t chunk, int *fd,
     const ckptio__mchunk *c = NULL;
     CKPTIO__TRY(find_chunk(m, tensor, chunk, &c));
     mfile *f = &m->files[c->file];
-    CKPTIO__TRY(open_mfile(m, c->file));
+    int rc = open_mfile(m, c->file);
+    if (rc < 0) {
+        ckptio__msg_name(&m->msg, tname(m, tensor), NULL, NULL, c->file_off);
+        return rc;
+    }
     uint64_t want = m->m->files[c->file].size;
     if ((uint64_t)f->st.st_size < want)
-        return ckptio__fail(&m->msg, CKPTIO_E_CORRUPT,
-                            "data file '%s/%s' is truncated: it has %llu bytes, the manifest "
-                            "says %llu (tensor '%s' is stored at bytes %llu..%llu); the "
-                            "checkpoint is damaged, load another one",
-                            m->path, fname(m, c->file), (unsigned long long)f->st.st_size,
-                            (unsigned long long)want, tname(m, tensor),
-                            (unsigned long long)c->file_off,
-                            (unsigned long long)(c->file_off + c->stored_len));
+        return ckptio__fail_at(&m->msg, CKPTIO_E_CORRUPT, tname(m, tensor), m->path,
+                               fname(m, c->file), c->file_off,
+                               "data file '%s/%s' is truncated: it has %llu bytes, the manifest "
+                               "says %llu (tensor '%s' is stored at bytes %llu..%llu); the "
+                               "checkpoint is damaged, load another one",
+                               m->path, fname(m, c->file), (unsigned long long)f->st.st_size,
+                               (unsigned long long)want, tname(m, tensor),
+                               (unsigned long long)c->file_off,
+                               (unsigned long long)(c->file_off + c->stored_len));
     m->handed = true;
     if (fd) *fd = f->fd;
     if (file_offset) *file_offset = c->file_off;
@@ -212,13 +218,15 @@ int ckptio_mapper_check(ckptio_mapper *m, size_t tensor, size_t chunk, const voi
     for (uint64_t x = 0; x < len; x += B) {
         uint64_t n = CKPTIO__MIN(B, len - x);
         if (ckptio__hash(p + x, n) == m->m->csums[c->csums + x / B]) continue;
-        return ckptio__fail(&m->msg, CKPTIO_E_CHECKSUM,
-                            "checksum mismatch in tensor '%s': bytes %llu..%llu of its chunk at "
-                            "offset %llu of '%s/%s' are damaged (or were changed after "
-                            "loading); restore this checkpoint from a copy or load an earlier "
-                            "one",
-                            tname(m, tensor), (unsigned long long)x, (unsigned long long)(x + n),
-                            (unsigned long long)(c->file_off + x), m->path, fname(m, c->file));
+        return ckptio__fail_at(&m->msg, CKPTIO_E_CHECKSUM, tname(m, tensor), m->path,
+                               fname(m, c->file), c->file_off + x,
+                               "checksum mismatch in tensor '%s': bytes %llu..%llu of its chunk "
+                               "at offset %llu of '%s/%s' are damaged (or were changed after "
+                               "loading); restore this checkpoint from a copy or load an "
+                               "earlier one",
+                               tname(m, tensor), (unsigned long long)x,
+                               (unsigned long long)(x + n), (unsigned long long)(c->file_off + x),
+                               m->path, fname(m, c->file));
     }
     return 0;
 }
@@ -253,4 +261,10 @@ int ckptio_mapper_unchanged(ckptio_mapper *m)
 const char *ckptio_mapper_errmsg(const ckptio_mapper *m)
 {
     return m ? m->msg.text : "";
+}
+
+int ckptio_mapper_error_info(const ckptio_mapper *m, ckptio_error_info *out)
+{
+    if (!m) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_mapper_error_info: NULL handle");
+    return ckptio__msg_info(&m->msg, out, "ckptio_mapper_error_info");
 }

@@ -245,13 +245,15 @@ static int open_striped(ckptio_reader *r, uint32_t i)
         return ckptio__stripes_fail(&r->stripes, &r->msg, at, r->m, k, r->path, fname(r, i),
                                     "ckptio_reader_set_roots");
     const ckptio__mroot *mr = &r->m->roots[k];
+    const char *recorded = r->m->strtab + mr->path, *name = r->m->strtab + mr->name;
     rfile *f = &r->files[i];
     int rc = ckptio__read_open_rfile(f, at, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)
-        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
-                            "cannot open data file '%s/%s/%s' of checkpoint '%s'%s",
-                            r->m->strtab + mr->path, r->m->strtab + mr->name, fname(r, i), r->path,
-                            rc == -ENOENT ? ": it is missing" : "");
+        return ckptio__fail_at(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc, NULL, recorded,
+                               name, CKPTIO_ERROR_NO_OFFSET,
+                               "cannot open data file '%s/%s/%s' of checkpoint '%s'%s", recorded,
+                               name, fname(r, i), r->path,
+                               rc == -ENOENT ? ": it is missing" : "");
     r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
     return 0;
@@ -277,9 +279,10 @@ int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
     if (root) return open_striped(r, i);
     int rc = ckptio__read_open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)
-        return ckptio__fail(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc,
-                            "cannot open data file '%s/%s'%s", r->path, fname(r, i),
-                            rc == -ENOENT ? ": it is missing" : "");
+        return ckptio__fail_at(&r->msg, rc == -ENOENT ? CKPTIO_E_CORRUPT : rc, NULL, r->path,
+                               fname(r, i), CKPTIO_ERROR_NO_OFFSET,
+                               "cannot open data file '%s/%s'%s", r->path, fname(r, i),
+                               rc == -ENOENT ? ": it is missing" : "");
     r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
     return 0;
@@ -381,6 +384,12 @@ int ckptio_reader_get_meta(const ckptio_reader *r, const char *key, const void *
 const char *ckptio_reader_errmsg(const ckptio_reader *r)
 {
     return r ? r->msg.text : "";
+}
+
+int ckptio_reader_error_info(const ckptio_reader *r, ckptio_error_info *out)
+{
+    if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_error_info: handle is NULL");
+    return ckptio__msg_info(&r->msg, out, "ckptio_reader_error_info");
 }
 
 const char *ckptio_reader_path(const ckptio_reader *r)

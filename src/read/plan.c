@@ -296,17 +296,22 @@ int ckptio__read_plan_ios(plan *pl)
 int ckptio__read_prepare_chunk(ckptio_reader *r, uint64_t chunk)
 {
     const ckptio__mchunk *c = &r->m->chunks[chunk];
-    CKPTIO__TRY(ckptio__read_open_file(r, c->file));
+    int rc = ckptio__read_open_file(r, c->file);
+    if (rc < 0) {
+        ckptio__msg_name(&r->msg, tname(r, chunk), NULL, NULL, c->file_off);
+        return rc;
+    }
     const rfile *f = &r->files[c->file];
     if (c->file_off + c->stored_len > f->size)
-        return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                            "data file '%s/%s' is truncated: it has %llu bytes but tensor '%s' is "
-                            "stored at bytes %llu..%llu (the manifest says the file has %llu); "
-                            "the checkpoint is damaged, load another one",
-                            r->path, fname(r, c->file), (unsigned long long)f->size,
-                            tname(r, chunk), (unsigned long long)c->file_off,
-                            (unsigned long long)(c->file_off + c->stored_len),
-                            (unsigned long long)r->m->files[c->file].size);
+        return ckptio__fail_at(&r->msg, CKPTIO_E_CORRUPT, tname(r, chunk), r->path,
+                               fname(r, c->file), c->file_off,
+                               "data file '%s/%s' is truncated: it has %llu bytes but tensor "
+                               "'%s' is stored at bytes %llu..%llu (the manifest says the file "
+                               "has %llu); the checkpoint is damaged, load another one",
+                               r->path, fname(r, c->file), (unsigned long long)f->size,
+                               tname(r, chunk), (unsigned long long)c->file_off,
+                               (unsigned long long)(c->file_off + c->stored_len),
+                               (unsigned long long)r->m->files[c->file].size);
     return 0;
 }
 

@@ -65,13 +65,15 @@ static int check_landed(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
     for (uint64_t x = 0; x < n; x += B) {
         uint64_t len = CKPTIO__MIN(B, n - x);
         if (ckptio__hash(host + x, len) == r->m->csums[v->c->csums + (at + x) / B]) continue;
-        return ckptio__fail(&r->msg, CKPTIO_E_CHECKSUM,
-                            "checksum mismatch in tensor '%s': bytes %llu..%llu at offset %llu "
-                            "of '%s' (read by GDS) are damaged; restore this checkpoint from a "
-                            "copy or load an earlier one",
-                            tname(r, (uint64_t)(v->c - r->m->chunks)),
-                            (unsigned long long)(at + x), (unsigned long long)(at + x + len),
-                            (unsigned long long)(v->c->file_off + at + x), v->label);
+        const char *t = tname(r, (uint64_t)(v->c - r->m->chunks));
+        return ckptio__fail_at(&r->msg, CKPTIO_E_CHECKSUM, t, v->label, NULL,
+                               v->c->file_off + at + x,
+                               "checksum mismatch in tensor '%s': bytes %llu..%llu at offset %llu "
+                               "of '%s' (read by GDS) are damaged; restore this checkpoint from "
+                               "a copy or load an earlier one",
+                               t,
+                               (unsigned long long)(at + x), (unsigned long long)(at + x + len),
+                               (unsigned long long)(v->c->file_off + at + x), v->label);
     }
     return 0;
 }
@@ -205,7 +207,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     ckptio__read_plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
     pl.cache = r->cfg.cache;
     int rc;
-    char first_msg[CKPTIO__MSG_LEN] = "";
+    ckptio__msg first_msg; /* the text and its values */
     int first = 0;
     pl.bad = calloc(r->m->n_chunks + 1, 1);
     CKPTIO__GOTO_IF(!pl.bad, -ENOMEM);
@@ -216,7 +218,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
         if (rc == CKPTIO_E_CORRUPT) {
             if (!first) {
                 first = rc;
-                memcpy(first_msg, r->msg.text, sizeof first_msg);
+                first_msg = r->msg;
             }
             pl.bad[c] = 1;
             pl.bad_chunks++;
@@ -232,7 +234,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     rc = ckptio__read_execute(r, &pl);
     if (first) { /* a truncated file found while planning is reported first */
         rc = first;
-        memcpy(r->msg.text, first_msg, sizeof first_msg);
+        r->msg = first_msg;
     }
     if (rc == 0 && pl.bad_chunks) rc = CKPTIO_E_CHECKSUM;
 out:

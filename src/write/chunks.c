@@ -311,12 +311,25 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     return rc < 0 ? add_failed(w, rc, name) : 0;
 }
 
+/* Every failure of an add is about this tensor (and the data file it was going to). */
+static int add_named(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
+                     const uint64_t *shape, const uint64_t *chunk_offset,
+                     const uint64_t *chunk_shape, const void *data, uint64_t nbytes,
+                     uint32_t memory, uint64_t stream)
+{
+    int rc = add_mem(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes,
+                     memory, stream);
+    if (CKPTIO__UNLIKELY(rc < 0) && w)
+        ckptio__msg_name(&w->msg, name, w->data_label, NULL, CKPTIO_ERROR_NO_OFFSET);
+    return rc;
+}
+
 int ckptio_writer_add(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
                       const uint64_t *shape, const uint64_t *chunk_offset,
                       const uint64_t *chunk_shape, const void *data, uint64_t nbytes)
 {
-    return add_mem(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes,
-                   CKPTIO_MEM_HOST, 0);
+    return add_named(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes,
+                     CKPTIO_MEM_HOST, 0);
 }
 
 int ckptio_writer_add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
@@ -324,8 +337,8 @@ int ckptio_writer_add_mem(ckptio_writer *w, const char *name, int dtype, uint32_
                           const uint64_t *chunk_shape, const void *data, uint64_t nbytes,
                           uint32_t memory, uint64_t stream)
 {
-    return add_mem(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes, memory,
-                   stream);
+    return add_named(w, name, dtype, ndim, shape, chunk_offset, chunk_shape, data, nbytes,
+                     memory, stream);
 }
 
 int ckptio__writer_gpu_read(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t stream,

@@ -34,6 +34,8 @@ static void fork_child(void *obj)
     if (!c->done) {
         c->done = 1;
         c->rc = CKPTIO_E_STATE;
+        ckptio__info_none(&c->msg.info);
+        c->msg.info.code = CKPTIO_E_STATE;
         snprintf(c->msg.text, sizeof c->msg.text,
                  "this background save belongs to the parent process (pid %ld), which forked "
                  "this one; it goes on there, and this process cannot wait for it",
@@ -49,7 +51,7 @@ static void *job_thread(void *arg)
     ckptio_stats st;
     ckptio__msg msg;
     memset(&st, 0, sizeof st);
-    msg.text[0] = '\0';
+    ckptio__msg_clear(&msg);
     int rc = c->job.run(c->job.ctx, &st, &msg);
     pthread_mutex_lock(&c->lock);
     c->rc = rc;
@@ -111,7 +113,7 @@ static int commit_run(void *ctx, ckptio_stats *st, ckptio__msg *msg)
     ckptio_writer *w = ctx;
     int rc = ckptio_writer_commit(w);
     (void)ckptio_writer_stats(w, st);
-    if (rc < 0) snprintf(msg->text, sizeof msg->text, "%s", ckptio_writer_errmsg(w));
+    if (rc < 0) *msg = w->msg; /* the text and its values */
     return rc;
 }
 
@@ -161,7 +163,7 @@ int ckptio_completion_wait(ckptio_completion *c, double timeout)
                             "the background commit is still running after %.3g s; wait again, "
                             "and keep the buffers given to the writer unchanged until it is done",
                             timeout);
-    if (rc < 0) return ckptio__fail(NULL, rc, "%s", c->msg.text);
+    if (rc < 0) return ckptio__refail(NULL, &c->msg, rc, ckptio_strerror(rc), NULL);
     return rc;
 }
 
@@ -177,6 +179,14 @@ int ckptio_completion_done(const ckptio_completion *c)
 const char *ckptio_completion_errmsg(const ckptio_completion *c)
 {
     return c && ckptio_completion_done(c) ? c->msg.text : "";
+}
+
+int ckptio_completion_error_info(const ckptio_completion *c, ckptio_error_info *out)
+{
+    static const ckptio__msg none; /* a completion has no failure until it is done */
+    if (!c) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_completion_error_info: NULL");
+    return ckptio__msg_info(ckptio_completion_done(c) ? &c->msg : &none, out,
+                            "ckptio_completion_error_info");
 }
 
 int ckptio_completion_stats(const ckptio_completion *c, ckptio_stats *out)

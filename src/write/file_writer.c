@@ -121,3 +121,9 @@ const char *ckptio_file_writer_errmsg(const ckptio_file_writer *f)
 {
     return f ? f->msg.text : "";
 }
+
+int ckptio_file_writer_error_info(const ckptio_file_writer *f, ckptio_error_info *out)
+{
+    if (!f) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_writer_error_info: NULL");
+    return ckptio__msg_info(&f->msg, out, "ckptio_file_writer_error_info");
+}

@@ -232,7 +232,7 @@ int ckptio_snapshot_take(ckptio_snapshot **out, ckptio_pool *pool, const ckptio_
                                                   "must not be NULL");
     *out = NULL;
     double t0 = ckptio__now();
-    ckptio__msg m = {{0}};
+    ckptio__msg m = {0};
     int rc = ckptio__pool_settle(pool, &m);
     if (rc < 0) return rc;
     ckptio_dist_item *its = calloc(n + 1, sizeof *its);
@@ -372,7 +372,7 @@ static int commit_run(void *ctx, ckptio_stats *st, ckptio__msg *msg)
     }
     if (rc == 0) rc = ckptio_writer_commit(j->w);
     (void)ckptio_writer_stats(j->w, st);
-    if (rc < 0) snprintf(msg->text, sizeof msg->text, "%s", ckptio_writer_errmsg(j->w));
+    if (rc < 0) *msg = j->w->msg; /* the text and its values */
     ckptio_writer_close(j->w);
     j->w = NULL;
     ckptio__pool_give(s->pool, s->bufs, s->n);
@@ -427,7 +427,7 @@ static int dist_run(void *ctx, ckptio_stats *st, ckptio__msg *msg)
     int rc = ckptio_save_dist(j->path, j->comm, j->s->items, j->s->n,
                               (const char *const *)j->keys, (const void *const *)j->vals,
                               j->lens, j->n_meta, j->has_p ? &j->p : NULL, j->timeout, st);
-    if (rc < 0) snprintf(msg->text, sizeof msg->text, "%s", ckptio_last_error());
+    if (rc < 0) ckptio__msg_last(msg); /* the text and its values */
     ckptio__pool_give(j->s->pool, j->s->bufs, j->s->n);
     return rc;
 }

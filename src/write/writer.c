@@ -282,6 +282,7 @@ out:
     free(man);
     if (rc < 0 && w->hs.state == CKPTIO__H_OPEN) {
         if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "committing '%s' failed", w->path);
+        ckptio__msg_name(&w->msg, NULL, w->path, NULL, CKPTIO_ERROR_NO_OFFSET);
         ckptio__writer_poison(w, rc);
     }
     return rc;
@@ -389,4 +390,10 @@ int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out)
 const char *ckptio_writer_errmsg(const ckptio_writer *w)
 {
     return w ? w->msg.text : "";
+}
+
+int ckptio_writer_error_info(const ckptio_writer *w, ckptio_error_info *out)
+{
+    if (!w) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_writer_error_info: handle is NULL");
+    return ckptio__msg_info(&w->msg, out, "ckptio_writer_error_info");
 }

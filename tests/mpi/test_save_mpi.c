@@ -66,13 +66,16 @@ int main(int argc, char **argv)
     const void *vals[] = {"7"};
     size_t lens[] = {1};
     ckptio_stats st;
-    if (c) {
+    ckptio_error_info *info = calloc(1, sizeof *info);
+    if (info) info->size = sizeof *info;
+    EXPECT(info != NULL);
+    if (c && info) {
         EXPECT(ckptio_save_dist(path, c, items, 3, keys, vals, lens, 1, NULL, 30.0, &st) == 0);
         EXPECT(st.bytes >= sizeof(float) * ROWS * COLS + 8);
     }
 
     /* The last rank's b differs: every rank fails the same way, the checkpoint is untouched. */
-    if (c && nranks > 1) {
+    if (c && info && nranks > 1) {
         ckptio_params p;
         ckptio_params_init(&p);
         p.overwrite = CKPTIO_ON;
@@ -80,10 +83,28 @@ int main(int argc, char **argv)
         int rc = ckptio_save_dist(path, c, items, 3, keys, vals, lens, 1, &p, 30.0, NULL);
         EXPECT(rc == CKPTIO_E_DUPLICATE);
         EXPECT(strstr(ckptio_last_error(), "tensor 'b': ranks 0 and") != NULL);
+        /* the same as values, on every rank */
+        EXPECT(ckptio_last_error_info(info) == 0 && info->rank == 0 &&
+               info->other_rank == nranks - 1 && strcmp(info->tensor, "b") == 0);
         b[3] = 0.75;
     }
 
-    if (rank == 0 && c) {
+    /* The last rank cannot make its items and refuses: every rank fails at the plan with its
+     * code and number, nothing is written. */
+    if (c && info) {
+        ckptio_params p;
+        ckptio_params_init(&p);
+        p.overwrite = CKPTIO_ON;
+        int rc = rank == nranks - 1
+                     ? ckptio_save_dist_refuse(path, c, -ENOSPC, "no memory to stage", &p, 30.0)
+                     : ckptio_save_dist(path, c, items, 3, keys, vals, lens, 1, &p, 30.0, NULL);
+        EXPECT(rc == -ENOSPC);
+        EXPECT(strstr(ckptio_last_error(), "no memory to stage") != NULL);
+        EXPECT(ckptio_last_error_info(info) == 0 && info->rank == nranks - 1 &&
+               info->flags == CKPTIO_ERROR_REFUSED);
+    }
+
+    if (rank == 0 && c && info) {
         ckptio_reader *rd = NULL;
         EXPECT(ckptio_reader_open(&rd, path, NULL) == 0);
         float *all = malloc(sizeof(float) * wshape[0] * COLS);
@@ -107,6 +128,7 @@ int main(int argc, char **argv)
         free(all);
     }
     free(w);
+    free(info);
     ckptio_comm_free(c);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0 && dir[0]) {

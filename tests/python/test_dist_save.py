@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import ckptio
+from ckptio.ranks import _dist
 from test_comm_dist import DIST, LAUNCH_TIMEOUT, free_port, launch, results, run_ranks
 
 
@@ -212,6 +213,7 @@ def test_ranks_with_different_trees_fail_naming_the_ranks(tmp_path: pathlib.Path
     for e in out:
         assert isinstance(e, ckptio.DuplicateTensor), e
         assert "ranks 0 and 1 saved different trees" in str(e), e
+        assert (e.rank, e.other_rank, e.tensor) == (0, 1, _dist.TREE_DIGEST), vars(e)
     assert not (tmp_path / "c").exists()
 
 
@@ -225,6 +227,10 @@ def test_a_rank_that_cannot_stage_fails_every_rank_at_once(tmp_path: pathlib.Pat
     assert isinstance(out[0], ckptio.CheckpointError) and out[0].code != -errno.ETIMEDOUT, out[0]
     assert "rank 1 could not stage its part of the tree" in str(out[0]), out[0]
     assert "'bad'" in str(out[0]), out[0]
+    # As values, on every rank: the rank that could not stage, refusing.
+    for e in out:
+        assert e.rank == 1 and e.refused and e.path == os.fspath(tmp_path / "c"), vars(e)
+    assert out[0].code == out[1].code
     assert not (tmp_path / "c").exists()
 
 

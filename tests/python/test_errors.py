@@ -72,10 +72,15 @@ def test_corrupt_data_names_file_and_tensor(ckpt: pathlib.Path) -> None:
         ckptio.load(ckpt)
     msg = str(e.value)
     assert "bad" in msg and "000000.ckd" in msg
+    # The same as values: the tensor, the data file and the damaged block's offset in it.
+    data_file = os.path.join(os.fspath(ckpt), file)
+    assert e.value.tensor == "bad" and e.value.path == os.fspath(ckpt), vars(e.value)
+    assert e.value.file == data_file and e.value.offset == file_offset, vars(e.value)
     assert ckptio.load(ckpt, keys=["good"])["good"].sum() == 0  # the intact tensor still loads
     with ckptio.open(ckpt) as r, pytest.raises(ckptio.CorruptCheckpoint) as e:
         r.verify()
     assert "'bad'" in str(e.value) and "000000.ckd" in str(e.value), str(e.value)
+    assert (e.value.tensor, e.value.file) == ("bad", data_file), vars(e.value)
     # Without verification the damaged bytes come back as they are: only the flipped one differs.
     got = ckptio.load(ckpt, checksums=False)["bad"].view(np.uint8)
     want = np.ones(100_000, np.float32).view(np.uint8).copy()
@@ -197,3 +202,17 @@ def test_error_attributes() -> None:
     e = ckptio._errors._from_code(-errno.ENOSPC, "ENOSPC", "disk full writing 'p'")
     assert type(e) is ckptio.CheckpointIOError and e.errno == errno.ENOSPC
     assert str(e) == "disk full writing 'p'"
+    # The values the library did not give are None (refused: False), on every class.
+    assert (e.file, e.offset, e.other_rank, e.refused) == (None, None, None, False)
+
+
+def test_rebuilt_errors_keep_their_values(tmp_path: pathlib.Path) -> None:
+    """An exception the Python layer rebuilds (torch's RuntimeError twin) keeps the values."""
+    e = ckptio._errors._from_code(-4014, "CKPTIO_E_CHECKSUM", "checksum mismatch in tensor 'w'")
+    e.tensor, e.file, e.offset, e.path = "w", "/c/data/000000.ckd", 4096, "/c"
+    pytest.importorskip("torch")
+    from ckptio import torch as ct
+
+    out = ct._as_runtime_error(e)
+    assert isinstance(out, RuntimeError) and isinstance(out, ckptio.ChecksumMismatch)
+    assert (out.tensor, out.file, out.offset, out.path) == ("w", "/c/data/000000.ckd", 4096, "/c")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
 from typing import Any
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from .. import _core, _dtypes
 from .. import _stage as _staging
-from .._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, error
+from .._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, carry_values, error
 from .._stage import _make_parent
 from .._tree import (
     TREE_KEY,
@@ -401,8 +400,8 @@ def stage_or_refuse(
     tree: Any, comm: Any, path: str, p: Any, timeout: float, gpu: int | None = None
 ) -> tuple[list[tuple[Any, ...]], bytes]:
     """stage(tree) for a collective save over ``comm``; when this rank cannot stage, it still
-    takes part, with an item the plan refuses (an invalid dtype) named after the error, so the
-    other ranks fail at once naming this rank instead of at the timeout; then it raises."""
+    takes part, refusing (refuse()), so the other ranks fail at once naming this rank instead of
+    at the timeout; then it raises its own error."""
     try:
         return stage(tree, int(comm.size), gpu)
     except CheckpointError as e:
@@ -411,13 +410,18 @@ def stage_or_refuse(
 
 
 def refuse(e: CheckpointError, comm: Any, path: str, p: Any, timeout: float) -> None:
-    """Take part in the collective save of ``path`` with an item the plan refuses, named after
-    this rank's staging error ``e``, so that the other ranks fail at once naming this rank."""
-    bad = [(f"cannot stage: {e}"[:200], -1, (0,), np.empty(0, np.uint8), None, None, 0)]
+    """Take part in the collective save of ``path`` refusing it (ckptio_save_dist_refuse) with
+    this rank's staging error ``e``: the other ranks fail at once with its code, its message and
+    this rank's number (their exception's ``rank``, with ``refused`` set). ``e`` gets the same
+    values, so that every rank's exception says who refused."""
     try:
-        _core.save_dist(path, comm, bad, [], p, timeout)
+        _core.save_dist_refuse(path, comm, e.code, str(e), p, timeout)
     except CheckpointError:
         pass
+    if e.rank is None:
+        e.rank, e.refused = int(comm.rank), True
+    if e.path is None:
+        e.path = path
 
 
 def save(
@@ -454,32 +458,27 @@ def save(
 #: chose staged or GDS for its own files (not reported back through ckptio_save_dist).
 GPU_NOTE = "device (staged or gds, per rank)"
 
-_STAGE_FAILED = re.compile(
-    r"rank (\d+)(?: of \d+)?: tensor 'cannot stage: (.*)': unknown dtype", re.S
-)
-_RANKS = re.compile(r"ranks (\d+) and (\d+)")
-
-
 def _explain(e: CheckpointError) -> CheckpointError:
-    """The plan's error, said in the terms of the Python layer where it comes from it."""
-    msg = str(e)
-    m = _STAGE_FAILED.search(msg)
-    if m:
-        return error(
-            USAGE,
-            f"rank {m.group(1)} could not stage its part of the tree, so nothing was saved: "
-            f"{m.group(2)}",
+    """The plan's error, said in the terms of the Python layer where it comes from it: read
+    from the exception's values (rank, refused, tensor, other_rank), never from its text."""
+    if e.refused and e.rank is not None:
+        out = type(e)(
+            f"rank {e.rank} could not stage its part of the tree, so nothing was saved ({e})",
+            e.code,
+            e.name,
         )
-    if f"'{TREE_DIGEST}'" in msg:
-        r = _RANKS.search(msg)
-        who = f"ranks {r.group(1)} and {r.group(2)}" if r else "the ranks"
-        return type(e)(
+        return carry_values(e, out)
+    if e.tensor == TREE_DIGEST:
+        both = e.rank is not None and e.other_rank is not None
+        who = f"ranks {e.rank} and {e.other_rank}" if both else "the ranks"
+        out = type(e)(
             f"{who} saved different trees (structure, plain values or dtypes), so nothing was "
             "saved: every rank must pass the same tree, with rank-specific values wrapped in "
             "ckptio.RankLocal",
             e.code,
             e.name,
         )
+        return carry_values(e, out)
     return e
 
 
