@@ -625,7 +625,7 @@ class Reader:
         if self._mapped is not None:
             from ._mapped import placer
 
-            place = placer(self._mapped, self._r, {t[0]: (t[1], t[2]) for t in raw.values()}, alloc)
+            place = placer(self._mapped, self._r, {t[0]: t[1:] for t in raw.values()}, alloc)
         out: dict[str, Any] = {}
         # Fast path: plain numpy leaves loaded as numpy (big flat state dicts).
         simple: dict[str, tuple[Any, int, np.dtype[Any], tuple[int, ...]]] = {}

@@ -58,13 +58,30 @@ class Mapped:
         # The mappings stay: the tensors that view them own them.
         self.mapper.close()
 
-    def view(self, r: Any, index: int, code: int, shape: tuple[int, ...]) -> Any:
-        """(mapping, offset) where tensor ``index`` lies as one view, or None."""
+    def view(
+        self,
+        r: Any,
+        index: int,
+        code: int,
+        shape: tuple[int, ...],
+        nbytes: int = -1,
+        n_chunks: int = 0,
+    ) -> Any:
+        """(mapping, offset) where tensor ``index`` lies as one view, or None. ``nbytes`` and
+        ``n_chunks`` (from the manifest, when the caller has them) let a tensor stored as one
+        chunk skip the chunk records."""
         if index in self.views:
             return self.views[index]
+        item = shape[-1] if code == _dtypes.BYTES else _dtypes.ITEMSIZE[code]
+        if n_chunks == 1 and nbytes >= 0:
+            # The common case, one chunk holding the whole tensor: stored as is when its stored
+            # size is the tensor's.
+            fd, off, n = self.mapper.chunk(index, 0)
+            got = (self._map(fd), off) if n == nbytes and off % min(item, 16) == 0 else None
+            self.views[index] = got
+            return got
         # (chunk position, record) in the tensor's order: by offset along the first dimension.
         chunks = sorted(enumerate(r.chunks(index)), key=lambda ic: ic[1].offset)
-        item = shape[-1] if code == _dtypes.BYTES else _dtypes.ITEMSIZE[code]
         ok = bool(chunks) and all(c.stored_bytes == c.nbytes for _, c in chunks)
         if ok and len(chunks) > 1:
             # Back to back in one file, each a slab of whole rows: the file holds the tensor.
@@ -131,17 +148,20 @@ def verify_all(mapped: Mapped, r: Any) -> None:
             mm.close()
 
 
-def placer(mapped: Mapped, r: Any, raw: dict[int, tuple[int, tuple[int, ...]]], alloc: Any) -> Any:
+def placer(
+    mapped: Mapped, r: Any, raw: dict[int, tuple[int, tuple[int, ...], int, int]], alloc: Any
+) -> Any:
     """A replacement for _Alloc.place: whole tensors that can be views land in their mapping
-    (nothing read), every other piece is placed for the batched read."""
+    (nothing read), every other piece is placed for the batched read. ``raw``: tensor index
+    -> (dtype code, shape, nbytes, number of chunks)."""
     place = alloc.place
 
     def place_mapped(
         index: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, n: int
     ) -> tuple[Any, int]:
         if offset is None and shape is None and n > 0:
-            code, full = raw[index]
-            got = mapped.view(r, index, code, full)
+            code, full, nbytes, n_chunks = raw[index]
+            got = mapped.view(r, index, code, full, nbytes, n_chunks)
             if got is not None:
                 return got
         return place(index, offset, shape, n)

@@ -14,6 +14,7 @@ void ckptio__ring_fini(ckptio__ring *g)
     if (g->pool.base) ckptio__pool_fini(&g->pool);
     free(g->slots);
     free(g->free_slots);
+    free(g->free_slices);
     ckptio__msg *msg = g->msg;
     const char *label = g->label;
     memset(g, 0, sizeof *g);
@@ -65,21 +66,84 @@ int ckptio__ring_init(ckptio__ring *g, int backend, unsigned depth, unsigned thr
     }
     g->depth = depth;
     for (unsigned i = 0; i < depth; i++) g->free_slots[g->n_free++] = i;
+    /* Small staged reads lie between large direct ones in file order: holding a whole buffer
+     * each, a few KiB would let the pool, not the depth, bound what is in flight, and the
+     * device would see a short queue of small requests. One buffer of several is cut into
+     * slices for them instead. */
+    unsigned n_slices = (unsigned)CKPTIO__MIN(buf_size / CKPTIO__RING_SLICE, depth);
+    if (nbuf >= 3 && n_slices >= 2) {
+        g->free_slices = calloc(n_slices, sizeof *g->free_slices);
+        if (g->free_slices) {
+            g->slices = ckptio__pool_get(&g->pool);
+            for (unsigned i = n_slices; i-- > 0;) g->free_slices[g->n_free_slices++] = i;
+        }
+    }
     return 0;
 fail:
     ckptio__ring_fini(g);
     return rc;
 }
 
-/* Hand one read to the caller, then take back its slot and staging buffer. */
-static int complete(ckptio__ring *g, ckptio__ring_slot *sl, const ckptio__ring_io *ios,
-                    ckptio__ring_done done, void *ctx)
+static void fill(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, size_t *next, int *first,
+                 ckptio__ring_done done, void *ctx);
+
+/* Give a finished read's staging back (a slice, a pool buffer, or none). */
+static void put_staging(ckptio__ring *g, uint8_t *staging, bool slice)
 {
-    int rc = done(ctx, sl->io, &ios[sl->io], sl->req.buf, sl->req.res);
-    if (sl->staging) ckptio__pool_put(&g->pool, sl->staging);
+    if (slice)
+        g->free_slices[g->n_free_slices++] =
+            (unsigned)((staging - g->slices) / CKPTIO__RING_SLICE);
+    else if (staging)
+        ckptio__pool_put(&g->pool, staging);
+}
+
+/* Hand one read to the caller. Its slot is free again before the call: the reads it lets
+ * start reach the device while the caller verifies and copies (see ckptio__ring_run). */
+static int complete(ckptio__ring *g, ckptio__ring_slot *sl, const ckptio__ring_io *ios,
+                    ckptio__ring_done done, void *ctx, int *first, size_t *next, size_t n)
+{
+    size_t i = sl->io;
+    void *buf = sl->req.buf;
+    int64_t res = sl->req.res;
+    uint8_t *staging = sl->staging;
+    bool slice = sl->slice;
     sl->staging = NULL;
+    sl->slice = false;
     g->free_slots[g->n_free++] = (unsigned)(sl - g->slots);
+    if (next) fill(g, ios, n, next, first, done, ctx);
+    int rc = done(ctx, i, &ios[i], buf, res);
+    put_staging(g, staging, slice);
     return rc < 0 ? rc : 0;
+}
+
+/* Submit ios[*next..n) while slots and staging last and nothing failed. */
+static void fill(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, size_t *next, int *first,
+                 ckptio__ring_done done, void *ctx)
+{
+    while (*next < n && !*first && g->n_free) {
+        const ckptio__ring_io *io = &ios[*next];
+        ckptio__ring_slot *sl = &g->slots[g->free_slots[g->n_free - 1]];
+        sl->staging = NULL;
+        sl->slice = false;
+        if (!io->dst && io->len <= CKPTIO__RING_SLICE && g->n_free_slices) {
+            unsigned k = g->free_slices[--g->n_free_slices];
+            sl->staging = g->slices + (size_t)k * CKPTIO__RING_SLICE;
+            sl->slice = true;
+        } else if (!io->dst) {
+            sl->staging = ckptio__pool_get(&g->pool);
+            if (!sl->staging) break;
+        }
+        sl->req = (ckptio__req){.fd = io->fd, .op = CKPTIO__OP_READ, .off = io->off,
+                                .len = io->len, .buf = io->dst ? io->dst : sl->staging};
+        sl->io = (*next)++;
+        g->n_free--;
+        int rc = ckptio__engine_submit(g->eng, &sl->req);
+        if (rc < 0) {
+            sl->req.res = rc;
+            rc = complete(g, sl, ios, done, ctx, first, NULL, n);
+            if (!*first) *first = rc < 0 ? rc : -EIO;
+        }
+    }
 }
 
 int ckptio__ring_run(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, ckptio__ring_done done,
@@ -89,25 +153,7 @@ int ckptio__ring_run(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, ckpt
     int first = 0;
     unsigned reap_failures = 0;
     while ((next < n && !first) || g->eng->inflight) {
-        while (next < n && !first && g->n_free) {
-            const ckptio__ring_io *io = &ios[next];
-            ckptio__ring_slot *sl = &g->slots[g->free_slots[g->n_free - 1]];
-            sl->staging = NULL;
-            if (!io->dst) {
-                sl->staging = ckptio__pool_get(&g->pool);
-                if (!sl->staging) break;
-            }
-            sl->req = (ckptio__req){.fd = io->fd, .op = CKPTIO__OP_READ, .off = io->off,
-                                    .len = io->len, .buf = io->dst ? io->dst : sl->staging};
-            sl->io = next++;
-            g->n_free--;
-            int rc = ckptio__engine_submit(g->eng, &sl->req);
-            if (rc < 0) {
-                sl->req.res = rc;
-                rc = complete(g, sl, ios, done, ctx);
-                if (!first) first = rc < 0 ? rc : -EIO;
-            }
-        }
+        fill(g, ios, n, &next, &first, done, ctx);
         if (!g->eng->inflight) continue;
         ckptio__req *got_reqs[64];
         int got = ckptio__engine_reap(g->eng, got_reqs, 64, 1);
@@ -125,8 +171,11 @@ int ckptio__ring_run(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, ckpt
             continue;
         }
         reap_failures = 0;
+        /* Each slot is refilled before its read is verified and scattered: the device keeps
+         * its queue while the caller's checks run on the CPU. */
         for (int i = 0; i < got; i++) {
-            int rc = complete(g, (ckptio__ring_slot *)got_reqs[i], ios, done, ctx);
+            ckptio__ring_slot *sl = (ckptio__ring_slot *)got_reqs[i];
+            int rc = complete(g, sl, ios, done, ctx, &first, &next, n);
             if (rc < 0 && !first) first = rc;
         }
     }

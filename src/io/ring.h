@@ -30,7 +30,12 @@ typedef struct ckptio__ring_slot {
     ckptio__req req;
     uint8_t *staging; /* or NULL: the read went to the caller's memory */
     size_t io;        /* index in the batch */
+    bool slice;       /* staging is a slice of the small-read buffer, not a pool buffer */
 } ckptio__ring_slot;
+
+/* Staged reads of at most this many bytes (the small tensors packed between large ones) take a
+ * slice of one staging buffer set aside for them, not a whole buffer each. */
+#define CKPTIO__RING_SLICE (64u << 10)
 
 typedef struct ckptio__ring {
     ckptio__msg *msg;
@@ -40,6 +45,8 @@ typedef struct ckptio__ring {
     uint64_t buf_size; /* usable bytes of one staging buffer */
     ckptio__ring_slot *slots;
     unsigned *free_slots, n_free, depth;
+    uint8_t *slices; /* a pool buffer cut into CKPTIO__RING_SLICE pieces, or NULL */
+    unsigned *free_slices, n_free_slices;
 } ckptio__ring;
 
 /* Start an engine (CKPTIO_BACKEND_*) with `depth` slots and staging buffers of buf_size bytes,
