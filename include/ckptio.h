@@ -599,6 +599,10 @@ CKPTIO_API int ckptio_st_dtype_ckptio(int st_dtype);
  * ckptio_reader_verify is CKPTIO_E_UNSUPPORTED. Since 0.3. */
 CKPTIO_API int ckptio_reader_open_foreign(ckptio_reader **out, const char *path,
                                           const ckptio_params *p);
+/* The safetensors dtype (1 .. CKPTIO_ST_COUNT - 1: ckptio_st_dtype_name names it) of tensor
+ * `index` of a reader from ckptio_reader_open_foreign; 0 for a tensor of a ckptio checkpoint.
+ * CKPTIO_E_NOT_FOUND past the tensors, CKPTIO_E_USAGE for NULL. Thread-safe. Since 0.3. */
+CKPTIO_API int ckptio_reader_st_dtype(const ckptio_reader *r, size_t index);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 

@@ -94,6 +94,9 @@ static int test_file(void)
     }
     CHECK_OK(ckptio_reader_tensor(r, 2, &ti)); /* F8_E8M0: bytes, a trailing 1 */
     CHECK(ti.dtype == CKPTIO_DT_BYTES && ti.ndim == 3 && ti.shape[2] == 1 && ti.nbytes == 4);
+    CHECK(!strcmp(ckptio_st_dtype_name(ckptio_reader_st_dtype(r, 2)), "F8_E8M0"));
+    CHECK(!strcmp(ckptio_st_dtype_name(ckptio_reader_st_dtype(r, 0)), "BF16"));
+    CHECK_ERR(ckptio_reader_st_dtype(r, 5), CKPTIO_E_NOT_FOUND);
     CHECK_OK(ckptio_reader_tensor(r, 3, &ti));
     CHECK(ti.dtype == CKPTIO_DT_F32 && ti.ndim == 2 && ti.shape[0] == W_ROWS);
     ckptio_chunk_info ci;

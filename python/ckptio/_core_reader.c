@@ -330,6 +330,22 @@ static PyObject *Reader_path(PyObject *self, void *closure)
     return r ? PyUnicode_DecodeFSDefault(ckptio_reader_path(r)) : NULL;
 }
 
+/* The safetensors dtype names of a foreign reader's tensors (None for a ckptio checkpoint's). */
+static PyObject *Reader_st_dtypes(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const ckptio_reader *r = ckptio__pyhandle_get(self);
+    if (!r) return NULL;
+    size_t n = ckptio_reader_num_tensors(r);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        const char *name = ckptio_st_dtype_name(ckptio_reader_st_dtype(r, i));
+        PyList_SET_ITEM(out, (Py_ssize_t)i, name ? PyUnicode_FromString(name) : Py_NewRef(Py_None));
+        if (!PyList_GET_ITEM(out, (Py_ssize_t)i)) Py_CLEAR(out);
+    }
+    return out;
+}
+
 static PyMethodDef Reader_methods[] = {
     {"set_roots", ckptio__pyhandle_set_roots, METH_O,
      "set_roots(paths): look for a striped checkpoint's stripes in these directories"},
@@ -343,6 +359,8 @@ static PyMethodDef Reader_methods[] = {
     {"read", Reader_read, METH_O,
      "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
     {"verify", Reader_verify, METH_NOARGS, "check every checksum"},
+    {"st_dtypes", Reader_st_dtypes, METH_NOARGS,
+     "[safetensors dtype name or None] in tensor order (open_foreign readers)"},
     {"stats", ckptio__pyhandle_stats, METH_NOARGS, "IOStats"},
     {"read_stats", Reader_read_stats, METH_NOARGS,
      "(cache_bytes, device_bytes, requests, merged, verify_threads)"},
@@ -395,7 +413,26 @@ static PyObject *mod_read_region(PyObject *mod, PyObject *const *args, Py_ssize_
     return r;
 }
 
+static int reader_open_foreign(void **out, const char *path, const ckptio_params *p)
+{
+    ckptio_reader *r = NULL;
+    int rc = ckptio_reader_open_foreign(&r, path, p);
+    *out = r;
+    return rc;
+}
+
+/* open_foreign(path, params=None) -> Reader over safetensors files (ckptio_reader_open_foreign). */
+static PyObject *mod_open_foreign(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    (void)mod;
+    PyObject *self = PyType_GenericNew(&ckptio__pyReader_Type.type, NULL, NULL);
+    if (self && ckptio__pyhandle_open(self, args, kw, reader_open_foreign) < 0) Py_CLEAR(self);
+    return self;
+}
+
 static PyMethodDef reader_functions[] = {
+    {"open_foreign", (PyCFunction)(void (*)(void))mod_open_foreign, METH_VARARGS | METH_KEYWORDS,
+     "open_foreign(path, params=None) -> Reader of a safetensors file or Hugging Face directory"},
     {"read_region", (PyCFunction)(void (*)(void))mod_read_region, METH_FASTCALL,
      "read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion"},
     {NULL, NULL, 0, NULL},

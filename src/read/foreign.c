@@ -293,6 +293,16 @@ int ckptio_reader_open_foreign(ckptio_reader **out, const char *path, const ckpt
     return 0;
 }
 
+int ckptio_reader_st_dtype(const ckptio_reader *r, size_t index)
+{
+    if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_st_dtype: reader is NULL");
+    if (index >= r->m->n_tensors)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_FOUND,
+                            "'%s' has %llu tensors; index %zu is past them", r->path,
+                            U(r->m->n_tensors), index);
+    return r->dir ? (int)r->m->tensors[index].reserved : 0; /* foreign.c keeps it there */
+}
+
 int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i)
 {
     rfile *f = &r->files[i];
