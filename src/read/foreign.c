@@ -105,7 +105,9 @@ static int read_index(ckptio_reader *r, const char *path, ckptio__st_index **ix)
     CKPTIO__GOTO_IF(!buf, -ENOMEM);
     CKPTIO__CHECK(pread_full(r, fd, buf, size, 0, path));
     rc = ckptio__st_index_parse(buf, size, ix, err, sizeof err);
-    if (rc < 0) ckptio__fail(&r->msg, rc, "'%s': %s", path, err);
+    if (rc < 0)
+        ckptio__fail(&r->msg, rc, "the index '%s' is not JSON that an index holds: %s", path,
+                     err);
 out:
     free(buf);
     close(fd);
