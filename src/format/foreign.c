@@ -43,26 +43,15 @@ static int cmp_kv(const void *x, const void *y)
     return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-static const ckptio__foreign_file *files_g; /* for cmp_file: qsort has no context */
+/* A file's name and index, to find files by name. */
+typedef struct fname {
+    const char *name;
+    uint32_t file;
+} fname;
 
-static int cmp_file(const void *x, const void *y)
+static int cmp_fname(const void *x, const void *y)
 {
-    return strcmp(files_g[*(const uint32_t *)x].name, files_g[*(const uint32_t *)y].name);
-}
-
-/* Index of the file named `name` in the sorted `order`, or -1. */
-static int64_t find_file(const ckptio__foreign_file *files, const uint32_t *order, size_t n,
-                         const char *name)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(files[order[mid]].name, name);
-        if (!c) return order[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return -1;
+    return strcmp(((const fname *)x)->name, ((const fname *)y)->name);
 }
 
 /* The tensors served, sorted by name: every tensor of every file, or those the index maps. */
@@ -71,7 +60,7 @@ static int select_tensors(const ckptio__foreign_file *files, size_t n, const ckp
                           size_t errlen)
 {
     int rc = 0;
-    uint32_t *order = NULL;
+    fname *order = NULL;
     qsort(all, (size_t)n_all, sizeof *all, cmp_cand);
     if (!ix) {
         for (uint64_t i = 1; i < n_all; i++)
@@ -90,20 +79,20 @@ static int select_tensors(const ckptio__foreign_file *files, size_t n, const ckp
         rc = fail(err, errlen, -ENOMEM, "out of memory listing %llu tensors", U(ix->n_map));
         goto out;
     }
-    for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
-    files_g = files;
-    qsort(order, n, sizeof *order, cmp_file);
+    for (size_t i = 0; i < n; i++) order[i] = (fname){files[i].name, (uint32_t)i};
+    qsort(order, n, sizeof *order, cmp_fname);
     for (uint64_t i = 0; i < ix->n_map; i++) {
         const ckptio__st_meta *e = &ix->map[i];
-        const char *name = ix->strtab + e->key, *fname = ix->strtab + e->val;
-        int64_t f = find_file(files, order, n, fname);
-        cand key = {.name = name, .len = e->key_len, .file = (uint32_t)(f < 0 ? 0 : f)};
-        cand *hit = f < 0 ? NULL : bsearch(&key, all, (size_t)n_all, sizeof *all, cmp_cand);
+        const char *name = ix->strtab + e->key, *file = ix->strtab + e->val;
+        fname fk = {file, 0};
+        const fname *f = bsearch(&fk, order, n, sizeof *order, cmp_fname);
+        cand key = {.name = name, .len = e->key_len, .file = f ? f->file : 0};
+        cand *hit = f ? bsearch(&key, all, (size_t)n_all, sizeof *all, cmp_cand) : NULL;
         if (!hit) {
             rc = fail(err, errlen, CKPTIO_E_CORRUPT,
                       "the index puts tensor '%s' in '%s', which does not hold it: the download "
                       "is incomplete or the index stale",
-                      name, fname);
+                      name, file);
             goto out;
         }
         sel[i] = *hit;

@@ -148,8 +148,8 @@ static int list_dir(ckptio_reader *r, char ***names, size_t *n, char **index)
         goto out;
     }
     char **ix = indexes.items, **sh = shards.items;
-    qsort(ix, indexes.len, sizeof *ix, cmp_str);
-    qsort(sh, shards.len, sizeof *sh, cmp_str);
+    if (indexes.len > 1) qsort(ix, indexes.len, sizeof *ix, cmp_str);
+    if (shards.len > 1) qsort(sh, shards.len, sizeof *sh, cmp_str);
     for (size_t i = 0; i < indexes.len && !*index; i++)
         if (!strcmp(ix[i], INDEX_NAME)) *index = strdup(ix[i]);
     if (!*index && indexes.len > 1) {
