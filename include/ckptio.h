@@ -381,6 +381,11 @@ typedef struct ckptio_region {
      * afterwards see the data; 0 (the legacy default stream) also makes the call return only
      * once the data is in place. Since 0.2. */
     uint64_t stream;
+    /* Bytes of memory right before dst that the read may overwrite (0: none; host memory only).
+     * A tensor stored where O_DIRECT cannot start (a stock safetensors file's data begins
+     * anywhere) is then read straight into dst from the block boundary below, when dst sits in
+     * its page as the tensor's first byte sits in its block; else it is staged. Since 0.3. */
+    uint64_t lead;
 } ckptio_region;
 
 /* Read `n` regions, whatever chunks their tensors were stored as: the reads of all regions

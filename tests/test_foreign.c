@@ -51,6 +51,40 @@ static int read_box(ckptio_reader *r, const char *name, const uint8_t *full, uin
     return 0;
 }
 
+/* Read tensor `name` whole into dst placed in its page as the tensor is in its block, with
+ * the page before it as lead room: straight from the block below when the file is read with
+ * O_DIRECT (the room then holds the file's bytes before the tensor), never past the room. */
+static int read_lead(ckptio_reader *r, const char *name, const uint8_t *want, size_t n)
+{
+    ckptio_tensor_info ti = {.size = sizeof ti};
+    ckptio_chunk_info ci;
+    int64_t t = ckptio_reader_find(r, name);
+    CHECK_OK(t);
+    CHECK_OK(ckptio_reader_tensor(r, (size_t)t, &ti));
+    CHECK_OK(ckptio_reader_chunk(r, (size_t)t, 0, &ci));
+    uint64_t lead = ci.file_offset % 4096, cap = (lead + n + 8191) / 4096 * 4096;
+    uint8_t *buf = t_alloc(4096 + cap);
+    CHECK(buf);
+    memset(buf, 0xAA, 4096 + cap);
+    ckptio_region reg = {.size = sizeof reg, .name = name, .dst = buf + 4096 + lead,
+                         .capacity = cap - lead, .lead = lead};
+    CHECK_OK(ckptio_reader_read(r, &reg, 1));
+    CHECK(!memcmp(buf + 4096 + lead, want, n));
+    for (size_t i = 0; i < 4096; i++) CHECK(buf[i] == 0xAA); /* nothing before the room */
+    ckptio_stats st;
+    CHECK_OK(ckptio_reader_stats(r, &st));
+    if (st.direct && lead) { /* the room holds what precedes the tensor in the file */
+        FILE *f = fopen(t_path("m.safetensors"), "rb");
+        uint8_t before[4096];
+        CHECK(f && fseek(f, (long)(ci.file_offset - lead), SEEK_SET) == 0);
+        CHECK(fread(before, 1, lead, f) == lead);
+        fclose(f);
+        CHECK(!memcmp(buf + 4096, before, lead));
+    }
+    t_free(buf, 4096 + cap);
+    return 0;
+}
+
 enum { W_ROWS = 300, W_COLS = 40, BIG = 3u << 20 };
 #define W_BYTES (W_ROWS * W_COLS * 4)
 
@@ -116,6 +150,15 @@ static int test_file(void)
     CHECK(read_box(r, "w", d + BIG, W_COLS, 4, off, shape) == 0);
     uint64_t off2[2] = {1, 1000}, shape2[2] = {2, 300000};
     CHECK(read_box(r, "big", d, BIG / 3, 1, off2, shape2) == 0);
+    /* From the device (the file just written is resident), with lead room before dst. */
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.cache = CKPTIO_CACHE_NEVER;
+    ckptio_reader *rd;
+    CHECK_OK(ckptio_reader_open_foreign(&rd, path, &p));
+    CHECK(read_lead(rd, "w", d + BIG, W_BYTES) == 0);
+    CHECK(read_lead(rd, "big", d, BIG) == 0);
+    ckptio_reader_close(rd);
     /* Nothing is checksummed, and verify says so. */
     uint64_t bad = 9;
     CHECK_ERR(ckptio_reader_verify(r, &bad), CKPTIO_E_UNSUPPORTED);

@@ -21,7 +21,7 @@ static PyStructSequence_Desc ChunkRecord_desc = {
 static PyTypeObject *ChunkRecord_Type;
 
 /* What Reader.read takes. */
-enum { RD_TENSOR, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_N };
+enum { RD_TENSOR, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_LEAD, RD_N };
 static PyStructSequence_Field ReadRegion_fields[] = {
     {"tensor", "the tensor's index in Reader.tensors()"},
     {"offset", "the region's offset in the tensor, or None for all of it"},
@@ -30,11 +30,12 @@ static PyStructSequence_Field ReadRegion_fields[] = {
     {"dst_offset", "where in dst the region lands"},
     {"capacity", "bytes of dst the read may use (the region's bytes, rounded up to the "
                  "alignment for in-place direct reads)"},
+    {"lead", "bytes of dst before dst_offset that the read may overwrite (ckptio_region.lead)"},
     {NULL, NULL},
 };
 static PyStructSequence_Desc ReadRegion_desc = {
     "ckptio._core.ReadRegion", "One region to read: ReadRegion((index, offset, shape, dst, "
-    "dst_offset, capacity)).", ReadRegion_fields, RD_N};
+    "dst_offset, capacity, lead)).", ReadRegion_fields, RD_N};
 static PyTypeObject *ReadRegion_Type;
 
 static PyStructSequence_Field ReadStats_fields[] = {
@@ -199,7 +200,7 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != RD_N) {
             PyErr_SetString(
                 PyExc_TypeError,
-                "read: region must be (index, offset, shape, dst, dst_offset, capacity)");
+                "read: region must be (index, offset, shape, dst, dst_offset, capacity, lead)");
             goto out;
         }
         if (PyTuple_GET_ITEM(t, RD_OFFSET) != Py_None || PyTuple_GET_ITEM(t, RD_SHAPE) != Py_None)
@@ -260,6 +261,13 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
         if (off == -1 && PyErr_Occurred()) goto out;
         unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_CAPACITY));
         if (cap == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        unsigned long long lead = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_LEAD));
+        if (lead == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        if (lead > (unsigned long long)off) {
+            PyErr_SetString(PyExc_ValueError, "read: lead is larger than dst_offset");
+            goto out;
+        }
+        rg->lead = lead;
         char *ptr;
         Py_ssize_t avail;
         int have_view;
@@ -396,20 +404,25 @@ ckptio__pyhandle_type ckptio__pyReader_Type = {
     .set_roots = reader_set_roots,
 };
 
-/* read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion: a load
- * builds one per tensor, and calling the type costs several times more. */
+/* read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0) -> ReadRegion: a
+ * load builds one per tensor, and calling the type costs several times more. */
 static PyObject *mod_read_region(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
     (void)mod;
-    if (n != RD_N) {
+    if (n != RD_N && n != RD_LEAD) {
         PyErr_SetString(PyExc_TypeError,
-                        "read_region(tensor, offset, shape, dst, dst_offset, capacity)");
+                        "read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0)");
         return NULL;
     }
     PyObject *r = PyStructSequence_New(ReadRegion_Type);
     if (!r) return NULL;
-    for (Py_ssize_t i = 0; i < RD_N; i++)
+    for (Py_ssize_t i = 0; i < n; i++)
         PyStructSequence_SetItem(r, i, Py_NewRef(args[i]));
+    if (n == RD_LEAD) {
+        PyObject *zero = PyLong_FromLong(0);
+        if (!zero) return Py_DECREF(r), NULL;
+        PyStructSequence_SetItem(r, RD_LEAD, zero);
+    }
     return r;
 }
 
@@ -434,7 +447,7 @@ static PyMethodDef reader_functions[] = {
     {"open_foreign", (PyCFunction)(void (*)(void))mod_open_foreign, METH_VARARGS | METH_KEYWORDS,
      "open_foreign(path, params=None) -> Reader of a safetensors file or Hugging Face directory"},
     {"read_region", (PyCFunction)(void (*)(void))mod_read_region, METH_FASTCALL,
-     "read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion"},
+     "read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0) -> ReadRegion"},
     {NULL, NULL, 0, NULL},
 };
 

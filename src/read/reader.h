@@ -40,6 +40,7 @@ typedef struct rfile {
 typedef struct piece {
     uint8_t *dst;
     uint64_t dst_cap, dst_bytes;
+    uint64_t lead; /* bytes before dst the read may overwrite (ckptio_region.lead) */
     uint64_t chunk;
     uint64_t geo; /* index in geo[]: cnt[k], ss[k], ds[k] */
     uint64_t src0, dst0, run_len, runs;
@@ -65,6 +66,7 @@ typedef struct seg {
     uint8_t direct;
     uint8_t verify; /* whole checksum blocks: a and b lie on block boundaries (b: or chunk end) */
     uint8_t cached; /* resident when planned: read by the workers from the page cache */
+    uint32_t head;  /* direct: the request starts this many bytes before a (and before dst) */
 } seg;
 
 struct ckptio_reader {
