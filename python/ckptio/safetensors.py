@@ -5,11 +5,12 @@ The same calls as the ``safetensors`` package (``save_file``, ``load_file``, ``s
 on the same file format: files written here are read by stock safetensors bit for bit, and
 stock files read here bit for bit. Headers are parsed and written by ckptio's C parser and
 encoder (strict: a hostile header is refused with a CorruptCheckpoint naming the file).
-``load_file`` reads every tensor with one batched O_DIRECT read, each tensor into its own
-page-aligned memory; ``save_file`` pads the header so that the data starts on a 4096-byte
-boundary and streams the tensors through ckptio's file writer (large aligned writes, fsync,
-atomic rename: the file appears complete or not at all). ``get_slice(name)[rows]`` reads only
-the bytes of those rows.
+``load_file`` reads every tensor with one batched O_DIRECT read of the library's reader
+(``_core.open_foreign``: the planner that reads checkpoints), each big tensor into its own
+page-aligned memory, in place even where stock files leave it unaligned; ``save_file`` pads
+the header so that the data starts on a 4096-byte boundary and streams the tensors through
+ckptio's file writer (large aligned writes, fsync, atomic rename: the file appears complete
+or not at all). ``get_slice(name)[rows]`` reads only the bytes of those rows.
 
 >>> import torch, ckptio.safetensors as st, tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
