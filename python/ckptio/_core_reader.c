@@ -197,10 +197,9 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
     size_t n_dims = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = items[i];
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != RD_N) {
-            PyErr_SetString(
-                PyExc_TypeError,
-                "read: region must be (index, offset, shape, dst, dst_offset, capacity, lead)");
+        if (!PyTuple_Check(t) || (PyTuple_GET_SIZE(t) != RD_N && PyTuple_GET_SIZE(t) != RD_LEAD)) {
+            PyErr_SetString(PyExc_TypeError, "read: region must be (index, offset, shape, dst, "
+                                             "dst_offset, capacity[, lead])");
             goto out;
         }
         if (PyTuple_GET_ITEM(t, RD_OFFSET) != Py_None || PyTuple_GET_ITEM(t, RD_SHAPE) != Py_None)
@@ -261,8 +260,11 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
         if (off == -1 && PyErr_Occurred()) goto out;
         unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_CAPACITY));
         if (cap == (unsigned long long)-1 && PyErr_Occurred()) goto out;
-        unsigned long long lead = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_LEAD));
-        if (lead == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        unsigned long long lead = 0; /* a plain 6-tuple has no lead */
+        if (PyTuple_GET_SIZE(t) == RD_N) {
+            lead = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_LEAD));
+            if (lead == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        }
         if (lead > (unsigned long long)off) {
             PyErr_SetString(PyExc_ValueError, "read: lead is larger than dst_offset");
             goto out;
