@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* libFuzzer target for the safetensors header parser: whatever parses must hold its invariants. */
+/* libFuzzer target for the safetensors header and index parsers: what parses holds invariants. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +77,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ckptio__st_free(g);
         free(buf);
         ckptio__st_free(h);
+    }
+    /* The same bytes as an index (model.safetensors.index.json). */
+    ckptio__st_index *ix = (ckptio__st_index *)&err;
+    err[0] = 0;
+    rc = ckptio__st_index_parse(hdr, n, &ix, err, sizeof err);
+    if (rc < 0) {
+        REQUIRE(ix == NULL && err[0] != 0);
+        REQUIRE(rc == CKPTIO_E_CORRUPT || rc == CKPTIO_E_LIMIT || rc == CKPTIO_E_DUPLICATE ||
+                rc == -ENOMEM);
+    } else {
+        REQUIRE(rc == 0 && ix && ix->strtab_len <= n + 1);
+        for (uint64_t i = 0; i < ix->n_map + ix->n_meta; i++) {
+            const ckptio__st_meta *m = i < ix->n_map ? &ix->map[i] : &ix->meta[i - ix->n_map];
+            REQUIRE(m->key + m->key_len < ix->strtab_len && m->val + m->val_len < ix->strtab_len);
+            REQUIRE(ix->strtab[m->key + m->key_len] == 0 && ix->strtab[m->val + m->val_len] == 0);
+            REQUIRE(i >= ix->n_map || !memchr(ix->strtab + m->val, 0, m->val_len));
+        }
+        ckptio__st_index_free(ix);
     }
     free(hdr);
     return 0;

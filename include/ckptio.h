@@ -381,6 +381,11 @@ typedef struct ckptio_region {
      * afterwards see the data; 0 (the legacy default stream) also makes the call return only
      * once the data is in place. Since 0.2. */
     uint64_t stream;
+    /* Bytes of memory right before dst that the read may overwrite (0: none; host memory only).
+     * A tensor stored where O_DIRECT cannot start (a stock safetensors file's data begins
+     * anywhere) is then read straight into dst from the block boundary below, when dst sits in
+     * its page as the tensor's first byte sits in its block; else it is staged. Since 0.3. */
+    uint64_t lead;
 } ckptio_region;
 
 /* Read `n` regions, whatever chunks their tensors were stored as: the reads of all regions
@@ -590,6 +595,29 @@ CKPTIO_API int ckptio_st_encode(const ckptio_st_header *h, uint64_t align, uint8
 CKPTIO_API const char *ckptio_st_dtype_name(int st_dtype);
 /* The CKPTIO_DT_* a safetensors dtype holds, or 0 where ckptio has none. */
 CKPTIO_API int ckptio_st_dtype_ckptio(int st_dtype);
+
+/* A reader over safetensors files instead of a checkpoint: `path` is one .safetensors file (any
+ * name: a Hugging Face cache blob too), a "*.safetensors.index.json", or a directory holding
+ * "model.safetensors.index.json" (else the one "*.safetensors.index.json"; several are
+ * CKPTIO_E_USAGE) or, without an index, *.safetensors files (a tensor in two of them is
+ * CKPTIO_E_DUPLICATE). An index's weight_map says which file holds each tensor; a file it names
+ * outside its directory (absolute, or with a ".." component) is CKPTIO_E_CORRUPT, and so is a
+ * tensor missing from its file. Links are followed wherever they lead. A directory with a
+ * ckptio manifest is CKPTIO_E_FORMAT (use ckptio_reader_open). Each header is parsed as
+ * ckptio_st_parse does (a hostile one fails the open with its code, naming the file). The
+ * reader then serves every call of a checkpoint's: each tensor is one chunk (file, offset,
+ * length; ckptio_reader_chunk names its file relative to the directory), tensors in name order,
+ * metadata from the index and then each file's __metadata__ (the first value of a key wins; an
+ * index value that is no string as its JSON text). A safetensors dtype ckptio has no code for
+ * is CKPTIO_DT_BYTES: 8-bit ones (F8_E8M0, F8_*FNUZ) with a trailing dimension of 1, F4 and F6_*
+ * as a vector of their bytes. Nothing is checksummed: reads check nothing and
+ * ckptio_reader_verify is CKPTIO_E_UNSUPPORTED. Since 0.3. */
+CKPTIO_API int ckptio_reader_open_foreign(ckptio_reader **out, const char *path,
+                                          const ckptio_params *p);
+/* The safetensors dtype (1 .. CKPTIO_ST_COUNT - 1: ckptio_st_dtype_name names it) of tensor
+ * `index` of a reader from ckptio_reader_open_foreign; 0 for a tensor of a ckptio checkpoint.
+ * CKPTIO_E_NOT_FOUND past the tensors, CKPTIO_E_USAGE for NULL. Thread-safe. Since 0.3. */
+CKPTIO_API int ckptio_reader_st_dtype(const ckptio_reader *r, size_t index);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 

@@ -141,6 +141,9 @@ typedef struct ckptio__pyhandle_type {
 
 /* tp_init: (path, params=None) -> open with the GIL released. */
 int ckptio__pyhandle_init(PyObject *self, PyObject *args, PyObject *kw);
+/* __init__ with another open than the type's (NULL: the type's), e.g. a Reader of foreign files. */
+int ckptio__pyhandle_open(PyObject *self, PyObject *args, PyObject *kw,
+                          int (*open)(void **out, const char *path, const ckptio_params *p));
 void ckptio__pyhandle_dealloc(PyObject *self);
 
 /* The open handle, or NULL with the type's closed error set. */

@@ -47,13 +47,14 @@ class AddItem(tuple[Any, ...]):
     chunk_shape: tuple[int, ...] | None
 
 class ReadRegion(tuple[Any, ...]):
-    def __new__(cls, fields: tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, Any, int, int]) -> ReadRegion: ...  # fmt: skip
+    def __new__(cls, fields: tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, Any, int, int, int]) -> ReadRegion: ...  # fmt: skip
     tensor: int
     offset: tuple[int, ...] | None
     shape: tuple[int, ...] | None
     dst: Any
     dst_offset: int
     capacity: int
+    lead: int
 
 
 class Buffer:
@@ -89,6 +90,7 @@ class Reader:
     def verify(self) -> int: ...
     def stats(self) -> IOStats: ...
     def read_stats(self) -> tuple[int, int, int, int, int]: ...
+    def st_dtypes(self) -> list[str | None]: ...
     def close(self) -> None: ...
     def __enter__(self) -> Reader: ...
     def __exit__(self, *exc: object) -> None: ...
@@ -134,8 +136,9 @@ def st_encode(
 ) -> bytes: ...
 def read_region(
     tensor: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, dst: Any,
-    dst_offset: int, capacity: int,
+    dst_offset: int, capacity: int, lead: int = 0,
 ) -> ReadRegion: ...  # fmt: skip
+def open_foreign(path: Any, params: Any = None) -> Reader: ...
 def stage_arrays(
     d: dict[Any, Any], prefix: str, ndarray: type, codes: dict[Any, int], names: set[str],
     first: dict[Any, str], items: list[Any],

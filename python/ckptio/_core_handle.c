@@ -74,11 +74,18 @@ static void close_handle(PyObject *self)
 
 int ckptio__pyhandle_init(PyObject *self, PyObject *args, PyObject *kw)
 {
+    return ckptio__pyhandle_open(self, args, kw, NULL);
+}
+
+int ckptio__pyhandle_open(PyObject *self, PyObject *args, PyObject *kw,
+                          int (*open)(void **out, const char *path, const ckptio_params *p))
+{
     static char *kwlist[] = {"path", "params", NULL};
     ckptio__pyhandle *o = (ckptio__pyhandle *)self;
     const ckptio__pyhandle_type *t = ckptio__pyhandle_type_of(self);
     const char *dot = strrchr(t->type.tp_name, '.');
     char fmt[64];
+    if (!open) open = t->open;
     snprintf(fmt, sizeof fmt, "O&|O:%s", dot ? dot + 1 : t->type.tp_name);
     PyObject *path_obj = NULL, *params = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, PyUnicode_FSConverter, &path_obj,
@@ -99,7 +106,7 @@ int ckptio__pyhandle_init(PyObject *self, PyObject *args, PyObject *kw)
     int rc;
     char msg[1024] = "";
     Py_BEGIN_ALLOW_THREADS
-    rc = t->open(&h, cpath, &p);
+    rc = open(&h, cpath, &p);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
     Py_DECREF(path_obj);

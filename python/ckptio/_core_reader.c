@@ -21,7 +21,7 @@ static PyStructSequence_Desc ChunkRecord_desc = {
 static PyTypeObject *ChunkRecord_Type;
 
 /* What Reader.read takes. */
-enum { RD_TENSOR, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_N };
+enum { RD_TENSOR, RD_OFFSET, RD_SHAPE, RD_DST, RD_DST_OFFSET, RD_CAPACITY, RD_LEAD, RD_N };
 static PyStructSequence_Field ReadRegion_fields[] = {
     {"tensor", "the tensor's index in Reader.tensors()"},
     {"offset", "the region's offset in the tensor, or None for all of it"},
@@ -30,11 +30,12 @@ static PyStructSequence_Field ReadRegion_fields[] = {
     {"dst_offset", "where in dst the region lands"},
     {"capacity", "bytes of dst the read may use (the region's bytes, rounded up to the "
                  "alignment for in-place direct reads)"},
+    {"lead", "bytes of dst before dst_offset that the read may overwrite (ckptio_region.lead)"},
     {NULL, NULL},
 };
 static PyStructSequence_Desc ReadRegion_desc = {
     "ckptio._core.ReadRegion", "One region to read: ReadRegion((index, offset, shape, dst, "
-    "dst_offset, capacity)).", ReadRegion_fields, RD_N};
+    "dst_offset, capacity, lead)).", ReadRegion_fields, RD_N};
 static PyTypeObject *ReadRegion_Type;
 
 static PyStructSequence_Field ReadStats_fields[] = {
@@ -196,10 +197,9 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
     size_t n_dims = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = items[i];
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != RD_N) {
-            PyErr_SetString(
-                PyExc_TypeError,
-                "read: region must be (index, offset, shape, dst, dst_offset, capacity)");
+        if (!PyTuple_Check(t) || (PyTuple_GET_SIZE(t) != RD_N && PyTuple_GET_SIZE(t) != RD_LEAD)) {
+            PyErr_SetString(PyExc_TypeError, "read: region must be (index, offset, shape, dst, "
+                                             "dst_offset, capacity[, lead])");
             goto out;
         }
         if (PyTuple_GET_ITEM(t, RD_OFFSET) != Py_None || PyTuple_GET_ITEM(t, RD_SHAPE) != Py_None)
@@ -260,6 +260,16 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
         if (off == -1 && PyErr_Occurred()) goto out;
         unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_CAPACITY));
         if (cap == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        unsigned long long lead = 0; /* a plain 6-tuple has no lead */
+        if (PyTuple_GET_SIZE(t) == RD_N) {
+            lead = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_LEAD));
+            if (lead == (unsigned long long)-1 && PyErr_Occurred()) goto out;
+        }
+        if (lead > (unsigned long long)off) {
+            PyErr_SetString(PyExc_ValueError, "read: lead is larger than dst_offset");
+            goto out;
+        }
+        rg->lead = lead;
         char *ptr;
         Py_ssize_t avail;
         int have_view;
@@ -330,6 +340,22 @@ static PyObject *Reader_path(PyObject *self, void *closure)
     return r ? PyUnicode_DecodeFSDefault(ckptio_reader_path(r)) : NULL;
 }
 
+/* The safetensors dtype names of a foreign reader's tensors (None for a ckptio checkpoint's). */
+static PyObject *Reader_st_dtypes(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const ckptio_reader *r = ckptio__pyhandle_get(self);
+    if (!r) return NULL;
+    size_t n = ckptio_reader_num_tensors(r);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        const char *name = ckptio_st_dtype_name(ckptio_reader_st_dtype(r, i));
+        PyList_SET_ITEM(out, (Py_ssize_t)i, name ? PyUnicode_FromString(name) : Py_NewRef(Py_None));
+        if (!PyList_GET_ITEM(out, (Py_ssize_t)i)) Py_CLEAR(out);
+    }
+    return out;
+}
+
 static PyMethodDef Reader_methods[] = {
     {"set_roots", ckptio__pyhandle_set_roots, METH_O,
      "set_roots(paths): look for a striped checkpoint's stripes in these directories"},
@@ -343,6 +369,8 @@ static PyMethodDef Reader_methods[] = {
     {"read", Reader_read, METH_O,
      "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
     {"verify", Reader_verify, METH_NOARGS, "check every checksum"},
+    {"st_dtypes", Reader_st_dtypes, METH_NOARGS,
+     "[safetensors dtype name or None] in tensor order (open_foreign readers)"},
     {"stats", ckptio__pyhandle_stats, METH_NOARGS, "IOStats"},
     {"read_stats", Reader_read_stats, METH_NOARGS,
      "(cache_bytes, device_bytes, requests, merged, verify_threads)"},
@@ -378,26 +406,50 @@ ckptio__pyhandle_type ckptio__pyReader_Type = {
     .set_roots = reader_set_roots,
 };
 
-/* read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion: a load
- * builds one per tensor, and calling the type costs several times more. */
+/* read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0) -> ReadRegion: a
+ * load builds one per tensor, and calling the type costs several times more. */
 static PyObject *mod_read_region(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
     (void)mod;
-    if (n != RD_N) {
+    if (n != RD_N && n != RD_LEAD) {
         PyErr_SetString(PyExc_TypeError,
-                        "read_region(tensor, offset, shape, dst, dst_offset, capacity)");
+                        "read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0)");
         return NULL;
     }
     PyObject *r = PyStructSequence_New(ReadRegion_Type);
     if (!r) return NULL;
-    for (Py_ssize_t i = 0; i < RD_N; i++)
+    for (Py_ssize_t i = 0; i < n; i++)
         PyStructSequence_SetItem(r, i, Py_NewRef(args[i]));
+    if (n == RD_LEAD) {
+        PyObject *zero = PyLong_FromLong(0);
+        if (!zero) return Py_DECREF(r), NULL;
+        PyStructSequence_SetItem(r, RD_LEAD, zero);
+    }
     return r;
 }
 
+static int reader_open_foreign(void **out, const char *path, const ckptio_params *p)
+{
+    ckptio_reader *r = NULL;
+    int rc = ckptio_reader_open_foreign(&r, path, p);
+    *out = r;
+    return rc;
+}
+
+/* open_foreign(path, params=None) -> Reader over safetensors files (ckptio_reader_open_foreign). */
+static PyObject *mod_open_foreign(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    (void)mod;
+    PyObject *self = PyType_GenericNew(&ckptio__pyReader_Type.type, NULL, NULL);
+    if (self && ckptio__pyhandle_open(self, args, kw, reader_open_foreign) < 0) Py_CLEAR(self);
+    return self;
+}
+
 static PyMethodDef reader_functions[] = {
+    {"open_foreign", (PyCFunction)(void (*)(void))mod_open_foreign, METH_VARARGS | METH_KEYWORDS,
+     "open_foreign(path, params=None) -> Reader of a safetensors file or Hugging Face directory"},
     {"read_region", (PyCFunction)(void (*)(void))mod_read_region, METH_FASTCALL,
-     "read_region(tensor, offset, shape, dst, dst_offset, capacity) -> ReadRegion"},
+     "read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0) -> ReadRegion"},
     {NULL, NULL, 0, NULL},
 };
 

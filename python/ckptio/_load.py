@@ -130,7 +130,7 @@ class _Alloc:
             buf = _core.Buffer(size if lead else n, populate=_FRESH == "populate")
             self.fresh.append(buf)
             self.fresh_bytes += n
-            self.regions.append(_region(index, offset, shape, buf, lead, size - lead))
+            self.regions.append(_region(index, offset, shape, buf, lead, size - lead, lead))
             return buf, lead
         if n == 0:
             return None, 0

@@ -5,11 +5,12 @@ The same calls as the ``safetensors`` package (``save_file``, ``load_file``, ``s
 on the same file format: files written here are read by stock safetensors bit for bit, and
 stock files read here bit for bit. Headers are parsed and written by ckptio's C parser and
 encoder (strict: a hostile header is refused with a CorruptCheckpoint naming the file).
-``load_file`` reads every tensor with one batched O_DIRECT read, each tensor into its own
-page-aligned memory; ``save_file`` pads the header so that the data starts on a 4096-byte
-boundary and streams the tensors through ckptio's file writer (large aligned writes, fsync,
-atomic rename: the file appears complete or not at all). ``get_slice(name)[rows]`` reads only
-the bytes of those rows.
+``load_file`` reads every tensor with one batched O_DIRECT read of the library's reader
+(``_core.open_foreign``: the planner that reads checkpoints), each big tensor into its own
+page-aligned memory, in place even where stock files leave it unaligned; ``save_file`` pads
+the header so that the data starts on a 4096-byte boundary and streams the tensors through
+ckptio's file writer (large aligned writes, fsync, atomic rename: the file appears complete
+or not at all). ``get_slice(name)[rows]`` reads only the bytes of those rows.
 
 >>> import torch, ckptio.safetensors as st, tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _core, _dtypes
 from ._errors import DTYPE, USAGE, CheckpointError, InvalidType, error
 from ._load import prefaulting
 from ._options import Stats, params
@@ -49,8 +50,6 @@ _ALIGN: int = _core.alignment
 # Tensors smaller than this are read into memory of their own exact size (a copy through
 # staging costs nothing at that size); larger ones into page-aligned buffers, in place.
 _SMALL = 64 << 10
-# A slice of more runs than this reads the rows that hold it, then slices in memory.
-_MAX_RUNS = 1 << 16
 
 # safetensors dtype -> (bytes per element, torch dtype name, numpy dtype name; "ml_dtypes:"
 # names need the ml_dtypes package). F4 and F6_* pack elements below a byte: not loadable.
@@ -251,104 +250,79 @@ def _os_error(e: OSError, path: str) -> CheckpointError:
 # ---- reading -----------------------------------------------------------------------------
 
 
-def runs(
-    shape: tuple[int, ...], item: int, off: tuple[int, ...], size: tuple[int, ...]
-) -> tuple[int, np.ndarray]:
-    """The box (off, size) of a row-major tensor of ``shape`` as contiguous byte runs: (bytes
-    per run, start of each run relative to the tensor's first byte), in the order that lays
-    the box out row-major."""
-    if any(s == 0 for s in size):
-        return 0, np.zeros(0, np.int64)
-    k = len(shape) - 1
-    inner = item
-    while k >= 0 and size[k] == shape[k]:
-        inner *= shape[k]
-        k -= 1
-    if k < 0:
-        return inner, np.zeros(1, np.int64)
-    stride = [0] * len(shape)
-    acc = item
-    for j in range(len(shape) - 1, -1, -1):
-        stride[j] = acc
-        acc *= shape[j]
-    starts = np.array([off[k] * stride[k]], np.int64)
-    for j in range(k - 1, -1, -1):
-        axis = (np.arange(size[j], dtype=np.int64) + off[j]) * stride[j]
-        starts = (axis[:, None] + starts[None, :]).reshape(-1)
-    return size[k] * inner, starts
+class _File:
+    """One safetensors file open in the library's reader (``_core.open_foreign``): its
+    tensors as Entry objects, read as regions, with the stats of each read apart."""
 
+    __slots__ = ("path", "r", "entries", "index", "_last")
 
-def span(offset: int, n: int, dtype: str, size: int) -> tuple[int, int]:
-    """The bytes [lo, hi) of a file of ``size`` bytes to read for the ``n`` bytes of a
-    ``dtype`` tensor at ``offset``, into page-aligned memory, so that the read lands with no
-    copy: stock files start their data anywhere, so from the page boundary below (unless that
-    would leave the elements misaligned in memory: then the read is staged) to the one above,
-    or the end of the file. The tensor then starts ``offset - lo`` bytes into the memory."""
-    shift = offset % _ALIGN
-    if shift % DTYPES.get(dtype, (1,))[0]:
-        shift = 0
-    return offset - shift, min(_round_up(offset + n), size)
-
-
-class _Plan:
-    """Destinations and ranges of one batched read of one file."""
-
-    __slots__ = ("path", "size", "ranges", "fresh", "fresh_bytes")
-
-    def __init__(self, path: str, size: int) -> None:
-        self.path = path
-        self.size = size
-        self.ranges: list[tuple[int, int, Any, int]] = []
-        self.fresh: list[Any] = []  # the big buffers, faulted in ahead of the read
-        self.fresh_bytes = 0
-
-    def whole(self, e: Entry) -> tuple[Any, int]:
-        """Memory for all of tensor ``e``: (buffer, offset of its first byte in it)."""
-        n = e.nbytes
-        if n == 0:
-            return None, 0
-        if n < _SMALL:
-            small = np.empty(n, np.uint8)
-            self.ranges.append((e.offset, n, small, 0))
-            return small, 0
-        lo, hi = span(e.offset, n, e.dtype, self.size)
-        buf = _core.Buffer(hi - lo)
-        self.fresh.append(buf)
-        self.fresh_bytes += hi - lo
-        self.ranges.append((lo, hi - lo, buf, 0))
-        return buf, e.offset - lo
-
-    def box(
-        self, e: Entry, item: int, off: tuple[int, ...], size: tuple[int, ...]
-    ) -> tuple[Any, int]:
-        """Memory for the box (off, size) of tensor ``e``, laid out row-major."""
-        run, starts = runs(e.shape, item, off, size)
-        n = run * len(starts)
-        if n == 0:
-            return None, 0
-        buf: Any = np.empty(n, np.uint8)
-        if n >= _SMALL:
-            buf = _core.Buffer(n)
-            self.fresh.append(buf)
-            self.fresh_bytes += n
-        base = e.offset
-        self.ranges.extend(
-            (base + int(s), run, buf, i * run) for i, s in enumerate(starts.tolist())
-        )
-        return buf, 0
-
-    def read(self, p: dict[str, int]) -> Any:
-        """Read every planned range; the IOStats of the read (None when there was none)."""
-        if not self.ranges:
-            return None
-        self.ranges.sort(key=lambda r: r[0])
+    def __init__(self, path: PathLike, p: dict[str, int]) -> None:
+        self.path = os.fspath(path)
         try:
-            read = _core.file_read
-            return prefaulting(self.fresh, self.fresh_bytes, read, self.path, self.ranges, p)
-        finally:
-            self.ranges = []
-            self.fresh = []
-            self.fresh_bytes = 0
+            self.r = _core.open_foreign(self.path, p)
+        except CheckpointError as e:
+            raise _with_path(e, self.path) if self.path not in str(e) else e from None
+        recs = self.r.tensors()
+        sts = self.r.st_dtypes()
+        found = []
+        for i, (t, st) in enumerate(zip(recs, sts)):
+            c = self.r.chunks(i)[0]
+            shape = tuple(t.shape)
+            if t.dtype == _dtypes.BYTES:  # served as bytes: the safetensors shape is known
+                shape = shape[:-1] if st in DTYPES else _st_shape(self.path, t.name)
+            code = 0 if t.dtype == _dtypes.BYTES else t.dtype
+            e = Entry(t.name, st, code, shape, c.file_offset, t.nbytes)
+            found.append((c.file_offset, i, e))
+        found.sort(key=lambda x: (x[0], x[1]))
+        self.entries = {e.name: e for _off, _i, e in found}  # in file order
+        self.index = {e.name: i for _off, i, e in found}
+        self._last: tuple[int, int, int, float] = (0, 0, 0, 0.0)
+
+    def entry(self, name: str) -> Entry:
+        e = self.entries.get(name)
+        if e is None:
+            raise error("CKPTIO_E_NOT_FOUND", f"{self.path}: no tensor '{name}' in this file")
+        return e
+
+    def read(self, regions: list[Any], fresh: list[Any], fresh_bytes: int) -> Any:
+        """Read the regions; the IOStats of this read alone."""
+        prefaulting(fresh, fresh_bytes, self.r.read, regions)
+        t = self.r.stats()
+        b, io, n, sec = self._last
+        self._last = (t.bytes, t.io_bytes, t.tensors, t.seconds)
+        b, io, n, sec = t.bytes - b, t.io_bytes - io, t.tensors - n, t.seconds - sec
+        gbps = b / sec / 1e9 if sec > 0 else 0.0
+        return _core.IOStats((b, io, n, sec, gbps, t.backend, t.direct, t.alignment))
+
+    def close(self) -> None:
+        self.r.close()
+
+
+def _st_shape(path: str, name: str) -> tuple[int, ...]:
+    """The shape of a sub-byte tensor (F4, F6_*), which only the header says."""
+    return read_header(path).entry(name).shape
+
+
+def _whole(f: _File, e: Entry, regions: list[Any], fresh: list[Any]) -> tuple[Any, int]:
+    """Memory for all of tensor ``e`` and its region: (buffer, offset of its first byte). A big
+    tensor gets page-aligned memory of its own, placed in its page as the tensor is in its
+    file's, with room before it: the read starts at the page boundary below, in place."""
+    n = e.nbytes
+    i = f.index[e.name]
+    if n == 0:
+        return None, 0
+    if n < _SMALL:
+        small = np.empty(n, np.uint8)
+        regions.append(_core.read_region(i, None, None, small, 0, n))
+        return small, 0
+    lead = e.offset % _ALIGN
+    if lead % DTYPES[e.dtype][0]:
+        lead = 0  # the elements would be misaligned in memory: staged instead
+    size = _round_up(lead + n)
+    buf = _core.Buffer(size)
+    fresh.append(buf)
+    regions.append(_core.read_region(i, None, None, buf, lead, size - lead, lead))
+    return buf, lead
 
 
 def _tensor(fw: str, buf: Any, at: int, e: Entry, shape: tuple[int, ...], device: Any) -> Any:
@@ -419,19 +393,21 @@ def _record(st: Any, t0: float, nbytes: int | None = None) -> None:
 
 
 def _load(
-    h: Header, names: Iterable[str], fw: str, device: Any, p: dict[str, int]
+    f: _File, names: Iterable[str], fw: str, device: Any, p: dict[str, int]
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    wanted = [h.entry(n) for n in names]
+    wanted = [f.entry(n) for n in names]
     for e in wanted:
-        _check_dtype(fw, e, h.path)
-    plan = _Plan(h.path, h.size)
-    placed = [plan.whole(e) for e in wanted]
-    try:
-        st = plan.read(p)
-    except CheckpointError as ex:
-        raise _with_path(ex, h.path) if h.path not in str(ex) else ex from None
-    _record(st, t0, sum(e.nbytes for e in wanted))
+        _check_dtype(fw, e, f.path)
+    regions: list[Any] = []
+    fresh: list[Any] = []
+    placed = [_whole(f, e, regions, fresh) for e in wanted]
+    if regions:
+        try:
+            st = f.read(regions, fresh, sum(len(b) for b in fresh))
+        except CheckpointError as ex:
+            raise _with_path(ex, f.path) if f.path not in str(ex) else ex from None
+        _record(st, t0, sum(e.nbytes for e in wanted))
     return {e.name: _tensor(fw, b, at, e, e.shape, device) for e, (b, at) in zip(wanted, placed)}
 
 
@@ -452,8 +428,12 @@ def load_file(
     the tensor; a damaged header CorruptCheckpoint naming the file.
     """
     fw = _framework(framework)
-    h = read_header(filename)
-    return _load(h, list(h.entries), fw, device, params(io_options or {}))
+    p = params(io_options or {})
+    f = _File(filename, p)
+    try:
+        return _load(f, list(f.entries), fw, device, p)
+    finally:
+        f.close()
 
 
 # ---- writing -----------------------------------------------------------------------------
@@ -633,12 +613,12 @@ class safe_open:  # noqa: N801 - the name safetensors gives it
         self._fw = _framework(framework)
         self._device = device
         self._p = params(io_options or {})
-        self._h: Header | None = read_header(filename)
+        self._f: _File | None = _File(filename, self._p)
 
-    def _header(self) -> Header:
-        if self._h is None:
+    def _file(self) -> _File:
+        if self._f is None:
             raise error("CKPTIO_E_STATE", "the file is closed")
-        return self._h
+        return self._f
 
     def __enter__(self) -> safe_open:
         return self
@@ -647,34 +627,36 @@ class safe_open:  # noqa: N801 - the name safetensors gives it
         self.close()
 
     def close(self) -> None:
-        self._h = None
+        if self._f is not None:
+            self._f.close()
+        self._f = None
 
     def keys(self) -> list[str]:
-        return sorted(self._header().entries)
+        return sorted(self._file().entries)
 
     def offset_keys(self) -> list[str]:
         """The names in the order of their data in the file."""
-        return list(self._header().entries)
+        return list(self._file().entries)
 
     def metadata(self) -> dict[str, str] | None:
-        m = self._header().metadata
-        return dict(m) if m is not None else None
+        m = self._file().r.meta()
+        return {k: v.decode() for k, v in m.items()} if m else None
 
     def get_tensor(self, name: str) -> Any:
-        return _load(self._header(), [name], self._fw, self._device, self._p)[name]
+        return _load(self._file(), [name], self._fw, self._device, self._p)[name]
 
     def get_tensors(self) -> dict[str, Any]:
-        h = self._header()
-        return _load(h, list(h.entries), self._fw, self._device, self._p)
+        f = self._file()
+        return _load(f, list(f.entries), self._fw, self._device, self._p)
 
     def get_slice(self, name: str) -> _Slice:
-        return _Slice(self, self._header().entry(name))
+        return _Slice(self, self._file().entry(name))
 
     def _read_slice(self, e: Entry, index: Any) -> Any:
         from ._load import _region_box
 
-        h = self._header()
-        _check_dtype(self._fw, e, h.path)
+        f = self._file()
+        _check_dtype(self._fw, e, f.path)
         t0 = time.perf_counter()
         # sl[None] adds a dimension, as in numpy and torch; None alone is read()'s "whole".
         off, size, inner = _region_box((None,) if index is None else index, e.shape, e.name)
@@ -682,27 +664,23 @@ class safe_open:  # noqa: N801 - the name safetensors gives it
             if o + s > d:
                 raise error(
                     "CKPTIO_E_RANGE",
-                    f"{h.path}: tensor '{e.name}': index {o} is out of bounds for a dimension "
+                    f"{f.path}: tensor '{e.name}': index {o} is out of bounds for a dimension "
                     f"of {d}",
                 )
         item = DTYPES[e.dtype][0]
-        plan = _Plan(h.path, h.size)
-        n_runs = 1
-        for s in size[:-1]:
-            n_runs *= s
-        if n_runs > _MAX_RUNS and e.shape:
-            # Very many short runs: read the rows that hold the box, then cut it in memory.
-            rows = (off[0],) + (0,) * (len(off) - 1), (size[0],) + e.shape[1:]
-            buf, at = plan.box(e, item, *rows)
-            st = plan.read(self._p)
-            full = _tensor(self._fw if self._fw != "jax" else "np", buf, at, e, rows[1], None)
-            cut = (slice(None),) + tuple(slice(o, o + s) for o, s in zip(off[1:], size[1:]))
-            obj = full[cut]
-        else:
-            buf, at = plan.box(e, item, off, size)
-            st = plan.read(self._p)
-            obj = _tensor(self._fw if self._fw != "jax" else "np", buf, at, e, size, None)
-        _record(st, t0)
+        n = item
+        for d in size:
+            n *= d
+        buf: Any = None
+        if n:
+            # The library plans the box's runs (coalescing near ones) and reads only them.
+            buf = np.empty(n, np.uint8) if n < _SMALL else _core.Buffer(_round_up(n))
+            cap = n if n < _SMALL else len(buf)
+            raw = (0,) if e.code == 0 else ()  # served as bytes with a trailing 1 (F8_E8M0)
+            reg = _core.read_region(f.index[e.name], off + raw, size + (1,) * len(raw), buf, 0, cap)
+            fresh = [buf] if n >= _SMALL else []
+            _record(f.read([reg], fresh, n if fresh else 0), t0)
+        obj = _tensor(self._fw if self._fw != "jax" else "np", buf, 0, e, size, None)
         if inner:
             obj = obj[inner]
         return _place(self._fw, obj, self._device)

@@ -44,6 +44,7 @@ typedef struct rd {
     uint64_t n, pos;
     ckptio__st_header *h;
     uint64_t cap_tensors, cap_meta, cap_dims, cap_str;
+    const char *label; /* what is parsed, for messages: "safetensors header" */
     char *err;
     size_t errlen;
 } rd;
@@ -96,11 +97,11 @@ static int expect(rd *r, uint8_t c, const char *what)
     skip_ws(r);
     if (r->pos >= r->n)
         return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
-                    "safetensors header: expected '%c' (%s) at byte %llu, found the end", c, what,
+                    "%s: expected '%c' (%s) at byte %llu, found the end", r->label, c, what,
                     U(r->pos));
     if (r->p[r->pos] != c)
         return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
-                    "safetensors header: expected '%c' (%s) at byte %llu, found '%c'", c, what,
+                    "%s: expected '%c' (%s) at byte %llu, found '%c'", r->label, c, what,
                     U(r->pos), r->p[r->pos] >= 0x20 && r->p[r->pos] < 0x7F ? r->p[r->pos] : '?');
     r->pos++;
     return 0;
@@ -161,14 +162,14 @@ static int string(rd *r, uint64_t *off, uint64_t *len, const char *what)
     uint64_t start = r->pos;
     if (r->pos >= r->n || r->p[r->pos] != '"')
         return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
-                    "safetensors header: expected a string (%s) at byte %llu", what, U(start));
+                    "%s: expected a string (%s) at byte %llu", r->label, what, U(start));
     r->pos++;
     char *s = r->h->strtab + r->h->strtab_len;
     uint64_t l = 0;
     for (;;) {
         if (r->pos >= r->n)
             return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
-                        "safetensors header: string at byte %llu (%s) is not closed", U(start),
+                        "%s: string at byte %llu (%s) is not closed", r->label, U(start),
                         what);
         uint8_t c = r->p[r->pos];
         if (c == '"') {
@@ -177,8 +178,8 @@ static int string(rd *r, uint64_t *off, uint64_t *len, const char *what)
         }
         if (c < 0x20)
             return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
-                        "safetensors header: control byte 0x%02x inside a string at byte %llu",
-                        c, U(r->pos));
+                        "%s: control byte 0x%02x inside a string at byte %llu",
+                        r->label, c, U(r->pos));
         if (c != '\\') {
             s[l++] = (char)c;
             r->pos++;
@@ -218,7 +219,7 @@ static int string(rd *r, uint64_t *off, uint64_t *len, const char *what)
         continue;
     bad_escape:
         return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
-                    "safetensors header: invalid escape at byte %llu (%s)", U(at), what);
+                    "%s: invalid escape at byte %llu (%s)", r->label, U(at), what);
     }
     s[l] = 0;
     *off = r->h->strtab_len;
@@ -546,7 +547,7 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
         colons += hdr[i] == ':';
         seps += hdr[i] == ',' || hdr[i] == ']';
     }
-    rd r = {.p = hdr, .n = n, .err = err, .errlen = errlen};
+    rd r = {.p = hdr, .n = n, .err = err, .errlen = errlen, .label = "safetensors header"};
     r.cap_tensors = (colons / 4 < n / 49 ? colons / 4 : n / 49) + 1;
     r.cap_meta = (colons < n / 5 ? colons : n / 5) + 1;
     r.cap_dims = (seps < n / 2 ? seps : n / 2) + 1;
@@ -583,6 +584,190 @@ int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t file_size, ckptio_
 void ckptio__st_free(ckptio__st_header *h)
 {
     free(h);
+}
+
+/* ---- the index of a sharded save (model.safetensors.index.json) -------------------------- */
+
+#define INDEX_DEPTH 64 /* nesting of the values skipped or kept as text */
+
+/* A byte of a number or a literal (true, false, null). */
+static bool token_byte(uint8_t c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || c == '+' || c == '-' || c == '.' ||
+           c == 'E';
+}
+
+/* Skip one JSON value (strings are checked and decoded, then dropped from the table). */
+static int skip_value(rd *r, unsigned depth)
+{
+    int c = peek(r), rc;
+    if (depth > INDEX_DEPTH)
+        return fail(r->err, r->errlen, CKPTIO_E_LIMIT,
+                    "%s: values nested deeper than %u levels at byte %llu", r->label, INDEX_DEPTH,
+                    U(r->pos));
+    if (c == '"') {
+        uint64_t mark = r->h->strtab_len, o, l;
+        rc = string(r, &o, &l, "a value");
+        r->h->strtab_len = mark;
+        return rc;
+    }
+    if (c == '{' || c == '[') {
+        uint8_t end = c == '{' ? '}' : ']';
+        r->pos++;
+        if (peek(r) == end) return r->pos++, 0;
+        for (;;) {
+            if (c == '{') {
+                uint64_t mark = r->h->strtab_len, o, l;
+                rc = string(r, &o, &l, "a key");
+                r->h->strtab_len = mark;
+                if (rc || (rc = expect(r, ':', "after a key"))) return rc;
+            }
+            if ((rc = skip_value(r, depth + 1))) return rc;
+            if (peek(r) != ',') return expect(r, end, "end of an object or array");
+            r->pos++;
+        }
+    }
+    /* A number or a literal: its characters, then a check of which it is. */
+    uint64_t at = r->pos;
+    while (r->pos < r->n && token_byte(r->p[r->pos])) r->pos++;
+    uint64_t len = r->pos - at;
+    const char *t = (const char *)r->p + at;
+    bool word = (len == 4 && (!memcmp(t, "true", 4) || !memcmp(t, "null", 4))) ||
+                (len == 5 && !memcmp(t, "false", 5));
+    bool number = len && (t[0] == '-' || (t[0] >= '0' && t[0] <= '9'));
+    for (uint64_t i = 0; number && i < len; i++)
+        number = !(t[i] >= 'a' && t[i] <= 'z' && t[i] != 'e');
+    if (!word && !number)
+        return fail(r->err, r->errlen, CKPTIO_E_CORRUPT, "%s: expected a value at byte %llu",
+                    r->label, U(at));
+    return 0;
+}
+
+/* "weight_map": {tensor: file, ...} into ix->map. */
+static int weight_map(rd *r, ckptio__st_index *ix, uint64_t cap)
+{
+    int rc = expect(r, '{', "the weight_map object");
+    if (rc) return rc;
+    if (peek(r) == '}') return r->pos++, 0;
+    for (;;) {
+        uint64_t ko, kl, vo, vl;
+        if ((rc = string(r, &ko, &kl, "tensor name")) || (rc = expect(r, ':', "after a name")) ||
+            (rc = string(r, &vo, &vl, "file name")))
+            return rc;
+        if (ix->n_map == cap || kl > UINT32_MAX)
+            return fail(r->err, r->errlen, CKPTIO_E_CORRUPT, "%s: too many entries", r->label);
+        if (memchr(r->h->strtab + ko, 0, kl) || memchr(r->h->strtab + vo, 0, vl))
+            return fail(r->err, r->errlen, CKPTIO_E_CORRUPT,
+                        "%s: a weight_map entry holds a NUL (before byte %llu)", r->label,
+                        U(r->pos));
+        ix->map[ix->n_map++] = (ckptio__st_meta){ko, (uint32_t)kl, 0, vo, vl};
+        if (peek(r) != ',') return expect(r, '}', "end of the weight_map");
+        r->pos++;
+    }
+}
+
+/* "metadata": {key: value, ...} into ix->meta: a string's value, or another value's text. */
+static int index_meta(rd *r, ckptio__st_index *ix, uint64_t cap)
+{
+    int rc = expect(r, '{', "the metadata object");
+    if (rc) return rc;
+    if (peek(r) == '}') return r->pos++, 0;
+    for (;;) {
+        uint64_t ko, kl, vo, vl;
+        if ((rc = string(r, &ko, &kl, "metadata key")) || (rc = expect(r, ':', "after a key")))
+            return rc;
+        if (peek(r) == '"') {
+            if ((rc = string(r, &vo, &vl, "metadata value"))) return rc;
+        } else {
+            uint64_t at = (skip_ws(r), r->pos);
+            if ((rc = skip_value(r, 1))) return rc;
+            /* The raw text is no longer than the input it came from, as the table's bound
+             * (input length + 1) assumes of every string. */
+            vo = r->h->strtab_len;
+            vl = r->pos - at;
+            memcpy(r->h->strtab + vo, r->p + at, vl);
+            r->h->strtab[vo + vl] = 0;
+            r->h->strtab_len += vl + 1;
+        }
+        if (ix->n_meta == cap || kl > UINT32_MAX)
+            return fail(r->err, r->errlen, CKPTIO_E_CORRUPT, "%s: too many entries", r->label);
+        ix->meta[ix->n_meta++] = (ckptio__st_meta){ko, (uint32_t)kl, 0, vo, vl};
+        if (peek(r) != ',') return expect(r, '}', "end of the metadata");
+        r->pos++;
+    }
+}
+
+static int parse_index(rd *r, ckptio__st_index *ix, uint64_t cap)
+{
+    int rc = expect(r, '{', "the index object");
+    bool seen_map = false, seen_meta = false;
+    if (rc) return rc;
+    if (peek(r) != '}')
+        for (;;) {
+            uint64_t ko, kl;
+            if ((rc = string(r, &ko, &kl, "a key")) || (rc = expect(r, ':', "after a key")))
+                return rc;
+            bool *seen = key_is(r, ko, kl, "weight_map") ? &seen_map
+                         : key_is(r, ko, kl, "metadata") ? &seen_meta
+                                                         : NULL;
+            r->h->strtab_len = ko;
+            if (seen && *seen)
+                return fail(r->err, r->errlen, CKPTIO_E_DUPLICATE, "%s: \"%s\" appears twice",
+                            r->label, seen == &seen_map ? "weight_map" : "metadata");
+            if (seen == &seen_map) rc = weight_map(r, ix, cap);
+            else if (seen == &seen_meta && peek(r) == '{') rc = index_meta(r, ix, cap);
+            else rc = skip_value(r, 1);
+            if (rc) return rc;
+            if (seen) *seen = true;
+            if (peek(r) != ',') break;
+            r->pos++;
+        }
+    if ((rc = expect(r, '}', "end of the index object"))) return rc;
+    if (peek(r) >= 0)
+        return fail(r->err, r->errlen, CKPTIO_E_CORRUPT, "%s: bytes after the object at byte %llu",
+                    r->label, U(r->pos));
+    if (!seen_map)
+        return fail(r->err, r->errlen, CKPTIO_E_CORRUPT, "%s: no weight_map object", r->label);
+    return 0;
+}
+
+int ckptio__st_index_parse(const uint8_t *buf, uint64_t n, ckptio__st_index **out, char *err,
+                           size_t errlen)
+{
+    *out = NULL;
+    if (n > CKPTIO__ST_MAX_HEADER)
+        return fail(err, errlen, CKPTIO_E_LIMIT, "index of %llu bytes exceeds %llu bytes", U(n),
+                    U(CKPTIO__ST_MAX_HEADER));
+    uint64_t ok = utf8_prefix(buf, n);
+    if (ok != n)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "index is not UTF-8 at byte %llu", U(ok));
+    /* Every entry takes a ':' and at least 5 bytes ("":""). */
+    uint64_t colons = 0;
+    for (uint64_t i = 0; i < n; i++) colons += buf[i] == ':';
+    uint64_t cap = (colons < n / 5 ? colons : n / 5) + 1;
+    uint64_t bytes = sizeof(ckptio__st_index) + sizeof(ckptio__st_header) +
+                     2 * cap * sizeof(ckptio__st_meta) + n + 1;
+    uint8_t *a = calloc(1, (size_t)bytes);
+    if (!a) return fail(err, errlen, -ENOMEM, "index: out of memory (%llu bytes)", U(bytes));
+    ckptio__st_index *ix = (ckptio__st_index *)a;
+    ckptio__st_header *h = (ckptio__st_header *)(a + sizeof *ix);
+    ix->map = (ckptio__st_meta *)(a + sizeof *ix + sizeof *h);
+    ix->meta = ix->map + cap;
+    h->strtab = ix->strtab = (char *)(ix->meta + cap);
+    rd r = {.p = buf, .n = n, .h = h, .err = err, .errlen = errlen, .label = "index"};
+    int rc = parse_index(&r, ix, cap);
+    if (rc) {
+        free(a);
+        return rc;
+    }
+    ix->strtab_len = h->strtab_len;
+    *out = ix;
+    return 0;
+}
+
+void ckptio__st_index_free(ckptio__st_index *ix)
+{
+    free(ix);
 }
 
 /* ---- the writer ---------------------------------------------------------------------------- */

@@ -69,6 +69,24 @@ CKPTIO__HIDDEN int ckptio__st_parse(const uint8_t *hdr, uint64_t n, uint64_t fil
                                     ckptio__st_header **out, char *err, size_t errlen);
 CKPTIO__HIDDEN void ckptio__st_free(ckptio__st_header *h);
 
+/* The index of a sharded save ("model.safetensors.index.json"): {"weight_map": {tensor: file},
+ * "metadata": {key: value}, ...}, n bytes of UTF-8 JSON. Entries keep their order in the
+ * index; map[i].key is a tensor name, map[i].val its file (neither holds a NUL); a metadata
+ * value that is a string is kept decoded, any other value as its JSON text. Other keys are
+ * checked as JSON and skipped. Strings live in strtab, each followed by a NUL. On success *out
+ * is one allocation (free with ckptio__st_index_free); else CKPTIO_E_CORRUPT (no weight_map,
+ * bad JSON), CKPTIO_E_DUPLICATE, CKPTIO_E_LIMIT or -ENOMEM, with err naming the byte. */
+typedef struct ckptio__st_index {
+    uint64_t n_map, n_meta, strtab_len;
+    ckptio__st_meta *map;
+    ckptio__st_meta *meta;
+    char *strtab;
+} ckptio__st_index;
+
+CKPTIO__HIDDEN int ckptio__st_index_parse(const uint8_t *buf, uint64_t n, ckptio__st_index **out,
+                                          char *err, size_t errlen);
+CKPTIO__HIDDEN void ckptio__st_index_free(ckptio__st_index *ix);
+
 /* Encode h (its tensors, meta, dims and strtab; header_len and data_start are ignored) as the
  * start of a safetensors file: the u64 length word, then the JSON, padded with spaces so that
  * the data start 8 + N is a multiple of `align` (a power of two, e.g. 4096, so that the data

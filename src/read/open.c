@@ -116,16 +116,11 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     }
     *out = NULL;
     double t0 = ckptio__now();
-    ckptio_reader *r = calloc(1, sizeof *r);
-    if (!r) return ckptio__fail(NULL, -ENOMEM, "out of memory opening '%s'", path);
-    r->dirfd = -1;
+    ckptio_reader *r = NULL;
     uint8_t *buf = NULL;
     uint64_t len = 0;
-    int rc;
-    r->path = strdup(path);
-    CKPTIO__GOTO_IF(!r->path, -ENOMEM);
-    CKPTIO__CHECK(ckptio__cfg_resolve(p, &r->cfg, &r->msg));
-    ckptio__gpu_init(&r->gpu, r->cfg.gpu, r->cfg.gpu_staging, r->cfg.csum_block);
+    int rc = ckptio__read_new(path, p, &r);
+    if (rc < 0) goto out;
     r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (r->dirfd < 0) {
         rc = -errno;
@@ -141,25 +136,47 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
                      rc == CKPTIO_E_FORMAT ? "needs a newer ckptio" : "is corrupt", err);
         goto out;
     }
-    r->files = calloc(r->m->n_files + 1, sizeof *r->files);
-    CKPTIO__GOTO_IF(!r->files, -ENOMEM);
-    for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = r->files[i].bfd = -1;
-    CKPTIO__CHECK(ckptio__stripes_init(&r->stripes, r->m->n_roots));
-    r->gpu.block = r->m->csum_block ? r->m->csum_block : 4096; /* slots: whole blocks */
-    /* A staging buffer holds a whole checksum block plus alignment slack at both ends; the
-     * format bounds the block (manifest.c), so this does not overflow. */
-    r->buf_size = CKPTIO__MAX(r->cfg.request, 2 * r->m->csum_block);
+    CKPTIO__CHECK(ckptio__read_setup(r));
     r->stats.seconds = ckptio__now() - t0;
     *out = r;
     free(buf);
     return 0;
 out:
     free(buf);
-    {
-        ckptio__msg keep = r->msg;
-        ckptio_reader_close(r);
-        return ckptio__refail(NULL, &keep, rc, "cannot open checkpoint", NULL);
-    }
+    return ckptio__read_fail_open(r, rc);
+}
+
+int ckptio__read_new(const char *path, const ckptio_params *p, ckptio_reader **out)
+{
+    ckptio_reader *r = *out = calloc(1, sizeof *r);
+    if (!r) return ckptio__fail(NULL, -ENOMEM, "out of memory opening '%s'", path);
+    r->dirfd = -1;
+    r->path = strdup(path);
+    CKPTIO__RET_IF(!r->path, -ENOMEM);
+    CKPTIO__TRY(ckptio__cfg_resolve(p, &r->cfg, &r->msg));
+    ckptio__gpu_init(&r->gpu, r->cfg.gpu, r->cfg.gpu_staging, r->cfg.csum_block);
+    return 0;
+}
+
+int ckptio__read_setup(ckptio_reader *r)
+{
+    r->files = calloc(r->m->n_files + 1, sizeof *r->files);
+    CKPTIO__RET_IF(!r->files, -ENOMEM);
+    for (uint64_t i = 0; i < r->m->n_files; i++) r->files[i].fd = r->files[i].bfd = -1;
+    CKPTIO__TRY(ckptio__stripes_init(&r->stripes, r->m->n_roots));
+    r->gpu.block = r->m->csum_block ? r->m->csum_block : 4096; /* slots: whole blocks */
+    /* A staging buffer holds a whole checksum block plus alignment slack at both ends; the
+     * format bounds the block (manifest.c), so this does not overflow. */
+    r->buf_size = CKPTIO__MAX(r->cfg.request, 2 * r->m->csum_block);
+    return 0;
+}
+
+int ckptio__read_fail_open(ckptio_reader *r, int rc)
+{
+    if (!r) return rc; /* its allocation failed, and said so */
+    ckptio__msg keep = r->msg;
+    ckptio_reader_close(r);
+    return ckptio__refail(NULL, &keep, rc, "cannot open checkpoint", NULL);
 }
 
 void ckptio_reader_close(ckptio_reader *r)
@@ -175,6 +192,7 @@ void ckptio_reader_close(ckptio_reader *r)
     if (r->m) ckptio__manifest_free(r->m);
     if (r->dirfd >= 0) close(r->dirfd);
     free(r->path);
+    free(r->dir);
     free(r);
 }
 
@@ -276,6 +294,7 @@ int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
     rfile *f = &r->files[i];
     if (f->fd >= 0) return 0;
     uint32_t root = r->m->files[i].root;
+    if (r->dir) return ckptio__read_open_foreign_file(r, i);
     if (root) return open_striped(r, i);
     int rc = ckptio__read_open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)

@@ -65,19 +65,25 @@ int ckptio__read_plan_single_run(plan *pl, const extent *x, const piece *p, seg 
     uint64_t E = verify ? CKPTIO__MIN(ckptio__align_up(e, B), x->len) : e;
     uint8_t *d = p->dst + p->dst0;
     proto.verify = verify;
+    /* An unaligned start read from the block boundary below, into the caller's lead room. */
+    uint64_t head = f->direct && !verify && !p->dst0 ? (x->off + s) % f->off_align : 0;
+    if (head > p->lead || ((uintptr_t)d - head) % f->mem_align) head = 0;
     bool direct = S == s && E == e &&
-                  (!f->direct || ((x->off + s) % f->off_align == 0 &&
-                                  (uintptr_t)d % f->mem_align == 0));
+                  (!f->direct || head ||
+                   ((x->off + s) % f->off_align == 0 && (uintptr_t)d % f->mem_align == 0));
     if (!direct) return ckptio__read_plan_staged(pl, x, proto, S, E);
     /* Requests of pl->request bytes, never below one checksum block; the tail may need care. */
     uint64_t step = CKPTIO__MAX(ckptio__align_down(pl->request, verify ? B : 4096),
                                 verify ? B : 4096);
     for (uint64_t i = s; i < e;) {
-        uint64_t j = CKPTIO__MIN(e, i + step), len = j - i;
+        uint64_t h = i == s ? head : 0; /* later requests start aligned */
+        uint64_t j = CKPTIO__MIN(e, i + step - h), len = j - i + h;
         if (f->direct && len % f->off_align) {
             uint64_t dst_end = p->dst0 + (j - s), padded = ckptio__align_up(len, f->off_align);
-            bool scratch = dst_end == p->dst_bytes && p->dst0 + (i - s) + padded <= p->dst_cap;
+            bool scratch =
+                dst_end == p->dst_bytes && p->dst0 + (i - s) - h + padded <= p->dst_cap;
             if (scratch) len = padded;
+            else if (h) return ckptio__read_plan_staged(pl, x, proto, i, e); /* no tail room */
             else {
                 /* Stage the unaligned tail (with checksums: the whole last block). */
                 uint64_t body = ckptio__align_down(j - i, verify ? B : f->off_align);
@@ -89,9 +95,10 @@ int ckptio__read_plan_single_run(plan *pl, const extent *x, const piece *p, seg 
                 return ckptio__read_plan_staged(pl, x, proto, i + body, j);
             }
         }
-        proto.a = i, proto.b = j, proto.len = len;
+        proto.a = i, proto.b = j, proto.len = len, proto.head = (uint32_t)h;
         proto.foff = x->off + i, proto.direct = 1;
         CKPTIO__TRY(push_seg(pl, &proto));
+        proto.head = 0;
         i = j;
     }
     return 0;
@@ -181,7 +188,9 @@ static int push_part(ckptio__vec *to, const seg *s, uint64_t q, uint64_t e, bool
     t.a = q;
     t.b = e;
     t.foff = s->foff + (q - s->a);
-    t.len = e == s->b ? s->len - (q - s->a) : e - q; /* the last part keeps a padded tail */
+    t.head = q == s->a ? s->head : 0; /* only the first part starts before a */
+    t.len = (e == s->b ? s->len - s->head - (q - s->a) : e - q) + t.head; /* the last part
+                                                                             keeps a padded tail */
     t.cached = cached;
     return ckptio__vec_push(to, &t, 1) < 0 ? -ENOMEM : 0;
 }
@@ -222,8 +231,10 @@ int ckptio__read_plan_cache(plan *pl)
             if (s->direct && pl->files[s->file].direct) {
                 const piece *p = CKPTIO__VEC_AT(&pl->pieces, piece, s->piece);
                 uintptr_t d = (uintptr_t)(p->dst + p->dst0 + (q - p->src0));
-                aligned = (s->foff + (q - s->a)) % f->off_align == 0 && d % f->mem_align == 0 &&
-                          (e == s->b || (e - q) % f->off_align == 0);
+                uint64_t h = q == s->a ? s->head : 0;
+                aligned = (s->foff + (q - s->a) - h) % f->off_align == 0 &&
+                          (d - h) % f->mem_align == 0 &&
+                          (e == s->b || (e - q + h) % f->off_align == 0);
             }
             CKPTIO__CHECK(push_part(aligned ? &out : &pl->csegs, s, q, e, !aligned));
             q = e;
@@ -256,6 +267,7 @@ int ckptio__read_plan_ios(plan *pl)
                     s->foff + (s->b - s->a) + slack >= segs[k + 1].foff;
         if (prev || next) {
             s->direct = 0;
+            s->head = 0;
             pl->merged++;
         }
     }
@@ -266,8 +278,8 @@ int ckptio__read_plan_ios(plan *pl)
         size_t first = next;
         if (s->direct) {
             const piece *p = CKPTIO__VEC_AT(&pl->pieces, piece, s->piece);
-            io.dst = p->dst + p->dst0 + (s->a - p->src0);
-            io.off = s->foff;
+            io.dst = p->dst + p->dst0 + (s->a - p->src0) - s->head;
+            io.off = s->foff - s->head;
             io.len = s->len;
             next++;
         } else {
@@ -343,7 +355,7 @@ static int plan_piece(ckptio_reader *r, plan *pl, const box *bx, uint64_t chunk)
     if (!intersect(r, bx, chunk, lo, cnt)) return 0;
     uint64_t esize = ckptio_dtype_size((int)t->dtype);
     piece p = {.dst = bx->reg->dst, .dst_cap = bx->reg->capacity, .dst_bytes = bx->bytes,
-               .chunk = chunk};
+               .lead = bx->reg->lead, .chunk = chunk};
     /* Fold trailing dimensions that are whole in both chunk and region into one run. */
     uint32_t k = nd;
     uint64_t run = esize;

@@ -41,6 +41,7 @@ typedef struct rfile {
 typedef struct piece {
     uint8_t *dst;
     uint64_t dst_cap, dst_bytes;
+    uint64_t lead; /* bytes before dst the read may overwrite (ckptio_region.lead) */
     uint64_t chunk;
     uint64_t geo; /* index in geo[]: cnt[k], ss[k], ds[k] */
     uint64_t src0, dst0, run_len, runs;
@@ -66,6 +67,7 @@ typedef struct seg {
     uint8_t direct;
     uint8_t verify; /* whole checksum blocks: a and b lie on block boundaries (b: or chunk end) */
     uint8_t cached; /* resident when planned: read by the workers from the page cache */
+    uint32_t head;  /* direct: the request starts this many bytes before a (and before dst) */
 } seg;
 
 struct ckptio_reader {
@@ -82,6 +84,9 @@ struct ckptio_reader {
     ckptio_stats stats;
     ckptio_read_stats rstats;
     ckptio__workers *workers; /* verification and cached reads; started on first read */
+    /* ckptio_reader_open_foreign: the directory the manifest's file names are relative to
+     * (their links followed wherever they lead), NULL for a checkpoint of ckptio's own. */
+    char *dir;
 };
 
 /* One read or verify operation: what to read (pieces, segs), then how (ios, in file order;
@@ -159,6 +164,19 @@ CKPTIO__HIDDEN void ckptio__read_close_rfile(rfile *f);
 CKPTIO__HIDDEN int ckptio__read_open_file(ckptio_reader *r, uint32_t i);
 
 CKPTIO__HIDDEN int64_t ckptio__read_find_tensor(const ckptio_reader *r, const char *name);
+
+/* A reader for `path` with its options resolved and nothing open yet: *out is set, even on
+ * failure (then close it with ckptio__read_fail_open). */
+CKPTIO__HIDDEN int ckptio__read_new(const char *path, const ckptio_params *p, ckptio_reader **out);
+/* Once r->m is set: the data file table and the staging size. */
+CKPTIO__HIDDEN int ckptio__read_setup(ckptio_reader *r);
+/* Close the half-open r (may be NULL) and raise its message as the open's failure. */
+CKPTIO__HIDDEN int ckptio__read_fail_open(ckptio_reader *r, int rc);
+
+/* ---- foreign.c: safetensors files and Hugging Face directories ---- */
+
+/* Open data file i of a foreign reader: r->dir/<name>, links followed. */
+CKPTIO__HIDDEN int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i);
 
 /* ---- plan.c: planning ---- */
 

@@ -202,6 +202,11 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     if (bad_chunks) *bad_chunks = 0;
     if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_verify: reader is NULL");
     ckptio__msg_clear(&r->msg);
+    if (r->dir)
+        return ckptio__fail(&r->msg, CKPTIO_E_UNSUPPORTED,
+                            "'%s': safetensors files carry no checksums: there is nothing to "
+                            "verify",
+                            r->path);
     double t0 = ckptio__now();
     plan pl;
     ckptio__read_plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
