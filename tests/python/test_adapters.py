@@ -52,7 +52,7 @@ def test_records_have_named_fields(ckpt: pathlib.Path) -> None:
         assert [(c.offset, c.shape) for c in ch] == [((0,), (3,)), ((3,), (1,))]
         assert all(c.nbytes == 4 * c.shape[0] and c.file for c in ch)
         out = np.zeros(2, np.float32)
-        r._r.read([_core.ReadRegion((1, (2,), (2,), out, 0, 8))])
+        r._r.read([_core.read_region(1, (2,), (2,), out, 0, 8)])
         assert out.tolist() == [2.0, 1.0]
         assert r.stats().tensors == 1
 
@@ -119,7 +119,7 @@ def test_deferred_items_are_written_in_batches(
         assert sorted(infos) == ["d0", "d1", "d2", "d3", "d4", "x"]
         for i in range(5):
             out = np.zeros(3, np.int64)
-            r._r.read([_core.ReadRegion((infos[f"d{i}"].index, None, None, out, 0, 24))])
+            r._r.read([_core.read_region(infos[f"d{i}"].index, None, None, out, 0, 24)])
             assert out.tolist() == [i] * 3
 
 
