@@ -34,6 +34,8 @@ from .ranks import _comm, _dist
 
 __all__ = ["save_async", "AsyncSave", "release_buffers", "default_max_host_bytes"]
 
+# AsyncSave.wait() waits in slices of this many seconds, checking for Ctrl-C in between.
+_WAIT_SLICE = 0.2
 # The writer's staging memory when part of a state is written during the call: a quarter of
 # the cap, within these bounds (the library's default is the upper one).
 _MIN_STAGING = 16 << 20
@@ -113,7 +115,8 @@ class AsyncSave:
     def done(self) -> bool:
         if self._finished or os.getpid() != self._pid:
             return True
-        return bool(self._completion.done())
+        c = self._completion
+        return c is None or bool(c.done())
 
     def wait(self, timeout: float | None = None) -> Stats:
         """The save's Stats once it is committed; raises its error, or TimeoutError when
@@ -131,31 +134,37 @@ class AsyncSave:
         self._finished = True
 
     def _finish(self, timeout: float | None = None) -> bool:
-        """Wait for the completion (the GIL released) and take its outcome, once; run
-        ``after`` on success. False if still running after ``timeout`` seconds."""
+        """Wait for the completion and take its outcome, once; run ``after`` on success.
+        False if still running after ``timeout`` seconds. The wait runs in slices with the
+        GIL released, so that Ctrl-C interrupts it (the save then stays pending)."""
         if os.getpid() != self._pid:
             self._orphan()
         with self._lock:
             if self._finished:
                 return True
             c = self._completion
-            try:
-                st = c.wait(timeout)
-                if st is None:
+            end = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+            while True:
+                left = _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - time.monotonic())
+                try:
+                    st = c.wait(max(left, 0.0))
+                except Exception as e:  # the save's error, raised by wait()
+                    if isinstance(e, CheckpointError) and self._comm is not None:
+                        e = _dist._explain(e)
+                    self._error = e
+                    break
+                if st is not None:
+                    self._stats = Stats._from_core(st, time.perf_counter() - self._t0)
+                    break
+                if end is not None and time.monotonic() >= end:
                     return False
-                self._stats = Stats._from_core(st, time.perf_counter() - self._t0)
-                self._completion = None
-                c.close()
-                if self._after is not None:
+            self._completion = None
+            c.close()
+            if self._stats is not None and self._after is not None:
+                try:
                     self._after(self._comm)
-            except BaseException as e:  # every error is the save's, raised by wait()
-                if isinstance(e, CheckpointError) and self._comm is not None:
-                    e = _dist._explain(e)
-                self._error = e
-                self._stats = None
-                if self._completion is not None:
-                    self._completion = None
-                    c.close()
+                except Exception as e:  # its error is the save's
+                    self._error, self._stats = e, None
             self._finished = True
             return True
 

@@ -30,8 +30,8 @@ class Held:
     def __init__(self, gate: threading.Event, start: Any, *args: Any) -> None:
         self.c: Any = None
         self.err: BaseException | None = None
-        self.t = threading.Thread(target=self._run, args=(gate, start, args), daemon=True)
-        self.t.start()
+        self.started = threading.Event()
+        threading.Thread(target=self._run, args=(gate, start, args), daemon=True).start()
 
     def _run(self, gate: threading.Event, start: Any, args: tuple[Any, ...]) -> None:
         assert gate.wait(60), "the test never opened the gate"
@@ -39,20 +39,20 @@ class Held:
             self.c = start(*args)
         except BaseException as e:
             self.err = e
+        self.started.set()
 
     def done(self) -> bool:
-        return not self.t.is_alive() and (self.c is None or self.c.done())
+        return self.started.is_set() and (self.c is None or self.c.done())
 
     def wait(self, timeout: float | None = None) -> Any:
-        self.t.join(timeout)
-        if self.t.is_alive():
+        if not self.started.wait(timeout):
             return None
         if self.err is not None:
             raise self.err
         return self.c.wait(timeout)
 
     def close(self) -> None:
-        self.t.join()
+        self.started.wait()
         if self.c is not None:
             self.c.close()
 
@@ -651,3 +651,18 @@ def test_interrupt_before_the_commit_starts(
         ckptio.save_async({"a": np.ones(1 << 20, np.uint8)}, tmp_path / "c")
     assert _async._POOL is not None and _async._POOL.stats().lent == 0
     assert not (tmp_path / "c").exists() and leftovers(tmp_path) == []
+
+
+def test_ctrl_c_interrupts_wait(ckpt: pathlib.Path, gate: threading.Event) -> None:
+    """Ctrl-C while wait() blocks raises KeyboardInterrupt there; the save stays pending and
+    a later wait() gives its outcome."""
+    h = ckptio.save_async({"a": np.ones(10)}, ckpt)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        h.wait(30)
+    timer.join()
+    assert not h.done()
+    gate.set()
+    h.wait(60)
+    assert ckptio.load(ckpt)["a"].tolist() == [1.0] * 10
