@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ckptio.save_async: snapshot a tree into a bounded pool of host buffers, write it in a thread.
+"""ckptio.save_async: snapshot a tree into the C engine's pool of host buffers, save it there.
 
-The call stages the tree as save() does, copies every tensor into an exact-size, aligned host
-buffer from a pool that is reused across saves, and returns; a background thread streams the
-buffers to the writer and commits. Tensors that do not fit under ``max_host_bytes`` are
-written from the caller's memory before the call returns, so host memory stays bounded and the
-stall is only what the cap cannot absorb.
+The call stages the tree as save() does and hands its tensors to ckptio_snapshot_take, which
+copies them into exact-size, aligned host buffers of a pool reused across saves (device
+tensors land there straight from the GPU) and writes what does not fit under
+``max_host_bytes`` through the writer before returning; ckptio_snapshot_commit_async (or
+ckptio_snapshot_save_dist_async) then writes the copies and commits on a thread of the
+library's. Python only adapts: the pool, the copies, the thread and the error rule are C's.
 """
 
 from __future__ import annotations
@@ -17,36 +18,28 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
 
 from . import _core
-from ._core import AddItem
-from ._errors import USAGE, CheckpointError, InvalidType, error
+from ._errors import STATE, USAGE, CheckpointError, InvalidType, LimitExceeded, error
 from ._options import Stats, params
-from ._save import _open, _write
+from ._save import _open
 from ._stage import PathLike, StagedSave, _make_parent, _meta_items, _stage
 from ._tree import TREE_KEY, pause_gc
-from .frameworks import _gpu
 from .frameworks._base import Deferred
 from .frameworks._gpu import DeviceItem
 from .ranks import _comm, _dist
 
 __all__ = ["save_async", "AsyncSave", "release_buffers", "default_max_host_bytes"]
 
-# Copies are cut into pieces of about this size and spread over _COPY_THREADS threads
-# (Buffer.copy_from releases the GIL while it copies).
-_COPY_PIECE = 64 << 20
-_COPY_THREADS = 2
+# AsyncSave.wait() waits in slices of this many seconds, checking for Ctrl-C in between.
+_WAIT_SLICE = 0.2
 # The writer's staging memory when part of a state is written during the call: a quarter of
 # the cap, within these bounds (the library's default is the upper one).
 _MIN_STAGING = 16 << 20
 _MAX_STAGING = 64 << 20
-# A tensor that does not fit is split (part copied, part written during the call) only if at
-# least this much of it fits.
-_MIN_SPLIT = 1 << 20
 
 
 def default_max_host_bytes() -> int:
@@ -57,131 +50,45 @@ def default_max_host_bytes() -> int:
         return 4 << 30
 
 
-class _Pool:
-    """Host buffers (ckptio._core.Buffer: aligned, exact size) kept between saves, by size.
-
-    ``held`` counts every buffer the pool owns, lent or free; a save never makes it exceed its
-    cap (free buffers of sizes it does not need are released first)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.free: dict[int, list[_core.Buffer]] = {}
-        self.held = 0
-
-    def take(self, sizes: list[int], cap: int) -> list[_core.Buffer]:
-        """Buffers of exactly ``sizes`` (sum(sizes) <= cap), reusing free ones."""
-        with self.lock:
-            out: list[_core.Buffer | None] = []
-            missing = 0
-            for n in sizes:
-                lst = self.free.get(n)
-                if lst:
-                    out.append(lst.pop())
-                else:
-                    out.append(None)
-                    missing += n
-            # Release what this save does not reuse until the new buffers fit under the cap.
-            for n in sorted(self.free, reverse=True):
-                lst = self.free[n]
-                while lst and self.held + missing > cap:
-                    lst.pop()
-                    self.held -= n
-                if not lst:
-                    del self.free[n]
-            bufs: list[_core.Buffer] = []
-            try:
-                for n, b in zip(sizes, out):
-                    if b is None:
-                        # Faulted in now, once: the copies of later saves never page-fault.
-                        b = _core.Buffer(n, populate=True)
-                        self.held += n
-                    bufs.append(b)
-            except BaseException:  # MemoryError: keep what was made for the next save
-                for b in bufs + [b for b in out[len(bufs) :] if b is not None]:
-                    self.free.setdefault(len(b), []).append(b)
-                raise
-            return bufs
-
-    def give(self, bufs: list[_core.Buffer]) -> None:
-        with self.lock:
-            for b in bufs:
-                self.free.setdefault(len(b), []).append(b)
-
-    def forget(self) -> None:
-        """In a forked child: a fresh lock and no buffers. Those lent to the parent's save in
-        flight never come back here, and the free ones are only a copy-on-write image of the
-        parent's memory, so the child starts empty rather than count what it cannot reuse."""
-        self.lock = threading.Lock()
-        self.free = {}
-        self.held = 0
-
-    def release(self) -> int:
-        """Free every buffer not lent to a save; returns the bytes freed."""
-        with self.lock:
-            freed = 0
-            for n, lst in self.free.items():
-                freed += n * len(lst)
-            self.held -= freed
-            self.free.clear()
-            return freed
+# The process's one pool (ckptio_pool), made at the first save: plain memory (OFF), until a
+# save holds device tensors: then AUTO, page-locked where CUDA works (AUTO makes the process's
+# CUDA context, which a host-only job should not pay for). A replaced pool lives on in C until
+# the save holding its buffers ends; the previous save is always waited for first.
+_POOL: _core.Pool | None = None
+_pool_auto = False
 
 
-_POOL = _Pool()
-_COPIER: ThreadPoolExecutor | None = None
+def _pool(device: bool) -> _core.Pool:
+    global _POOL, _pool_auto
+    if _POOL is None or (device and not _pool_auto):
+        if _POOL is not None:
+            _POOL.release()
+        _POOL = _core.Pool(pinned=_core.SWITCH_AUTO if device else _core.SWITCH_OFF)
+        _pool_auto = device
+    return _POOL
 
 
 def release_buffers() -> int:
     """Free the host buffers save_async keeps for reuse (they are kept between saves so that
     the next snapshot allocates nothing); returns the bytes freed. Buffers of a save still in
     flight are kept. Called at interpreter exit too."""
-    return _POOL.release()
+    return 0 if _POOL is None else _POOL.release()
 
 
-def _as_array(data: Any) -> np.ndarray:
-    return data if isinstance(data, np.ndarray) else np.asarray(memoryview(data))
+def _held_bytes() -> int:
+    """Bytes of every buffer the pool holds, lent or idle (for tests and stats)."""
+    return 0 if _POOL is None else _POOL.stats().held
 
 
-def _copy_into(pairs: list[tuple[_core.Buffer, np.ndarray]]) -> None:
-    """Copy each (dst, src) pair (src: a flat uint8 array of len(dst) bytes), in pieces, on up
-    to _COPY_THREADS threads (Buffer.copy_from releases the GIL)."""
-    global _COPIER
-    pieces: list[tuple[_core.Buffer, np.ndarray, int]] = []
-    total = 0
-    for dst, src in pairs:
-        n = src.size
-        total += n
-        for a in range(0, n, _COPY_PIECE):
-            pieces.append((dst, src[a : a + _COPY_PIECE], a))
-    if total < 2 * _COPY_PIECE or _COPY_THREADS < 2:
-        for d, s, a in pieces:
-            d.copy_from(s, a)
-        return
-    if _COPIER is None:
-        _COPIER = ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="ckptio-copy")
-    # Pieces are taken from a shared iterator, so a thread slowed down by other work on the
-    # machine takes fewer of them.
-    it = iter(pieces)
-    lock = threading.Lock()
-    stop = threading.Event()
+def _start_commit(s: _core.Snapshot, w: _core.Writer) -> Any:
+    """ckptio_snapshot_commit_async: the one place a single-process background save starts
+    (tests hold it here)."""
+    return _core.commit_async(s, w)
 
-    def run() -> None:
-        while not stop.is_set():
-            with lock:
-                nxt = next(it, None)
-            if nxt is None:
-                return
-            nxt[0].copy_from(nxt[1], nxt[2])
 
-    futs = [_COPIER.submit(run) for _ in range(_COPY_THREADS - 1)]
-    try:
-        run()
-    except BaseException:  # Ctrl-C: the other threads finish the piece they hold, no more
-        stop.set()
-        raise
-    finally:  # no copy may still be running once the buffers are someone else's
-        wait(futs)
-    for f in futs:
-        f.result()
+def _start_dist(s: _core.Snapshot, path: str, c: Any, meta: Any, p: Any, t: float) -> Any:
+    """ckptio_snapshot_save_dist_async, as _start_commit."""
+    return _core.save_dist_async(s, path, c, meta, p, t)
 
 
 class AsyncSave:
@@ -191,23 +98,30 @@ class AsyncSave:
     save's error; ``done()`` says whether it has finished; ``path`` is the checkpoint's path;
     ``stall_seconds`` is how long the save_async call blocked the caller."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, t0: float) -> None:
         self.path = path
         self.stall_seconds = 0.0
-        self._done = threading.Event()
+        self._t0 = t0
+        self._completion: Any = None  # ckptio._core.Completion while unseen
+        self._comm: Any = None  # the communicator a collective save ran on
+        self._after: Callable[[Any], None] | None = None
         self._stats: Stats | None = None
         self._error: BaseException | None = None
         self._observed = False
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()  # the process whose thread runs the save
+        self._finished = False
+        self._lock = threading.Lock()  # one thread finishes the save (runs ``after``)
+        self._pid = os.getpid()  # the process whose engine runs the save
 
     def done(self) -> bool:
-        return self._done.is_set()
+        if self._finished or os.getpid() != self._pid:
+            return True
+        c = self._completion
+        return c is None or bool(c.done())
 
     def wait(self, timeout: float | None = None) -> Stats:
         """The save's Stats once it is committed; raises its error, or TimeoutError when
         ``timeout`` seconds pass first."""
-        if not self._done.wait(timeout):
+        if not self._finish(timeout):
             raise TimeoutError(f"the async save to '{self.path}' is still running")
         self._observed = True
         if self._error is not None:
@@ -215,18 +129,55 @@ class AsyncSave:
         assert self._stats is not None
         return self._stats
 
-    def _finish(self, stats: Stats | None, err: BaseException | None) -> None:
-        self._stats = stats
+    def _fail(self, err: BaseException) -> None:
         self._error = err
-        self._done.set()
+        self._finished = True
+
+    def _finish(self, timeout: float | None = None) -> bool:
+        """Wait for the completion and take its outcome, once; run ``after`` on success.
+        False if still running after ``timeout`` seconds. The wait runs in slices with the
+        GIL released, so that Ctrl-C interrupts it (the save then stays pending)."""
+        if os.getpid() != self._pid:
+            self._orphan()
+        with self._lock:
+            if self._finished:
+                return True
+            c = self._completion
+            end = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+            while True:
+                left = _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - time.monotonic())
+                try:
+                    st = c.wait(max(left, 0.0))
+                except Exception as e:  # the save's error, raised by wait()
+                    if isinstance(e, CheckpointError) and self._comm is not None:
+                        e = _dist._explain(e)
+                    self._error = e
+                    break
+                if st is not None:
+                    self._stats = Stats._from_core(st, time.perf_counter() - self._t0)
+                    break
+                if end is not None and time.monotonic() >= end:
+                    return False
+            self._completion = None
+            c.close()
+            if self._stats is not None and self._after is not None:
+                try:
+                    self._after(self._comm)
+                except Exception as e:  # its error is the save's
+                    self._error, self._stats = e, None
+            self._finished = True
+            return True
 
     def _orphan(self) -> None:
-        """In a forked child, for a save that was in flight at the fork: its thread runs in
-        the parent only, so here it is finished with an error saying so (and counted as
-        seen). A new Event, since the parent's may have been locked at the fork."""
-        self._done = threading.Event()
+        """In a forked child, for a save that was in flight at the fork: the engine runs it in
+        the parent only (its completion reports CKPTIO_E_STATE here), so here it is finished
+        with an error saying so (and counted as seen)."""
+        if self._finished:
+            return
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        self._completion = None  # the parent's: freeing it in the child touches nothing
         self._observed = True
-        self._finish(None, error(USAGE,
+        self._fail(error(STATE,
             f"the async save to '{self.path}' runs in process {self._pid}, which forked this "
             "one: a forked process inherits no pending save and cannot wait for it (the "
             "parent's wait() gives its outcome)",
@@ -237,16 +188,9 @@ class AsyncSave:
         return f"<ckptio.AsyncSave '{self.path}' {state}>"
 
 
-# The one save in flight (a second waits for it) and the last save whose error nobody saw.
+# The one save in flight (a second waits for it).
 _LOCK = threading.Lock()
 _pending: AsyncSave | None = None
-
-
-def _unreported(h: AsyncSave | None) -> BaseException | None:
-    if h is None or not h.done() or h._observed or h._error is None:
-        return None
-    h._observed = True
-    return h._error
 
 
 def _wait_previous() -> None:
@@ -254,15 +198,17 @@ def _wait_previous() -> None:
     h = _pending
     if h is None:
         return
-    h._done.wait()
-    err = _unreported(h)
-    if err is not None:
-        err.add_note(
-            f"ckptio: this is the error of the earlier async save to '{h.path}', which nobody "
-            "waited for; that checkpoint was not written, and the save_async call raising "
-            "it did not start"
-        )
-        raise err
+    h._finish()
+    if h._observed or h._error is None:
+        return
+    h._observed = True
+    err = h._error
+    err.add_note(
+        f"ckptio: this is the error of the earlier async save to '{h.path}', which nobody "
+        "waited for; that checkpoint was not written, and the save_async call raising "
+        "it did not start"
+    )
+    raise err
 
 
 def save_async(
@@ -325,9 +271,9 @@ def _save_async(
     timeout: float | None = None,
     after: Callable[[Any], None] | None = None,
 ) -> AsyncSave:
-    """save_async; ``after`` runs in the background thread once the checkpoint is committed
-    (ckptio.Manager's retention), given the communicator the save used (None for a save of
-    this process alone); its error is the save's error."""
+    """save_async; ``after`` runs once the checkpoint is committed and the save is seen
+    finished (by wait(), the next save, or exit), given the communicator the save used (None
+    for a save of this process alone); its error is the save's error."""
     global _pending
     cap = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
@@ -335,178 +281,85 @@ def _save_async(
     p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
     c, t = _dist.save_comm(tree, comm, p, timeout)  # as save() decides, before any staging
-    if c is not None:
-        with _LOCK:
-            _wait_previous()
-            h = _dist_async(tree, spath, c, p, cap, metadata, t, after)
-            _pending = h
-            return h
     with _LOCK:
         _wait_previous()
-        t0 = time.perf_counter()
-        with pause_gc():
-            staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
-        h = AsyncSave(spath)
-        writer: _core.Writer | None = None
-        bufs: list[_core.Buffer] = []
-        try:
-            items, writer = _snapshot(staged, spath, p, cap, bufs)
-        except (OSError, CheckpointError) as e:
-            _POOL.give(bufs)
-            # An I/O error while writing what the cap could not hold: the save has failed,
-            # and says so on wait() like any other I/O error.
-            h.stall_seconds = time.perf_counter() - t0
-            h._finish(None, e)
-            _pending = h
-            return h
-        except BaseException:  # KeyboardInterrupt, MemoryError: no save, the pool whole
-            _POOL.give(bufs)
-            raise
-        snap = StagedSave(items, staged.tree, staged.meta, False)
-        del staged
-        th = threading.Thread(
-            target=_background, args=(h, snap, spath, p, t0, writer, bufs, after),
-            name="ckptio-save-async", daemon=True,
-        )  # fmt: skip
-        h._thread = th
-        try:
-            th.start()
-        except BaseException:  # no thread: nothing is pending, and the buffers go back
-            if writer is not None:
-                writer.close()
-            _POOL.give(bufs)
-            raise
+        if c is not None:
+            h = _dist_async(tree, spath, c, p, cap, metadata, t)
+        else:
+            t0 = time.perf_counter()
+            with pause_gc():
+                staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
+            h = AsyncSave(spath, t0)
+            try:
+                h._completion = _snapshot(staged, spath, p, cap)
+            except (OSError, CheckpointError) as e:
+                # An I/O error while writing what the cap could not hold (or opening the
+                # checkpoint): the save has failed, and says so on wait().
+                h._fail(e)
+        h._after = after
+        if h._finished and h._error is None and after is not None:
+            try:  # saved during the call: committed already
+                after(h._comm)
+            except BaseException as e:
+                h._fail(e)
+                h._stats = None
+        h.stall_seconds = time.perf_counter() - h._t0
         _pending = h
-        h.stall_seconds = time.perf_counter() - t0
         return h
 
 
-def _snapshot(
-    staged: StagedSave, path: str, p: Any, cap: int, bufs: list[_core.Buffer]
-) -> tuple[list[Any], _core.Writer | None]:
-    """The staged items re-pointed at pooled copies (those within ``cap``; the buffers taken
-    are appended to ``bufs``), and the writer that already wrote the rest (None when
-    everything fit)."""
-    plan: list[tuple[int, Any, np.ndarray]] = []  # (index in out, item, source array)
-    out: list[Any] = []
-    overflow: list[Any] = []
+def _as_array(data: Any) -> np.ndarray:
+    return data if isinstance(data, np.ndarray) else np.asarray(memoryview(data))
+
+
+def _snapshot(staged: StagedSave, path: str, p: Any, cap: int) -> Any:
+    """Open the writer, take the snapshot (what does not fit under ``cap`` written through
+    the writer now), set the metadata and start the commit: its Completion."""
+    items: list[tuple[Any, ...]] = []
     deferred: list[Deferred] = []
-    used = 0
+    host: list[Any] = []  # written from the caller's memory now (a cap of 0)
     total = 0
-    devices: list[Any] = []  # GPU tensors written now, through ckptio's GPU path
+    device = False
     for it in staged.items:
-        total += it.nbytes if type(it) in (Deferred, DeviceItem) else _as_array(it.data).nbytes
-    if total > cap:
+        if type(it) is Deferred:
+            deferred.append(it)
+        elif type(it) is DeviceItem:
+            device = True
+            total += it.nbytes
+            items.append((it.name, it.code, it.shape, it.ptr, it.offset, it.chunk_shape, 0,
+                          it.nbytes, it.stream, it.keep))  # fmt: skip
+        else:
+            a = _as_array(it.data)
+            total += a.nbytes
+            shape = it.shape if it.shape is not None else a.shape
+            items.append((it.name, it.dtype, shape, a, it.offset, it.chunk_shape, 0))
+            host.append(it)
+    if deferred or total > cap:
         # Part of the state is written during the call, through the writer's staging memory
         # (caller's buffers are rarely aligned): that memory counts against the cap too.
         if not p["staging_bytes"]:
             p["staging_bytes"] = min(max(cap // 4, _MIN_STAGING), _MAX_STAGING)
         cap = max(cap - p["staging_bytes"], 0)
-    pinned: list[Any] = []
-    for it in staged.items:
-        if type(it) is Deferred:
-            deferred.append(it)
-            continue
-        if type(it) is DeviceItem:
-            snap = _gpu.pinned_copy(it) if used + it.nbytes <= cap else None
-            if snap is None:
-                devices.append(it)
-            else:
-                used += it.nbytes
-                pinned.append(snap)
-                out.append(snap[0])
-            continue
-        src = _as_array(it.data)
-        n = src.nbytes
-        if n == 0:
-            out.append(AddItem((it.name, it.dtype, it.shape, np.empty(src.shape, src.dtype),
-                                it.offset, it.chunk_shape)))  # fmt: skip
-        elif used + n <= cap:
-            used += n
-            plan.append((len(out), it, src))
-            out.append(None)
-        else:
-            head, tail = _split(it, src, cap - used)
-            if head is not None:
-                used += head[1].nbytes
-                plan.append((len(out), head[0], head[1]))
-                out.append(None)
-            overflow.append(tail)
-    bufs.extend(_POOL.take([src.nbytes for _, _, src in plan], cap))
-    pairs = []
-    for (i, it, src), b in zip(plan, bufs):
-        dst = np.ndarray(src.shape, src.dtype, b)
-        pairs.append((b, src.reshape(-1).view(np.uint8)))
-        out[i] = AddItem((it.name, it.dtype, it.shape, dst, it.offset, it.chunk_shape))
-    del plan
-    _gpu.pinned_wait(pinned)  # the snapshot is complete once the device copies are
-    writer = None
-    if overflow or deferred or devices:
-        # What the cap cannot hold is written now, from the caller's memory; device tensors'
-        # host copies are made (and written) one batch at a time, as save() does.
-        writer = _open(path, p)
-        try:
-            _copy_into(pairs)
-            pairs.clear()
-            if overflow:
-                writer.add_many(overflow)
-                writer.flush()
-            for d in deferred:
-                writer.add_many(d.make())
-                writer.flush()
-            for dv in devices:
-                dv.add_to(writer)
-        except BaseException:
-            writer.close()
-            raise
-    else:
-        _copy_into(pairs)
-    return out, writer
-
-
-def _split(it: Any, src: np.ndarray, room: int) -> tuple[tuple[Any, np.ndarray] | None, Any]:
-    """Cut item ``it`` (data ``src``) along its first dimension so that the head fits in
-    ``room`` bytes: ((head item, head's bytes) or None, tail item). Head and tail are chunks
-    of the tensor, written from a copy and from the caller's memory."""
-    shape = it.shape if it.shape is not None else src.shape
-    chunk = it.chunk_shape if it.chunk_shape is not None else shape
-    rows = chunk[0] if chunk else 0
-    if rows < 2 or src.nbytes % rows or room < _MIN_SPLIT:
-        return None, it
-    row_bytes = src.nbytes // rows
-    k = min(room // row_bytes, rows - 1)
-    if k < 1:
-        return None, it
-    off = it.offset if it.offset is not None else (0,) * len(shape)
-    u8 = src.reshape(-1).view(np.uint8)
-    cut = k * row_bytes
-    head = AddItem((it.name, it.dtype, shape, u8[:cut], off, (k,) + tuple(chunk[1:])))
-    tail = AddItem((it.name, it.dtype, shape, u8[cut:], (off[0] + k,) + tuple(off[1:]),
-                    (rows - k,) + tuple(chunk[1:])))  # fmt: skip
-    return (head, u8[:cut]), tail
-
-
-def _background(
-    h: AsyncSave,
-    snap: StagedSave,
-    path: str,
-    p: Any,
-    t0: float,
-    writer: _core.Writer | None,
-    bufs: list[_core.Buffer],
-    after: Callable[[], None] | None,
-) -> None:
-    stats: Stats | None = None
-    err: BaseException | None = None
+    pool = _pool(device)
+    w = _open(path, p)
     try:
-        stats = _write(snap, path, p, t0, writer)
-        del snap
-        if after is not None:
-            after(None)
-    except BaseException as e:  # every error is the save's, raised by wait()
-        err = e
-    _POOL.give(bufs)
-    h._finish(stats, err)
+        for d in deferred:  # device tensors' host copies, made and written one at a time
+            w.add_many(d.make())
+            w.flush()
+        if cap == 0 and host:  # the pool's 0 means its default: nothing may be copied here
+            w.add_many(host)
+            w.flush()
+            items = [x for x in items if len(x) > 7]
+        pool.set_max_bytes(max(cap, 1))
+        snap = _core.take(pool, items, w)
+        del items, host
+        w.set_meta(TREE_KEY, staged.tree)
+        for k, v in staged.meta:
+            w.set_meta(k, v)
+        return _start_commit(snap, w)
+    except BaseException:
+        w.close()  # nothing started: the writer aborts (a no-op once the commit owns it)
+        raise
 
 
 # ---- distributed saves ----
@@ -561,86 +414,48 @@ def _dist_async(
     cap: int,
     metadata: Mapping[str, str] | None,
     timeout: float,
-    after: Callable[[Any], None] | None,
 ) -> AsyncSave:
-    """save_async of a distributed save over ``c``: this rank's part copied into pooled
-    buffers, then ckptio_save_dist in the background thread (during the call where the
-    runtime forbids background collectives or the part exceeds ``cap``)."""
+    """save_async of a distributed save over ``c``: this rank's part copied into the pool,
+    then ckptio_snapshot_save_dist_async (during the call, ckptio_save_dist, where the runtime
+    forbids background collectives or the part exceeds ``cap``)."""
     t0 = time.perf_counter()
-    h = AsyncSave(path)
+    h = AsyncSave(path, t0)
     meta = _meta_items(metadata)
     bg = _background_comm(c)
     blocking = bg is None
     if blocking:
         bg = c
+    h._comm = bg
     with pause_gc():
         items, doc = _dist.stage_or_refuse(tree, bg, path, p, timeout)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         _make_parent(parent, path)
     meta_items = [(TREE_KEY, doc)] + meta if bg.rank == 0 else []
-    srcs = [np.ascontiguousarray(_as_array(it[3])) for it in items]
-    total = sum(a.nbytes for a in srcs)
-    bufs: list[_core.Buffer] = []
-    if not blocking and total <= cap:
-        sized = [a for a in srcs if a.nbytes]
-        bufs = _POOL.take([a.nbytes for a in sized], cap)
-        try:  # until the thread owns them, an exception (Ctrl-C too) gives the buffers back
-            pairs = [(b, a.reshape(-1).view(np.uint8)) for a, b in zip(sized, bufs)]
-            _copy_into(pairs)
-            del pairs
-            it_bufs = iter(bufs)
-            snap = []
-            for it, a in zip(items, srcs):
-                data = np.ndarray(a.shape, a.dtype, next(it_bufs)) if a.nbytes else a.copy()
-                snap.append(it[:3] + (data,) + it[4:])
-            del items, srcs
-            th = threading.Thread(
-                target=_dist_background, args=(h, snap, path, bg, meta_items, p, timeout, t0,
-                                               bufs, after),
-                name="ckptio-save-async", daemon=True,
-            )  # fmt: skip
-            h._thread = th
-            th.start()
-        except BaseException:
-            _POOL.give(bufs)
-            raise
-        h.stall_seconds = time.perf_counter() - t0
+    snap = None
+    if not blocking and cap > 0:
+        pool = _pool(any(len(it) > 7 for it in items))
+        pool.set_max_bytes(cap)
+        try:
+            snap = _core.take(pool, items, None)
+        except LimitExceeded:
+            snap = None  # this rank's part does not fit: saved during the call
+    if snap is not None:
+        del items
+        h._completion = _start_dist(snap, path, bg, meta_items, p, timeout)
         return h
     # Saved during the call: on the background communicator all the same, since the other
-    # ranks' saves of this step may be running in their save threads.
-    _dist_background(h, items, path, bg, meta_items, p, timeout, t0, bufs, after)
-    h.stall_seconds = time.perf_counter() - t0
-    return h
-
-
-def _dist_background(
-    h: AsyncSave,
-    items: list[Any],
-    path: str,
-    c: Any,
-    meta_items: list[tuple[str, bytes]],
-    p: Any,
-    timeout: float,
-    t0: float,
-    bufs: list[_core.Buffer],
-    after: Callable[[Any], None] | None,
-) -> None:
-    stats: Stats | None = None
-    err: BaseException | None = None
+    # ranks' saves of this step may be running in their engines' threads.
     try:
         try:
-            st = _core.save_dist(path, c, items, meta_items, p, timeout)
+            st = _core.save_dist(path, bg, items, meta_items, p, timeout)
         except CheckpointError as e:
             raise _dist._explain(e) from e.__cause__
-        del items
-        stats = Stats._from_core(st, time.perf_counter() - t0)
-        if after is not None:
-            after(c)
-    except BaseException as e:  # every error is the save's, raised by wait()
-        err = e
-    _POOL.give(bufs)
-    h._finish(stats, err)
+        h._stats = Stats._from_core(st, time.perf_counter() - t0)
+        h._finished = True
+    except (OSError, CheckpointError) as e:
+        h._fail(e)
+    return h
 
 
 def _at_exit() -> None:
@@ -648,7 +463,7 @@ def _at_exit() -> None:
     if h is not None and not h.done():
         print(f"ckptio: waiting for the async save to '{h.path}' to finish...", file=sys.stderr)
         try:
-            h._done.wait()
+            h._finish()
         except KeyboardInterrupt:
             print(
                 f"ckptio: interrupted; the async save to '{h.path}' was NOT committed (an "
@@ -656,27 +471,27 @@ def _at_exit() -> None:
                 file=sys.stderr,
             )
             return
-    err = _unreported(h)
-    if err is not None and h is not None:
-        print(
-            f"ckptio: the async save to '{h.path}' FAILED and nobody waited for it: {err}",
-            file=sys.stderr,
-        )
+    if h is not None:
+        h._finish()
+        if not h._observed and h._error is not None:
+            h._observed = True
+            print(
+                f"ckptio: the async save to '{h.path}' FAILED and nobody waited for it: "
+                f"{h._error}",
+                file=sys.stderr,
+            )
     release_buffers()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child inherits no pending save and no thread: the threads that would finish
-    the parent's save, and the copy threads, exist only in the parent, and a lock may have
-    been held by one of them at the fork. The child starts with fresh locks, an empty pool,
-    no copy threads and nothing pending (so its exit waits for nothing and reports nothing
-    of the parent's)."""
-    global _LOCK, _COPIER, _pending
+    """A forked child inherits no pending save: the engine's thread that would finish the
+    parent's save exists only in the parent, and a lock may have been held by a thread at the
+    fork. The child starts with a fresh lock and nothing pending (so its exit waits for
+    nothing and reports nothing of the parent's); the C pool sees to its own buffers."""
+    global _LOCK, _pending
     _LOCK = threading.Lock()
-    _POOL.forget()
-    _COPIER = None
     h, _pending = _pending, None
-    if h is not None and not h._done.is_set():
+    if h is not None:
         h._orphan()
 
 

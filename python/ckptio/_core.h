@@ -169,6 +169,29 @@ PyObject *ckptio__pyhandle_stats(PyObject *self, PyObject *unused);
 PyObject *ckptio__pyhandle_commit(PyObject *self, PyObject *unused);
 PyObject *ckptio__pyhandle_set_roots(PyObject *self, PyObject *seq);
 
+/* --- Items of a collective or async save (_core_dist.c) ------------------------------------ */
+
+/* save_dist's items [(name, dtype, shape, data, offset, box, flags[, nbytes, stream, owner])]
+ * and meta [(key, bytes)], parsed into the C API's arrays; the buffers stay exported (and the
+ * strings alive) until ckptio__pydist_release, so the GIL may be released in between. */
+typedef struct {
+    ckptio_dist_item *items;
+    size_t n;
+    const char **mkeys;
+    const void **mvals;
+    size_t *mlens;
+    size_t n_meta;
+    struct ckptio__pydist_slot *slots;
+    PyObject *fitems, *fmeta;
+} ckptio__pydist;
+/* 0, or -1 with an exception set (nothing left to release). */
+int ckptio__pydist_parse(PyObject *items, PyObject *meta, ckptio__pydist *d);
+void ckptio__pydist_release(ckptio__pydist *d); /* accepts a zeroed or released one */
+/* Raise a collective save's error `rc` on `c` (a table from ckptio__pycomm_new), locating it
+ * at `path` and this rank, with the library's values (`info`, may be NULL) when they are rc's. */
+void ckptio__pydist_raise(ckptio_comm *c, int rc, const char *path,
+                          const ckptio_error_info *info);
+
 /* --- The parts of the module (one file each); each adds its types and functions to `m` -- */
 
 int ckptio__pyvalues_register(PyObject *m); /* _core_values.c: IOStats, PARAMS, errors */
@@ -178,6 +201,7 @@ int ckptio__pyreader_register(PyObject *m); /* _core_reader.c: Reader and its re
 int ckptio__pyfile_register(PyObject *m);   /* _core_file.c: FileWriter, file_read */
 int ckptio__pydist_register(PyObject *m);   /* _core_dist.c: save_dist, remove_stripes */
 int ckptio__pygpu_register(PyObject *m);    /* _core_gpu.c: gpu_add, gpu_read, ... */
+int ckptio__pyasync_register(PyObject *m);  /* _core_async.c: Pool, take, commit_async... */
 
 /* Set by their files' register functions; gpu_* take a Writer or a Reader. */
 extern ckptio__pyhandle_type ckptio__pyWriter_Type, ckptio__pyReader_Type;

@@ -171,3 +171,54 @@ def gpu_read(
 ) -> None: ...  # fmt: skip
 def gpu_stats(handle: Writer | Reader) -> tuple[str, int, int, int, str]: ...
 def gpu_probe(directory: str | None = ..., params: Params | None = ...) -> tuple[int, str]: ...
+
+# Async saves (_core_async.c): a pool of host buffers, snapshots into it, the background save.
+SWITCH_AUTO: int
+SWITCH_OFF: int
+SWITCH_ON: int
+
+class PoolUsage(tuple[Any, ...]):
+    pinned: bool
+    max_bytes: int
+    held: int
+    lent: int
+    pinned_bytes: int
+    buffers: int
+    allocations: int
+    reason: str
+
+class TakeStats(tuple[Any, ...]):
+    split: int
+    copied_bytes: int
+    device_bytes: int
+    written_bytes: int
+    allocations: int
+    seconds: float
+
+class Pool:
+    def __init__(self, pinned: int = ..., max_bytes: int = 0, copy_threads: int = 0) -> None: ...
+    def set_max_bytes(self, n: int) -> None: ...
+    def release(self) -> int: ...
+    def stats(self) -> PoolUsage: ...
+
+class Snapshot:
+    def items(self) -> list[tuple[str, int, tuple[int, ...], tuple[int, ...] | None, tuple[int, ...] | None, int, int]]: ...  # fmt: skip
+    def stats(self) -> TakeStats: ...
+    def free(self) -> None: ...
+
+class Completion:
+    def wait(self, timeout: float | None = None) -> IOStats | None: ...
+    def done(self) -> bool: ...
+    def stats(self) -> IOStats: ...
+    def close(self) -> None: ...
+
+def take(pool: Pool, items: list[Any], writer: Writer | None = None) -> Snapshot: ...
+def commit_async(snapshot: Snapshot, writer: Writer) -> Completion: ...
+def save_dist_async(
+    snapshot: Snapshot,
+    path: Any,
+    comm: Any,
+    meta: list[tuple[str, bytes]],
+    params: Params | None,
+    timeout: float,
+) -> Completion: ...

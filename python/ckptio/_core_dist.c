@@ -7,14 +7,6 @@
 
 #include "_comm.h"
 
-/* One parsed save_dist item: its dims and buffer live here while the GIL is released. */
-typedef struct {
-    uint64_t shape[CKPTIO_MAX_NDIM], off[CKPTIO_MAX_NDIM], box[CKPTIO_MAX_NDIM];
-    Py_buffer view;
-    int has_view;
-} dist_slot;
-
-
 /* The fields of a save_dist item; an item in GPU memory has three more. */
 enum {
     DI_NAME,
@@ -31,6 +23,118 @@ enum {
     DI_N_GPU
 };
 
+/* One parsed item's dims and buffer, which live here while the GIL is released. */
+struct ckptio__pydist_slot {
+    uint64_t shape[CKPTIO_MAX_NDIM], off[CKPTIO_MAX_NDIM], box[CKPTIO_MAX_NDIM];
+    Py_buffer view;
+    int has_view;
+};
+
+void ckptio__pydist_release(ckptio__pydist *d)
+{
+    for (size_t i = 0; d->slots && i < d->n; i++)
+        if (d->slots[i].has_view) PyBuffer_Release(&d->slots[i].view);
+    PyMem_Free(d->items);
+    PyMem_Free(d->slots);
+    PyMem_Free(d->mkeys);
+    PyMem_Free(d->mvals);
+    PyMem_Free(d->mlens);
+    Py_XDECREF(d->fitems);
+    Py_XDECREF(d->fmeta);
+    memset(d, 0, sizeof *d);
+}
+
+static int parse_item(PyObject *t, ckptio_dist_item *d, struct ckptio__pydist_slot *s)
+{
+    Py_ssize_t nf = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
+    if (nf != DI_N_HOST && nf != DI_N_GPU) {
+        PyErr_SetString(PyExc_TypeError, "dist items: each item is (name, dtype, shape, data, "
+                                         "offset, box, flags[, nbytes, stream, owner])");
+        return -1;
+    }
+    d->size = sizeof *d;
+    d->name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, DI_NAME));
+    if (!d->name) return -1;
+    d->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, DI_DTYPE));
+    if (d->dtype == -1 && PyErr_Occurred()) return -1;
+    int nd = ckptio__pydims(PyTuple_GET_ITEM(t, DI_SHAPE), s->shape, "shape", d->name);
+    if (nd < 0) return -1;
+    d->ndim = (uint32_t)nd;
+    d->shape = s->shape;
+    PyObject *off = PyTuple_GET_ITEM(t, DI_OFFSET), *box = PyTuple_GET_ITEM(t, DI_BOX);
+    if (off != Py_None) {
+        if (ckptio__pydims_n(off, s->off, d->ndim, "offset", d->name) < 0) return -1;
+        d->offset = s->off;
+    }
+    if (box != Py_None) {
+        if (ckptio__pydims_n(box, s->box, d->ndim, "box", d->name) < 0) return -1;
+        d->box = s->box;
+    }
+    unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, DI_FLAGS));
+    if (flags == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    d->flags = (uint32_t)flags;
+    if (nf == DI_N_GPU) { /* GPU memory: a device pointer, size, stream */
+        unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_DATA));
+        unsigned long long nb = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_NBYTES));
+        unsigned long long st = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_STREAM));
+        if (PyErr_Occurred()) return -1;
+        d->data = (const void *)(uintptr_t)ptr;
+        d->nbytes = nb;
+        d->memory = CKPTIO_MEM_CUDA;
+        d->stream = st;
+        return 0;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, DI_DATA), &s->view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    s->has_view = 1;
+    d->data = s->view.buf;
+    d->nbytes = (uint64_t)s->view.len;
+    return 0;
+}
+
+int ckptio__pydist_parse(PyObject *items, PyObject *meta, ckptio__pydist *d)
+{
+    memset(d, 0, sizeof *d);
+    d->fitems = PySequence_Fast(items, "dist items must be a sequence");
+    d->fmeta = d->fitems ? PySequence_Fast(meta, "dist meta must be a sequence") : NULL;
+    if (!d->fmeta) goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(d->fitems);
+    Py_ssize_t nm = PySequence_Fast_GET_SIZE(d->fmeta);
+    d->items = PyMem_Calloc((size_t)(n ? n : 1), sizeof *d->items);
+    d->slots = PyMem_Calloc((size_t)(n ? n : 1), sizeof *d->slots);
+    d->mkeys = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *d->mkeys);
+    d->mvals = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *d->mvals);
+    d->mlens = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *d->mlens);
+    if (!d->items || !d->slots || !d->mkeys || !d->mvals || !d->mlens) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        d->n = (size_t)i + 1; /* the views parsed so far are released on failure */
+        if (parse_item(PySequence_Fast_GET_ITEM(d->fitems, i), &d->items[i], &d->slots[i]) < 0)
+            goto fail;
+    }
+    d->n = (size_t)n;
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        PyObject *kv = PySequence_Fast_GET_ITEM(d->fmeta, i);
+        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(kv, 1))) {
+            PyErr_SetString(PyExc_TypeError, "dist meta is [(str, bytes)]");
+            goto fail;
+        }
+        d->mkeys[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kv, 0));
+        if (!d->mkeys[i]) goto fail;
+        d->mvals[i] = PyBytes_AS_STRING(PyTuple_GET_ITEM(kv, 1));
+        d->mlens[i] = (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(kv, 1));
+    }
+    d->n_meta = (size_t)nm;
+    return 0;
+fail:
+    ckptio__pydist_release(d);
+    return -1;
+}
+
+
 /* save_dist(path, comm, items, meta, params, timeout) -> IOStats: ckptio_save_dist on the
  * communicator `comm` (a ckptio.ranks._comm.Communicator) with the GIL released. items: [(name,
  * dtype code, global shape, data (C-contiguous), offset or None, box or None, flags)], or for
@@ -40,7 +144,7 @@ enum {
 /* The CheckpointError of a failed collective call on this rank: the communicator's (with its
  * Python exception as the cause) or the library's, with the path, this rank, and the values the
  * library recorded (`info`: the rank to blame, the tensor...) when they are this failure's. */
-static void raise_dist(ckptio_comm *c, int rc, const char *path, const ckptio_error_info *info)
+void ckptio__pydist_raise(ckptio_comm *c, int rc, const char *path, const ckptio_error_info *info)
 {
     ckptio__pycomm_raise(c, rc);
     PyObject *rank = PyLong_FromLong(c->rank);
@@ -60,91 +164,12 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "O&OOOOd:save_dist", PyUnicode_FSConverter, &path_obj, &comm_obj,
                           &items, &meta, &params, &timeout))
         return NULL;
-    PyObject *result = NULL, *fitems = NULL, *fmeta = NULL;
-    ckptio_dist_item *ds = NULL;
-    dist_slot *slots = NULL;
-    const char **mkeys = NULL;
-    const void **mvals = NULL;
-    size_t *mlens = NULL;
-    Py_ssize_t n = 0, nm = 0;
+    PyObject *result = NULL;
+    ckptio__pydist d = {0};
     ckptio_comm *c = NULL;
     ckptio_error_info *info = NULL;
     ckptio_params p;
-    if (ckptio__pyparams(params, &p) < 0) goto out;
-    fitems = PySequence_Fast(items, "save_dist: items must be a sequence");
-    fmeta = fitems ? PySequence_Fast(meta, "save_dist: meta must be a sequence") : NULL;
-    if (!fmeta) goto out;
-    n = PySequence_Fast_GET_SIZE(fitems);
-    nm = PySequence_Fast_GET_SIZE(fmeta);
-    ds = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ds);
-    slots = PyMem_Calloc((size_t)(n ? n : 1), sizeof *slots);
-    mkeys = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mkeys);
-    mvals = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mvals);
-    mlens = PyMem_Calloc((size_t)(nm ? nm : 1), sizeof *mlens);
-    if (!ds || !slots || !mkeys || !mvals || !mlens) {
-        PyErr_NoMemory();
-        goto out;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PySequence_Fast_GET_ITEM(fitems, i);
-        Py_ssize_t nf = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
-        if (nf != DI_N_HOST && nf != DI_N_GPU) {
-            PyErr_SetString(PyExc_TypeError, "save_dist: each item is (name, dtype, shape, data, "
-                                             "offset, box, flags[, nbytes, stream, owner])");
-            goto out;
-        }
-        ckptio_dist_item *d = &ds[i];
-        dist_slot *s = &slots[i];
-        d->size = sizeof *d;
-        d->name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, DI_NAME));
-        if (!d->name) goto out;
-        d->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, DI_DTYPE));
-        if (d->dtype == -1 && PyErr_Occurred()) goto out;
-        int nd = ckptio__pydims(PyTuple_GET_ITEM(t, DI_SHAPE), s->shape, "shape", d->name);
-        if (nd < 0) goto out;
-        d->ndim = (uint32_t)nd;
-        d->shape = s->shape;
-        PyObject *off = PyTuple_GET_ITEM(t, DI_OFFSET), *box = PyTuple_GET_ITEM(t, DI_BOX);
-        if (off != Py_None) {
-            if (ckptio__pydims_n(off, s->off, d->ndim, "offset", d->name) < 0) goto out;
-            d->offset = s->off;
-        }
-        if (box != Py_None) {
-            if (ckptio__pydims_n(box, s->box, d->ndim, "box", d->name) < 0) goto out;
-            d->box = s->box;
-        }
-        unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, DI_FLAGS));
-        if (flags == (unsigned long)-1 && PyErr_Occurred()) goto out;
-        d->flags = (uint32_t)flags;
-        if (nf == DI_N_GPU) { /* GPU memory: a device pointer, size, stream */
-            unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_DATA));
-            unsigned long long nb = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_NBYTES));
-            unsigned long long st = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, DI_STREAM));
-            if (PyErr_Occurred()) goto out;
-            d->data = (const void *)(uintptr_t)ptr;
-            d->nbytes = nb;
-            d->memory = CKPTIO_MEM_CUDA;
-            d->stream = st;
-            continue;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, DI_DATA), &s->view, PyBUF_C_CONTIGUOUS) < 0)
-            goto out;
-        s->has_view = 1;
-        d->data = s->view.buf;
-        d->nbytes = (uint64_t)s->view.len;
-    }
-    for (Py_ssize_t i = 0; i < nm; i++) {
-        PyObject *kv = PySequence_Fast_GET_ITEM(fmeta, i);
-        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2 ||
-            !PyBytes_Check(PyTuple_GET_ITEM(kv, 1))) {
-            PyErr_SetString(PyExc_TypeError, "save_dist: meta is [(str, bytes)]");
-            goto out;
-        }
-        mkeys[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kv, 0));
-        if (!mkeys[i]) goto out;
-        mvals[i] = PyBytes_AS_STRING(PyTuple_GET_ITEM(kv, 1));
-        mlens[i] = (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(kv, 1));
-    }
+    if (ckptio__pyparams(params, &p) < 0 || ckptio__pydist_parse(items, meta, &d) < 0) goto out;
     c = ckptio__pycomm_new(comm_obj);
     if (!c) goto out;
     info = PyMem_Malloc(sizeof *info); /* ~8 KiB; without it, no values */
@@ -154,27 +179,18 @@ static PyObject *mod_save_dist(PyObject *mod, PyObject *args)
     memset(&st, 0, sizeof st);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_save_dist(path, c, ds, (size_t)n, mkeys, mvals, mlens, (size_t)nm, &p, timeout,
-                          &st);
+    rc = ckptio_save_dist(path, c, d.items, d.n, d.mkeys, d.mvals, d.mlens, d.n_meta, &p,
+                          timeout, &st);
     if (rc < 0 && info && ckptio_last_error_info(info) < 0) info->code = 0;
     Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        raise_dist(c, rc, path, info);
-    } else {
+    if (rc < 0)
+        ckptio__pydist_raise(c, rc, path, info);
+    else
         result = ckptio__pystats(&st);
-    }
 out:
     PyMem_Free(info);
     if (c) ckptio_comm_free(c);
-    for (Py_ssize_t i = 0; slots && i < n; i++)
-        if (slots[i].has_view) PyBuffer_Release(&slots[i].view);
-    PyMem_Free(ds);
-    PyMem_Free(slots);
-    PyMem_Free(mkeys);
-    PyMem_Free(mvals);
-    PyMem_Free(mlens);
-    Py_XDECREF(fitems);
-    Py_XDECREF(fmeta);
+    ckptio__pydist_release(&d);
     Py_XDECREF(path_obj);
     return result;
 }
@@ -205,7 +221,7 @@ static PyObject *mod_save_dist_refuse(PyObject *mod, PyObject *args)
     rc = ckptio_save_dist_refuse(path, c, code, msg, &p, timeout);
     if (info && ckptio_last_error_info(info) < 0) info->code = 0;
     Py_END_ALLOW_THREADS
-    raise_dist(c, rc < 0 ? rc : CKPTIO_E_USAGE, path, info);
+    ckptio__pydist_raise(c, rc < 0 ? rc : CKPTIO_E_USAGE, path, info);
 out:
     PyMem_Free(info);
     if (c) ckptio_comm_free(c);

@@ -23,29 +23,58 @@ from ckptio import _async
 from conftest import leftovers
 
 
+class Held:
+    """A background save that starts only once ``gate`` is set (it stands in for the
+    Completion that ``start`` returns)."""
+
+    def __init__(self, gate: threading.Event, start: Any, *args: Any) -> None:
+        self.c: Any = None
+        self.err: BaseException | None = None
+        self.started = threading.Event()
+        threading.Thread(target=self._run, args=(gate, start, args), daemon=True).start()
+
+    def _run(self, gate: threading.Event, start: Any, args: tuple[Any, ...]) -> None:
+        assert gate.wait(60), "the test never opened the gate"
+        try:
+            self.c = start(*args)
+        except BaseException as e:
+            self.err = e
+        self.started.set()
+
+    def done(self) -> bool:
+        return self.started.is_set() and (self.c is None or self.c.done())
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self.started.wait(timeout):
+            return None
+        if self.err is not None:
+            raise self.err
+        return self.c.wait(timeout)
+
+    def close(self) -> None:
+        self.started.wait()
+        if self.c is not None:
+            self.c.close()
+
+
+def hold(monkeypatch: pytest.MonkeyPatch, ev: threading.Event, name: str) -> None:
+    real = getattr(_async, name)
+    monkeypatch.setattr(_async, name, lambda *args: Held(ev, real, *args))
+
+
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Holds every background write until the test sets the event: whatever the caller does
     after save_async returns happens before a single byte is written from the snapshot."""
     ev = threading.Event()
-    real = _async._write
-
-    def held(*args: Any) -> Any:
-        assert ev.wait(60), "the test never opened the gate"
-        return real(*args)
-
-    monkeypatch.setattr(_async, "_write", held)
+    hold(monkeypatch, ev, "_start_commit")
     yield ev
     ev.set()
     ckptio_wait_all()
 
 
 @pytest.fixture(autouse=True)
-def small_copy_pieces(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # Small pieces so that modest arrays take the two-thread copy path.
-    monkeypatch.setattr(_async, "_COPY_PIECE", 1 << 16)
-    # And tensors split (part copied, part written in the call) under small caps.
-    monkeypatch.setattr(_async, "_MIN_SPLIT", 1)
+def wait_all() -> Iterator[None]:
     yield
     ckptio_wait_all()
 
@@ -53,7 +82,7 @@ def small_copy_pieces(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def ckptio_wait_all() -> None:
     h = _async._pending
     if h is not None:
-        h._done.wait(60)
+        h._finish(60)
         h._observed = True
 
 
@@ -188,16 +217,15 @@ def test_pool_reuses_exact_size_buffers(tmp_path: pathlib.Path) -> None:
     ckptio.release_buffers()
     state = {"a": np.ones(10_001, np.uint8), "b": np.ones((3, 7), np.float32)}
     ckptio.save_async(state, tmp_path / "1").wait()
-    pool = _async._POOL
-    assert pool.held == 10_001 + 84  # exact sizes, no rounding
-    addrs = sorted(b.address for lst in pool.free.values() for b in lst)
+    assert _async._POOL is not None
+    u = _async._POOL.stats()
+    assert u.held == 10_001 + 84 and u.buffers == 2  # exact sizes, no rounding
     ckptio.save_async(state, tmp_path / "2").wait()
-    assert sorted(b.address for lst in pool.free.values() for b in lst) == addrs
-    assert all(a % 4096 == 0 for a in addrs)
+    assert _async._POOL.stats().allocations == u.allocations  # the same buffers, reused
     # A different state under a small cap: the unused sizes go first.
     ckptio.save_async({"c": np.ones(20_000, np.uint8)}, tmp_path / "3", max_host_bytes=20_000).wait()
-    assert pool.held == 20_000
-    assert ckptio.release_buffers() == 20_000 and pool.held == 0
+    assert _async._held_bytes() == 20_000
+    assert ckptio.release_buffers() == 20_000 and _async._held_bytes() == 0
 
 
 def test_second_save_waits_for_the_first(tmp_path: pathlib.Path, gate: threading.Event) -> None:
@@ -361,20 +389,20 @@ def test_exit_reports_an_unwaited_error(ckpt: pathlib.Path) -> None:
 
 KILL_SCRIPT = """
 import sys, time, numpy as np, ckptio
-from ckptio import _async, _save
+from ckptio import _async
 
 path = sys.argv[1]
 ckptio.save({"a": np.zeros(1 << 20, np.uint8), "v": 1}, path)
 
-def stuck(snap, path, p, t0, writer):
-    w = writer if writer is not None else _save._open(path, p)
-    w.add_many(snap.items[:1])
-    w.flush()  # part of the new checkpoint is on disk, in its temporary directory
+def stuck(snap, w):
+    # max_host_bytes=0: the tensors were written during the call, into the new checkpoint's
+    # temporary directory; the commit never starts.
     print("writing", flush=True)
     time.sleep(600)
 
-_async._write = stuck
-ckptio.save_async({"a": np.ones(1 << 20, np.uint8), "v": 2}, path, overwrite=True)
+_async._start_commit = stuck
+ckptio.save_async({"a": np.ones(1 << 20, np.uint8), "v": 2}, path, overwrite=True,
+                  max_host_bytes=0)
 time.sleep(600)
 """
 
@@ -427,17 +455,21 @@ def _rss() -> int:
 
 
 def test_pool_buffers_are_faulted_in_when_made() -> None:
-    # The copy of a save must not page-fault: the pool's buffers are populated when made, so
-    # the memory is resident before anything is copied into it.
+    # The copy of a save must not page-fault: the pool's buffers are resident once taken
+    # (the source here is untouched zero pages, so only the buffer adds to the RSS).
     ckptio_wait_all()
     ckptio.release_buffers()
     n = 64 << 20
+    src = np.zeros(n, np.uint8)
     before = _rss()
-    bufs = _async._POOL.take([n], n)
+    pool = _async._pool(False)
+    pool.set_max_bytes(n)
+    snap = _async._core.take(pool, [("z", 1, (n,), src, None, None, 0)], None)
     try:
         assert _rss() - before >= n * 9 // 10
+        assert pool.stats().lent == n
     finally:
-        _async._POOL.give(bufs)
+        snap.free()
         ckptio.release_buffers()
 
 
@@ -485,15 +517,9 @@ class _OneRank:
 
 
 def test_distributed_snapshot(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """save_async(comm=): the collective save runs in the save thread, from a snapshot."""
+    """save_async(comm=): the collective save runs in the engine's thread, from a snapshot."""
     ev = threading.Event()
-    real = _async._core.save_dist
-
-    def held(*args: Any) -> Any:
-        assert ev.wait(60), "the test never opened the gate"
-        return real(*args)
-
-    monkeypatch.setattr(_async._core, "save_dist", held)
+    hold(monkeypatch, ev, "_start_dist")
     a = np.arange(4096, dtype=np.float32).reshape(64, 64)
     rl = np.arange(3)
     tree = {"w": ckptio.Shard(a, (0, 0), (64, 64)), "rng": ckptio.RankLocal({"s": rl}), "n": 1}
@@ -502,12 +528,15 @@ def test_distributed_snapshot(tmp_path: pathlib.Path, monkeypatch: pytest.Monkey
     a += 1000  # the save has not started: it must write the snapshot
     rl[:] = -1
     assert not h.done()
+    staged_by = set(c.threads)
     ev.set()
     h.wait(60)
     out = ckptio.load(tmp_path / "c")
     assert np.array_equal(out["w"], np.arange(4096, dtype=np.float32).reshape(64, 64))
     assert out["rng"][0]["s"].tolist() == [0, 1, 2] and out["n"] == 1
-    assert c.threads == {"ckptio-save-async"}
+    # Staging may call it from this thread; the save itself only from the engine's.
+    saved_by = c.threads - staged_by - {threading.current_thread().name}
+    assert len(saved_by) == 1 and "MainThread" not in saved_by, c.threads
     # Without comm=: Shard and RankLocal leaves make a one-rank distributed save, in the
     # background too; over the cap it is written during the call.
     h = ckptio.save_async(tree, tmp_path / "d", max_host_bytes=0)
@@ -576,7 +605,7 @@ def test_multi_rank_with_roots_is_refused_as_save_refuses_it(
 def test_pool_count_survives_an_exception_in_the_copy(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, exc: type[BaseException], how: str
 ) -> None:
-    """Ctrl-C or MemoryError while the tensors are copied: the save does not start, the pool
+    """Ctrl-C or MemoryError as the tensors are copied: the save does not start, the pool
     gets its buffers back (its byte count stays true), and the next save works."""
     state = {"a": np.arange(1 << 18, dtype=np.float32), "b": np.ones(1 << 18, np.uint8)}
     opts: dict[str, Any] = {
@@ -586,43 +615,54 @@ def test_pool_count_survives_an_exception_in_the_copy(
         "distributed": {"comm": _OneRank()},
     }[how]
     _async.release_buffers()
-    held = _async._POOL.held  # buffers lent to no save: 0, unless a test before leaked some
-    real = _async._copy_into
+    held = _async._held_bytes()  # buffers lent to no save: 0, unless a test before leaked some
+    real = _async._core.take
 
-    def failing(pairs: list[Any]) -> None:
-        real(pairs[:1])  # part of the copy is done
+    def failing(*args: Any) -> Any:
+        snap = real(*args)  # the copy is done, and then the exception arrives
+        del snap
         raise exc()
 
-    monkeypatch.setattr(_async, "_copy_into", failing)
+    monkeypatch.setattr(_async._core, "take", failing)
     with pytest.raises(exc):
         ckptio.save_async(state, tmp_path / "c", **opts)
     assert _async._pending is None or _async._pending.done()
     assert not (tmp_path / "c").exists() and leftovers(tmp_path) == []
     returned = _async.release_buffers()  # the buffers the failed save took came back
-    assert _async._POOL.held == held
-    monkeypatch.setattr(_async, "_copy_into", real)
+    assert _async._held_bytes() == held
+    monkeypatch.setattr(_async._core, "take", real)
     ckptio.save_async(state, tmp_path / "c", **opts).wait(60)
     assert_same(ckptio.load(tmp_path / "c"), state)
     pooled = _async.release_buffers()  # what the same save takes when it succeeds
-    assert returned == pooled >= 1 << 20 and _async._POOL.held == held
+    assert returned == pooled >= 1 << 20 and _async._held_bytes() == held
 
 
-def test_interrupted_copy_stops_the_copy_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C in the calling thread's share of a copy: the copy threads take no further piece,
-    and none is still copying when _copy_into raises (the buffers go back to the pool)."""
-    monkeypatch.setattr(_async, "_COPY_PIECE", 1 << 10)
-    main = threading.current_thread()
-    calls: list[int] = []
+def test_interrupt_before_the_commit_starts(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C once the snapshot is taken but before its commit starts: nothing is pending,
+    the writer aborts (no leftovers), and the snapshot's buffers are back in the pool."""
 
-    class Dst:
-        def copy_from(self, src: Any, offset: int) -> None:
-            calls.append(offset)
-            if threading.current_thread() is main:
-                raise KeyboardInterrupt
-            time.sleep(0.002)
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
 
+    monkeypatch.setattr(_async, "_start_commit", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        _async._copy_into([(Dst(), np.zeros(1 << 20, np.uint8))])  # type: ignore[list-item]
-    seen = len(calls)
-    time.sleep(0.1)
-    assert len(calls) == seen < 1024 // 2, seen
+        ckptio.save_async({"a": np.ones(1 << 20, np.uint8)}, tmp_path / "c")
+    assert _async._POOL is not None and _async._POOL.stats().lent == 0
+    assert not (tmp_path / "c").exists() and leftovers(tmp_path) == []
+
+
+def test_ctrl_c_interrupts_wait(ckpt: pathlib.Path, gate: threading.Event) -> None:
+    """Ctrl-C while wait() blocks raises KeyboardInterrupt there; the save stays pending and
+    a later wait() gives its outcome."""
+    h = ckptio.save_async({"a": np.ones(10)}, ckpt)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        h.wait(30)
+    timer.join()
+    assert not h.done()
+    gate.set()
+    h.wait(60)
+    assert ckptio.load(ckpt)["a"].tolist() == [1.0] * 10

@@ -24,12 +24,34 @@ from ckptio import _async
 d, case = sys.argv[1], sys.argv[2]
 CHILD_LIMIT = 30
 gate = threading.Event()
-real_write = _async._write
+real_start = _async._start_commit
+
+
+class Held:
+    # Stands in for the Completion: the commit starts only once the gate is open.
+    def __init__(self, *args):
+        self.c = None
+        self.t = threading.Thread(target=self._run, args=args, daemon=True)
+        self.t.start()
+
+    def _run(self, *args):
+        gate.wait()
+        self.c = real_start(*args)
+
+    def done(self):
+        return not self.t.is_alive() and self.c.done()
+
+    def wait(self, timeout=None):
+        self.t.join(timeout)
+        return None if self.t.is_alive() else self.c.wait(timeout)
+
+    def close(self):
+        self.t.join()
+        self.c.close()
 
 
 def held(*args):
-    gate.wait()
-    return real_write(*args)
+    return Held(*args)
 
 
 def fork(body):
@@ -67,7 +89,7 @@ def fork_in_flight(body, finish):
 
 
 def child_saves():
-    _async._write = real_write
+    _async._start_commit = real_start
     ckptio.save_async(tree(2), d + "/child").wait()
     print("child saved", flush=True)
 """
@@ -76,7 +98,7 @@ CASES = {
     # A save in flight at the fork: the child's own save runs; the parent's is not the child's
     # to wait for (its handle says so), and the child's exit does not wait for it either.
     "in_flight": r"""
-_async._write = held
+_async._start_commit = held
 h = ckptio.save_async(tree(1), d + "/parent")
 
 def child():
@@ -91,16 +113,15 @@ fork_in_flight(child, lambda: h.wait().bytes)
 """,
     # The child exits at once while the parent's save is in flight.
     "exit": r"""
-_async._write = held
+_async._start_commit = held
 h = ckptio.save_async(tree(1), d + "/parent")
 fork_in_flight(lambda: None, lambda: h.wait().bytes)
 """,
-    # A finished save large enough to start the copy threads (pieces made small here; 128 MiB
-    # at the real size): the child's copies do not wait for the parent's copy threads.
+    # A finished save large enough to start the pool's copy threads (two 64 MiB pieces): the
+    # child's copies do not wait for the parent's copy threads.
     "copier": r"""
-_async._COPY_PIECE = 1 << 16
-ckptio.save_async(tree(1), d + "/parent").wait()
-assert _async._COPIER is not None
+ckptio.save_async({"big": np.ones(65 << 20, np.uint8)}, d + "/parent").wait()
+assert _async._POOL is not None and _async._POOL.stats().held >= 65 << 20
 
 fork(child_saves)
 print("parent saved", flush=True)
@@ -111,7 +132,7 @@ ckptio.save_async(tree(1), d + "/parent").wait()
 taken, never = threading.Event(), threading.Event()
 
 def hold():
-    with _async._LOCK, _async._POOL.lock:
+    with _async._LOCK:
         taken.set()
         never.wait()
 
@@ -126,12 +147,12 @@ print("parent saved", flush=True)
 """,
     # A Manager with a save in flight: in the child it waits for nothing, and saves its own.
     "manager": r"""
-_async._write = held
+_async._start_commit = held
 m = ckptio.Manager(d + "/run", keep=1)
 m.save(1, tree(1))
 
 def child():
-    _async._write = real_write
+    _async._start_commit = real_start
     with ckptio.Manager(d + "/child-run") as m2:
         m2.save(2, tree(2))
     m.wait_until_finished()
