@@ -51,16 +51,13 @@ def _write(
     path: PathLike,
     p: Any,
     t0: float | None = None,
-    writer: _core.Writer | None = None,
 ) -> Stats:
     """Write a staged tree as the checkpoint ``path`` (``p``: ckptio._options.params()) and
-    commit it; Stats' seconds count from ``t0`` (default: now). ``writer``: one _open()ed
-    already (save_async writes what its host buffers cannot hold before handing it over);
-    it is closed either way."""
+    commit it; Stats' seconds count from ``t0`` (default: now)."""
     if t0 is None:
         t0 = time.perf_counter()
     on_gpu = False
-    with writer if writer is not None else _open(path, p) as w:
+    with _open(path, p) as w:
         if not staged.deferred:
             w.add_many(staged.items)
         else:
