@@ -191,14 +191,12 @@ class StorageWriter(_storage.StorageWriter):
             parent = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(parent, exist_ok=True)
         except BaseException as e:
-            # Still take part, with an item the plan refuses, so that the other ranks fail at
-            # once naming this rank instead of at the timeout.
-            bad = f"cannot stage: {type(e).__name__}: {e}"[:200]
-            refuse = [(bad, -1, (0,), np.empty(0, np.uint8), None, None, 0)]
-            try:
-                _core.save_dist(self.path, comm, refuse, [], p, self.timeout)
-            except CheckpointError:
-                pass
+            # Still take part, refusing (ckptio_save_dist_refuse), so that the other ranks fail
+            # at once naming this rank instead of at the timeout.
+            why = e if isinstance(e, CheckpointError) else error(
+                USAGE, f"cannot stage: {type(e).__name__}: {e}"
+            )
+            _dist.refuse(why, comm, self.path, p, self.timeout)
             raise
         try:
             self.last_stats = _core.save_dist(self.path, comm, items, meta, p, self.timeout)
