@@ -694,6 +694,41 @@ static int test_write_exclusive(void)
     return 0;
 }
 
+/* A request the kernel never finishes (a read of a pipe nobody writes) makes io_uring's reap
+ * fail with -ETIMEDOUT after CKPTIO_IO_TIMEOUT seconds, half-way through it cancels and resends
+ * what is in flight, a retried reap is told again after about one tick, and the request still
+ * completes with the right bytes once the data comes. */
+static int test_stall(void)
+{
+    if (!ckptio__io_uring_available()) return T_SKIP;
+    setenv("CKPTIO_IO_TIMEOUT", "2", 1);
+    ckptio__engine *e;
+    int rc = ckptio__engine_open(&e, CKPTIO_BACKEND_IO_URING, 4, 0);
+    unsetenv("CKPTIO_IO_TIMEOUT");
+    CHECK_OK(rc);
+    int p[2];
+    CHECK(pipe(p) == 0);
+    char buf[8] = {0};
+    ckptio__req r = {.fd = p[0], .op = CKPTIO__OP_READ, .buf = buf, .off = 0, .len = 5};
+    CHECK_OK(ckptio__engine_submit(e, &r));
+    ckptio__req *out[4];
+    double t0 = ckptio__now();
+    CHECK_ERR(ckptio__engine_reap(e, out, 4, 1), -ETIMEDOUT);
+    double waited = ckptio__now() - t0;
+    CHECK(waited >= 1.5 && waited < 30);
+    t0 = ckptio__now();
+    CHECK_ERR(ckptio__engine_reap(e, out, 4, 1), -ETIMEDOUT);
+    CHECK(ckptio__now() - t0 < 10);
+    CHECK(e->inflight == 1);
+    CHECK(write(p[1], "hello", 5) == 5);
+    CHECK(ckptio__engine_reap(e, out, 4, 1) == 1);
+    CHECK(out[0] == &r && r.res == 5 && memcmp(buf, "hello", 5) == 0);
+    ckptio__engine_close(e);
+    close(p[0]);
+    close(p[1]);
+    return 0;
+}
+
 static int test_pool(void)
 {
     ckptio__pool p;
@@ -750,5 +785,6 @@ const ckptio_test tests_io[] = {
     {"io/fsync", test_fsync, 0, 0},
     {"io/write_exclusive", test_write_exclusive, 0, 0},
     {"io/pool", test_pool, 0, 0},
+    {"io/stall", test_stall, 0, 60},
     {0},
 };

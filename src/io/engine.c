@@ -52,6 +52,14 @@ int ckptio__backend_from_env(int requested)
     return CKPTIO_E_USAGE;
 }
 
+double ckptio__io_timeout(void)
+{
+    const char *v = getenv("CKPTIO_IO_TIMEOUT");
+    char *end;
+    double t = v && *v ? strtod(v, &end) : 0;
+    return v && *v && *end == 0 && t > 0 ? t : CKPTIO__IO_TIMEOUT_S;
+}
+
 ckptio__backend_hook ckptio__backend_wrap;
 
 /* Start `ops` on e; on failure e is left without a backend, ready for another try. */

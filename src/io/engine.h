@@ -89,6 +89,16 @@ CKPTIO__HIDDEN int ckptio__engine_reap(ckptio__engine *e, ckptio__req **out, uns
  * when the backend itself is broken, and waiting on it forever would hang the caller. */
 #define CKPTIO__REAP_TRIES 8u
 
+/* Seconds an io_uring engine waits without any request making progress before reap fails with
+ * -ETIMEDOUT: CKPTIO_IO_TIMEOUT from the environment (seconds, > 0), else the default. */
+#define CKPTIO__IO_TIMEOUT_S 120.0
+CKPTIO__HIDDEN double ckptio__io_timeout(void);
+/* Appended to the message of a wait that timed out. */
+#define CKPTIO__IO_TIMEOUT_HINT                                                              \
+    ": the kernel finished none of the requests in flight within CKPTIO_IO_TIMEOUT seconds "  \
+    "(default 120); the device or file system is not answering: check it (dmesg), or raise "   \
+    "CKPTIO_IO_TIMEOUT for a slow one"
+
 /* Tests only: when set, each engine runs the table hook(real) returns in place of the backend
  * `real` it picked, so that a test can make submit or reap fail. The wrapper keeps `real`
  * and calls it; the engine's impl is the real backend's. Set before any I/O starts. */

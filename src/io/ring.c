@@ -163,7 +163,8 @@ int ckptio__ring_run(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, ckpt
              * waits for (psync) or cancels (io_uring) what it holds, and the next run
              * starts a new ring rather than meet this one's completions. */
             if (!first)
-                first = ckptio__fail(g->msg, got, "waiting for reads from '%s' failed", g->label);
+                first = ckptio__fail(g->msg, got, "waiting for reads from '%s' failed%s", g->label,
+                                     got == -ETIMEDOUT ? CKPTIO__IO_TIMEOUT_HINT : "");
             if (++reap_failures >= CKPTIO__REAP_TRIES) {
                 ckptio__ring_fini(g);
                 return first;

@@ -45,7 +45,8 @@ static int reap(ckptio__sink *s, unsigned min)
     do {
         int n = ckptio__engine_reap(s->eng, done, 64, CKPTIO__MIN(min - got, 64u));
         if (n < 0) {
-            ckptio__fail(s->msg, n, "waiting for writes to '%s' failed", s->label);
+            ckptio__fail(s->msg, n, "waiting for writes to '%s' failed%s", s->label,
+                         n == -ETIMEDOUT ? CKPTIO__IO_TIMEOUT_HINT : "");
             return poison(s, n);
         }
         for (int i = 0; i < n; i++) {
