@@ -12,6 +12,7 @@ library's. Python only adapts: the pool, the copies, the thread and the error ru
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import threading
@@ -29,6 +30,7 @@ from ._save import _open
 from ._stage import PathLike, StagedSave, _make_parent, _meta_items, _stage
 from ._tree import TREE_KEY, pause_gc
 from .frameworks._base import Deferred
+from .frameworks import _gpu
 from .frameworks._gpu import DeviceItem
 from .ranks import _comm, _dist
 
@@ -106,6 +108,7 @@ class AsyncSave:
         self._comm: Any = None  # the communicator a collective save ran on
         self._after: Callable[[Any], None] | None = None
         self._stats: Stats | None = None
+        self._gpu = ""  # what Stats.gpu says
         self._error: BaseException | None = None
         self._observed = False
         self._finished = False
@@ -155,6 +158,8 @@ class AsyncSave:
                     break
                 if st is not None:
                     self._stats = Stats._from_core(st, time.perf_counter() - self._t0)
+                    if self._gpu:
+                        self._stats = dataclasses.replace(self._stats, gpu=self._gpu)
                     break
                 if end is not None and time.monotonic() >= end:
                     return False
@@ -291,7 +296,7 @@ def _save_async(
                 staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
             h = AsyncSave(spath, t0)
             try:
-                h._completion = _snapshot(staged, spath, p, cap)
+                h._completion, h._gpu = _snapshot(staged, spath, p, cap)
             except (OSError, CheckpointError) as e:
                 # An I/O error while writing what the cap could not hold (or opening the
                 # checkpoint): the save has failed, and says so on wait().
@@ -312,9 +317,11 @@ def _as_array(data: Any) -> np.ndarray:
     return data if isinstance(data, np.ndarray) else np.asarray(memoryview(data))
 
 
-def _snapshot(staged: StagedSave, path: str, p: Any, cap: int) -> Any:
+def _snapshot(staged: StagedSave, path: str, p: Any, cap: int) -> tuple[Any, str]:
     """Open the writer, take the snapshot (what does not fit under ``cap`` written through
-    the writer now), set the metadata and start the commit: its Completion."""
+    the writer now), set the metadata and start the commit: its Completion, and what
+    Stats.gpu says ("snapshot": GPU tensors copied by ckptio into the pool's pinned buffers;
+    else why the framework copied them, or "")."""
     items: list[tuple[Any, ...]] = []
     deferred: list[Deferred] = []
     host: list[Any] = []  # written from the caller's memory now (a cap of 0)
@@ -353,10 +360,11 @@ def _snapshot(staged: StagedSave, path: str, p: Any, cap: int) -> Any:
         pool.set_max_bytes(max(cap, 1))
         snap = _core.take(pool, items, w)
         del items, host
+        gpu = "snapshot" if snap.stats().device_bytes else _gpu.take_note()
         w.set_meta(TREE_KEY, staged.tree)
         for k, v in staged.meta:
             w.set_meta(k, v)
-        return _start_commit(snap, w)
+        return _start_commit(snap, w), gpu
     except BaseException:
         w.close()  # nothing started: the writer aborts (a no-op once the commit owns it)
         raise

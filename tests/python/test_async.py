@@ -666,3 +666,28 @@ def test_ctrl_c_interrupts_wait(ckpt: pathlib.Path, gate: threading.Event) -> No
     gate.set()
     h.wait(60)
     assert ckptio.load(ckpt)["a"].tolist() == [1.0] * 10
+
+
+def test_async_stats_say_how_gpu_tensors_moved(tmp_path: pathlib.Path) -> None:
+    """save_async of arrays in (stand-in) GPU memory: ckptio copies them into the pool's pinned
+    buffers, and the Stats say so ("snapshot"), as a save's say "staged" or "gds"; with the GPU
+    path off, the framework's host copy and why."""
+    from test_gpu import FAKE, _run, _standin
+
+    lib = _standin()
+    if lib is None:
+        pytest.skip("the GPU stand-in is not built (make)")
+    code = f"STANDIN = {lib!r}\n" + FAKE + f"""
+import ckptio
+a = np.arange(1 << 16, dtype=np.float32)
+st = ckptio.save_async({{"a": FakeGpu(a), "h": np.ones(3)}}, {str(tmp_path / "ck")!r},
+                       overwrite=True).wait()
+assert np.array_equal(ckptio.load({str(tmp_path / "ck")!r})["a"], a), "data differs"
+print("GPU", st.gpu)
+"""
+    r = _run(code, {"CKPTIO_CUDA_LIBRARY": lib})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "GPU snapshot"
+    r = _run(code, {"CKPTIO_CUDA_LIBRARY": lib, "CKPTIO_GPU": "off"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "GPU host copy (CKPTIO_GPU=off)"
