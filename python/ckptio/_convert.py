@@ -577,16 +577,19 @@ def _zinfo(name: str, offset: int, size: int) -> zipfile.ZipInfo:
 
 class _Appender:
     """What zipfile sees of a FileWriter: write and tell, no seek, so it writes each entry's
-    sizes and CRC after its data (data descriptors) instead of going back."""
+    sizes and CRC after its data (data descriptors) instead of going back. Once `dropped` (an
+    aborted archive), writes go nowhere: zipfile may still try to close what it had open."""
 
     def __init__(self, fw: Any) -> None:
-        self.fw = fw
+        self.fw, self.dropped = fw, False
 
     def write(self, b: Any) -> int:
+        if self.dropped:
+            return len(b)
         return int(self.fw.write(b))
 
     def tell(self) -> int:
-        return int(self.fw.tell())
+        return 0 if self.dropped else int(self.fw.tell())
 
     def flush(self) -> None:
         pass
@@ -607,7 +610,8 @@ class TorchSink:
         self.sizes = [_nbytes(m) for m in metas]
         pkl = _data_pkl(tree, {id(m): i for i, m in enumerate(metas)})
         self.fw = _core.FileWriter(tmp, {"staging_bytes": 16 << 20})
-        self.z = zipfile.ZipFile(_Appender(self.fw), "w", zipfile.ZIP_STORED, allowZip64=True)  # type: ignore[arg-type]
+        self.out = _Appender(self.fw)
+        self.z = zipfile.ZipFile(self.out, "w", zipfile.ZIP_STORED, allowZip64=True)  # type: ignore[arg-type]
         self._entry("data.pkl", pkl)
         self._entry("byteorder", b"little")
         self.cur: Any = None
@@ -633,6 +637,8 @@ class TorchSink:
 
     def abort(self) -> None:
         if self.fw is not None:
+            self.out.dropped = True
+            self.z.fp = None  # so that zipfile writes no directory when it is collected
             self.fw.close()  # uncommitted: its file goes
 
 

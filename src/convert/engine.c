@@ -326,6 +326,10 @@ static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
     c->a.from = f, c->a.to = t;
     c->ext_src = a->source && a->source->size >= sizeof *a->source ? a->source : NULL;
     c->ext_sink = a->sink && a->sink->size >= sizeof *a->sink ? a->sink : NULL;
+    if ((c->ext_src && (!c->ext_src->list || !c->ext_src->read)) ||
+        (c->ext_sink && (!c->ext_sink->begin || !c->ext_sink->write || !c->ext_sink->end)))
+        return CONV_FAIL(c, CKPTIO_E_USAGE, "ckptio_convert: a source needs list and read, a "
+                         "sink begin, write and end");
     if ((!c->ext_src && f >= CKPTIO_CONVERT_TORCH) || (!c->ext_sink && t >= CKPTIO_CONVERT_TORCH))
         return CONV_FAIL(c, CKPTIO_E_UNSUPPORTED,
                          "converting %s -> %s needs Python with ckptio and torch: run it with "
