@@ -488,7 +488,7 @@ def _sink_tree(tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, 
     non-tensor leaves, ties and nesting), else a flat dict by name; each tensor leaf a meta
     tensor, the engine's tensor i being metas[i]."""
     torch = _torch()
-    metas = OrderedDict()
+    metas: OrderedDict[str, Any] = OrderedDict()
     for name, code, shape in tensors:
         metas[name] = torch.empty(shape, dtype=_torch_dtype(code, name), device="meta")
     doc = meta.get(TREE_KEY)
@@ -815,7 +815,7 @@ class Progress:
 
 
 def _run(src: str, dst: str, opts: dict[str, Any], source: Source | None, sink: Any) -> tuple[str, str, int, int]:  # fmt: skip
-    return _core.convert(src, dst, {"piece_bytes": PIECE_BYTES, **opts}, _Feed(source) if source else None, sink)  # type: ignore[no-any-return]  # fmt: skip
+    return _core.convert(src, dst, {"piece_bytes": PIECE_BYTES, **opts}, _Feed(source) if source else None, sink)  # fmt: skip
 
 
 def to_ckptio(src: Source, dst: str, overwrite: bool, progress: Any = None) -> None:
