@@ -1110,6 +1110,134 @@ CKPTIO_API int ckptio_mapper_error_info(const ckptio_mapper *m, ckptio_error_inf
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */
+/* Conversion between checkpoint formats. Experimental: define CKPTIO_EXPERIMENTAL to use them. */
+/* Since 0.3.                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* The formats a conversion reads and writes. ckptio, safetensors (one file) and hf (a Hugging
+ * Face directory: model-0000K-of-0000N.safetensors shards and model.safetensors.index.json)
+ * have sources and sinks built in; torch files and DCP directories come from the caller as an
+ * external source or sink (Python's `python -m ckptio._convert` hands them in). */
+enum {
+    CKPTIO_CONVERT_AUTO = 0, /* detect (ckptio_convert_detect) */
+    CKPTIO_CONVERT_CKPTIO = 1,
+    CKPTIO_CONVERT_SAFETENSORS = 2,
+    CKPTIO_CONVERT_HF = 3,
+    CKPTIO_CONVERT_TORCH = 4,
+    CKPTIO_CONVERT_DCP = 5,
+};
+
+/* One tensor of a conversion: its bytes are row-major, nbytes of them. */
+typedef struct ckptio_convert_tensor {
+    size_t size; /* sizeof(ckptio_convert_tensor) */
+    const char *name;
+    int dtype; /* CKPTIO_DT_* */
+    uint32_t ndim;
+    uint64_t shape[CKPTIO_MAX_NDIM];
+    uint64_t nbytes;
+} ckptio_convert_tensor;
+
+/* One metadata value (bytes; text where the source has text). */
+typedef struct ckptio_convert_meta {
+    size_t size; /* sizeof(ckptio_convert_meta) */
+    const char *key;
+    const void *val;
+    size_t len;
+} ckptio_convert_meta;
+
+/* A source the caller implements (a format only it can parse). Callbacks return 0 or a
+ * negative code, are called from the thread that called ckptio_convert, one at a time. */
+typedef struct ckptio_convert_source {
+    size_t size; /* sizeof(ckptio_convert_source) */
+    void *ctx;
+    /* The tensors, in the order they are to be copied, and the metadata. The arrays and the
+     * strings they point to are the source's and must live until ckptio_convert returns. */
+    int (*list)(void *ctx, const ckptio_convert_tensor **tensors, size_t *n_tensors,
+                const ckptio_convert_meta **meta, size_t *n_meta);
+    /* Fill buf with bytes [offset, offset + len) of tensor `index`. */
+    int (*read)(void *ctx, size_t index, uint64_t offset, void *buf, size_t len);
+    /* Why the last call failed (may be NULL, or return NULL): it goes into the message. */
+    const char *(*errmsg)(void *ctx);
+} ckptio_convert_source;
+
+/* A sink the caller implements. It writes into `tmp_path`, which the engine names beside the
+ * destination and publishes by one rename once end() returned 0; nothing appears at the
+ * destination otherwise. Callbacks as for a source. */
+typedef struct ckptio_convert_sink {
+    size_t size; /* sizeof(ckptio_convert_sink) */
+    void *ctx;
+    /* 1: the destination is a directory, which the engine creates at tmp_path before begin();
+     * 0: a file, which the sink creates at tmp_path. */
+    int is_dir;
+    /* Everything that will be written (arrays live until end() or abort() returns). */
+    int (*begin)(void *ctx, const ckptio_convert_tensor *tensors, size_t n_tensors,
+                 const ckptio_convert_meta *meta, size_t n_meta, const char *tmp_path);
+    /* Bytes [offset, offset + len) of tensor `index`: tensors in list order, each front to
+     * back; buf lives until the call returns. */
+    int (*write)(void *ctx, size_t index, uint64_t offset, const void *buf, size_t len);
+    /* Every byte was written: finish tmp_path and make its files durable (fsync). */
+    int (*end)(void *ctx);
+    /* After begin() returned 0, when the conversion fails: stop; the engine removes tmp_path. */
+    void (*abort)(void *ctx);
+    const char *(*errmsg)(void *ctx);
+} ckptio_convert_sink;
+
+/* flags */
+#define CKPTIO_CONVERT_PROGRESS 1u /* draw a live progress line on stderr when it is a terminal */
+
+typedef struct ckptio_convert_args {
+    size_t size; /* sizeof(ckptio_convert_args) */
+    const char *src, *dst;
+    int from, to;               /* CKPTIO_CONVERT_*; AUTO: detected */
+    int overwrite;              /* replace an existing destination of the same kind (never an
+                                 * unrelated file or directory) */
+    uint64_t max_shard_bytes;   /* hf: the largest shard (a larger tensor gets one of its own);
+                                 * 0: 5 GiB */
+    uint64_t piece_bytes;       /* tensor bytes in flight (large tensors go in pieces of runs of
+                                 * rows, small ones in batches); 0: 32 MiB; rounded down to a
+                                 * multiple of 4096, at least 4096 */
+    unsigned flags;             /* CKPTIO_CONVERT_PROGRESS */
+    /* Called after each batch (may be NULL). */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+    const ckptio_convert_source *source; /* NULL: the built-in one for `from` */
+    const ckptio_convert_sink *sink;     /* NULL: the built-in one for `to` */
+} ckptio_convert_args;
+
+/* What a conversion did. */
+typedef struct ckptio_convert_result {
+    size_t size; /* sizeof(ckptio_convert_result) */
+    int from, to; /* the formats, as detected */
+    size_t n_tensors;
+    uint64_t nbytes;
+} ckptio_convert_result;
+
+/* Copy every tensor and the metadata of a->src into a new a->dst of another format, through a
+ * buffer of a->piece_bytes (memory stays bounded whatever the size of the model). Nothing
+ * appears at dst unless the whole conversion succeeds; an existing dst is replaced only with
+ * a->overwrite, and only when it is of the destination's kind (a checkpoint, a safetensors file,
+ * a Hugging Face or DCP directory, an empty directory, a file for torch). torch and DCP need an
+ * external source or sink (else CKPTIO_E_UNSUPPORTED). Returns 0 and fills out (may be NULL),
+ * or a negative code with ckptio_last_error() naming the file and the tensor and saying what to
+ * do (a failing callback's code is returned as it is). Since 0.3. */
+CKPTIO_API int ckptio_convert(const ckptio_convert_args *a, ckptio_convert_result *out);
+
+/* The format of `path`: as a source (is_dst 0), from its contents (a ckptio manifest, a DCP
+ * .metadata, a *.safetensors.index.json, a zip archive is torch, a safetensors header), else
+ * its name; as a destination, from its name (.safetensors, .pt/.pth/.bin/.ckpt, .dcp), then
+ * hf when `sharded`, then what an existing directory holds, else ckptio. Returns a
+ * CKPTIO_CONVERT_* > 0, or CKPTIO_E_FORMAT (a source it cannot tell; "pass --from") or -errno
+ * with ckptio_last_error(). Since 0.3. */
+CKPTIO_API int ckptio_convert_detect(const char *path, int is_dst, int sharded);
+/* "ckptio", "safetensors", "hf", "torch", "dcp"; NULL for another value. */
+CKPTIO_API const char *ckptio_convert_format_name(int format);
+/* The CKPTIO_CONVERT_* a name (or "st", "pt", "pytorch") stands for; CKPTIO_E_USAGE if none. */
+CKPTIO_API int ckptio_convert_format_parse(const char *name);
+
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Environment                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -400,8 +400,8 @@ static int test_cli_convert(void)
     /* "hf2/" is the directory hf2, built beside it, not inside. */
     CHECK(cli(&o, 0, "convert ck hf2/ --max-shard-size 40K") == 0);
     CHECK(t_sh("test \"$(ls -A hf2 | wc -l)\" = 4") == 0);
-    /* safetensors -> torch goes through a temporary ckptio checkpoint, then Python: without
-     * one, the message says what to install and the temporary checkpoint goes. */
+    /* safetensors -> torch is Python's (running the same engine): without one, the message
+     * says what to install, and nothing is left. */
     CHECK(setenv("CKPTIO_PYTHON", "/nonexistent/python", 1) == 0);
     CHECK(cli(&o, 1, "convert m.safetensors x.pt") == 1 && t_contains(o, "pip install"));
     CHECK(t_contains(o, "nothing was written at x.pt"));

@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """`ckptio convert` for torch files and DCP directories: `python -m ckptio._convert`.
 
-The `ckptio` command converts between ckptio and safetensors itself and hands over here when a
-side is a torch file or a torch.distributed.checkpoint (DCP) directory. Tensors are copied in
-bounded pieces: a torch source is opened with torch.load(mmap=True, weights_only=True) only to
-learn its structure and where each storage lies in the file, then read with pread (its pages
-never enter memory through the mapping); a torch destination is a zip archive written here,
-record after record, in the layout torch.load reads (data.pkl naming storages data/N); a DCP
-source is read with pread from the records of its items (dcp.load for layouts that are not runs
-of rows); a DCP destination is written by FileSystemWriter from chunks read one at a time as it
-asks for them. Nothing appears at the destination unless the whole conversion succeeds.
+The conversion itself (detection, streaming through a bounded buffer, atomic publish, progress)
+is the library's convert engine (`ckptio_convert`, reached through `_core.convert`); the
+`ckptio` command runs it directly for ckptio, safetensors and Hugging Face, and hands over here
+when a side is a torch file or a torch.distributed.checkpoint (DCP) directory, which only torch
+can parse. This module adds just that, as a source or a sink of the engine: a torch source is
+opened with torch.load(mmap=True, weights_only=True) only to learn its structure and where each
+storage lies in the file, then read with pread; a DCP source is read with pread from the
+records of its items (dcp.load for layouts that are not runs of rows); a torch sink writes a
+zip archive record after record, in the layout torch.load reads; a DCP sink is written by
+FileSystemWriter. Any pair works, safetensors <-> torch too, in one pass.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import mmap
 import os
 import pickle
-import shutil
+import re
 import sys
 import time
 import warnings
@@ -35,15 +36,14 @@ import numpy as np
 
 from . import _core
 from . import _dtypes as D
-from ._manager import _fsync_dir
+from ._errors import CheckpointError
 from .frameworks._registry import BY_NAME
 from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 
 FORMATS = ("ckptio", "safetensors", "hf", "torch", "dcp")
-# Bytes of tensor data in flight at once (the bound on memory beyond the largest tensor that
-# a DCP side needs whole).
+# Bytes of tensor data in flight at once: the engine's buffer, and the bound on what a DCP
+# source loads at once through dcp.load (beyond one larger tensor).
 PIECE_BYTES = max(4096, int(os.environ.get("CKPTIO_CONVERT_BUFFER", 32 << 20)) // 4096 * 4096)
-TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
 class ConvertError(Exception):
@@ -88,36 +88,6 @@ def _code(dtype: Any, name: str) -> int:
     return code
 
 
-def _pieces(shape: tuple[int, ...], itemsize: int, cap: int) -> Iterator[tuple[int, int, tuple[int, ...], tuple[int, ...]]]:  # fmt: skip
-    """(first byte, bytes, box offset, box shape) of boxes that tile a row-major tensor in
-    order, each contiguous and at most ``cap`` bytes (a run of rows of the largest trailing
-    block that fits)."""
-    nbytes = itemsize * int(np.prod(shape, dtype=np.int64)) if shape else itemsize
-    if nbytes <= cap or not shape:
-        yield 0, nbytes, (0,) * len(shape), tuple(shape)
-        return
-    inner = nbytes // itemsize
-    k = 0
-    for k, d in enumerate(shape):
-        inner //= d
-        if inner * itemsize <= cap:
-            break
-    row = inner * itemsize
-    fit = max(1, cap // row)
-    pos = 0
-    while pos < nbytes:
-        idx = pos // row
-        off = [0] * len(shape)
-        for d in range(k, -1, -1):
-            off[d] = idx % shape[d]
-            idx //= shape[d]
-        box = [1] * (k + 1) + list(shape[k + 1 :])
-        box[k] = min(fit, shape[k] - off[k])
-        n = box[k] * row
-        yield pos, n, tuple(off), tuple(box)
-        pos += n
-
-
 class Spec:
     """One tensor to copy: its name (key path), torch dtype, shape, and how to read it."""
 
@@ -128,13 +98,14 @@ class Spec:
         self.nbytes = dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
 
 
-# ---- sources -----------------------------------------------------------------------------------
+# ---- sources: what the engine reads through `read(index, offset, out)` -------------------------
 
 
 class Source:
     """A tree whose tensor leaves are meta tensors standing for the source's tensors (specs,
     by id), read a contiguous byte range at a time."""
 
+    path: str
     tree: Any
     specs: list[Spec]
     by_id: dict[int, Spec]
@@ -142,11 +113,24 @@ class Source:
     doc: Callable[[], bytes]  # the tree as ckptio's "ckptio.tree" metadata
     meta: dict[str, bytes]  # other metadata to carry over
 
-    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+    def read(self, spec: Spec, first: int, out: memoryview) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
         pass
+
+
+class _Feed:
+    """A Source as the engine sees one: its tensors (name, ckptio dtype, shape) in key-path
+    order, its metadata (the tree document first), and bytes of tensor `index` on request."""
+
+    def __init__(self, src: Source) -> None:
+        self.src = src
+        self.tensors = [(s.name, _code(s.dtype, s.name), s.shape) for s in src.specs]
+        self.metadata = {TREE_KEY: src.doc(), **src.meta}
+
+    def read(self, index: int, offset: int, out: memoryview) -> None:
+        self.src.read(self.src.specs[index], offset, out)
 
 
 def _pread_into(fd: int, out: memoryview, at: int, name: str) -> None:
@@ -182,33 +166,6 @@ def _index(tree: Any) -> tuple[list[Spec], dict[int, Spec], dict[str, Spec], Cal
     return specs, by_id, names, lambda: json.dumps(doc, separators=(",", ":")).encode()
 
 
-class CkptioSource(Source):
-    def __init__(self, path: str) -> None:
-        torch = _torch()
-        self.r = _core.Reader(path, {"staging_bytes": 16 << 20})
-        recs = self.r.tensors()
-        self.index = {rec.name: i for i, rec in enumerate(recs)}
-        metas: dict[str, Any] = {}
-        for rec in recs:
-            metas[rec.name] = torch.empty(rec.shape, dtype=_torch_dtype(rec.dtype, rec.name), device="meta")  # fmt: skip
-        doc = self.r.get_meta(TREE_KEY)
-        if doc is not None:
-            root = parse_document(json.loads(doc))
-            self.tree = unflatten(root, lambda path, node: metas[node.get("alias", path or ".")])
-        else:
-            self.tree = OrderedDict(metas)
-        self.specs, self.by_id, self.names, self.doc = _index(self.tree)
-        self.meta = {k: v for k, v in self.r.meta().items() if k != TREE_KEY}
-
-    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
-        if len(out):
-            i = self.index[spec.name]
-            self.r.read([_core.read_region(i, box[0], box[1], out, 0, len(out))])
-
-    def close(self) -> None:
-        self.r.close()
-
-
 class TorchSource(Source):
     """torch.load(mmap=True, weights_only=True): the weights-only unpickler refuses any pickle
     that would import or call something outside torch's allowlist (os.system...), before it
@@ -217,6 +174,7 @@ class TorchSource(Source):
 
     def __init__(self, path: str) -> None:
         torch = _torch()
+        self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         records: dict[int, int] | None = {}
         try:
@@ -307,7 +265,7 @@ class TorchSource(Source):
             return tuple(self._replace(v, metas) for v in obj)
         return obj
 
-    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+    def read(self, spec: Spec, first: int, out: memoryview) -> None:
         t = self.real[id(spec.src)]
         if not len(out):
             return
@@ -482,7 +440,7 @@ class DcpSource(Source):
         for fd in self.fds.values():
             os.close(fd)
 
-    def read(self, spec: Spec, first: int, box: tuple[tuple[int, ...], tuple[int, ...]], out: memoryview) -> None:  # fmt: skip
+    def read(self, spec: Spec, first: int, out: memoryview) -> None:
         if not len(out):
             return
         segs = self.direct.get(spec.name)
@@ -522,45 +480,26 @@ class DcpSource(Source):
         self.loaded.update(group)
 
 
-# ---- destinations --------------------------------------------------------------------------
+# ---- sinks: what the engine writes through begin / write / end / abort ------------------------
 
 
-def _copy(src: Source, write: Callable[[Spec, int, tuple[int, ...], tuple[int, ...], memoryview], None], flush: Callable[[], None], progress: Any) -> None:  # fmt: skip
-    """Stream every tensor of src through one buffer of PIECE_BYTES: write(spec, first, off,
-    box, bytes) for each piece; flush() before the buffer is reused."""
-    buf = np.empty(PIECE_BYTES + 4096, np.uint8)
-    shift = (-buf.ctypes.data) % 4096
-    arena = memoryview(buf[shift : shift + PIECE_BYTES])
-    used = 0
-    for spec in src.specs:
-        for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
-            at = (used + 4095) // 4096 * 4096
-            if at + n > PIECE_BYTES:
-                flush()
-                at = 0
-            mv = arena[at : at + n]
-            src.read(spec, first, (off, box), mv)
-            write(spec, first, off, box, mv)
-            used = at + n
-            progress.add(n)
-    flush()
+def _sink_tree(tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, bytes]) -> tuple[Any, list[Any]]:  # fmt: skip
+    """The tree a sink writes: the source's "ckptio.tree" document where it has one (its
+    non-tensor leaves, ties and nesting), else a flat dict by name; each tensor leaf a meta
+    tensor, the engine's tensor i being metas[i]."""
+    torch = _torch()
+    metas: OrderedDict[str, Any] = OrderedDict()
+    for name, code, shape in tensors:
+        metas[name] = torch.empty(shape, dtype=_torch_dtype(code, name), device="meta")
+    doc = meta.get(TREE_KEY)
+    if doc is None:
+        return metas, list(metas.values())
+    root = parse_document(json.loads(doc))
+    return unflatten(root, lambda path, node: metas[node.get("alias", path or ".")]), list(metas.values())  # fmt: skip
 
 
-def to_ckptio(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
-    w = _core.Writer(dst, {"overwrite": int(overwrite), "staging_bytes": 16 << 20})
-    try:
-        codes = {s.name: _code(s.dtype, s.name) for s in src.specs}
-
-        def write(spec: Spec, first: int, off: tuple[int, ...], box: tuple[int, ...], mv: memoryview) -> None:  # fmt: skip
-            w.add(spec.name, codes[spec.name], spec.shape, mv, off, box)
-
-        _copy(src, write, w.flush, progress)
-        w.set_meta(TREE_KEY, src.doc())
-        for k, v in src.meta.items():
-            w.set_meta(k, v)
-        w.commit()
-    finally:
-        w.close()
+def _nbytes(t: Any) -> int:
+    return int(t.element_size()) * int(t.numel())
 
 
 class _StorageRef:
@@ -579,14 +518,10 @@ def _storage_type(dtype: Any) -> Any:
         return getattr(torch, torch.storage.TypedStorage(dtype=dtype, device="cpu")._pickle_storage_type())  # fmt: skip
 
 
-def _data_pkl(src: Source) -> tuple[bytes, dict[int, int]]:
+def _data_pkl(tree: Any, index: dict[int, int]) -> bytes:
     """data.pkl of the tree, each tensor rebuilt (torch._utils._rebuild_tensor_v2) from storage
-    data/<key>; returns it and the key of each spec (by id)."""
+    data/<i>, i being its index among the engine's tensors (`index`, by id)."""
     torch = _torch()
-    keys: dict[int, int] = {}
-    for i, spec in enumerate(src.specs):
-        keys[id(spec)] = i
-    by_id = src.by_id
     new_dtypes = torch.storage._new_dtypes()
 
     class P(pickle.Pickler):
@@ -598,15 +533,14 @@ def _data_pkl(src: Source) -> tuple[bytes, dict[int, int]]:
             return None
 
         def reducer_override(self, obj: Any) -> Any:
-            spec = by_id.get(id(obj)) if isinstance(obj, torch.Tensor) else None
-            if spec is None:
+            key = index.get(id(obj)) if isinstance(obj, torch.Tensor) else None
+            if key is None:
                 return NotImplemented
-            numel = spec.nbytes // spec.dtype.itemsize
-            stride = tuple(int(x) for x in torch.empty(spec.shape, device="meta").stride())
-            ref = _StorageRef(keys[id(spec)], spec.dtype, numel)
-            args: tuple[Any, ...] = (ref, 0, torch.Size(spec.shape), stride, False, OrderedDict())
-            if spec.dtype in new_dtypes:  # dtypes without a storage class of their own
-                t = (torch._utils._rebuild_tensor_v3, (*args, spec.dtype))
+            stride = tuple(int(x) for x in torch.empty(obj.shape, device="meta").stride())
+            ref = _StorageRef(key, obj.dtype, int(obj.numel()))
+            args: tuple[Any, ...] = (ref, 0, torch.Size(obj.shape), stride, False, OrderedDict())
+            if obj.dtype in new_dtypes:  # dtypes without a storage class of their own
+                t = (torch._utils._rebuild_tensor_v3, (*args, obj.dtype))
             else:
                 t = (torch._utils._rebuild_tensor_v2, args)
             if isinstance(obj, torch.nn.Parameter):
@@ -614,8 +548,8 @@ def _data_pkl(src: Source) -> tuple[bytes, dict[int, int]]:
             return t
 
     f = io.BytesIO()
-    P(f, protocol=2).dump(src.tree)
-    return f.getvalue(), keys
+    P(f, protocol=2).dump(tree)
+    return f.getvalue()
 
 
 class _Rebuilt:
@@ -643,89 +577,171 @@ def _zinfo(name: str, offset: int, size: int) -> zipfile.ZipInfo:
 
 class _Appender:
     """What zipfile sees of a FileWriter: write and tell, no seek, so it writes each entry's
-    sizes and CRC after its data (data descriptors) instead of going back."""
+    sizes and CRC after its data (data descriptors) instead of going back. Once `dropped` (an
+    aborted archive), writes go nowhere: zipfile may still try to close what it had open."""
 
     def __init__(self, fw: Any) -> None:
-        self.fw = fw
+        self.fw, self.dropped = fw, False
 
     def write(self, b: Any) -> int:
+        if self.dropped:
+            return len(b)
         return int(self.fw.write(b))
 
     def tell(self) -> int:
-        return int(self.fw.tell())
+        return 0 if self.dropped else int(self.fw.tell())
 
     def flush(self) -> None:
         pass
 
 
-def to_torch(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
-    pkl, keys = _data_pkl(src)
-    fw = _core.FileWriter(dst, {"overwrite": int(overwrite), "staging_bytes": 16 << 20})
-    try:
-        archive = os.path.splitext(os.path.basename(dst))[0] or "archive"
-        with zipfile.ZipFile(_Appender(fw), "w", zipfile.ZIP_STORED, allowZip64=True) as z:  # type: ignore[arg-type]
-            with z.open(_zinfo(f"{archive}/data.pkl", fw.tell(), len(pkl)), "w", force_zip64=True) as e:  # fmt: skip
-                e.write(pkl)
-            with z.open(_zinfo(f"{archive}/byteorder", fw.tell(), 6), "w", force_zip64=True) as e:  # fmt: skip
-                e.write(b"little")
-            cur: list[Any] = [None, None]
+class TorchSink:
+    """A torch.save zip archive written into the engine's temporary file: data.pkl first (the
+    tree, storages data/<i>), then one stored record per tensor as its bytes arrive."""
 
-            def write(spec: Spec, first: int, off: tuple[int, ...], box: tuple[int, ...], mv: memoryview) -> None:  # fmt: skip
-                if first == 0:
-                    if cur[0] is not None:
-                        cur[0].close()
-                    name = f"{archive}/data/{keys[id(spec)]}"
-                    cur[0] = z.open(_zinfo(name, fw.tell(), spec.nbytes), "w", force_zip64=True)
-                cur[0].write(mv)
-                if first + len(mv) == spec.nbytes:
-                    cur[0].close()
-                    cur[0] = None
+    is_dir = False
 
-            _copy(src, write, lambda: None, progress)
-            with z.open(_zinfo(f"{archive}/version", fw.tell(), 2), "w", force_zip64=True) as e:
-                e.write(b"3\n")
-        fw.commit()
-    finally:
-        fw.close()
+    def __init__(self, dst: str) -> None:
+        self.archive = os.path.splitext(os.path.basename(dst))[0] or "archive"
+        self.fw: Any = None
+
+    def begin(self, tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, bytes], tmp: str) -> None:  # fmt: skip
+        tree, metas = _sink_tree(tensors, meta)
+        self.sizes = [_nbytes(m) for m in metas]
+        pkl = _data_pkl(tree, {id(m): i for i, m in enumerate(metas)})
+        self.fw = _core.FileWriter(tmp, {"staging_bytes": 16 << 20})
+        self.out = _Appender(self.fw)
+        self.z = zipfile.ZipFile(self.out, "w", zipfile.ZIP_STORED, allowZip64=True)  # type: ignore[arg-type]
+        self._entry("data.pkl", pkl)
+        self._entry("byteorder", b"little")
+        self.cur: Any = None
+
+    def _entry(self, name: str, data: bytes) -> None:
+        with self.z.open(_zinfo(f"{self.archive}/{name}", self.fw.tell(), len(data)), "w", force_zip64=True) as e:  # fmt: skip
+            e.write(data)
+
+    def write(self, index: int, offset: int, data: memoryview) -> None:
+        if offset == 0:
+            name = f"{self.archive}/data/{index}"
+            self.cur = self.z.open(_zinfo(name, self.fw.tell(), self.sizes[index]), "w", force_zip64=True)  # fmt: skip
+        self.cur.write(data)
+        if offset + len(data) == self.sizes[index]:
+            self.cur.close()
+            self.cur = None
+
+    def end(self) -> None:
+        self._entry("version", b"3\n")
+        self.z.close()
+        self.fw.commit()
+        self.fw.close()
+
+    def abort(self) -> None:
+        if self.fw is not None:
+            self.out.dropped = True
+            self.z.fp = None  # so that zipfile writes no directory when it is collected
+            self.fw.close()  # uncommitted: its file goes
 
 
-def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
-    torch = _torch()
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
-    from torch.distributed.checkpoint.planner import WriteItemType
+def _box(shape: tuple[int, ...], itemsize: int, first: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """(offset, shape) of the box that bytes [first, first + n) of a row-major tensor cover: the
+    engine cuts a large tensor into runs of rows of its largest trailing block that fits."""
+    for k in range(len(shape)):
+        row = itemsize * int(np.prod(shape[k + 1 :], dtype=np.int64))
+        if row == 0 or first % row or n % row:
+            continue
+        idx, count = first // row, n // row
+        off = [0] * len(shape)
+        for d in range(k, -1, -1):
+            off[d] = idx % shape[d]
+            idx //= shape[d]
+        if off[k] + count <= shape[k]:
+            return tuple(off), (1,) * k + (count,) + tuple(shape[k + 1 :])
+    return (0,) * len(shape), tuple(shape)
 
-    tmp = _tmp_dir(dst, overwrite)
-    try:
-        specs = src.names
-        # DCP keys are key paths: what DCP itself makes of a nested state dict.
+
+class DcpSink:
+    """A DCP directory written by FileSystemWriter into the engine's temporary directory.
+
+    FileSystemWriter pulls: it asks for each item when it writes it, in an order of its own
+    (largest first), while the engine pushes tensors in its order. So the bytes first go, as
+    they arrive, into a spill file inside the temporary directory, and FileSystemWriter then
+    reads each item from there, one at a time (each into an anonymous mapping whose pages are
+    dropped once it asks for the next): memory stays at one piece, at the cost of writing the
+    data twice. A tensor the engine sent in several pieces is saved as one chunk per piece
+    (runs of rows), as the shards of a tensor saved by several ranks are: dcp.load assembles
+    them. The spill file is removed before the directory is published."""
+
+    is_dir = True
+
+    def __init__(self, dst: str) -> None:
+        self.fd = -1
+
+    def begin(self, tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, bytes], tmp: str) -> None:  # fmt: skip
+        self.tmp = tmp
+        self.tree, self.metas = _sink_tree(tensors, meta)
+        self.base: list[int] = []
+        at = 0
+        for m in self.metas:
+            self.base.append(at)
+            at += _nbytes(m)
+        self.pieces: list[list[tuple[int, int]]] = [[] for _ in self.metas]
+        self.spill = os.path.join(tmp, ".ckptio-spill")
+        self.fd = os.open(self.spill, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+    def write(self, index: int, offset: int, data: memoryview) -> None:
+        self.pieces[index].append((offset, len(data)))
+        done, at = 0, self.base[index] + offset
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], at + done)
+
+    def end(self) -> None:
+        try:
+            self._save()
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+            os.unlink(self.spill)
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _save(self) -> None:
+        torch = _torch()
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+        from torch.distributed.checkpoint.planner import WriteItemType
+
+        _, _, names, _ = _index(self.tree)
+        which = {id(m): i for i, m in enumerate(self.metas)}
+        # DCP keys are key paths: what DCP itself makes of a nested state dict; a tied tensor
+        # is there under each of its keys.
+        specs = {name: which[id(s.src)] for name, s in names.items()}
         state: dict[str, Any] = {}
-        for name, s in specs.items():
+        for name, i in specs.items():
             # Untouched allocations: the pages appear only if written, and they never are.
-            state[name] = torch.empty(s.shape, dtype=s.dtype)
-        for path, value in _plain_leaves(src):
+            state[name] = torch.empty(self.metas[i].shape, dtype=self.metas[i].dtype)
+        for path, value in _plain_leaves(self.tree):
             state[path] = value
-
-        # FileSystemWriter keeps every tensor it wrote until its file is closed, so each is
-        # read into an anonymous mapping of its own whose pages are dropped (MADV_DONTNEED) once
-        # FileSystemWriter asks for the next one, by which time it has written it.
         held: list[mmap.mmap] = []
-        # A tensor larger than the buffer is written as several chunks (runs of rows), as the
-        # shards of a tensor saved by several ranks are: dcp.load assembles them.
-        pieces: dict[tuple[str, tuple[int, ...]], tuple[int, int, tuple[int, ...]]] = {}
+        chunks: dict[tuple[str, tuple[int, ...]], tuple[int, int, tuple[int, ...]]] = {}
+        sink = self
 
         class Planner(DefaultSavePlanner):
             def create_local_plan(self) -> Any:
                 plan = super().create_local_plan()
                 items = []
                 for it in plan.items:
-                    spec = specs.get(it.index.fqn)
-                    if spec is None or it.type == WriteItemType.BYTE_IO or spec.nbytes <= PIECE_BYTES:  # fmt: skip
+                    i = specs.get(it.index.fqn)
+                    m = sink.metas[i] if i is not None else None
+                    if m is None or it.type == WriteItemType.BYTE_IO or len(sink.pieces[i]) <= 1:
                         items.append(it)
                         continue
-                    for first, n, off, box in _pieces(spec.shape, spec.dtype.itemsize, PIECE_BYTES):
+                    for first, n in sink.pieces[i]:
+                        off, box = _box(tuple(m.shape), m.element_size(), first, n)
                         o = torch.Size(off)
                         chunk = ChunkStorageMetadata(offsets=o, sizes=torch.Size(box))
                         items.append(
@@ -736,43 +752,39 @@ def to_dcp(src: Source, dst: str, overwrite: bool, progress: Any) -> None:
                                 tensor_data=dataclasses.replace(it.tensor_data, chunk=chunk),
                             )
                         )
-                        pieces[(it.index.fqn, off)] = (first, n, box)
+                        chunks[(it.index.fqn, off)] = (first, n, box)
                 self.plan = dataclasses.replace(plan, items=items)
                 return self.plan
 
             def resolve_data(self, write_item: Any) -> Any:
-                spec = specs.get(write_item.index.fqn)
-                if spec is None or write_item.type == WriteItemType.BYTE_IO:
+                i = specs.get(write_item.index.fqn)
+                if i is None or write_item.type == WriteItemType.BYTE_IO:
                     return super().resolve_data(write_item)
+                m = sink.metas[i]
                 off = tuple(int(x) for x in write_item.tensor_data.chunk.offsets)
-                first, n, box = pieces.get((write_item.index.fqn, off), (0, spec.nbytes, spec.shape))
-                for m in held:
-                    m.madvise(mmap.MADV_DONTNEED)
+                first, n, box = chunks.get((write_item.index.fqn, off), (0, _nbytes(m), tuple(m.shape)))  # fmt: skip
+                for h in held:
+                    h.madvise(mmap.MADV_DONTNEED)
                 held.clear()
                 if not n:
-                    return torch.empty(box, dtype=spec.dtype)
-                m = mmap.mmap(-1, n)
-                held.append(m)
-                raw = np.frombuffer(m, np.uint8)
-                src.read(spec, first, (off, box), memoryview(raw))
-                progress.add(n)
-                return torch.from_numpy(raw).view(spec.dtype).reshape(box)
+                    return torch.empty(box, dtype=m.dtype)
+                h = mmap.mmap(-1, n)
+                held.append(h)
+                raw = np.frombuffer(h, np.uint8)
+                _pread_into(sink.fd, memoryview(raw), sink.base[i] + first, write_item.index.fqn)
+                return torch.from_numpy(raw).view(m.dtype).reshape(box)
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*single process")
             dcp.save(
                 state,
-                storage_writer=FileSystemWriter(tmp, thread_count=1, single_file_per_rank=True),
+                storage_writer=FileSystemWriter(self.tmp, thread_count=1, single_file_per_rank=True),
                 planner=Planner(),
                 no_dist=True,  # type: ignore[call-arg]
             )
-        _publish_dir(tmp, dst, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
-def _plain_leaves(src: Source) -> Iterator[tuple[str, Any]]:
+def _plain_leaves(tree: Any) -> Iterator[tuple[str, Any]]:
     """(key path, value) of the tree's non-tensor leaves."""
     torch = _torch()
 
@@ -788,128 +800,64 @@ def _plain_leaves(src: Source) -> Iterator[tuple[str, Any]]:
         else:
             yield path, obj
 
-    yield from visit(src.tree, "")
-
-
-def _tmp_dir(dst: str, overwrite: bool) -> str:
-    if os.path.lexists(dst) and not overwrite:
-        raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
-    if os.path.isdir(dst) and os.listdir(dst) and not os.path.exists(os.path.join(dst, ".metadata")):  # fmt: skip
-        raise ConvertError(f"{dst} exists and is not a DCP directory (nor empty); refusing to replace it")  # fmt: skip
-    if os.path.exists(dst) and not os.path.isdir(dst):
-        raise ConvertError(f"{dst} exists and is not a directory; refusing to replace it")
-    tmp = f"{dst.rstrip('/')}.tmp-{os.getpid()}"
-    os.mkdir(tmp)
-    return tmp
-
-
-def _publish_dir(tmp: str, dst: str, overwrite: bool) -> None:
-    for name in os.listdir(tmp):
-        fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    _fsync_dir(tmp)
-    parent = os.path.dirname(os.path.abspath(dst))
-    if os.path.exists(dst):
-        if not overwrite:
-            raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
-        old = f"{dst.rstrip('/')}.old-{os.getpid()}"
-        os.rename(dst, old)
-        os.rename(tmp, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, dst)
-    _fsync_dir(parent)
+    yield from visit(tree, "")
 
 
 # ---- the command -----------------------------------------------------------------------------
 
 
 class Progress:
-    """A live line on stderr when it is a terminal (nothing otherwise)."""
+    """Kept for callers of to_ckptio(src, dst, overwrite, progress): the engine draws the
+    progress line itself (on stderr, when it is a terminal)."""
 
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.done, self.label = total, 0, label
-        self.on = sys.stderr.isatty()
-        self.t0 = self.last = time.monotonic()
-
-    def add(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.on and now - self.last >= 0.25 and now - self.t0 >= 1.0:
-            self.last = now
-            pct = 100.0 * self.done / self.total if self.total else 100.0
-            sys.stderr.write(f"\r\033[K{self.label}  {self.done / 1e9:.2f} / {self.total / 1e9:.2f} GB ({pct:.0f}%)  {now - self.t0:.1f} s")  # fmt: skip
-            sys.stderr.flush()
-
-    def end(self) -> None:
-        if self.on and self.last != self.t0:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+    def __init__(self, total: int = 0, label: str = "") -> None:
+        self.total, self.label = total, label
 
 
-def detect(path: str, dst: bool) -> str:
-    if dst:
-        if path.endswith(".safetensors"):
-            return "safetensors"
-        if path.endswith(TORCH_SUFFIXES):
-            return "torch"
-        if path.rstrip("/").endswith(".dcp") or os.path.exists(os.path.join(path, ".metadata")):
-            return "dcp"
-        return "ckptio"
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "manifest")):
-            return "ckptio"
-        if os.path.exists(os.path.join(path, ".metadata")):
-            return "dcp"
-        raise ConvertError(f"{path}: not a ckptio checkpoint or DCP directory; pass --from")
-    if not os.path.exists(path):
-        raise ConvertError(f"{path}: no such file or directory")
-    with open(path, "rb") as f:
-        head = f.read(9)
-    if head[:4] == b"PK\x03\x04":
-        return "torch"
-    if len(head) == 9 and head[8:9] == b"{" or path.endswith(".safetensors"):
-        return "safetensors"
-    raise ConvertError(f"{path}: cannot tell the format; pass --from")
+def _run(src: str, dst: str, opts: dict[str, Any], source: Source | None, sink: Any) -> tuple[str, str, int, int]:  # fmt: skip
+    return _core.convert(src, dst, {"piece_bytes": PIECE_BYTES, **opts}, _Feed(source) if source else None, sink)  # fmt: skip
 
 
-def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False) -> str:  # fmt: skip
-    """Convert ``src`` into a new ``dst`` (formats: ckptio, torch, dcp on either side; the
-    `ckptio convert` command adds safetensors and hf). Returns a one-line summary."""
-    dst = dst.rstrip("/") or dst
-    f = src_format or detect(src, False)
-    t = dst_format or detect(dst, True)
-    if f in ("safetensors", "hf") or t in ("safetensors", "hf"):
-        raise ConvertError(
-            f"{f} -> {t}: safetensors is converted by the ckptio command: "
-            "ckptio convert (or python -m ckptio convert)"
-        )
-    if os.path.lexists(dst) and not overwrite:
-        raise ConvertError(f"{dst} already exists; pass --overwrite to replace it")
-    sources = {"ckptio": CkptioSource, "torch": TorchSource, "dcp": DcpSource}
-    sinks = {"ckptio": to_ckptio, "torch": to_torch, "dcp": to_dcp}
-    t0 = time.monotonic()
-    source = sources[f](src)
+def to_ckptio(src: Source, dst: str, overwrite: bool, progress: Any = None) -> None:
+    """Copy an open torch or DCP source into a new ckptio checkpoint, through the engine."""
+    kind = "dcp" if isinstance(src, DcpSource) else "torch"
+    _run(src.path, dst, {"from": kind, "to": "ckptio", "overwrite": overwrite}, src, None)
+
+
+def _detect(path: str, dst: bool, sharded: bool = False) -> str:
     try:
-        total = sum(s.nbytes for s in source.specs)
-        progress = Progress(total, f"converting {src} -> {dst}")
-        try:
-            sinks[t](source, dst, overwrite, progress)
-        finally:
-            progress.end()
+        return str(_core.convert_detect(path, dst, sharded))
+    except CheckpointError as e:
+        raise ConvertError(str(e)) from None
+
+
+def _size(s: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kKmMgGtT]?)[iI]?[bB]?\s*", s)
+    if not m or not float(m.group(1)):
+        raise ConvertError(f"--max-shard-size '{s}' is not a size (5G, 500M)")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False, max_shard_size: int | None = None) -> str:  # fmt: skip
+    """Convert ``src`` into a new ``dst``, any pair of ckptio, safetensors, hf, torch and dcp
+    (the formats detected where not given). Returns a one-line summary."""
+    dst = dst.rstrip("/") or dst
+    f = src_format or _detect(src, False)
+    t = dst_format or _detect(dst, True, max_shard_size is not None)
+    t0 = time.monotonic()
+    source = TorchSource(src) if f == "torch" else DcpSource(src) if f == "dcp" else None
+    sink = TorchSink(dst) if t == "torch" else DcpSink(dst) if t == "dcp" else None
+    opts = {"from": f, "to": t, "overwrite": overwrite, "max_shard_bytes": max_shard_size, "progress": True}  # fmt: skip
+    try:
+        f, t, n, nbytes = _run(src, dst, opts, source, sink)
     finally:
-        source.close()
-    return (
-        f"converted {src} ({f}) -> {dst} ({t}): {len(source.specs)} tensors, "
-        f"{total / 1e9:.2f} GB in {time.monotonic() - t0:.2f} s"
-    )
+        if source is not None:
+            source.close()
+    return f"converted {src} ({f}) -> {dst} ({t}): {n} tensors, {nbytes / 1e9:.2f} GB in {time.monotonic() - t0:.2f} s"  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ckptio convert", description="Convert between ckptio, torch and DCP checkpoints.")  # fmt: skip
+    ap = argparse.ArgumentParser(prog="ckptio convert", description="Convert between ckptio, safetensors, hf, torch and DCP checkpoints.")  # fmt: skip
     ap.add_argument("--from", dest="src_format", choices=FORMATS)
     ap.add_argument("--to", dest="dst_format", choices=FORMATS)
     ap.add_argument("--overwrite", action="store_true")
@@ -918,7 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dst")
     a = ap.parse_args(argv)
     try:
-        summary = convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite)  # fmt: skip
+        shard = _size(a.max_shard_size) if a.max_shard_size else None
+        summary = convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite, max_shard_size=shard)  # fmt: skip
         if sys.stdout.isatty():
             print(summary)
     except (ConvertError, OSError) as e:

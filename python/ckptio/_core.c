@@ -8,7 +8,7 @@
 
 /* The module is put together from one file per object: _core_values.c (errors, params,
  * records), _core_handle.c (what Writer, Reader and FileWriter share), _core_buffer.c,
- * _core_writer.c, _core_reader.c, _core_file.c, _core_dist.c, _core_gpu.c and _core_async.c; _comm.c, _st.c
+ * _core_writer.c, _core_reader.c, _core_file.c, _core_dist.c, _core_gpu.c, _core_async.c and _core_convert.c; _comm.c, _st.c
  * and _lazy.c add the communicators, the safetensors header and the Mapper. */
 
 static PyObject *mod_describe_system(PyObject *mod, PyObject *args)
@@ -60,7 +60,7 @@ PyMODINIT_FUNC PyInit__core(void)
         ckptio__pyvalues_register, ckptio__pybuffer_register, ckptio__pywriter_register,
         ckptio__pyreader_register, ckptio__pyfile_register,   ckptio__pydist_register,
         ckptio__pygpu_register,    ckptio__pyasync_register, ckptio__pycomm_register,   ckptio__pyst_register,
-        ckptio__pylazy_register,
+        ckptio__pylazy_register,   ckptio__pyconvert_register,
     };
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;

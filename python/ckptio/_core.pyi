@@ -222,3 +222,10 @@ def save_dist_async(
     params: Params | None,
     timeout: float,
 ) -> Completion: ...
+
+# _core_convert.c: the library's convert engine. `source` has .tensors [(name, dtype, shape)],
+# .metadata {str: bytes} and .read(index, offset, out); `sink` has .is_dir and .begin(tensors,
+# metadata, tmp_path), .write(index, offset, data), .end(), .abort(). opts: from, to (format
+# names), overwrite, max_shard_bytes, piece_bytes, progress. Returns (from, to, n_tensors, nbytes).
+def convert(src: Any, dst: Any, opts: dict[str, Any], source: Any = None, sink: Any = None) -> tuple[str, str, int, int]: ...  # fmt: skip
+def convert_detect(path: Any, is_dst: bool, sharded: bool = False) -> str: ...

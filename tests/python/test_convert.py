@@ -280,3 +280,97 @@ def test_peak_memory_is_bounded(tmp_path: pathlib.Path) -> None:
     base = peak_rss_mib(sys.executable, "-c", "import torch, numpy, ckptio._convert")
     assert peak_rss_mib(*cmd, str(tmp_path / "ck"), str(tmp_path / "m.pt")) < base + 128
     assert peak_rss_mib(*cmd, str(tmp_path / "m.pt"), str(tmp_path / "back")) < base + 128
+
+
+def watch(monkeypatch: pytest.MonkeyPatch, cls: Any, method: str, where: pathlib.Path, seen: list[list[str]]) -> None:  # fmt: skip
+    """Record the listing of `where` at every call of cls.method, while the engine runs."""
+    orig = getattr(cls, method)
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen.append(sorted(os.listdir(where)))
+        return orig(self, *args)
+
+    monkeypatch.setattr(cls, method, spy)
+
+
+@pytest.mark.parametrize(
+    "src, dst, spied",
+    [("x.pt", "m.safetensors", "TorchSource.read"), ("in.safetensors", "o.dcp", "DcpSink.write"), ("hf", "y.pt", "TorchSink.write")],  # fmt: skip
+)
+def test_mixed_pairs_in_one_pass(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, src: str, dst: str, spied: str) -> None:  # fmt: skip
+    """torch -> safetensors, safetensors -> DCP, hf -> torch: one pass through the engine; while
+    it runs, the destination's directory holds only the source and the destination's own
+    temporary sibling, never a temporary ckptio checkpoint."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    sd = state()
+    torch.save(sd, tmp_path / "x.pt")
+    safetensors_torch.save_file(sd, tmp_path / "in.safetensors")
+    run(tmp_path / "in.safetensors", tmp_path / "hf", "--max-shard-size", "100K")
+    before = sorted(os.listdir(tmp_path))
+    seen: list[list[str]] = []
+    cls, method = spied.split(".")
+    watch(monkeypatch, getattr(_convert, cls), method, tmp_path, seen)
+    _convert.convert(str(tmp_path / src), str(tmp_path / dst))
+    assert len(seen) >= len(sd) - 1  # every tensor but the empty one
+    for names in seen:
+        extra = [n for n in names if n not in before]
+        assert len(extra) <= 1 and all(n.startswith(f"{dst}.tmp-") for n in extra), names
+        assert not any((tmp_path / n / "manifest").exists() for n in extra)
+    assert sorted(os.listdir(tmp_path)) == sorted([*before, dst])
+    if dst.endswith(".dcp"):
+        back = {k: torch.empty_like(v) for k, v in sd.items()}
+        dcp = pytest.importorskip("torch.distributed.checkpoint")
+        dcp.load(back, checkpoint_id=str(tmp_path / dst), no_dist=True)
+        assert ".ckptio-spill" not in os.listdir(tmp_path / dst)
+    elif dst.endswith(".pt"):
+        back = torch.load(tmp_path / dst, weights_only=True)
+    else:
+        back = safetensors_torch.load_file(tmp_path / dst)
+    same(sd, back)
+
+
+@pytest.mark.parametrize("exc", [_convert.ConvertError("the source broke"), KeyboardInterrupt()])
+@pytest.mark.parametrize("dst", ["m.safetensors", "hf", "ck", "o.dcp", "y.pt"])
+def test_failing_source_leaves_nothing(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, dst: str, exc: BaseException) -> None:  # fmt: skip
+    """A torch source that fails (or is interrupted) part-way: the exception reaches the
+    caller as it was raised, and nothing is at the destination, nor beside it."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    torch.save(state(), tmp_path / "x.pt")
+    orig = _convert.TorchSource.read
+    calls = []
+
+    def read(self: Any, *args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise exc
+        orig(self, *args)
+
+    monkeypatch.setattr(_convert.TorchSource, "read", read)
+    with pytest.raises(type(exc)):
+        _convert.convert(str(tmp_path / "x.pt"), str(tmp_path / dst), max_shard_size=20000 if dst == "hf" else None)  # fmt: skip
+    assert sorted(os.listdir(tmp_path)) == ["x.pt"]
+
+
+@pytest.mark.parametrize("dst", ["y.pt", "o.dcp"])
+def test_failing_sink_leaves_nothing(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, dst: str) -> None:  # fmt: skip
+    """A torch or DCP sink that fails part-way (or at its end): nothing at the destination."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    ckptio.save(state(), tmp_path / "ck")
+    cls = _convert.TorchSink if dst.endswith(".pt") else _convert.DcpSink
+    for method in ("write", "end"):
+        orig = getattr(cls, method)
+        calls = []
+
+        def fail(self: Any, *args: Any, orig: Any = orig, calls: list[int] = calls) -> Any:
+            calls.append(1)
+            if len(calls) == 2 or method == "end":
+                raise OSError(28, "No space left on device (injected)")
+            return orig(self, *args)
+
+        with monkeypatch.context() as m:
+            m.setattr(cls, method, fail)
+            with pytest.raises(OSError, match="injected"):
+                _convert.convert(str(tmp_path / "ck"), str(tmp_path / dst))
+        assert sorted(os.listdir(tmp_path)) == ["ck"], method
+    run(tmp_path / "ck", tmp_path / dst)
+    assert sorted(os.listdir(tmp_path)) == sorted(["ck", dst])

@@ -34,7 +34,7 @@ SRC_FLOORS: list[list[str]] = [
     ["io"],
     ["commit"],
     ["write", "read"],
-    ["ranks"],
+    ["ranks", "convert"],
     ["system.c"],
 ]
 
