@@ -806,19 +806,11 @@ def _plain_leaves(tree: Any) -> Iterator[tuple[str, Any]]:
 # ---- the command -----------------------------------------------------------------------------
 
 
-class Progress:
-    """Kept for callers of to_ckptio(src, dst, overwrite, progress): the engine draws the
-    progress line itself (on stderr, when it is a terminal)."""
-
-    def __init__(self, total: int = 0, label: str = "") -> None:
-        self.total, self.label = total, label
-
-
 def _run(src: str, dst: str, opts: dict[str, Any], source: Source | None, sink: Any) -> tuple[str, str, int, int]:  # fmt: skip
     return _core.convert(src, dst, {"piece_bytes": PIECE_BYTES, **opts}, _Feed(source) if source else None, sink)  # fmt: skip
 
 
-def to_ckptio(src: Source, dst: str, overwrite: bool, progress: Any = None) -> None:
+def to_ckptio(src: Source, dst: str, overwrite: bool) -> None:
     """Copy an open torch or DCP source into a new ckptio checkpoint, through the engine."""
     kind = "dcp" if isinstance(src, DcpSource) else "torch"
     _run(src.path, dst, {"from": kind, "to": "ckptio", "overwrite": overwrite}, src, None)

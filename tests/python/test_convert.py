@@ -170,13 +170,13 @@ def test_dcp_source_by_dcp_load(tmp_path: pathlib.Path) -> None:
     dcp.save(sd, checkpoint_id=str(tmp_path / "d"), no_dist=True)
     src = _convert.DcpSource(str(tmp_path / "d"))
     src.direct.clear()
-    _convert.to_ckptio(src, str(tmp_path / "ck"), False, _convert.Progress(0, ""))
+    _convert.to_ckptio(src, str(tmp_path / "ck"), False)
     src.close()
     same(sd, ckptio.load(tmp_path / "ck"))
 
 
 def test_safetensors_with_torch_and_dcp(tmp_path: pathlib.Path) -> None:
-    """Between safetensors and torch or DCP, through a temporary ckptio checkpoint that goes."""
+    """Between safetensors and torch or DCP, in one pass through the engine."""
     dcp = pytest.importorskip("torch.distributed.checkpoint")
     sd = state()
     torch.save(sd, tmp_path / "x.pt")
@@ -223,7 +223,7 @@ def test_malicious_pickle_is_not_run(tmp_path: pathlib.Path) -> None:
             return (os.system, (f"touch {marker}",))
 
     torch.save({"w": torch.ones(3), "x": Evil()}, tmp_path / "evil.pt")
-    for dst in ("ck", "m.safetensors"):  # the second through a temporary ckptio checkpoint
+    for dst in ("ck", "m.safetensors"):  # the second a mixed pair, in one pass
         res = run(tmp_path / "evil.pt", tmp_path / dst, ok=False)
         assert res.returncode == 1
         assert "refused" in res.stderr and "was not run" in res.stderr, res.stderr
