@@ -1064,6 +1064,17 @@ CKPTIO_API int ckptio_reader_gpu_stats(const ckptio_reader *r, ckptio_gpu_stats 
  * when GPU buffers would be refused; `why` (may be NULL) gets the reason. Loads the driver
  * (and cuFile) if need be. Since 0.2. */
 CKPTIO_API int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t len);
+
+/* The route GPU buffers take, decided once for every front end: CKPTIO_GPU_GDS or
+ * CKPTIO_GPU_STAGED (ckptio's own path: pass them as CKPTIO_MEM_CUDA); CKPTIO_GPU_OFF when the
+ * caller should copy them to host memory itself, `why` saying why in a few words ("CKPTIO_GPU=off",
+ * "gpu=off", or why no driver is usable under CKPTIO_GPU_AUTO); CKPTIO_E_UNSUPPORTED when GDS
+ * or staged is asked for by name (CKPTIO_GPU or params.gpu) but no driver is usable, `why`
+ * saying so; CKPTIO_E_USAGE for an invalid CKPTIO_GPU or params.gpu. `dir` and `p` as for
+ * ckptio_gpu_probe (whose result is this one with CKPTIO_E_UNSUPPORTED reported as
+ * CKPTIO_GPU_OFF). The answer can change only with CKPTIO_GPU, params.gpu or `dir`: the driver
+ * is loaded once per process. Thread-safe. Since 0.3. */
+CKPTIO_API int ckptio_gpu_route(const char *dir, const ckptio_params *p, char *why, size_t len);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -413,6 +413,25 @@ static int test_gpu_no_driver(void)
     char why[512];
     CHECK(ckptio_gpu_probe(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_OFF);
     CHECK(t_contains(why, "not installed"));
+    /* The route: auto means a host copy, saying why; a path asked for by name is refused. */
+    CHECK(ckptio_gpu_route(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_OFF);
+    CHECK(t_contains(why, "not installed"));
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.gpu = CKPTIO_GPU_STAGED;
+    CHECK_ERR(ckptio_gpu_route(t_dir(), &p, why, sizeof why), CKPTIO_E_UNSUPPORTED);
+    CHECK(t_contains(why, "gpu=staged asks") && t_contains(why, "not installed"));
+    CHECK(ckptio_gpu_probe(t_dir(), &p, why, sizeof why) == CKPTIO_GPU_OFF);
+    setenv("CKPTIO_GPU", "gds", 1);
+    CHECK_ERR(ckptio_gpu_route(t_dir(), &p, why, sizeof why), CKPTIO_E_UNSUPPORTED);
+    CHECK(t_contains(why, "CKPTIO_GPU=gds asks"));
+    setenv("CKPTIO_GPU", "off", 1);
+    CHECK(ckptio_gpu_route(t_dir(), &p, why, sizeof why) == CKPTIO_GPU_OFF);
+    CHECK(!strcmp(why, "CKPTIO_GPU=off"));
+    unsetenv("CKPTIO_GPU");
+    p.gpu = CKPTIO_GPU_OFF;
+    CHECK(ckptio_gpu_route(t_dir(), &p, why, sizeof why) == CKPTIO_GPU_OFF);
+    CHECK(!strcmp(why, "gpu=off"));
     return 0;
 }
 
@@ -434,9 +453,13 @@ static int test_gpu_modes(void)
               CKPTIO_E_UNSUPPORTED);
     CHECK(t_contains(ckptio_writer_errmsg(w), "off"));
     ckptio_writer_close(w);
-    setenv("CKPTIO_GPU", "staged", 1);
+    setenv("CKPTIO_GPU", "bogus", 1);
     char why[512];
+    CHECK_ERR(ckptio_gpu_route(t_dir(), NULL, why, sizeof why), CKPTIO_E_USAGE);
+    CHECK(t_contains(why, "CKPTIO_GPU='bogus'"));
+    setenv("CKPTIO_GPU", "staged", 1);
     CHECK(ckptio_gpu_probe(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_STAGED);
+    CHECK(ckptio_gpu_route(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_STAGED);
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
     uint8_t host[64];
     CHECK_ERR(ckptio_writer_add_mem(w, "h", CKPTIO_DT_U8, 1, (uint64_t[]){64}, NULL, NULL, host,

@@ -17,23 +17,6 @@ static int cu_fail(ckptio__gpu *g, ckptio__msg *m, ckptio__CUresult r, const cha
                         what, call, ckptio__cuda_errstr(g->cu, r, e, sizeof e));
 }
 
-int ckptio__gpu_mode(int param, ckptio__msg *m)
-{
-    const char *env = getenv("CKPTIO_GPU");
-    if (env && *env) {
-        if (!strcmp(env, "auto")) return CKPTIO_GPU_AUTO;
-        if (!strcmp(env, "gds")) return CKPTIO_GPU_GDS;
-        if (!strcmp(env, "staged")) return CKPTIO_GPU_STAGED;
-        if (!strcmp(env, "off")) return CKPTIO_GPU_OFF;
-        return ckptio__fail(m, CKPTIO_E_USAGE,
-                            "CKPTIO_GPU='%.32s' is not valid: use auto, gds, staged or off", env);
-    }
-    if (param < CKPTIO_GPU_AUTO || param > CKPTIO_GPU_OFF)
-        return ckptio__fail(m, CKPTIO_E_USAGE,
-                            "params.gpu is %d: use CKPTIO_GPU_AUTO, _GDS, _STAGED or _OFF", param);
-    return param;
-}
-
 void ckptio__gpu_init(ckptio__gpu *g, int mode, uint64_t ring_bytes, uint64_t block)
 {
     memset(g, 0, sizeof *g);
