@@ -162,7 +162,9 @@ typedef struct ckptio_params {
     /* GPU memory (CKPTIO_MEM_CUDA buffers, doc/gpu.md). Since 0.2. */
     int gpu;                    /* enum ckptio_gpu_mode; CKPTIO_GPU=auto|gds|staged|off wins */
     uint32_t reserved2;
-    uint64_t gpu_staging_bytes; /* pinned host memory for GPU copies; 0 = default (256 MiB) */
+    uint64_t gpu_staging_bytes; /* pinned ring for GPU loads (and a writer's GDS checksums,
+                                 * replicas); 0 = default (256 MiB). A staged save pins the
+                                 * writer's staging (staging_bytes) instead */
     /* Since 0.2, read paths (a caller whose .size stops before these gets the defaults): */
     int cache;               /* reader: enum ckptio_cache; the environment's CKPTIO_CACHE=auto|never|fill
                               * overrides it */
@@ -174,8 +176,8 @@ typedef struct ckptio_params {
 /* How GPU memory moves (ckptio_params.gpu). AUTO: GPUDirect Storage (cuFile) where it works,
  * else the staged path; GDS: the same, asked for by name (data files where cuFile refuses
  * still fall back to staged, saying why in ckptio_gpu_stats); STAGED: device-to-host copies
- * through a pinned ring on ckptio's own stream, overlapped with the O_DIRECT writes (and the
- * mirror for reads); OFF: GPU buffers are refused (CKPTIO_E_UNSUPPORTED). The CUDA driver
+ * on ckptio's own stream straight into the writer's staging buffers (pinned once), written
+ * from there, overlapped with the O_DIRECT writes (reads: through a pinned ring); OFF: GPU buffers are refused (CKPTIO_E_UNSUPPORTED). The CUDA driver
  * (libcuda.so.1) and cuFile (libcufile.so.0) are loaded at run time, at first use: ckptio
  * needs neither to build or to run on hosts without a GPU. Since 0.2. */
 enum ckptio_gpu_mode {
@@ -1064,6 +1066,17 @@ CKPTIO_API int ckptio_reader_gpu_stats(const ckptio_reader *r, ckptio_gpu_stats 
  * when GPU buffers would be refused; `why` (may be NULL) gets the reason. Loads the driver
  * (and cuFile) if need be. Since 0.2. */
 CKPTIO_API int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t len);
+
+/* The route GPU buffers take, decided once for every front end: CKPTIO_GPU_GDS or
+ * CKPTIO_GPU_STAGED (ckptio's own path: pass them as CKPTIO_MEM_CUDA); CKPTIO_GPU_OFF when the
+ * caller should copy them to host memory itself, `why` saying why in a few words ("CKPTIO_GPU=off",
+ * "gpu=off", or why no driver is usable under CKPTIO_GPU_AUTO); CKPTIO_E_UNSUPPORTED when GDS
+ * or staged is asked for by name (CKPTIO_GPU or params.gpu) but no driver is usable, `why`
+ * saying so; CKPTIO_E_USAGE for an invalid CKPTIO_GPU or params.gpu. `dir` and `p` as for
+ * ckptio_gpu_probe (whose result is this one with CKPTIO_E_UNSUPPORTED reported as
+ * CKPTIO_GPU_OFF). The answer can change only with CKPTIO_GPU, params.gpu or `dir`: the driver
+ * is loaded once per process. Thread-safe. Since 0.3. */
+CKPTIO_API int ckptio_gpu_route(const char *dir, const ckptio_params *p, char *why, size_t len);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -6,7 +6,7 @@
  * and cuFile reads and writes (pread/pwrite). Failure injection and accounting go through the
  * standin_* functions and these variables:
  *   CKPTIO_STANDIN_FAIL_COPY=N   the Nth copy (1-based, either direction) fails (error 700)
- *   CKPTIO_STANDIN_FAIL_ALLOC=1  pinned allocations fail (error 2)
+ *   CKPTIO_STANDIN_FAIL_ALLOC=1  pinned allocations and registrations fail (error 2)
  *   CKPTIO_STANDIN_NO_DEVICE=1   cuDeviceGetCount says 0
  *   CKPTIO_STANDIN_COPY_US=N     every copy takes N microseconds more
  *   CKPTIO_STANDIN_GDS=1         cuFileDriverOpen succeeds (else it fails)
@@ -69,6 +69,9 @@ typedef struct alloc {
 static alloc *devs;
 static long copies_started, pinned_now, pinned_peak, streams_live, events_live, copy_fail_at;
 static long max_ahead_all;
+/* Host memory registered (cuMemHostRegister) now and at most; device-to-host bytes that landed
+ * in registered memory and in cuMemHostAlloc'd memory (ckptio's ring). */
+static long registered_now, registered_peak, dtoh_registered, dtoh_allocated;
 static __thread void *cur_ctx;
 static int ctx_token;
 
@@ -218,14 +221,28 @@ API void standin_sync(void *h)
 
 typedef struct standin_stats {
     long pinned_now, pinned_peak, streams_live, events_live, max_ahead, copies;
+    long registered_now, registered_peak, dtoh_registered, dtoh_allocated;
 } standin_stats;
 
 API void standin_get_stats(standin_stats *out)
 {
     pthread_mutex_lock(&mu);
-    *out = (standin_stats){pinned_now, pinned_peak, streams_live, events_live, max_ahead_all,
-                           copies_started};
+    *out = (standin_stats){pinned_now,      pinned_peak,     streams_live,    events_live,
+                           max_ahead_all,   copies_started,  registered_now,  registered_peak,
+                           dtoh_registered, dtoh_allocated};
     pthread_mutex_unlock(&mu);
+}
+
+static int in_list(const struct alloc *list, const void *p, size_t n);
+static struct alloc *registered;
+
+/* Whether [p, p + n) lies in host memory registered with cuMemHostRegister. */
+API int standin_is_registered(const void *p, size_t n)
+{
+    pthread_mutex_lock(&mu);
+    int r = in_list(registered, p, n);
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 /* ---- the driver API ---- */
@@ -264,6 +281,31 @@ API CUresult cuDevicePrimaryCtxRetain(void **c, int d)
 }
 static alloc *pinned;
 
+/* Called with mu held: a is pinned now (allocated or registered). */
+static void track(alloc **list, alloc *a, long *now, long *peak)
+{
+    a->next = *list;
+    *list = a;
+    *now += (long)a->n;
+    if (*now > *peak) *peak = *now;
+}
+
+/* Called with mu held: the range starting at p is no longer pinned (its memory freed if ours);
+ * 0 if it never was. */
+static int untrack(alloc **list, void *p, long *now, int ours)
+{
+    for (alloc **a = list; *a; a = &(*a)->next)
+        if ((*a)->p == p) {
+            alloc *x = *a;
+            *a = x->next;
+            *now -= (long)x->n;
+            if (ours) free(x->p);
+            free(x);
+            return 1;
+        }
+    return 0;
+}
+
 API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
 {
     (void)flags;
@@ -273,10 +315,7 @@ API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
     if (!a || posix_memalign((void **)&a->p, 4096, n)) return 2;
     a->n = n;
     pthread_mutex_lock(&mu);
-    a->next = pinned;
-    pinned = a;
-    pinned_now += (long)n;
-    if (pinned_now > pinned_peak) pinned_peak = pinned_now;
+    track(&pinned, a, &pinned_now, &pinned_peak);
     pthread_mutex_unlock(&mu);
     *p = a->p;
     return 0;
@@ -284,27 +323,49 @@ API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
 
 API CUresult cuMemFreeHost(void *p)
 {
-    CUresult r = 1;
     pthread_mutex_lock(&mu);
-    for (alloc **a = &pinned; *a; a = &(*a)->next)
-        if ((*a)->p == p) {
-            alloc *x = *a;
-            *a = x->next;
-            pinned_now -= (long)x->n;
-            free(x->p);
-            free(x);
-            r = 0;
-            break;
-        }
+    CUresult r = untrack(&pinned, p, &pinned_now, 1) ? 0 : 1;
     pthread_mutex_unlock(&mu);
     return r;
 }
 
-static int is_pinned(const void *p, size_t n)
+static int in_list(const alloc *list, const void *p, size_t n)
 {
-    for (alloc *a = pinned; a; a = a->next)
+    for (const alloc *a = list; a; a = a->next)
         if ((const uint8_t *)p >= a->p && (const uint8_t *)p + n <= a->p + a->n) return 1;
     return 0;
+}
+
+static int is_pinned(const void *p, size_t n)
+{
+    return in_list(pinned, p, n) || in_list(registered, p, n);
+}
+
+/* Like the driver: the caller's memory becomes pinned; ranges may not overlap. */
+API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
+{
+    (void)flags;
+    if (!cur_ctx) return 201;
+    if (envl("CKPTIO_STANDIN_FAIL_ALLOC")) return 2;
+    pthread_mutex_lock(&mu);
+    for (alloc *a = registered; a; a = a->next)
+        if ((uint8_t *)p < a->p + a->n && a->p < (uint8_t *)p + n) {
+            pthread_mutex_unlock(&mu);
+            return 712; /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */
+        }
+    alloc *a = calloc(1, sizeof *a);
+    *a = (alloc){.p = p, .n = n};
+    track(&registered, a, &registered_now, &registered_peak);
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+API CUresult cuMemHostUnregister(void *p)
+{
+    pthread_mutex_lock(&mu);
+    int was = untrack(&registered, p, &registered_now, 0);
+    pthread_mutex_unlock(&mu);
+    return was ? 0 : 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
 }
 
 static CUresult copy(void *dst, const void *src, size_t n, void *h, int d2h)
@@ -327,6 +388,7 @@ static CUresult copy(void *dst, const void *src, size_t n, void *h, int d2h)
     *o = (op){.kind = OP_COPY, .dst = dst, .src = src, .n = n,
               .delay_us = (unsigned)envl("CKPTIO_STANDIN_COPY_US")};
     s->copies++;
+    if (d2h) *(in_list(registered, dst, n) ? &dtoh_registered : &dtoh_allocated) += (long)n;
     if (s->copies - s->observed > s->max_ahead) s->max_ahead = s->copies - s->observed;
     if ((long)s->max_ahead > max_ahead_all) max_ahead_all = (long)s->max_ahead;
     push(s, o);

@@ -16,12 +16,14 @@
 #include "../src/gpu/staged.h"
 #include "../src/io/engine.h"
 #include "../src/io/vfs.h"
+#include "../src/write/writer.h"
 #include "model.h"
 #include "test.h"
 
 typedef unsigned long long devptr;
 typedef struct standin_stats {
     long pinned_now, pinned_peak, streams_live, events_live, max_ahead, copies;
+    long registered_now, registered_peak, dtoh_registered, dtoh_allocated;
 } standin_stats;
 
 /* The device under test: the stand-in's hooks, or the real driver's calls that do the same. */
@@ -190,7 +192,7 @@ static int test_gpu_staged_roundtrip(void)
     CHECK_OK(ckptio_writer_gpu_stats(w, &gs));
     CHECK(!strcmp(gs.path, "staged") || !strcmp(gs.path, "gds+staged"));
     CHECK(gs.device_bytes == big + small);
-    CHECK(gs.staging_bytes == 4u << 20);
+    CHECK(gs.staging_bytes == 64u << 20); /* its staging windows (default), registered; no ring */
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
 
@@ -225,8 +227,10 @@ static int test_gpu_staged_roundtrip(void)
         standin_stats st;
         D.stats(&st);
         printf("pinned peak %ld, copies ahead at most %ld\n", st.pinned_peak, st.max_ahead);
-        CHECK(st.pinned_peak == 4 << 20); /* one ring per handle, never two at once */
-        CHECK(st.pinned_now == 0 && st.streams_live == 0 && st.events_live == 0);
+        CHECK(st.pinned_peak == 4 << 20); /* the reader's ring; the writer has none */
+        CHECK(st.registered_peak == 64 << 20 && st.dtoh_allocated == 0);
+        CHECK(st.pinned_now == 0 && st.registered_now == 0 && st.streams_live == 0 &&
+              st.events_live == 0);
         CHECK(st.max_ahead >= 2 && st.max_ahead <= 4); /* overlap, and back-pressure */
     }
     dev_free(db);
@@ -234,6 +238,90 @@ static int test_gpu_staged_roundtrip(void)
     dev_free(dd);
     free(hb);
     free(hs);
+    free(back);
+    return 0;
+}
+
+/* The staged save makes no host-to-host copy: every device-to-host copy lands in the writer's
+ * registered staging windows (none in a ring), the writes go out from that memory, the GPU
+ * path memcpy's nothing, and every byte reads back equal. Tensors of every kind of placement:
+ * several windows with an unaligned end, one starting mid-window whose rest is not whole
+ * checksum blocks, small ones packed (some would straddle a window end) and medium ones, with
+ * four windows in all, so that the pipeline waits for windows to come back. */
+static long reg_written;
+static int (*is_registered)(const void *, size_t);
+static int no_leaks(void);
+static void count_registered(ckptio__req *r)
+{
+    if (r->op != CKPTIO__OP_WRITE || r->res < 0) return;
+    if (is_registered(r->buf, r->len))
+        __atomic_fetch_add(&reg_written, (long)r->len, __ATOMIC_RELAXED);
+}
+
+static int test_gpu_staged_no_host_copy(void)
+{
+    int rc = dev_open(1);
+    if (rc) return rc;
+    *(void **)&is_registered = dlsym(D.lib, "standin_is_registered");
+    CHECK(is_registered != NULL);
+    ckptio_params p;
+    params_small(&p);
+    p.staging_bytes = 4u << 20; /* four 1 MiB windows */
+    ckptio__vfs v = ckptio__vfs_real;
+    v.req_done = count_registered;
+    ckptio__vfs_set(&v);
+    enum { SMALL = 700 };
+    const size_t sizes[] = {(5u << 20) + 100, 100, 6000, (3u << 20) + 7, 3000};
+    const size_t nt = sizeof sizes / sizeof *sizes;
+    size_t total = 0;
+    for (size_t i = 0; i < nt; i++) total += sizes[i];
+    total += SMALL * 3000;
+    uint8_t *h;
+    uint8_t *d = dev_random(total, 21, &h);
+    ckptio_writer *w;
+    CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
+    size_t at = 0;
+    char name[16];
+    for (size_t i = 0; i < nt + SMALL; i++) {
+        size_t n = i < nt ? sizes[i] : 3000;
+        snprintf(name, sizeof name, "t%zu", i);
+        CHECK_OK(ckptio_writer_add_mem(w, name, CKPTIO_DT_U8, 1, (uint64_t[]){n}, NULL, NULL,
+                                       d + at, n, CKPTIO_MEM_CUDA, 0));
+        at += n;
+    }
+    CHECK(w->gpu.host_copied == 0);
+    ckptio_gpu_stats gs = {.size = sizeof gs};
+    CHECK_OK(ckptio_writer_gpu_stats(w, &gs));
+    CHECK(!strcmp(gs.path, "staged") && gs.device_bytes == total);
+    CHECK(gs.staging_bytes == 4u << 20);
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    ckptio__vfs_set(NULL);
+    standin_stats st;
+    D.stats(&st);
+    printf("device-to-host: %ld B into registered windows, %ld B elsewhere; %ld B written from "
+           "registered memory; copies ahead at most %ld\n",
+           st.dtoh_registered, st.dtoh_allocated, reg_written, st.max_ahead);
+    CHECK(st.dtoh_registered == (long)total && st.dtoh_allocated == 0);
+    CHECK(st.pinned_peak == 0 && st.registered_peak == 4 << 20);
+    CHECK(reg_written >= (long)total);
+    CHECK(st.max_ahead >= 2 && st.max_ahead <= 4);
+    CHECK(no_leaks());
+    ckptio_reader *r;
+    CHECK_OK(ckptio_reader_open(&r, t_path("ck"), &p));
+    CHECK_OK(ckptio_reader_verify(r, NULL));
+    uint8_t *back = malloc(sizes[0]);
+    at = 0;
+    for (size_t i = 0; i < nt + SMALL; i++) {
+        size_t n = i < nt ? sizes[i] : 3000;
+        snprintf(name, sizeof name, "t%zu", i);
+        CHECK_OK(ckptio_reader_read_tensor(r, name, back, n));
+        CHECK(!memcmp(back, h + at, n));
+        at += n;
+    }
+    ckptio_reader_close(r);
+    dev_free(d);
+    free(h);
     free(back);
     return 0;
 }
@@ -291,9 +379,9 @@ static int no_leaks(void)
 {
     standin_stats st;
     D.stats(&st);
-    if (st.pinned_now || st.streams_live || st.events_live) {
-        fprintf(stderr, "leak: pinned %ld B, %ld streams, %ld events\n", st.pinned_now,
-                st.streams_live, st.events_live);
+    if (st.pinned_now || st.registered_now || st.streams_live || st.events_live) {
+        fprintf(stderr, "leak: pinned %ld B, registered %ld B, %ld streams, %ld events\n",
+                st.pinned_now, st.registered_now, st.streams_live, st.events_live);
         return 0;
     }
     return 1;
@@ -413,6 +501,25 @@ static int test_gpu_no_driver(void)
     char why[512];
     CHECK(ckptio_gpu_probe(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_OFF);
     CHECK(t_contains(why, "not installed"));
+    /* The route: auto means a host copy, saying why; a path asked for by name is refused. */
+    CHECK(ckptio_gpu_route(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_OFF);
+    CHECK(t_contains(why, "not installed"));
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.gpu = CKPTIO_GPU_STAGED;
+    CHECK_ERR(ckptio_gpu_route(t_dir(), &p, why, sizeof why), CKPTIO_E_UNSUPPORTED);
+    CHECK(t_contains(why, "gpu=staged asks") && t_contains(why, "not installed"));
+    CHECK(ckptio_gpu_probe(t_dir(), &p, why, sizeof why) == CKPTIO_GPU_OFF);
+    setenv("CKPTIO_GPU", "gds", 1);
+    CHECK_ERR(ckptio_gpu_route(t_dir(), &p, why, sizeof why), CKPTIO_E_UNSUPPORTED);
+    CHECK(t_contains(why, "CKPTIO_GPU=gds asks"));
+    setenv("CKPTIO_GPU", "off", 1);
+    CHECK(ckptio_gpu_route(t_dir(), &p, why, sizeof why) == CKPTIO_GPU_OFF);
+    CHECK(!strcmp(why, "CKPTIO_GPU=off"));
+    unsetenv("CKPTIO_GPU");
+    p.gpu = CKPTIO_GPU_OFF;
+    CHECK(ckptio_gpu_route(t_dir(), &p, why, sizeof why) == CKPTIO_GPU_OFF);
+    CHECK(!strcmp(why, "gpu=off"));
     return 0;
 }
 
@@ -434,9 +541,13 @@ static int test_gpu_modes(void)
               CKPTIO_E_UNSUPPORTED);
     CHECK(t_contains(ckptio_writer_errmsg(w), "off"));
     ckptio_writer_close(w);
-    setenv("CKPTIO_GPU", "staged", 1);
+    setenv("CKPTIO_GPU", "bogus", 1);
     char why[512];
+    CHECK_ERR(ckptio_gpu_route(t_dir(), NULL, why, sizeof why), CKPTIO_E_USAGE);
+    CHECK(t_contains(why, "CKPTIO_GPU='bogus'"));
+    setenv("CKPTIO_GPU", "staged", 1);
     CHECK(ckptio_gpu_probe(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_STAGED);
+    CHECK(ckptio_gpu_route(t_dir(), NULL, why, sizeof why) == CKPTIO_GPU_STAGED);
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
     uint8_t host[64];
     CHECK_ERR(ckptio_writer_add_mem(w, "h", CKPTIO_DT_U8, 1, (uint64_t[]){64}, NULL, NULL, host,
@@ -898,6 +1009,7 @@ static int test_gpu_dist_item_v1(void)
 
 const ckptio_test tests_gpu[] = {
     {"gpu_staged_roundtrip", test_gpu_staged_roundtrip, 0, 0},
+    {"gpu_staged_no_host_copy", test_gpu_staged_no_host_copy, 0, 0},
     {"gpu_stream_order", test_gpu_stream_order, 0, 0},
     {"gpu_copy_fails", test_gpu_copy_fails, 0, 0},
     {"gpu_pin_fails", test_gpu_pin_fails, 0, 0},

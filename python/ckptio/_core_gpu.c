@@ -100,6 +100,19 @@ static PyObject *mod_gpu_stats(PyObject *mod, PyObject *obj)
     return ckptio__pyrecord(GpuStats_Type, f, 5);
 }
 
+/* (mode, why) of ckptio_gpu_probe or ckptio_gpu_route, the GIL released; raises on an error. */
+static PyObject *route_answer(int (*fn)(const char *, const ckptio_params *, char *, size_t),
+                              const char *dir, const ckptio_params *p)
+{
+    char why[1024];
+    int mode;
+    Py_BEGIN_ALLOW_THREADS
+    mode = fn(dir, p, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (mode < 0) return ckptio__pyraise(mode, why, NULL);
+    return Py_BuildValue("(is)", mode, why);
+}
+
 /* gpu_probe(dir, params=None) -> (mode, why): the path GPU buffers would take. */
 static PyObject *mod_gpu_probe(PyObject *mod, PyObject *args)
 {
@@ -109,13 +122,22 @@ static PyObject *mod_gpu_probe(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "|zO:gpu_probe", &dir, &params)) return NULL;
     ckptio_params p;
     if (ckptio__pyparams(params, &p) < 0) return NULL;
-    char why[1024];
-    int mode;
-    Py_BEGIN_ALLOW_THREADS
-    mode = ckptio_gpu_probe(dir, &p, why, sizeof why);
-    Py_END_ALLOW_THREADS
-    if (mode < 0) return ckptio__pyraise(mode, why, NULL);
-    return Py_BuildValue("(is)", mode, why);
+    return route_answer(ckptio_gpu_probe, dir, &p);
+}
+
+/* gpu_route(dir, gpu) -> (mode, why): ckptio_gpu_route with params.gpu = gpu (an int,
+ * enum ckptio_gpu_mode): GDS or STAGED (ckptio's path), or OFF (a host copy, and why); raises
+ * Unsupported when a path asked for by name cannot run. */
+static PyObject *mod_gpu_route(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    const char *dir = NULL;
+    int gpu = CKPTIO_GPU_AUTO;
+    if (!PyArg_ParseTuple(args, "zi:gpu_route", &dir, &gpu)) return NULL;
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.gpu = gpu;
+    return route_answer(ckptio_gpu_route, dir, &p);
 }
 
 static PyMethodDef gpu_functions[] = {
@@ -126,6 +148,8 @@ static PyMethodDef gpu_functions[] = {
     {"gpu_stats", mod_gpu_stats, METH_O,
      "gpu_stats(writer or reader) -> (path, device_bytes, gds_bytes, staging_bytes, reason)"},
     {"gpu_probe", mod_gpu_probe, METH_VARARGS, "gpu_probe(dir=None, params=None) -> (mode, why)"},
+    {"gpu_route", mod_gpu_route, METH_VARARGS,
+     "gpu_route(dir, gpu) -> (mode, why): ckptio's GPU path (GDS, STAGED) or a host copy (OFF)"},
     {NULL, NULL, 0, NULL},
 };
 

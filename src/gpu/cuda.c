@@ -51,6 +51,8 @@ static void load_cuda(void)
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL);
     LOAD(MemHostAlloc, "cuMemHostAlloc", NULL);
     LOAD(MemFreeHost, "cuMemFreeHost", NULL);
+    LOAD(MemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister");
+    LOAD(MemHostUnregister, "cuMemHostUnregister", NULL);
     LOAD(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync");
     LOAD(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync");
     LOAD(StreamCreate, "cuStreamCreate", NULL);

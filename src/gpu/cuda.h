@@ -54,6 +54,8 @@ typedef struct ckptio__cuda {
     ckptio__CUresult (*DevicePrimaryCtxRetain)(ckptio__CUcontext *ctx, ckptio__CUdevice dev);
     ckptio__CUresult (*MemHostAlloc)(void **p, size_t n, unsigned flags);
     ckptio__CUresult (*MemFreeHost)(void *p);
+    ckptio__CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
+    ckptio__CUresult (*MemHostUnregister)(void *p);
     ckptio__CUresult (*MemcpyDtoHAsync)(void *dst, ckptio__CUdeviceptr src, size_t n,
                                         ckptio__CUstream s);
     ckptio__CUresult (*MemcpyHtoDAsync)(ckptio__CUdeviceptr dst, const void *src, size_t n,

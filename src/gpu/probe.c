@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Which path GPU buffers would take here, and why: for `ckptio doctor` and ckptio_gpu_probe. */
+/* Which path GPU buffers take here, and why: ckptio_gpu_route for the bindings, and the probe. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -43,7 +44,9 @@ static bool gds_dir(const char *dir, char *why, size_t len)
     return true;
 }
 
-int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t len)
+static const char *const mode_names[] = {"auto", "gds", "staged", "off"};
+
+int ckptio_gpu_route(const char *dir, const ckptio_params *p, char *why, size_t len)
 {
     char scratch[8];
     if (!why || !len) why = scratch, len = sizeof scratch;
@@ -57,17 +60,28 @@ int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t 
         snprintf(why, len, "%s", m.text);
         return mode;
     }
+    /* Who asked, in the words the caller used: the variable wins over the parameter. */
+    const char *env = getenv("CKPTIO_GPU");
+    const char *asked = env && *env ? "CKPTIO_GPU=" : "gpu=";
     if (mode == CKPTIO_GPU_OFF) {
-        snprintf(why, len, "GPU transfers are off (CKPTIO_GPU=off or params.gpu)");
+        snprintf(why, len, "%soff", asked);
         return CKPTIO_GPU_OFF;
     }
     const char *w = "the CUDA driver cannot be used";
     if (!ckptio__cuda_get(&w)) {
-        snprintf(why, len, "%s", w);
-        return CKPTIO_GPU_OFF;
+        if (mode == CKPTIO_GPU_AUTO) {
+            snprintf(why, len, "%s", w);
+            return CKPTIO_GPU_OFF;
+        }
+        /* A path asked for by name that cannot run is an error, not a silent host copy. */
+        snprintf(why, len,
+                 "%s%s asks for ckptio's GPU path but %s; unset CKPTIO_GPU (or ask for auto) to "
+                 "copy GPU buffers to host memory instead",
+                 asked, mode_names[mode], w);
+        return CKPTIO_E_UNSUPPORTED;
     }
     if (mode == CKPTIO_GPU_STAGED) {
-        snprintf(why, len, "CUDA driver loaded; staged path asked for (CKPTIO_GPU=staged)");
+        snprintf(why, len, "CUDA driver loaded; staged path asked for (%sstaged)", asked);
         return CKPTIO_GPU_STAGED;
     }
     char g[512];
@@ -77,4 +91,11 @@ int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t 
     }
     snprintf(why, len, "CUDA driver loaded; no GDS (%s), so the staged path", g);
     return CKPTIO_GPU_STAGED;
+}
+
+int ckptio_gpu_probe(const char *dir, const ckptio_params *p, char *why, size_t len)
+{
+    /* The route, where a path asked for by name that cannot run is "refused" (OFF). */
+    int rc = ckptio_gpu_route(dir, p, why, len);
+    return rc == CKPTIO_E_UNSUPPORTED ? CKPTIO_GPU_OFF : rc;
 }

@@ -1,6 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The GPU route: whether an extent moves by GPUDirect Storage or through the pinned ring. */
+/* The GPU route, parsed and decided here only: the mode asked for, then GDS or ring per extent. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "staged.h"
+
+int ckptio__gpu_mode(int param, ckptio__msg *m)
+{
+    const char *env = getenv("CKPTIO_GPU");
+    if (env && *env) {
+        if (!strcmp(env, "auto")) return CKPTIO_GPU_AUTO;
+        if (!strcmp(env, "gds")) return CKPTIO_GPU_GDS;
+        if (!strcmp(env, "staged")) return CKPTIO_GPU_STAGED;
+        if (!strcmp(env, "off")) return CKPTIO_GPU_OFF;
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "CKPTIO_GPU='%.32s' is not valid: use auto, gds, staged or off", env);
+    }
+    if (param < CKPTIO_GPU_AUTO || param > CKPTIO_GPU_OFF)
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "params.gpu is %d: use CKPTIO_GPU_AUTO, _GDS, _STAGED or _OFF", param);
+    return param;
+}
 
 int ckptio__gpu_route(ckptio__gpu *g, int fd, int direct, uint64_t off, uint64_t n, bool whole)
 {

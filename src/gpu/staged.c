@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The GPU pipeline: device memory through a pinned ring on ckptio's own stream, or cuFile. */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,23 +18,6 @@ static int cu_fail(ckptio__gpu *g, ckptio__msg *m, ckptio__CUresult r, const cha
                         what, call, ckptio__cuda_errstr(g->cu, r, e, sizeof e));
 }
 
-int ckptio__gpu_mode(int param, ckptio__msg *m)
-{
-    const char *env = getenv("CKPTIO_GPU");
-    if (env && *env) {
-        if (!strcmp(env, "auto")) return CKPTIO_GPU_AUTO;
-        if (!strcmp(env, "gds")) return CKPTIO_GPU_GDS;
-        if (!strcmp(env, "staged")) return CKPTIO_GPU_STAGED;
-        if (!strcmp(env, "off")) return CKPTIO_GPU_OFF;
-        return ckptio__fail(m, CKPTIO_E_USAGE,
-                            "CKPTIO_GPU='%.32s' is not valid: use auto, gds, staged or off", env);
-    }
-    if (param < CKPTIO_GPU_AUTO || param > CKPTIO_GPU_OFF)
-        return ckptio__fail(m, CKPTIO_E_USAGE,
-                            "params.gpu is %d: use CKPTIO_GPU_AUTO, _GDS, _STAGED or _OFF", param);
-    return param;
-}
-
 void ckptio__gpu_init(ckptio__gpu *g, int mode, uint64_t ring_bytes, uint64_t block)
 {
     memset(g, 0, sizeof *g);
@@ -41,6 +25,7 @@ void ckptio__gpu_init(ckptio__gpu *g, int mode, uint64_t ring_bytes, uint64_t bl
     g->ring_bytes = ring_bytes;
     g->block = block;
     g->gds_fd = -1;
+    ckptio__vec_init(&g->registered, sizeof(ckptio__gpu_reg));
     g->st.size = sizeof g->st;
     snprintf(g->st.path, sizeof g->st.path, "none");
 }
@@ -64,16 +49,57 @@ static void drop_stream(ckptio__gpu *g)
 
 void ckptio__gpu_fini(ckptio__gpu *g)
 {
-    if (!g->cu) return;
-    /* Closing may happen on another thread (an async commit's): use the stream's context. */
-    ckptio__CUcontext cur = NULL;
-    g->cu->CtxGetCurrent(&cur);
-    if (!cur && g->ctx) g->cu->CtxSetCurrent(g->ctx);
-    drop_stream(g);
-    if (g->ring) g->cu->MemFreeHost(g->ring);
-    g->ring = NULL;
-    ckptio__gpu_gds_forget(g);
-    if (!cur && g->ctx) g->cu->CtxSetCurrent(NULL);
+    if (g->cu) {
+        /* Closing may happen on another thread (an async commit's): use the stream's context. */
+        ckptio__CUcontext cur = NULL;
+        g->cu->CtxGetCurrent(&cur);
+        if (!cur && g->ctx) g->cu->CtxSetCurrent(g->ctx);
+        drop_stream(g);
+        if (g->ring) g->cu->MemFreeHost(g->ring);
+        g->ring = NULL;
+        for (size_t i = 0; i < g->registered.len; i++)
+            g->cu->MemHostUnregister(CKPTIO__VEC_AT(&g->registered, ckptio__gpu_reg, i)->base);
+        ckptio__gpu_gds_forget(g);
+        if (!cur && g->ctx) g->cu->CtxSetCurrent(NULL);
+    }
+    ckptio__vec_free(&g->registered);
+}
+
+/* The pinned ring, made at the first use that needs it. */
+static int ring_get(ckptio__gpu *g, ckptio__msg *m, const char *what)
+{
+    if (g->ring) return 0;
+    uint64_t slot = g->ring_bytes / CKPTIO__GPU_SLOTS / g->block * g->block;
+    g->slot = CKPTIO__MAX(slot, g->block);
+    void *ring = NULL;
+    ckptio__CUresult r =
+        g->cu->MemHostAlloc(&ring, CKPTIO__GPU_SLOTS * g->slot, CKPTIO__CU_MEMHOSTALLOC_PORTABLE);
+    if (r)
+        return ckptio__fail(m, -ENOMEM,
+                            "cannot pin %llu MiB of host memory for GPU staging (tensor '%s'); "
+                            "lower gpu_staging_bytes or raise ulimit -l",
+                            (unsigned long long)(CKPTIO__GPU_SLOTS * g->slot >> 20), what);
+    g->ring = ring;
+    g->st.staging_bytes += CKPTIO__GPU_SLOTS * g->slot;
+    return 0;
+}
+
+int ckptio__gpu_register(ckptio__gpu *g, void *base, uint64_t len, ckptio__msg *m,
+                         const char *what)
+{
+    for (size_t i = 0; i < g->registered.len; i++)
+        if (CKPTIO__VEC_AT(&g->registered, ckptio__gpu_reg, i)->base == base) return 0;
+    ckptio__gpu_reg reg = {base, len};
+    CKPTIO__TRY(ckptio__vec_push(&g->registered, &reg, 1)); /* room first: never lose a pin */
+    if (g->cu->MemHostRegister(base, (size_t)len, CKPTIO__CU_MEMHOSTREGISTER_PORTABLE)) {
+        g->registered.len--;
+        return ckptio__fail(m, -ENOMEM,
+                            "cannot pin the writer's %llu MiB of staging memory for GPU copies "
+                            "(tensor '%s'); lower staging_bytes or raise ulimit -l",
+                            (unsigned long long)(len >> 20), what);
+    }
+    g->st.staging_bytes += len;
+    return 0;
 }
 
 int ckptio__gpu_start(ckptio__gpu *g, uint64_t p, ckptio__msg *m, const char *what)
@@ -120,20 +146,7 @@ int ckptio__gpu_start(ckptio__gpu *g, uint64_t p, ckptio__msg *m, const char *wh
                 return cu_fail(g, m, r, "cuEventCreate", what);
             }
     }
-    if (!g->ring) {
-        uint64_t slot = g->ring_bytes / CKPTIO__GPU_SLOTS / g->block * g->block;
-        g->slot = CKPTIO__MAX(slot, g->block);
-        void *ring = NULL;
-        r = cu->MemHostAlloc(&ring, CKPTIO__GPU_SLOTS * g->slot, CKPTIO__CU_MEMHOSTALLOC_PORTABLE);
-        if (r)
-            return ckptio__fail(m, -ENOMEM,
-                                "cannot pin %llu MiB of host memory for GPU staging (tensor "
-                                "'%s'); lower gpu_staging_bytes or raise ulimit -l",
-                                (unsigned long long)(CKPTIO__GPU_SLOTS * g->slot >> 20), what);
-        g->ring = ring;
-        g->st.staging_bytes = CKPTIO__GPU_SLOTS * g->slot;
-    }
-    return 0;
+    return g->ring_on_demand ? 0 : ring_get(g, m, what);
 }
 
 /* ckptio's stream waits for what the caller queued on `stream` before the call. */
@@ -153,6 +166,7 @@ static void drain(ckptio__gpu *g)
 int ckptio__gpu_d2h(ckptio__gpu *g, uint64_t src, uint64_t n, uint64_t stream,
                     ckptio__gpu_piece_fn fn, void *ctx, ckptio__msg *m, const char *what)
 {
+    CKPTIO__TRY(ring_get(g, m, what));
     const ckptio__cuda *cu = g->cu;
     const uint64_t S = g->slot, k = (n + S - 1) / S;
     ckptio__CUresult r = after_caller(g, stream);
@@ -188,9 +202,59 @@ int ckptio__gpu_d2h(ckptio__gpu *g, uint64_t src, uint64_t n, uint64_t stream,
     return 0;
 }
 
+int ckptio__gpu_d2h_to(ckptio__gpu *g, uint64_t src, uint64_t n, uint64_t stream,
+                       ckptio__gpu_dest_fn dest, ckptio__gpu_piece_fn fn, void *ctx,
+                       ckptio__msg *m, const char *what)
+{
+    const ckptio__cuda *cu = g->cu;
+    struct {
+        uint8_t *host;
+        uint64_t len, at;
+    } q[CKPTIO__GPU_SLOTS];
+    ckptio__CUresult r = after_caller(g, stream);
+    const char *call = "waiting for the caller's stream";
+    uint64_t at = 0, issued = 0, done = 0;
+    int rc = 0;
+    /* An event slot a host-to-device copy may still use: wait before recording on it. */
+    for (unsigned i = 0; !r && i < CKPTIO__GPU_SLOTS; i++)
+        if (g->busy[i] && !(r = cu->EventSynchronize(g->ev[i]))) g->busy[i] = false;
+    while (!r && rc >= 0 && (at < n || done < issued)) {
+        /* Queue pieces while there is room, up to CKPTIO__GPU_SLOTS ahead of the consumer. */
+        while (at < n && issued - done < CKPTIO__GPU_SLOTS) {
+            unsigned s = (unsigned)(issued % CKPTIO__GPU_SLOTS);
+            if ((rc = dest(ctx, at, n - at, &q[s].host, &q[s].len)) != 0) break;
+            assert(q[s].len > 0 && q[s].len <= n - at);
+            q[s].at = at;
+            call = "cuMemcpyDtoHAsync";
+            if ((r = cu->MemcpyDtoHAsync(q[s].host, src + at, q[s].len, g->stream))) break;
+            call = "cuEventRecord";
+            if ((r = cu->EventRecord(g->ev[s], g->stream))) break;
+            at += q[s].len;
+            issued++;
+        }
+        if (r || rc < 0) break;
+        if (done == issued) { /* no room and nothing in flight that could make some */
+            rc = ckptio__fail(m, -EIO, "internal error: no room to land tensor '%s'", what);
+            break;
+        }
+        rc = 0;
+        unsigned s = (unsigned)(done % CKPTIO__GPU_SLOTS);
+        call = "waiting for a device-to-host copy";
+        if ((r = cu->EventSynchronize(g->ev[s]))) break;
+        if ((rc = fn(ctx, q[s].host, q[s].len, q[s].at)) < 0) break;
+        done++;
+    }
+    if (r || rc < 0) {
+        drain(g);
+        return r ? cu_fail(g, m, r, call, what) : rc;
+    }
+    return 0;
+}
+
 int ckptio__gpu_h2d(ckptio__gpu *g, uint64_t dst, uint64_t n, uint64_t stream,
                     ckptio__gpu_fill_fn fn, void *ctx, ckptio__msg *m, const char *what)
 {
+    CKPTIO__TRY(ring_get(g, m, what));
     const ckptio__cuda *cu = g->cu;
     const uint64_t S = g->slot;
     ckptio__CUresult r = after_caller(g, stream);

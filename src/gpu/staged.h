@@ -31,8 +31,21 @@ typedef struct ckptio__gpu {
     int gds_fd;
     ckptio__CUfileHandle gds_fh;
     bool gds_ok;
+    /* A writer's ring is made only when something needs it (GDS checksums, replicas): its
+     * staged pieces land straight in its registered staging windows. */
+    bool ring_on_demand;
+    ckptio__vec registered; /* ckptio__gpu_reg: host memory registered with the driver */
+    /* Host-to-host copies made on the save path (ring to write window): a GDS chunk's tail
+     * under 4 KiB. The staged path makes none: the test suite checks it. */
+    uint64_t host_copied;
     ckptio_gpu_stats st;
 } ckptio__gpu;
+
+/* A range of host memory registered (page-locked) with cuMemHostRegister. */
+typedef struct ckptio__gpu_reg {
+    void *base;
+    uint64_t len;
+} ckptio__gpu_reg;
 
 /* Mode from params (ckptio_params.gpu) and CKPTIO_GPU=auto|gds|staged|off, which wins. */
 CKPTIO__HIDDEN int ckptio__gpu_mode(int param, ckptio__msg *m);
@@ -51,6 +64,26 @@ CKPTIO__HIDDEN int ckptio__gpu_start(ckptio__gpu *g, uint64_t p, ckptio__msg *m,
 CKPTIO__HIDDEN int ckptio__gpu_d2h(ckptio__gpu *g, uint64_t src, uint64_t n, uint64_t stream,
                                    ckptio__gpu_piece_fn fn, void *ctx, ckptio__msg *m,
                                    const char *what);
+/* Page-lock host memory [base, base + len) for device copies straight into it, once (a range
+ * registered before is left as it is); unregistered by ckptio__gpu_fini, which must run
+ * before the memory is unmapped. -ENOMEM with a message when the driver refuses. */
+CKPTIO__HIDDEN int ckptio__gpu_register(ckptio__gpu *g, void *base, uint64_t len, ckptio__msg *m,
+                                        const char *what);
+/* Where the next piece of a device-to-host transfer lands: *dst for *len bytes (at most
+ * `left`, at least 1) of the buffer from byte `at` on, in host memory the driver has
+ * registered. Returns 0; 1 when no room can be had until an earlier piece is consumed (the
+ * pipeline then waits for the oldest piece, gives it to the piece function, and asks again);
+ * or a negative code. */
+typedef int (*ckptio__gpu_dest_fn)(void *ctx, uint64_t at, uint64_t left, uint8_t **dst,
+                                   uint64_t *len);
+/* Device to host without the ring: copy n bytes at device address src into the places `dest`
+ * names, the caller's stream's earlier work first, up to CKPTIO__GPU_SLOTS pieces in flight,
+ * and give each piece to fn (in order, at its place) as soon as it has landed. Returns with
+ * every copy finished or, after a failure, with the stream drained (nothing of ckptio's still
+ * writes into host memory); the pieces not given to fn are the caller's to take back. */
+CKPTIO__HIDDEN int ckptio__gpu_d2h_to(ckptio__gpu *g, uint64_t src, uint64_t n, uint64_t stream,
+                                      ckptio__gpu_dest_fn dest, ckptio__gpu_piece_fn fn,
+                                      void *ctx, ckptio__msg *m, const char *what);
 /* Fills a slot with the bytes of the destination from `at` on, at most cap of them; returns
  * how many (> 0), or a negative code. */
 typedef int64_t (*ckptio__gpu_fill_fn)(void *ctx, uint8_t *host, uint64_t cap, uint64_t at);

@@ -147,19 +147,74 @@ static int window_open(ckptio__sink *s, uint64_t off)
     return 0;
 }
 
-/* Send the window's filled part, padded with zeros to the alignment. */
-static int window_submit(ckptio__sink *s)
+/* Send a window's filled part, padded with zeros to the alignment. */
+static int send_window(ckptio__sink *s, uint8_t *b, uint64_t off, uint64_t fill)
 {
-    if (!s->win) return 0;
-    uint8_t *b = s->win;
-    uint64_t len = ckptio__align_up(s->win_fill, s->off_align);
-    s->win = NULL;
+    uint64_t len = ckptio__align_up(fill, s->off_align);
     if (len == 0) {
         ckptio__pool_put(&s->pool, b);
         return 0;
     }
-    memset(b + s->win_fill, 0, len - s->win_fill);
-    return submit(s, b, s->win_off, len, b);
+    memset(b + fill, 0, len - fill);
+    return submit(s, b, off, len, b);
+}
+
+static int window_submit(ckptio__sink *s)
+{
+    if (!s->win) return 0;
+    uint8_t *b = s->win;
+    s->win = NULL;
+    return send_window(s, b, s->win_off, s->win_fill);
+}
+
+int ckptio__sink_claim(ckptio__sink *s, uint8_t **at, uint64_t *room)
+{
+    CKPTIO__TRY(s->err);
+    if (!s->win) {
+        /* A buffer comes back only from a staged write in flight (in-place ones hold none). */
+        if (!s->pool.nfree && s->eng->inflight <= s->placed) return 1;
+        CKPTIO__TRY(window_open(s, ckptio__align_down(s->cursor, s->off_align)));
+    }
+    uint64_t pos = s->cursor - s->win_off;
+    assert(pos < s->pool.buf_size);
+    if (pos > s->win_fill) memset(s->win + s->win_fill, 0, pos - s->win_fill);
+    *at = s->win + pos;
+    *room = s->pool.buf_size - pos;
+    return 0;
+}
+
+void ckptio__sink_advance(ckptio__sink *s, uint64_t n, ckptio__sink_win *full)
+{
+    uint64_t pos = s->cursor - s->win_off;
+    assert(s->win && pos + n <= s->pool.buf_size);
+    s->win_fill = pos + n;
+    s->cursor += n;
+    *full = (ckptio__sink_win){0};
+    if (s->win_fill < s->pool.buf_size) return;
+    *full = (ckptio__sink_win){s->win, s->win_off, s->win_fill};
+    s->win = NULL;
+}
+
+int ckptio__sink_send(ckptio__sink *s, ckptio__sink_win *win)
+{
+    uint8_t *b = win->buf;
+    win->buf = NULL;
+    if (s->err) { /* poisoned meanwhile: the bytes go nowhere */
+        ckptio__pool_put(&s->pool, b);
+        return s->err;
+    }
+    return send_window(s, b, win->off, win->fill);
+}
+
+void ckptio__sink_drop(ckptio__sink *s, ckptio__sink_win *win)
+{
+    ckptio__pool_put(&s->pool, win->buf);
+    win->buf = NULL;
+}
+
+uint64_t ckptio__sink_window_end(const ckptio__sink *s)
+{
+    return s->win ? s->win_off + s->pool.buf_size : UINT64_MAX;
 }
 
 int ckptio__sink_write(ckptio__sink *s, const void *src_, uint64_t n)

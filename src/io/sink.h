@@ -66,6 +66,25 @@ CKPTIO__HIDDEN int ckptio__sink_put(ckptio__sink *s, const void *src, uint64_t n
 /* Bytes [cursor, cursor + n) are written by someone else (cuFile, from GPU memory): send the
  * window, then move the cursor past them. The cursor must be aligned. */
 CKPTIO__HIDDEN int ckptio__sink_skip(ckptio__sink *s, uint64_t n);
+/* A staging window taken out of the sink while its bytes are still landing (a device copy
+ * writes them): file bytes [off, off + fill) at buf. */
+typedef struct ckptio__sink_win {
+    uint8_t *buf; /* NULL: none */
+    uint64_t off, fill;
+} ckptio__sink_win;
+/* Room at the cursor for bytes someone else fills later (a device-to-host copy): *at and *room
+ * bytes (the rest of the window, a window opened if need be, the gap before the cursor
+ * zeroed). Returns 0, 1 when every staging buffer is taken out (ckptio__sink_advance) and no
+ * write could return one: send or drop one first. */
+CKPTIO__HIDDEN int ckptio__sink_claim(ckptio__sink *s, uint8_t **at, uint64_t *room);
+/* Move the cursor past n claimed bytes. A window they fill is taken out of the sink into
+ * *full (else full->buf is NULL): the caller sends it (ckptio__sink_send) once its bytes
+ * have landed, in file order, or drops it (ckptio__sink_drop) after a failure. */
+CKPTIO__HIDDEN void ckptio__sink_advance(ckptio__sink *s, uint64_t n, ckptio__sink_win *full);
+CKPTIO__HIDDEN int ckptio__sink_send(ckptio__sink *s, ckptio__sink_win *win);
+CKPTIO__HIDDEN void ckptio__sink_drop(ckptio__sink *s, ckptio__sink_win *win);
+/* End of the open window's file range, or UINT64_MAX when none is open. */
+CKPTIO__HIDDEN uint64_t ckptio__sink_window_end(const ckptio__sink *s);
 /* Wait for every submitted write. */
 CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
 /* Wait only until no in-place write is in flight (the callers' sources are free again), leaving

@@ -80,9 +80,10 @@ typedef struct gpu_put {
     bool hash;
 } gpu_put;
 
-/* A piece of a device chunk, landed in the pinned ring: copied into the sink's staging (never
- * written from in place: the slot is reused at once) and hashed while in cache. Pieces are
- * whole checksum blocks but the last. */
+/* A piece of a device chunk landed in the pinned ring, on the GDS path: hashed while in cache,
+ * and what cuFile does not write (the tail under 4 KiB) copied into the sink's staging: the
+ * one host-to-host copy left on the save path, counted. Pieces are whole checksum blocks but
+ * the last. */
 static int put_staged(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
 {
     gpu_put *p = ctx;
@@ -91,12 +92,74 @@ static int put_staged(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
     for (uint64_t i = 0; i < n; i += B) {
         uint64_t len = CKPTIO__MIN(B, n - i), skip = 0;
         if (at + i < p->write_from) skip = CKPTIO__MIN(p->write_from - (at + i), len);
-        if (skip < len) CKPTIO__TRY(ckptio__sink_write(&w->sink, host + i + skip, len - skip));
+        if (skip < len) {
+            CKPTIO__TRY(ckptio__sink_write(&w->sink, host + i + skip, len - skip));
+            w->gpu.host_copied += len - skip;
+        }
         if (p->hash)
             *CKPTIO__VEC_AT(&w->csums, uint64_t, p->csum_at + (at + i) / B) =
                 ckptio__hash(host + i, len);
     }
     return 0;
+}
+
+/* A device chunk on the staged path lands straight in the sink's staging windows (registered
+ * with the driver once): each window a piece fills is held back until the piece has landed
+ * and been hashed there, then sent from there, in file order. */
+typedef struct gpu_land {
+    ckptio_writer *w;
+    uint64_t csum_at;
+    bool hash;
+    ckptio__sink_win held[CKPTIO__GPU_SLOTS]; /* per piece in flight: the window it filled */
+    uint64_t queued, landed;                  /* pieces given a place / handed back landed */
+} gpu_land;
+
+static int land_dest(void *ctx, uint64_t at, uint64_t left, uint8_t **dst, uint64_t *len)
+{
+    gpu_land *l = ctx;
+    uint64_t room;
+    int rc = ckptio__sink_claim(&l->w->sink, dst, &room);
+    if (rc) return rc;
+    *len = CKPTIO__MIN(room, left);
+    /* Whole checksum blocks but the chunk's last piece: write_chunk_gpu placed it so. */
+    assert(!l->hash || *len == left || (at + *len) % l->w->cfg.csum_block == 0);
+    (void)at;
+    ckptio__sink_advance(&l->w->sink, *len, &l->held[l->queued++ % CKPTIO__GPU_SLOTS]);
+    return 0;
+}
+
+static int land_piece(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
+{
+    gpu_land *l = ctx;
+    ckptio_writer *w = l->w;
+    uint64_t first = l->csum_at + at / w->cfg.csum_block;
+    if (l->hash) hash_blocks(w, host, n, CKPTIO__VEC_AT(&w->csums, uint64_t, first));
+    ckptio__sink_win *win = &l->held[l->landed++ % CKPTIO__GPU_SLOTS];
+    return win->buf ? ckptio__sink_send(&w->sink, win) : 0;
+}
+
+static int write_chunk_staged(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t off,
+                              uint64_t csum_at, uint64_t n_csums, uint64_t stream,
+                              const char *name)
+{
+    ckptio__gpu *g = &w->gpu;
+    ckptio__sink *s = &w->sink;
+    const uint64_t B = w->cfg.csum_block;
+    assert(s->pool.buf_size % B == 0);
+    CKPTIO__TRY(ckptio__gpu_register(g, s->pool.base, (uint64_t)s->pool.buf_size * s->pool.count,
+                                     &w->msg, name));
+    /* Every piece but the last must be whole blocks, to be hashed where it lands: a chunk
+     * running past an open window whose rest is not whole blocks starts a window of its own
+     * (only chunks of 4 KiB or more, at aligned offsets, run past: add_mem sees to it). */
+    uint64_t end = ckptio__sink_window_end(s);
+    if (n_csums && end != UINT64_MAX && off + n > end && (end - off) % B)
+        CKPTIO__TRY(ckptio__sink_skip(s, 0));
+    gpu_land l = {.w = w, .csum_at = csum_at, .hash = n_csums > 0};
+    int rc = ckptio__gpu_d2h_to(g, src, n, stream, land_dest, land_piece, &l, &w->msg, name);
+    /* After a failure the stream is drained: windows still held go back unsent. */
+    for (; l.landed < l.queued; l.landed++)
+        ckptio__sink_drop(s, &l.held[l.landed % CKPTIO__GPU_SLOTS]);
+    return rc;
 }
 
 static int write_chunk_gpu(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t off,
@@ -125,7 +188,7 @@ static int write_chunk_gpu(ckptio_writer *w, uint64_t src, uint64_t n, uint64_t 
         if (n > body) ckptio__gpu_count(g, false, n - body);
         return ckptio__gpu_gds_io(g, true, src, body, off, &w->msg, w->data_label);
     }
-    CKPTIO__TRY(ckptio__gpu_d2h(g, src, n, stream, put_staged, &p, &w->msg, name));
+    CKPTIO__TRY(write_chunk_staged(w, src, n, off, csum_at, n_csums, stream, name));
     ckptio__gpu_count(g, false, n);
     return 0;
 }
@@ -283,6 +346,12 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
         if (rc < 0) return add_failed(w, rc, name); /* the tensor may be in the map: fatal */
     }
     uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
+    if (memory == CKPTIO_MEM_CUDA && nbytes && nbytes < CKPTIO__EXTENT_ALIGN) {
+        /* A small device chunk never straddles two staging windows: it lands whole in one, to
+         * be hashed there (write_chunk_staged). At most 4 KiB of padding per window. */
+        uint64_t end = ckptio__sink_window_end(&w->sink);
+        if (off < end && off + nbytes > end) off = end;
+    }
     int64_t di = ckptio__vec_push(&w->dims, co, ndim);
     int64_t di2 = di >= 0 ? ckptio__vec_push(&w->dims, cs, ndim) : di;
     int64_t ci = di2 >= 0 ? ckptio__vec_push(&w->csums, NULL, n_csums) : di2;

@@ -93,6 +93,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &w->cfg, &w->msg));
     ckptio__gpu_init(&w->gpu, w->cfg.gpu, w->cfg.gpu_staging, w->cfg.csum_block);
+    w->gpu.ring_on_demand = true; /* staged pieces land in the sink's windows (chunks.c) */
     /* Before the first file is made: ranks joining one directory must never share a name. */
     if (part && asprintf(&w->file_prefix, "r%05u-", rank) < 0) {
         w->file_prefix = NULL;
@@ -335,8 +336,12 @@ int ckptio__writer_publish_manifest(ckptio_writer *w, const uint8_t *man, uint64
 void ckptio_writer_close(ckptio_writer *w)
 {
     if (!w) return;
+    /* The GPU state goes first: it unregisters the sinks' staging (their writes done) before
+     * they unmap it, and the data file from cuFile before it is closed. */
+    ckptio__sink_drain(&w->sink);
+    for (size_t k = 0; w->lanes && k <= w->n_stripes; k++) ckptio__sink_drain(&w->lanes[k].sink);
+    ckptio__gpu_fini(&w->gpu);
     ckptio__sink_fini(&w->sink);
-    ckptio__gpu_fini(&w->gpu); /* deregisters the data file from cuFile before it is closed */
     for (size_t k = 0; w->lanes && k <= w->n_stripes; k++) {
         ckptio__sink_fini(&w->lanes[k].sink);
         if (w->lanes[k].fd >= 0) close(w->lanes[k].fd);

@@ -96,7 +96,7 @@ print("GPU", st.gpu, st.direct)
 
 def test_no_driver_falls_back_or_refuses(tmp_path: pathlib.Path) -> None:
     """No usable driver: a GPU array is copied by its framework (Stats.gpu says why); with
-    CKPTIO_GPU=staged (or gds) forced, the save refuses with a clear error."""
+    CKPTIO_GPU=staged (or gds, or gpu="staged") forced, the save refuses with a clear error."""
     lib = _standin()
     if lib is None:
         pytest.skip("the GPU stand-in is not built (make)")
@@ -122,6 +122,14 @@ else:
     r = _run(base, {"CKPTIO_CUDA_LIBRARY": lib, "CKPTIO_GPU": "off"})
     assert r.returncode == 0, r.stderr
     assert "GPU host copy (CKPTIO_GPU=off)" in r.stdout
+    # The same through the gpu= option: the C library's route says who asked.
+    by_option = base.replace("overwrite=True", 'overwrite=True, gpu="staged"')
+    r = _run(by_option, env)
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED" in r.stdout and "gpu=staged asks" in r.stdout
+    r = _run(by_option.replace('"staged"', '"off"'), {"CKPTIO_CUDA_LIBRARY": lib})
+    assert r.returncode == 0, r.stderr
+    assert "GPU host copy (gpu=off)" in r.stdout
 
 
 # Two ranks as threads of one process (tests/python/test_comm.py's ThreadComm), each holding

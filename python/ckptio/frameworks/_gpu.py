@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from .. import _core
-from .._errors import error
+from .._errors import CheckpointError, carry_values
 
 __all__ = ["DeviceItem", "route", "take_note", "note", "stats_text"]
 
@@ -18,9 +18,7 @@ _OFF = 3
 #: asked(HOST_ONLY): GPU arrays are copied by their framework whatever CKPTIO_GPU says (items
 #: that outlive the call: a distributed save_async's, Orbax's).
 HOST_ONLY = -1
-UNSUPPORTED = "CKPTIO_E_UNSUPPORTED"
 _lock = threading.Lock()
-_probe: tuple[int, str] | None = None
 _local = threading.local()
 
 
@@ -83,19 +81,9 @@ class OnDevice:
         return DeviceItem(name, code, shape, self.ptr, self.nbytes, 0, self.keep, off, cs)
 
 
-def probe() -> tuple[int, str]:
-    """(mode, why) of ckptio_gpu_probe for the current directory, once per process (the driver
-    is loaded once per process too)."""
-    global _probe
-    with _lock:
-        if _probe is None:
-            _probe = _core.gpu_probe(None)
-        return _probe
-
-
-#: The io option gpu= by name, and back.
-MODES = {"auto": 0, "gds": 1, "staged": 2, "off": _OFF}
-_NAMES = {v: k for k, v in MODES.items()}
+#: ckptio_gpu_route's answer, or the error it raised, per (gpu= asked, CKPTIO_GPU): the driver
+#: is loaded once per process, so the answer changes only with those two.
+_routes: dict[tuple[int, str], tuple[int, str] | CheckpointError] = {}
 
 
 class asked:
@@ -115,26 +103,28 @@ class asked:
 
 def route() -> bool:
     """Whether a GPU tensor goes through ckptio's GPU path (True) or the framework's host copy
-    (False, noted for the stats). With CKPTIO_GPU=gds or staged (or gpu="gds"/"staged") and no
-    usable driver, raise: the path asked for by name cannot run."""
-    if getattr(_local, "mode", 0) == HOST_ONLY:
+    (False, noted for the stats), as the C library decides (ckptio_gpu_route): with
+    CKPTIO_GPU=gds or staged (or gpu="gds"/"staged") and no usable driver, it raises
+    Unsupported: the path asked for by name cannot run."""
+    mode = getattr(_local, "mode", 0)
+    if mode == HOST_ONLY:
         return False
-    env = os.environ.get("CKPTIO_GPU", "") or _NAMES.get(getattr(_local, "mode", 0), "auto")
-    if env == "off":
-        how = "CKPTIO_GPU=off" if os.environ.get("CKPTIO_GPU") else 'gpu="off"'
-        note(f"host copy ({how})")
+    key = (mode, os.environ.get("CKPTIO_GPU", ""))
+    with _lock:
+        got = _routes.get(key)
+        if got is None:
+            try:
+                got = _core.gpu_route(None, mode)
+            except CheckpointError as e:
+                got = e
+            _routes[key] = got
+    if isinstance(got, CheckpointError):  # a fresh exception each time, with the same parts
+        raise carry_values(got, type(got)(str(got), got.code, got.name))
+    code, why = got
+    if code == _OFF:
+        note(f"host copy ({why})")
         return False
-    mode, why = probe()
-    if mode != _OFF:
-        return True
-    if env in ("gds", "staged"):
-        raise error(
-            UNSUPPORTED,
-            f"CKPTIO_GPU={env} asks for ckptio's GPU path but {why}; unset CKPTIO_GPU to let "
-            "the framework copy GPU tensors to the host instead",
-        )
-    note(f"host copy ({why})")
-    return False
+    return True
 
 
 def note(text: str) -> None:
