@@ -70,7 +70,8 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     fsync, checksums: bools (default True); queue_depth, io_threads, staging_bytes,
     request_bytes: ints, 0 = the library's default; gpu: how GPU tensors move, "auto", "gds",
     "staged" or "off" (the framework copies them; doc/gpu.md), CKPTIO_GPU winning over it;
-    gpu_staging_bytes: pinned memory for GPU copies (0: 256 MiB);
+    gpu_staging_bytes: the pinned ring for GPU loads (0: 256 MiB; a staged save pins the
+    writer's staging_bytes instead, doc/gpu.md);
     roots: directories to stripe a checkpoint over (save), or to find its stripes in (load), kept
     under "roots" (see split_roots).
     cache (loads): "auto" (ranges resident in the page cache are copied from it, the rest read
