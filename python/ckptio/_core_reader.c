@@ -176,12 +176,12 @@ static PyObject *Reader_get_meta(PyObject *self, PyObject *args)
     return PyBytes_FromStringAndSize(val, (Py_ssize_t)len);
 }
 
-/* read([ReadRegion, ...]): one ckptio_reader_read call for all regions, with the GIL
- * released. */
-static PyObject *Reader_read(PyObject *self, PyObject *seq)
+/* One ckptio_reader_read call for all regions, with the GIL released; with `share`, one
+ * ckptio_reader_read_shared call. */
+static int read_regions(PyObject *self, PyObject *seq, ckptio_share *share)
 {
     ckptio_reader *r = ckptio__pyhandle_enter(self);
-    if (!r) return NULL;
+    if (!r) return -1;
     PyObject *fast = PySequence_Fast(seq, "read expects a sequence of regions");
     ckptio_region *regs = NULL;
     uint64_t *dims = NULL;
@@ -288,7 +288,8 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_reader_read(r, regs, (size_t)n);
+    rc = share ? ckptio_reader_read_shared(r, regs, (size_t)n, share)
+               : ckptio_reader_read(r, regs, (size_t)n);
     Py_END_ALLOW_THREADS
     if (rc < 0) ckptio__pyhandle_fail(self, rc, n == 1 ? tensor_name(r, regs[0].tensor) : NULL);
 out:
@@ -299,8 +300,45 @@ out:
     PyMem_Free(dims);
     Py_XDECREF(fast);
     ckptio__pyhandle_leave(self, 0, NULL);
-    if (PyErr_Occurred()) return NULL;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* read([ReadRegion, ...]): one batched read. */
+static PyObject *Reader_read(PyObject *self, PyObject *seq)
+{
+    if (read_regions(self, seq, NULL) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* read_shared(regions, index, count) -> (rounds, start, [(first, count, bytes), ...]): the
+ * regions read in parts taken in rotation (ckptio_reader_read_shared), and the parts in the
+ * order they were read. */
+static PyObject *Reader_read_shared(PyObject *self, PyObject *args)
+{
+    PyObject *seq;
+    unsigned int index, count;
+    if (!PyArg_ParseTuple(args, "OII:read_shared", &seq, &index, &count)) return NULL;
+    ckptio_share sh = {.size = sizeof sh, .index = index, .count = count};
+    if (count && count <= UINT32_MAX / CKPTIO_SHARE_MAX_ROUNDS) {
+        sh.parts_cap = (uint64_t)count * CKPTIO_SHARE_MAX_ROUNDS;
+        sh.parts = PyMem_Calloc((size_t)sh.parts_cap, sizeof *sh.parts);
+        if (!sh.parts) return PyErr_NoMemory();
+    }
+    PyObject *parts = NULL, *out = NULL;
+    if (read_regions(self, seq, &sh) < 0) goto out;
+    parts = PyList_New((Py_ssize_t)(sh.n_parts < sh.parts_cap ? sh.n_parts : sh.parts_cap));
+    for (Py_ssize_t j = 0; parts && j < PyList_GET_SIZE(parts); j++) {
+        const ckptio_share_part *p = &sh.parts[j];
+        PyObject *t = Py_BuildValue("(KKK)", (unsigned long long)p->first,
+                                    (unsigned long long)p->count, (unsigned long long)p->bytes);
+        if (!t) goto out;
+        PyList_SET_ITEM(parts, j, t);
+    }
+    if (parts) out = Py_BuildValue("(IKO)", sh.rounds, (unsigned long long)sh.start, parts);
+out:
+    Py_XDECREF(parts);
+    PyMem_Free(sh.parts);
+    return out;
 }
 
 static PyObject *Reader_verify(PyObject *self, PyObject *unused)
@@ -368,6 +406,9 @@ static PyMethodDef Reader_methods[] = {
     {"get_meta", Reader_get_meta, METH_VARARGS, "get_meta(key) -> bytes or None"},
     {"read", Reader_read, METH_O,
      "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
+    {"read_shared", Reader_read_shared, METH_VARARGS,
+     "read_shared(regions, index, count) -> (rounds, start, [(first, count, bytes)]): the read "
+     "in parts taken in rotation by `count` readers, this one starting at part `index`"},
     {"verify", Reader_verify, METH_NOARGS, "check every checksum"},
     {"st_dtypes", Reader_st_dtypes, METH_NOARGS,
      "[safetensors dtype name or None] in tensor order (open_foreign readers)"},
