@@ -303,6 +303,70 @@ int ckptio__read_plan_ios(plan *pl)
     return ckptio__vec_push(&pl->firsts, &n, 1) < 0 ? -ENOMEM : 0;
 }
 
+/* Bytes between io j - 1 and io j if io j can join a vectored request that ends with io j - 1
+ * (`iovs` buffers, `len` bytes of which `staged` staged), else -1. The gap (padding between
+ * tensors) is read into staging too, and every staged length keeps the next one aligned. */
+static int64_t joins(const plan *pl, const ckptio__ring_io *ios, size_t j, size_t iovs,
+                     uint64_t len, uint64_t staged)
+{
+    const ckptio__ring_io *a = &ios[j - 1], *b = &ios[j];
+    const rfile *f = &pl->files[CKPTIO__VEC_AT(&pl->segs, seg, *CKPTIO__VEC_AT(&pl->firsts, size_t, j))->file];
+    uint64_t mem = CKPTIO__MAX(f->mem_align, 1u), end = a->off + a->len;
+    if (b->fd != a->fd || b->off < end || b->off - end > JOIN_GAP) return -1;
+    uint64_t gap = b->off - end, more = gap + (b->dst ? 0 : b->len);
+    bool ok = iovs + (gap ? 2 : 1) <= JOIN_IOVS && len + gap + b->len <= JOIN_REQUESTS * pl->request &&
+              staged + more <= pl->buf_size && gap % mem == 0 && (b->dst || b->len % mem == 0) &&
+              (a->dst || a->len % mem == 0);
+    return ok ? (int64_t)gap : -1;
+}
+
+int ckptio__read_plan_reqs(plan *pl, bool join)
+{
+    const ckptio__ring_io *ios = pl->ios.items;
+    size_t n = pl->ios.len;
+    CKPTIO__RET_IF(ckptio__vec_push(&pl->soff, NULL, n) < 0, -ENOMEM);
+    uint64_t *soff = pl->soff.items;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1, iovs = 1;
+        uint64_t len = ios[i].len, staged = ios[i].dst ? 0 : ios[i].len;
+        int64_t gap;
+        while (join && j < n && (gap = joins(pl, ios, j, iovs, len, staged)) >= 0) {
+            iovs += gap ? 2 : 1;
+            staged += (uint64_t)gap + (ios[j].dst ? 0 : ios[j].len);
+            len += (uint64_t)gap + ios[j].len;
+            j++;
+        }
+        ckptio__ring_io req = ios[i];
+        soff[i] = 0;
+        if (j - i > 1) {
+            /* iov holds an index into iovs until they stop moving */
+            req = (ckptio__ring_io){.fd = ios[i].fd, .off = ios[i].off, .len = len,
+                                    .iov = (struct iovec *)(uintptr_t)pl->iovs.len,
+                                    .iovcnt = (unsigned)iovs, .staged = staged};
+            uint64_t at = 0; /* staged bytes so far */
+            for (size_t k = i; k < j; k++) {
+                uint64_t gap_k = k > i ? ios[k].off - (ios[k - 1].off + ios[k - 1].len) : 0;
+                struct iovec g = {NULL, gap_k}, v = {ios[k].dst, ios[k].len};
+                if (gap_k) CKPTIO__RET_IF(ckptio__vec_push(&pl->iovs, &g, 1) < 0, -ENOMEM);
+                at += gap_k;
+                soff[k] = at;
+                if (!ios[k].dst) at += ios[k].len;
+                CKPTIO__RET_IF(ckptio__vec_push(&pl->iovs, &v, 1) < 0, -ENOMEM);
+            }
+        }
+        CKPTIO__RET_IF(ckptio__vec_push(&pl->reqs, &req, 1) < 0 ||
+                           ckptio__vec_push(&pl->rfirst, &i, 1) < 0,
+                       -ENOMEM);
+        i = j;
+    }
+    CKPTIO__RET_IF(ckptio__vec_push(&pl->rfirst, &n, 1) < 0, -ENOMEM);
+    ckptio__ring_io *reqs = pl->reqs.items;
+    for (size_t g = 0; g < pl->reqs.len; g++)
+        if (reqs[g].iovcnt)
+            reqs[g].iov = CKPTIO__VEC_AT(&pl->iovs, struct iovec, (uintptr_t)reqs[g].iov);
+    return 0;
+}
+
 /* Open the chunk's file and check that the chunk lies within it: all a read does before it is
  * planned. */
 int ckptio__read_prepare_chunk(ckptio_reader *r, uint64_t chunk)
