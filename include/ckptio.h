@@ -1160,6 +1160,40 @@ typedef struct ckptio_share {
  * n_parts are set once the regions are checked, parts as each is read. Since 0.3. */
 CKPTIO_API int ckptio_reader_read_shared(ckptio_reader *r, const ckptio_region *regions, size_t n,
                                          ckptio_share *share);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Destinations the reader chooses. Experimental.                                             */
+
+#define CKPTIO_NO_BLOCK UINT32_MAX /* ckptio_landing.block of a region of no bytes */
+
+/* Memory allocated by ckptio_reader_place: `len` bytes at `base` (aligned to
+ * ckptio_alignment(), usable up to the next multiple of it). Free it with ckptio_block_free. */
+typedef struct ckptio_block {
+    void *base;
+    uint64_t len;
+} ckptio_block;
+
+/* Where a region lands: set each region's dst = blocks[block].base + at, and its capacity and
+ * lead to these, then read. `size` = sizeof(ckptio_landing), set by the caller in out[0]. */
+typedef struct ckptio_landing {
+    uint32_t size;
+    uint32_t block;    /* index in *blocks, or CKPTIO_NO_BLOCK for a region of no bytes */
+    uint64_t at;       /* offset of the region's first byte in the block */
+    uint64_t capacity; /* bytes from there the read may use */
+    uint64_t lead;     /* bytes before there the read may overwrite */
+} ckptio_landing;
+
+/* Choose and allocate memory for `n` regions (dst, capacity and lead ignored), checked as
+ * ckptio_reader_read checks them, so that the read lands in it without a copy: a region of
+ * 4096 bytes or more gets a block of its own, its capacity rounded up to the alignment; a
+ * whole tensor stored at an offset off the alignment (a stock safetensors file) gets `lead`
+ * bytes before it, the distance to the boundary below, where its elements stay aligned;
+ * smaller regions share blocks of 4 MiB at 64-byte alignment. On success *blocks (free() it)
+ * holds *n_blocks blocks, each the caller's to free with ckptio_block_free; on failure nothing
+ * is left allocated. Since 0.3. */
+CKPTIO_API int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n,
+                                   ckptio_landing *out, ckptio_block **blocks, size_t *n_blocks);
+CKPTIO_API void ckptio_block_free(void *base); /* accepts NULL */
 #endif /* CKPTIO_EXPERIMENTAL */
 
 #ifdef __cplusplus

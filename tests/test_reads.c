@@ -472,6 +472,55 @@ static int test_joined_requests(void)
     return 0;
 }
 
+/* Memory the reader chooses: a block of its own, aligned, for a region of 4 KiB or more (its
+ * capacity rounded up), 64-byte-aligned places in a shared slab for smaller ones, none for an
+ * empty region; reading into them returns the bytes. A bad region is refused, nothing kept. */
+static int test_place(void)
+{
+    enum { PN = 5 };
+    uint64_t sizes[PN] = {5000, 100, 0, 3000, 1 * MiB};
+    unsigned char *data[PN];
+    for (size_t i = 0; i < PN; i++) data[i] = t_alloc(sizes[i] ? sizes[i] : 1);
+    const char *ck = t_path("ck");
+    if (save_tensors(ck, PN, sizes, data, 31)) return 1;
+    ckptio_reader *r;
+    CHECK_OK(ckptio_reader_open(&r, ck, NULL));
+    ckptio_region reg[PN];
+    ckptio_landing land[PN] = {{.size = sizeof(ckptio_landing)}};
+    for (size_t i = 0; i < PN; i++) reg[i] = (ckptio_region){.size = sizeof reg[0], .tensor = i};
+    ckptio_block *blocks;
+    size_t nb;
+    CHECK_OK(ckptio_reader_place(r, reg, PN, land, &blocks, &nb));
+    CHECK(nb == 3); /* two own blocks, one slab */
+    uint64_t a = ckptio_alignment();
+    CHECK(land[2].block == CKPTIO_NO_BLOCK);
+    CHECK(land[1].block == land[3].block && land[1].at % 64 == 0 && land[3].at % 64 == 0);
+    CHECK(land[3].at >= land[1].at + 100);
+    for (size_t i = 0; i < PN; i += 4) {
+        CHECK(land[i].block != land[1].block && land[i].at == 0 && land[i].lead == 0);
+        CHECK(land[i].capacity == (sizes[i] + a - 1) / a * a);
+        CHECK((uintptr_t)blocks[land[i].block].base % a == 0);
+    }
+    for (size_t i = 0; i < PN; i++) {
+        if (land[i].block == CKPTIO_NO_BLOCK) continue;
+        reg[i].dst = (uint8_t *)blocks[land[i].block].base + land[i].at;
+        reg[i].capacity = land[i].capacity;
+        reg[i].lead = land[i].lead;
+    }
+    CHECK_OK(ckptio_reader_read(r, reg, PN));
+    for (size_t i = 0; i < PN; i++)
+        if (sizes[i]) CHECK(!memcmp(reg[i].dst, data[i], sizes[i]));
+    for (size_t b = 0; b < nb; b++) ckptio_block_free(blocks[b].base);
+    free(blocks);
+    uint64_t past[1] = {200};
+    reg[1].shape = past;
+    CHECK_ERR(ckptio_reader_place(r, reg, PN, land, &blocks, &nb), CKPTIO_E_RANGE);
+    CHECK(nb == 0 && !blocks);
+    ckptio_reader_close(r);
+    for (size_t i = 0; i < PN; i++) t_free(data[i], sizes[i] ? sizes[i] : 1);
+    return 0;
+}
+
 /* Read every tensor of `ck` shared as reader (index, count); the parts must come in rotation
  * from part `index`, cover every region once, and the bytes must match. */
 static int shared_check(const char *ck, size_t n, const uint64_t *sizes, unsigned char **want,
@@ -577,5 +626,6 @@ const ckptio_test tests_reads[] = {
     {"reads/file_read_cached", test_file_read_cached, T_PER_BACKEND, 60},
     {"reads/shared_rotation", test_shared_rotation, T_PER_BACKEND, 120},
     {"reads/joined_requests", test_joined_requests, T_PER_BACKEND, 60},
+    {"reads/place", test_place, 0, 60},
     {0},
 };
