@@ -448,30 +448,6 @@ static int test_file_read_cached(void)
     return 0;
 }
 
-/* Tensors of a layer (1 MiB, and 3 KiB packed after each) are read by few vectored requests
- * that land the large ones in place and the small ones in staging; bytes exact per backend. */
-static int test_joined_requests(void)
-{
-#define JR_N 16
-    uint64_t sizes[JR_N];
-    unsigned char *data[JR_N];
-    for (size_t i = 0; i < JR_N; i++) {
-        sizes[i] = i % 2 ? 3 * KiB + i : 1 * MiB;
-        data[i] = t_alloc(sizes[i]);
-    }
-    const char *ck = t_path("ck");
-    if (save_tensors(ck, JR_N, sizes, data, 21)) return 1;
-    ckptio_params never = read_params(CKPTIO_CACHE_NEVER, 2);
-    ckptio_read_stats rs;
-    ckptio_stats st;
-    if (load_check(ck, &never, JR_N, sizes, data, &rs, &st)) return 1;
-    fprintf(stderr, "%d tensors: %llu requests\n", JR_N, (unsigned long long)rs.requests);
-    /* 8 MiB and a little: at most two requests of 16 MiB, whatever the backend */
-    CHECK(rs.requests <= 2);
-    for (size_t i = 0; i < JR_N; i++) t_free(data[i], sizes[i]);
-    return 0;
-}
-
 /* Memory the reader chooses: a block of its own, aligned, for a region of 4 KiB or more (its
  * capacity rounded up), 64-byte-aligned places in a shared slab for smaller ones, none for an
  * empty region; reading into them returns the bytes. A bad region is refused, nothing kept. */
@@ -625,7 +601,6 @@ const ckptio_test tests_reads[] = {
     {"reads/merged_reads", test_merged_reads, T_PER_BACKEND, 180},
     {"reads/file_read_cached", test_file_read_cached, T_PER_BACKEND, 60},
     {"reads/shared_rotation", test_shared_rotation, T_PER_BACKEND, 120},
-    {"reads/joined_requests", test_joined_requests, T_PER_BACKEND, 60},
     {"reads/place", test_place, 0, 60},
     {0},
 };

@@ -127,8 +127,7 @@ int ckptio__engine_submit(ckptio__engine *e, ckptio__req *r)
 {
     CKPTIO__RET_IF(!e || !r, CKPTIO_E_USAGE);
     CKPTIO__RET_IF(r->op != CKPTIO__OP_READ && r->op != CKPTIO__OP_WRITE, CKPTIO_E_USAGE);
-    CKPTIO__RET_IF(r->len && !r->buf && !r->iov, CKPTIO_E_USAGE);
-    CKPTIO__RET_IF(r->iov && (r->op != CKPTIO__OP_READ || !r->iovcnt), CKPTIO_E_USAGE);
+    CKPTIO__RET_IF(r->len && !r->buf, CKPTIO_E_USAGE);
     CKPTIO__RET_IF(r->off > (uint64_t)INT64_MAX || r->len > (uint64_t)INT64_MAX - r->off, -EINVAL);
     /* Completed-but-unreaped requests still count: the caller owns at most `depth` slots. */
     CKPTIO__RET_IF(e->inflight >= e->depth, -EBUSY);

@@ -3,8 +3,6 @@
 #ifndef CKPTIO_ENGINE_H
 #define CKPTIO_ENGINE_H
 
-#include <sys/uio.h>
-
 #include "../common/common.h"
 
 /* A request is owned by the caller from submit until it comes back from reap: the caller keeps
@@ -20,11 +18,6 @@ typedef struct ckptio__req {
     uint64_t off; /* for O_DIRECT: aligned to the file's offset alignment */
     uint64_t len; /* for O_DIRECT: a multiple of the offset alignment */
     int64_t res;  /* set at completion */
-    /* Reads only, or NULL: scatter into these iovcnt buffers (lengths summing to len; each
-     * aligned as buf would be) instead of buf. The engine advances them in place as bytes
-     * arrive, so they are the caller's to rebuild before another submit. */
-    struct iovec *iov;
-    unsigned iovcnt;
     void *user;   /* free for the caller */
     uint64_t user_u64;
     /* engine-private */
@@ -54,21 +47,6 @@ static inline ckptio__req *ckptio__list_pop(ckptio__req_list *l)
         r->next_ = NULL;
     }
     return r;
-}
-
-/* Move a vectored request's buffers past `n` bytes that arrived. */
-static inline void ckptio__iov_advance(ckptio__req *r, uint64_t n)
-{
-    while (n && r->iovcnt) {
-        if (n < r->iov->iov_len) {
-            r->iov->iov_base = (uint8_t *)r->iov->iov_base + n;
-            r->iov->iov_len -= n;
-            return;
-        }
-        n -= r->iov->iov_len;
-        r->iov++;
-        r->iovcnt--;
-    }
 }
 
 /* Backends. Each one is a table of functions (like SQLite's io_methods) so tests can wrap one

@@ -27,14 +27,12 @@ typedef struct psync_state {
 /* Move all of r, continuing short transfers; the result goes to r->res. */
 static void do_io(ckptio__req *r)
 {
-    while (r->done_ < r->len && (!r->iov || r->iovcnt)) {
-        /* A vectored read goes one buffer at a time, through the table's pread. */
-        uint8_t *p = r->iov ? r->iov->iov_base : (uint8_t *)r->buf + r->done_;
-        uint64_t left = r->iov ? CKPTIO__MIN(r->iov->iov_len, r->len - r->done_) : r->len - r->done_;
-        size_t n = (size_t)CKPTIO__MIN(left, (uint64_t)PSYNC_MAX_CHUNK);
+    uint8_t *p = r->buf;
+    while (r->done_ < r->len) {
+        size_t n = (size_t)CKPTIO__MIN(r->len - r->done_, (uint64_t)PSYNC_MAX_CHUNK);
         off_t off = (off_t)(r->off + r->done_);
-        ssize_t got = r->op == CKPTIO__OP_READ ? CKPTIO__VFS->pread(r->fd, p, n, off)
-                                               : CKPTIO__VFS->pwrite(r->fd, p, n, off);
+        ssize_t got = r->op == CKPTIO__OP_READ ? CKPTIO__VFS->pread(r->fd, p + r->done_, n, off)
+                                               : CKPTIO__VFS->pwrite(r->fd, p + r->done_, n, off);
         if (got < 0) {
             if (errno == EINTR || errno == EAGAIN) continue;
             r->res = -errno;
@@ -45,7 +43,6 @@ static void do_io(ckptio__req *r)
             return;
         }
         r->done_ += (uint64_t)got;
-        if (r->iov) ckptio__iov_advance(r, (uint64_t)got);
     }
     r->res = (int64_t)r->len;
 }

@@ -125,24 +125,16 @@ static void fill(ckptio__ring *g, const ckptio__ring_io *ios, size_t n, size_t *
         ckptio__ring_slot *sl = &g->slots[g->free_slots[g->n_free - 1]];
         sl->staging = NULL;
         sl->slice = false;
-        uint64_t need = io->iov ? io->staged : io->dst ? 0 : io->len;
-        if (need && need <= CKPTIO__RING_SLICE && g->n_free_slices) {
+        if (!io->dst && io->len <= CKPTIO__RING_SLICE && g->n_free_slices) {
             unsigned k = g->free_slices[--g->n_free_slices];
             sl->staging = g->slices + (size_t)k * CKPTIO__RING_SLICE;
             sl->slice = true;
-        } else if (need) {
+        } else if (!io->dst) {
             sl->staging = ckptio__pool_get(&g->pool);
             if (!sl->staging) break;
         }
-        uint64_t at = 0;
-        for (unsigned v = 0; io->iov && v < io->iovcnt; v++)
-            if (!io->iov[v].iov_base) {
-                io->iov[v].iov_base = sl->staging + at;
-                at += io->iov[v].iov_len;
-            }
         sl->req = (ckptio__req){.fd = io->fd, .op = CKPTIO__OP_READ, .off = io->off,
-                                .len = io->len, .buf = io->dst ? io->dst : sl->staging,
-                                .iov = io->iov, .iovcnt = io->iovcnt};
+                                .len = io->len, .buf = io->dst ? io->dst : sl->staging};
         sl->io = (*next)++;
         g->n_free--;
         int rc = ckptio__engine_submit(g->eng, &sl->req);

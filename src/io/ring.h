@@ -17,13 +17,6 @@ typedef struct ckptio__ring_io {
     int fd;
     uint64_t off, len;
     void *dst;
-    /* Or, dst NULL, one read into iovcnt buffers (see ckptio__req.iov): those with a NULL base
-     * are given `staged` bytes of one staging buffer of the ring, laid end to end in iov order
-     * (so each keeps the alignment of the lengths before it), and that buffer is the `buf`
-     * handed to done. The iovecs are the caller's and change while the read runs. */
-    struct iovec *iov;
-    unsigned iovcnt;
-    uint64_t staged; /* <= the ring's buf_size */
 } ckptio__ring_io;
 
 /* Called once per read, in completion order, with the bytes (`buf`: dst or the staging buffer)

@@ -28,9 +28,7 @@ static bool prep(uring_state *st, ckptio__req *r)
     uint64_t left = r->len - r->done_;
     unsigned n = (unsigned)CKPTIO__MIN(left, (uint64_t)URING_MAX_CHUNK);
     uint8_t *p = (uint8_t *)r->buf + r->done_;
-    if (r->iov) /* at most 16 MiB or so: the reader's requests, never near the cap */
-        io_uring_prep_readv(sqe, r->fd, r->iov, r->iovcnt, r->off + r->done_);
-    else if (r->op == CKPTIO__OP_READ)
+    if (r->op == CKPTIO__OP_READ)
         io_uring_prep_read(sqe, r->fd, p, n, r->off + r->done_);
     else
         io_uring_prep_write(sqe, r->fd, p, n, r->off + r->done_);
@@ -75,10 +73,8 @@ static void harvest(uring_state *st)
             complete(st, r, r->op == CKPTIO__OP_READ ? (int64_t)r->done_ : -EIO);
         else if ((r->done_ += (uint64_t)res) >= r->len)
             complete(st, r, (int64_t)r->len);
-        else {
-            if (r->iov) ckptio__iov_advance(r, (uint64_t)res);
+        else
             ckptio__list_push(&st->retry, r);
-        }
     }
     io_uring_cq_advance(&st->ring, seen);
 }

@@ -162,6 +162,8 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
                             (unsigned long long)io->len, (unsigned long long)io->off, r->path,
                             fname(r, s->file), tname(r, s->chunk));
     }
+    r->stats.io_bytes += (uint64_t)res;
+    r->rstats.requests++;
     /* Segments that the bytes cover are verified and copied out; the first one cut short ends
      * the request. */
     size_t end = last;
@@ -194,35 +196,6 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
     return trunc ? trunc : rc;
 }
 
-/* A request came back: each of its ios, in file order, gets the bytes that fall in it. The
- * first that failed or came back short ends it (its message is the one reported); checksum
- * mismatches do not, so the first in file order is found. */
-static int req_done(void *ctx, size_t g, const ckptio__ring_io *req, const void *buf, int64_t res)
-{
-    ckptio_reader *r = ((read_ctx *)ctx)->r;
-    plan *pl = ((read_ctx *)ctx)->pl;
-    if (res > 0) r->stats.io_bytes += (uint64_t)res;
-    r->rstats.requests++;
-    const size_t *rf = pl->rfirst.items;
-    if (rf[g + 1] - rf[g] == 1) return read_done(ctx, rf[g], req, buf, res);
-    const ckptio__ring_io *ios = pl->ios.items;
-    const uint64_t *soff = pl->soff.items;
-    int rc = 0;
-    for (size_t i = rf[g]; i < rf[g + 1]; i++) {
-        const ckptio__ring_io *io = &ios[i];
-        int64_t got = res;
-        if (res >= 0) {
-            uint64_t at = io->off - req->off;
-            got = (int64_t)((uint64_t)res > at ? CKPTIO__MIN((uint64_t)res - at, io->len) : 0);
-        }
-        const void *b = io->dst ? io->dst : (const uint8_t *)buf + soff[i];
-        int rc1 = read_done(ctx, i, io, b, got);
-        if (rc1 < 0 && !rc) rc = rc1;
-        if (rc1 < 0 && rc1 != CKPTIO_E_CHECKSUM) break;
-    }
-    return rc;
-}
-
 void ckptio__read_plan_init(plan *pl, rfile *files, uint64_t block, uint64_t request,
                             uint64_t buf_size)
 {
@@ -237,10 +210,6 @@ void ckptio__read_plan_init(plan *pl, rfile *files, uint64_t block, uint64_t req
     ckptio__vec_init(&pl->iters, sizeof(uint64_t));
     ckptio__vec_init(&pl->ios, sizeof(ckptio__ring_io));
     ckptio__vec_init(&pl->firsts, sizeof(size_t));
-    ckptio__vec_init(&pl->reqs, sizeof(ckptio__ring_io));
-    ckptio__vec_init(&pl->rfirst, sizeof(size_t));
-    ckptio__vec_init(&pl->iovs, sizeof(struct iovec));
-    ckptio__vec_init(&pl->soff, sizeof(uint64_t));
     ckptio__vec_init(&pl->csegs, sizeof(seg));
     ckptio__vec_init(&pl->blocks, sizeof(hblock));
 }
@@ -253,10 +222,6 @@ void ckptio__read_plan_free(plan *pl)
     ckptio__vec_free(&pl->iters);
     ckptio__vec_free(&pl->ios);
     ckptio__vec_free(&pl->firsts);
-    ckptio__vec_free(&pl->reqs);
-    ckptio__vec_free(&pl->rfirst);
-    ckptio__vec_free(&pl->iovs);
-    ckptio__vec_free(&pl->soff);
     ckptio__vec_free(&pl->csegs);
     ckptio__vec_free(&pl->blocks);
     free(pl->bad);
@@ -355,8 +320,6 @@ int ckptio__read_execute(ckptio_reader *r, plan *pl)
     r->rstats.verify_threads = ckptio__workers_count(r->workers);
     CKPTIO__TRY(ckptio__read_plan_cache(pl));
     CKPTIO__TRY(ckptio__read_plan_ios(pl));
-    /* verify counts damaged chunks from every request: one each */
-    CKPTIO__TRY(ckptio__read_plan_reqs(pl, !pl->bad));
     r->rstats.merged += pl->merged;
     CKPTIO__TRY(ckptio__read_start_ring(r));
     cres *res;
@@ -390,7 +353,7 @@ int ckptio__read_execute(ckptio_reader *r, plan *pl)
     free(res);
     if (rc < 0) return rc;
     read_ctx ctx = {r, pl};
-    rc = ckptio__ring_run(&r->ring, pl->reqs.items, pl->reqs.len, req_done, &ctx);
+    rc = ckptio__ring_run(&r->ring, pl->ios.items, pl->ios.len, read_done, &ctx);
     if (pl->has_bad && (rc == 0 || rc == CKPTIO_E_CHECKSUM)) {
         report_bad(r, pl);
         rc = pl->bad ? rc : CKPTIO_E_CHECKSUM;

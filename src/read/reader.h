@@ -25,12 +25,6 @@
 /* An in-place read at most this long that touches a neighbouring range of the same file is
  * staged with it instead: one request for many small tensors, at the cost of one copy. */
 #define MERGE_BYTES (256u << 10)
-/* Requests that follow each other in a file are read as one vectored request of up to this
- * many requests' worth of bytes and buffers: the device serves a few large requests faster
- * than many of a few MiB (a layer's tensors, with the small ones packed between them). */
-#define JOIN_REQUESTS 2u
-#define JOIN_IOVS 64u
-#define JOIN_GAP (64u << 10) /* padding between them read along, into staging */
 
 typedef struct rfile {
     int fd; /* -1 until a read needs the file */
@@ -103,10 +97,6 @@ typedef struct plan {
     uint64_t request;  /* bytes per direct request */
     uint64_t buf_size; /* of a staging buffer */
     ckptio__vec pieces, segs, geo, iters, ios, firsts;
-    /* What goes to the ring: request g is ios [rfirst[g], rfirst[g + 1]), joined by a vectored
-     * read (its buffers in iovs) when there are several; soff[i]: where io i's bytes lie in
-     * its request's staging. */
-    ckptio__vec reqs, rfirst, iovs, soff;
     ckptio__vec csegs; /* cached segments, in file order: read by the workers, not the ring */
     ckptio__vec blocks; /* scratch for one request's checksum blocks */
     uint8_t *bad; /* verify: per chunk, 1 once the chunk is counted in bad_chunks */
@@ -209,9 +199,6 @@ CKPTIO__HIDDEN int ckptio__read_plan_cache(plan *pl);
 /* Turn the segments into requests, in file order: a direct segment is one request, staged
  * neighbours share one staging buffer. */
 CKPTIO__HIDDEN int ckptio__read_plan_ios(plan *pl);
-
-/* Join ios that follow each other in a file into vectored requests (pl->reqs). */
-CKPTIO__HIDDEN int ckptio__read_plan_reqs(plan *pl, bool join);
 
 /* Open the chunk's file and check that the chunk lies within it: all a read does before it is
  * planned. */
