@@ -1259,6 +1259,84 @@ CKPTIO_API int ckptio_convert_format_parse(const char *name);
  * into buf (always NUL-terminated). Returns the length it needed, like snprintf. */
 CKPTIO_API int ckptio_describe_system(const char *dir, char *buf, size_t len);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Shared reads: several readers of one host loading the same bytes. Experimental: define     */
+/* CKPTIO_EXPERIMENTAL to use them.                                                           */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+#define CKPTIO_SHARE_PART_BYTES (32ull << 20) /* a part holds at least this many bytes */
+#define CKPTIO_SHARE_MAX_ROUNDS 8u            /* parts per reader at most */
+
+/* One part of a shared read: regions [first, first + count) of the caller's array. */
+typedef struct ckptio_share_part {
+    uint64_t first;
+    uint64_t count; /* 0: the part holds no region's first byte and read nothing */
+    uint64_t bytes; /* the bytes of its regions */
+} ckptio_share_part;
+
+/* This reader's place among `count` readers that read the same bytes, and what the read did.
+ * Set `size` = sizeof(ckptio_share), `index` and `count`; `parts` may be NULL, else it has
+ * room for `parts_cap` records (count * CKPTIO_SHARE_MAX_ROUNDS is always enough). Since 0.3. */
+typedef struct ckptio_share {
+    uint32_t size;
+    uint32_t index;            /* 0 .. count - 1 */
+    uint32_t count;            /* readers sharing the bytes, >= 1 */
+    uint32_t rounds;           /* out: k, parts per reader */
+    uint64_t start;            /* out: where the first part read starts, in bytes from the
+                                * regions' first byte (their bytes counted in array order) */
+    uint64_t n_parts;          /* out: count * rounds */
+    ckptio_share_part *parts;  /* out: the first parts_cap parts, in the order they were read */
+    uint64_t parts_cap;
+} ckptio_share;
+
+/* ckptio_reader_read of `n` regions in P = count x k parts (k up to CKPTIO_SHARE_MAX_ROUNDS,
+ * parts of CKPTIO_SHARE_PART_BYTES or more, cut at equal byte offsets; a region belongs to the
+ * part where its first byte lies), this reader reading parts index, index + 1, ... wrapping
+ * around, each part planned and read on its own. Open the reader with buffered reads
+ * (ckptio_params.direct off): at each step the readers are on neighbouring parts, the one ahead
+ * bringing a part into the page cache while the others copy parts already there, so each byte
+ * comes off the device about once and the device reads overlap the copies. Every region is
+ * checked before any byte is read. Returns as ckptio_reader_read does; share->rounds, start and
+ * n_parts are set once the regions are checked, parts as each is read. Since 0.3. */
+CKPTIO_API int ckptio_reader_read_shared(ckptio_reader *r, const ckptio_region *regions, size_t n,
+                                         ckptio_share *share);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Destinations the reader chooses. Experimental.                                             */
+
+#define CKPTIO_NO_BLOCK UINT32_MAX /* ckptio_landing.block of a region of no bytes */
+
+/* Memory allocated by ckptio_reader_place: `len` bytes at `base` (aligned to
+ * ckptio_alignment(), usable up to the next multiple of it). Free it with ckptio_block_free. */
+typedef struct ckptio_block {
+    void *base;
+    uint64_t len;
+} ckptio_block;
+
+/* Where a region lands: set each region's dst = blocks[block].base + at, and its capacity and
+ * lead to these, then read. `size` = sizeof(ckptio_landing), set by the caller in out[0]. */
+typedef struct ckptio_landing {
+    uint32_t size;
+    uint32_t block;    /* index in *blocks, or CKPTIO_NO_BLOCK for a region of no bytes */
+    uint64_t at;       /* offset of the region's first byte in the block */
+    uint64_t capacity; /* bytes from there the read may use */
+    uint64_t lead;     /* bytes before there the read may overwrite */
+} ckptio_landing;
+
+/* Choose and allocate memory for `n` regions (dst, capacity and lead ignored), checked as
+ * ckptio_reader_read checks them, so that the read lands in it without a copy: a region of
+ * 4096 bytes or more gets a block of its own, its capacity rounded up to the alignment; a
+ * whole tensor stored at an offset off the alignment (a stock safetensors file) gets `lead`
+ * bytes before it, the distance to the boundary below, where its elements stay aligned;
+ * smaller regions share blocks of 4 MiB at 64-byte alignment. On success *blocks (free() it)
+ * holds *n_blocks blocks, each the caller's to free with ckptio_block_free; on failure nothing
+ * is left allocated. Since 0.3. */
+CKPTIO_API int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n,
+                                   ckptio_landing *out, ckptio_block **blocks, size_t *n_blocks);
+CKPTIO_API void ckptio_block_free(void *base); /* accepts NULL */
+#endif /* CKPTIO_EXPERIMENTAL */
+
 #ifdef __cplusplus
 }
 #endif

@@ -448,6 +448,151 @@ static int test_file_read_cached(void)
     return 0;
 }
 
+/* Memory the reader chooses: a block of its own, aligned, for a region of 4 KiB or more (its
+ * capacity rounded up), 64-byte-aligned places in a shared slab for smaller ones, none for an
+ * empty region; reading into them returns the bytes. A bad region is refused, nothing kept. */
+static int test_place(void)
+{
+    enum { PN = 5 };
+    uint64_t sizes[PN] = {5000, 100, 0, 3000, 1 * MiB};
+    unsigned char *data[PN];
+    for (size_t i = 0; i < PN; i++) data[i] = t_alloc(sizes[i] ? sizes[i] : 1);
+    const char *ck = t_path("ck");
+    if (save_tensors(ck, PN, sizes, data, 31)) return 1;
+    ckptio_reader *r;
+    CHECK_OK(ckptio_reader_open(&r, ck, NULL));
+    ckptio_region reg[PN];
+    ckptio_landing land[PN] = {{.size = sizeof(ckptio_landing)}};
+    for (size_t i = 0; i < PN; i++) reg[i] = (ckptio_region){.size = sizeof reg[0], .tensor = i};
+    ckptio_block *blocks;
+    size_t nb;
+    CHECK_OK(ckptio_reader_place(r, reg, PN, land, &blocks, &nb));
+    CHECK(nb == 3); /* two own blocks, one slab */
+    uint64_t a = ckptio_alignment();
+    CHECK(land[2].block == CKPTIO_NO_BLOCK);
+    CHECK(land[1].block == land[3].block && land[1].at % 64 == 0 && land[3].at % 64 == 0);
+    CHECK(land[3].at >= land[1].at + 100);
+    for (size_t i = 0; i < PN; i += 4) {
+        CHECK(land[i].block != land[1].block && land[i].at == 0 && land[i].lead == 0);
+        CHECK(land[i].capacity == (sizes[i] + a - 1) / a * a);
+        CHECK((uintptr_t)blocks[land[i].block].base % a == 0);
+    }
+    for (size_t i = 0; i < PN; i++) {
+        if (land[i].block == CKPTIO_NO_BLOCK) continue;
+        reg[i].dst = (uint8_t *)blocks[land[i].block].base + land[i].at;
+        reg[i].capacity = land[i].capacity;
+        reg[i].lead = land[i].lead;
+    }
+    CHECK_OK(ckptio_reader_read(r, reg, PN));
+    for (size_t i = 0; i < PN; i++)
+        if (sizes[i]) CHECK(!memcmp(reg[i].dst, data[i], sizes[i]));
+    for (size_t b = 0; b < nb; b++) ckptio_block_free(blocks[b].base);
+    free(blocks);
+    uint64_t past[1] = {200};
+    reg[1].shape = past;
+    CHECK_ERR(ckptio_reader_place(r, reg, PN, land, &blocks, &nb), CKPTIO_E_RANGE);
+    CHECK(nb == 0 && !blocks);
+    ckptio_reader_close(r);
+    for (size_t i = 0; i < PN; i++) t_free(data[i], sizes[i] ? sizes[i] : 1);
+    return 0;
+}
+
+/* Read every tensor of `ck` shared as reader (index, count); the parts must come in rotation
+ * from part `index`, cover every region once, and the bytes must match. */
+static int shared_check(const char *ck, size_t n, const uint64_t *sizes, unsigned char **want,
+                        uint32_t index, uint32_t count, uint32_t rounds, const size_t *first_part)
+{
+    ckptio_params p = read_params(CKPTIO_CACHE_AUTO, 2);
+    p.direct = CKPTIO_OFF;
+    ckptio_reader *r;
+    CHECK_OK(ckptio_reader_open(&r, ck, &p));
+    unsigned char **got = calloc(n, sizeof *got);
+    ckptio_region *reg = calloc(n, sizeof *reg);
+    unsigned *seen = calloc(n, sizeof *seen);
+    CHECK(got && reg && seen);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        got[i] = t_alloc(sizes[i]);
+        reg[i] = (ckptio_region){.size = sizeof(ckptio_region), .tensor = i, .dst = got[i],
+                                 .capacity = sizes[i]};
+        total += sizes[i];
+    }
+    ckptio_share_part parts[64];
+    ckptio_share sh = {.size = sizeof sh, .index = index, .count = count, .parts = parts,
+                       .parts_cap = 64};
+    CHECK_OK(ckptio_reader_read_shared(r, reg, n, &sh));
+    CHECK(sh.rounds == rounds && sh.n_parts == (uint64_t)count * rounds);
+    CHECK(sh.start == total * index / sh.n_parts);
+    uint64_t bytes = 0;
+    for (uint64_t j = 0; j < sh.n_parts; j++) {
+        for (uint64_t x = parts[j].first; x < parts[j].first + parts[j].count; x++) seen[x]++;
+        bytes += parts[j].bytes;
+        /* each part starts where the one before it, in file order, ended */
+        const ckptio_share_part *next = &parts[(j + 1) % sh.n_parts];
+        if (j + 1 < sh.n_parts && (index + j + 1) % sh.n_parts != 0)
+            CHECK(next->first == parts[j].first + parts[j].count);
+    }
+    CHECK(bytes == total);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(seen[i] == 1);
+        CHECK(!memcmp(got[i], want[i], sizes[i]));
+        t_free(got[i], sizes[i]);
+    }
+    /* the first part read is this reader's own */
+    for (size_t i = 0; first_part[i] != SIZE_MAX; i++)
+        CHECK(parts[0].first + i == first_part[i] && i < parts[0].count);
+    free(got);
+    free(reg);
+    free(seen);
+    ckptio_reader_close(r);
+    return 0;
+}
+
+/* A load shared by 4 readers: ten tensors of 100 bytes are four parts of 250 bytes (a tensor
+ * goes with its first byte), and reader i starts at part i, then wraps around; 64 MiB read by
+ * one reader is two rounds of two parts. Bad shares are refused before anything is read. */
+static int test_shared_rotation(void)
+{
+    uint64_t sizes[10];
+    unsigned char *data[10];
+    for (size_t i = 0; i < 10; i++) {
+        sizes[i] = 100;
+        data[i] = t_alloc(100);
+    }
+    const char *ck = t_path("ck");
+    if (save_tensors(ck, 10, sizes, data, 3)) return 1;
+    static const size_t firsts[4][4] = {
+        {0, 1, 2, SIZE_MAX}, {3, 4, SIZE_MAX}, {5, 6, 7, SIZE_MAX}, {8, 9, SIZE_MAX}};
+    for (uint32_t i = 0; i < 4; i++)
+        if (shared_check(ck, 10, sizes, data, i, 4, 1, firsts[i])) return 1;
+
+    ckptio_reader *r;
+    CHECK_OK(ckptio_reader_open(&r, ck, NULL));
+    unsigned char buf[100];
+    ckptio_region reg = {.size = sizeof reg, .tensor = 0, .dst = buf, .capacity = 100};
+    ckptio_share sh = {.size = sizeof sh, .index = 4, .count = 4};
+    CHECK_ERR(ckptio_reader_read_shared(r, &reg, 1, &sh), CKPTIO_E_USAGE);
+    sh.index = 0;
+    reg.capacity = 99;
+    CHECK_ERR(ckptio_reader_read_shared(r, &reg, 1, &sh), CKPTIO_E_BUFFER);
+    CHECK(sh.n_parts == 0); /* refused before the parts were cut */
+    ckptio_reader_close(r);
+
+    uint64_t big[8];
+    unsigned char *bdata[8];
+    for (size_t i = 0; i < 8; i++) {
+        big[i] = 8 * MiB + 64 * i;
+        bdata[i] = t_alloc(big[i]);
+    }
+    const char *ck2 = t_path("ck2");
+    if (save_tensors(ck2, 8, big, bdata, 9)) return 1;
+    static const size_t own[] = {0, 1, 2, 3, SIZE_MAX};
+    if (shared_check(ck2, 8, big, bdata, 0, 1, 2, own)) return 1;
+    for (size_t i = 0; i < 8; i++) t_free(bdata[i], big[i]);
+    for (size_t i = 0; i < 10; i++) t_free(data[i], 100);
+    return 0;
+}
+
 const ckptio_test tests_reads[] = {
     {"reads/partial_residency", test_partial_residency, T_PER_BACKEND, 120},
     {"reads/partial_residency_mincore", test_partial_residency_mincore, 0, 120},
@@ -455,5 +600,7 @@ const ckptio_test tests_reads[] = {
     {"reads/checksum_deterministic", test_checksum_deterministic, T_PER_BACKEND, 180},
     {"reads/merged_reads", test_merged_reads, T_PER_BACKEND, 180},
     {"reads/file_read_cached", test_file_read_cached, T_PER_BACKEND, 60},
+    {"reads/shared_rotation", test_shared_rotation, T_PER_BACKEND, 120},
+    {"reads/place", test_place, 0, 60},
     {0},
 };

@@ -196,6 +196,9 @@ void ckptio__pydist_raise(ckptio_comm *c, int rc, const char *path,
 
 int ckptio__pyvalues_register(PyObject *m); /* _core_values.c: IOStats, PARAMS, errors */
 int ckptio__pybuffer_register(PyObject *m); /* _core_buffer.c: Buffer */
+/* A Buffer that owns `base` (from ckptio_reader_place: it frees it as ckptio_block_free does),
+ * or NULL with an exception set (then `base` is still the caller's). */
+PyObject *ckptio__pybuffer_adopt(void *base, Py_ssize_t len);
 int ckptio__pywriter_register(PyObject *m); /* _core_writer.c: Writer, AddItem, stage_arrays */
 int ckptio__pyreader_register(PyObject *m); /* _core_reader.c: Reader and its records */
 int ckptio__pyfile_register(PyObject *m);   /* _core_file.c: FileWriter, file_read */

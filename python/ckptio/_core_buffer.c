@@ -106,6 +106,15 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
+PyObject *ckptio__pybuffer_adopt(void *base, Py_ssize_t len)
+{
+    BufferObject *self = (BufferObject *)Buffer_Type.tp_alloc(&Buffer_Type, 0);
+    if (!self) return NULL;
+    self->data = base;
+    self->len = len;
+    return (PyObject *)self;
+}
+
 static void Buffer_dealloc(BufferObject *self)
 {
     if (self->map)

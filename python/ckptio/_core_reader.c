@@ -176,12 +176,64 @@ static PyObject *Reader_get_meta(PyObject *self, PyObject *args)
     return PyBytes_FromStringAndSize(val, (Py_ssize_t)len);
 }
 
-/* read([ReadRegion, ...]): one ckptio_reader_read call for all regions, with the GIL
- * released. */
-static PyObject *Reader_read(PyObject *self, PyObject *seq)
+/* Tensor, offset and shape of region tuple t (ReadRegion's first three fields) into *rg; its
+ * offset and shape go to dims + *used. */
+static int parse_box(PyObject *self, ckptio_reader *r, PyObject *t, ckptio_region *rg,
+                     uint64_t *dims, size_t *used_)
+{
+    size_t used = *used_;
+    Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_TENSOR));
+    if (index == -1 && PyErr_Occurred()) return -1;
+    if (index < 0) {
+        PyErr_SetString(PyExc_ValueError, "read: tensor index is negative");
+        return -1;
+    }
+    rg->size = sizeof *rg;
+    rg->memory = CKPTIO_MEM_HOST;
+    rg->name = NULL;
+    rg->tensor = (size_t)index;
+    PyObject *o = PyTuple_GET_ITEM(t, RD_OFFSET), *s = PyTuple_GET_ITEM(t, RD_SHAPE);
+    if (o != Py_None || s != Py_None) {
+        /* The library reads ndim values from each: a shorter tuple must not get there. */
+        ckptio_tensor_info ti = {.size = sizeof ti};
+        int rc = ckptio_reader_tensor(r, (size_t)index, &ti);
+        if (rc < 0) {
+            ckptio__pyhandle_fail(self, rc, NULL);
+            return -1;
+        }
+        PyObject *dims_of[2] = {o, s};
+        const char *what[2] = {"region offset", "region shape"};
+        for (int k = 0; k < 2; k++) {
+            if (dims_of[k] == Py_None) continue;
+            int nd = ckptio__pydims(dims_of[k], dims + used, what[k], ti.name);
+            if (nd < 0) return -1;
+            if ((uint32_t)nd != ti.ndim) {
+                char msg[CKPTIO_MAX_NAME + 160];
+                snprintf(msg, sizeof msg,
+                         "%s: tensor '%s' has %u dimensions; the %s has %d values",
+                         ckptio_reader_path(r), ti.name, ti.ndim, what[k], nd);
+                ckptio__pywhere at = {.path = ((ckptio__pyhandle *)self)->path,
+                                      .tensor = ti.name};
+                ckptio__pyraise(CKPTIO_E_SHAPE, msg, &at);
+                return -1;
+            }
+            if (k == 0)
+                rg->offset = dims + used;
+            else
+                rg->shape = dims + used;
+            used += CKPTIO_MAX_NDIM;
+        }
+    }
+    *used_ = used;
+    return 0;
+}
+
+/* One ckptio_reader_read call for all regions, with the GIL released; with `share`, one
+ * ckptio_reader_read_shared call. */
+static int read_regions(PyObject *self, PyObject *seq, ckptio_share *share)
 {
     ckptio_reader *r = ckptio__pyhandle_enter(self);
-    if (!r) return NULL;
+    if (!r) return -1;
     PyObject *fast = PySequence_Fast(seq, "read expects a sequence of regions");
     ckptio_region *regs = NULL;
     uint64_t *dims = NULL;
@@ -214,48 +266,7 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = items[i];
         ckptio_region *rg = &regs[i];
-        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_TENSOR));
-        if (index == -1 && PyErr_Occurred()) goto out;
-        if (index < 0) {
-            PyErr_SetString(PyExc_ValueError, "read: tensor index is negative");
-            goto out;
-        }
-        rg->size = sizeof *rg;
-        rg->memory = CKPTIO_MEM_HOST;
-        rg->name = NULL;
-        rg->tensor = (size_t)index;
-        PyObject *o = PyTuple_GET_ITEM(t, RD_OFFSET), *s = PyTuple_GET_ITEM(t, RD_SHAPE);
-        if (o != Py_None || s != Py_None) {
-            /* The library reads ndim values from each: a shorter tuple must not get there. */
-            ckptio_tensor_info ti = {.size = sizeof ti};
-            int rc = ckptio_reader_tensor(r, (size_t)index, &ti);
-            if (rc < 0) {
-                ckptio__pyhandle_fail(self, rc, NULL);
-                goto out;
-            }
-            PyObject *dims_of[2] = {o, s};
-            const char *what[2] = {"region offset", "region shape"};
-            for (int k = 0; k < 2; k++) {
-                if (dims_of[k] == Py_None) continue;
-                int nd = ckptio__pydims(dims_of[k], dims + used, what[k], ti.name);
-                if (nd < 0) goto out;
-                if ((uint32_t)nd != ti.ndim) {
-                    char msg[CKPTIO_MAX_NAME + 160];
-                    snprintf(msg, sizeof msg,
-                             "%s: tensor '%s' has %u dimensions; the %s has %d values",
-                             ckptio_reader_path(r), ti.name, ti.ndim, what[k], nd);
-                    ckptio__pywhere at = {.path = ((ckptio__pyhandle *)self)->path,
-                                          .tensor = ti.name};
-                    ckptio__pyraise(CKPTIO_E_SHAPE, msg, &at);
-                    goto out;
-                }
-                if (k == 0)
-                    rg->offset = dims + used;
-                else
-                    rg->shape = dims + used;
-                used += CKPTIO_MAX_NDIM;
-            }
-        }
+        if (parse_box(self, r, t, rg, dims, &used) < 0) goto out;
         Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, RD_DST_OFFSET));
         if (off == -1 && PyErr_Occurred()) goto out;
         unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, RD_CAPACITY));
@@ -288,7 +299,8 @@ static PyObject *Reader_read(PyObject *self, PyObject *seq)
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_reader_read(r, regs, (size_t)n);
+    rc = share ? ckptio_reader_read_shared(r, regs, (size_t)n, share)
+               : ckptio_reader_read(r, regs, (size_t)n);
     Py_END_ALLOW_THREADS
     if (rc < 0) ckptio__pyhandle_fail(self, rc, n == 1 ? tensor_name(r, regs[0].tensor) : NULL);
 out:
@@ -299,8 +311,116 @@ out:
     PyMem_Free(dims);
     Py_XDECREF(fast);
     ckptio__pyhandle_leave(self, 0, NULL);
-    if (PyErr_Occurred()) return NULL;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* read([ReadRegion, ...]): one batched read. */
+static PyObject *Reader_read(PyObject *self, PyObject *seq)
+{
+    if (read_regions(self, seq, NULL) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* read_shared(regions, index, count) -> (rounds, start, [(first, count, bytes), ...]): the
+ * regions read in parts taken in rotation (ckptio_reader_read_shared), and the parts in the
+ * order they were read. */
+static PyObject *Reader_read_shared(PyObject *self, PyObject *args)
+{
+    PyObject *seq;
+    unsigned int index, count;
+    if (!PyArg_ParseTuple(args, "OII:read_shared", &seq, &index, &count)) return NULL;
+    ckptio_share sh = {.size = sizeof sh, .index = index, .count = count};
+    if (count && count <= UINT32_MAX / CKPTIO_SHARE_MAX_ROUNDS) {
+        sh.parts_cap = (uint64_t)count * CKPTIO_SHARE_MAX_ROUNDS;
+        sh.parts = PyMem_Calloc((size_t)sh.parts_cap, sizeof *sh.parts);
+        if (!sh.parts) return PyErr_NoMemory();
+    }
+    PyObject *parts = NULL, *out = NULL;
+    if (read_regions(self, seq, &sh) < 0) goto out;
+    parts = PyList_New((Py_ssize_t)(sh.n_parts < sh.parts_cap ? sh.n_parts : sh.parts_cap));
+    for (Py_ssize_t j = 0; parts && j < PyList_GET_SIZE(parts); j++) {
+        const ckptio_share_part *p = &sh.parts[j];
+        PyObject *t = Py_BuildValue("(KKK)", (unsigned long long)p->first,
+                                    (unsigned long long)p->count, (unsigned long long)p->bytes);
+        if (!t) goto out;
+        PyList_SET_ITEM(parts, j, t);
+    }
+    if (parts) out = Py_BuildValue("(IKO)", sh.rounds, (unsigned long long)sh.start, parts);
+out:
+    Py_XDECREF(parts);
+    PyMem_Free(sh.parts);
+    return out;
+}
+
+/* place([(index, offset, shape), ...]) -> [(Buffer or None, at, capacity, lead), ...]: memory
+ * the library chose for each region (ckptio_reader_place), its blocks as Buffers. */
+static PyObject *Reader_place(PyObject *self, PyObject *seq)
+{
+    ckptio_reader *r = ckptio__pyhandle_enter(self);
+    if (!r) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "place expects a sequence of (index, offset, shape)");
+    ckptio_region *regs = NULL;
+    ckptio_landing *land = NULL;
+    uint64_t *dims = NULL;
+    ckptio_block *blocks = NULL;
+    size_t nb = 0, b = 0;
+    PyObject *bufs = NULL, *res = NULL;
+    if (!fast) goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    size_t nr = (size_t)(n ? n : 1);
+    regs = PyMem_Calloc(nr, sizeof *regs);
+    land = PyMem_Calloc(nr, sizeof *land);
+    dims = PyMem_Malloc(sizeof *dims * nr * 2 * CKPTIO_MAX_NDIM);
+    if (!regs || !land || !dims) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    size_t used = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyTuple_Check(items[i]) || PyTuple_GET_SIZE(items[i]) < 3) {
+            PyErr_SetString(PyExc_TypeError, "place: region must be (index, offset, shape)");
+            goto out;
+        }
+        if (parse_box(self, r, items[i], &regs[i], dims, &used) < 0) goto out;
+    }
+    land[0].size = sizeof *land;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_reader_place(r, regs, (size_t)n, land, &blocks, &nb);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        ckptio__pyhandle_fail(self, rc, n == 1 ? tensor_name(r, regs[0].tensor) : NULL);
+        goto out;
+    }
+    /* Each block is a Buffer from here on: it frees the memory. */
+    bufs = PyList_New((Py_ssize_t)nb);
+    for (; bufs && b < nb; b++) {
+        PyObject *buf = ckptio__pybuffer_adopt(blocks[b].base, (Py_ssize_t)blocks[b].len);
+        if (!buf) break;
+        PyList_SET_ITEM(bufs, (Py_ssize_t)b, buf);
+    }
+    if (b < nb) goto out;
+    res = PyList_New(n);
+    for (Py_ssize_t i = 0; res && i < n; i++) {
+        const ckptio_landing *l = &land[i];
+        PyObject *buf = l->block == CKPTIO_NO_BLOCK ? Py_None : PyList_GET_ITEM(bufs, l->block);
+        PyObject *t = Py_BuildValue("(OKKK)", buf, (unsigned long long)l->at,
+                                    (unsigned long long)l->capacity, (unsigned long long)l->lead);
+        if (!t) Py_CLEAR(res);
+        else PyList_SET_ITEM(res, i, t);
+    }
+out:
+    for (size_t k = b; k < nb; k++) ckptio_block_free(blocks[k].base);
+    free(blocks);
+    Py_XDECREF(bufs);
+    PyMem_Free(regs);
+    PyMem_Free(land);
+    PyMem_Free(dims);
+    Py_XDECREF(fast);
+    ckptio__pyhandle_leave(self, 0, NULL);
+    if (PyErr_Occurred()) Py_CLEAR(res);
+    return res;
 }
 
 static PyObject *Reader_verify(PyObject *self, PyObject *unused)
@@ -368,6 +488,12 @@ static PyMethodDef Reader_methods[] = {
     {"get_meta", Reader_get_meta, METH_VARARGS, "get_meta(key) -> bytes or None"},
     {"read", Reader_read, METH_O,
      "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
+    {"read_shared", Reader_read_shared, METH_VARARGS,
+     "read_shared(regions, index, count) -> (rounds, start, [(first, count, bytes)]): the read "
+     "in parts taken in rotation by `count` readers, this one starting at part `index`"},
+    {"place", Reader_place, METH_O,
+     "place([(index, offset, shape)]) -> [(Buffer or None, at, capacity, lead)]: memory the "
+     "library chose for each region, to read into"},
     {"verify", Reader_verify, METH_NOARGS, "check every checksum"},
     {"st_dtypes", Reader_st_dtypes, METH_NOARGS,
      "[safetensors dtype name or None] in tensor order (open_foreign readers)"},

@@ -41,7 +41,6 @@ _ALIGN: int = _core.alignment
 _region = _core.read_region
 # Tensors smaller than this share slabs of memory instead of taking a page each.
 _SMALL = 4096
-_SLAB = 4 << 20
 # Fresh memory costs a page fault per page (zeroing, page tables). "none": the read takes them
 # (in the kernel, while other requests are in flight on the device); "populate": each buffer
 # faulted in as it is allocated; "prefault": another thread faults the buffers in, in order,
@@ -50,10 +49,6 @@ _SLAB = 4 << 20
 # the read for the same page tables (1 GiB warm: 3.6 GB/s with "none", 2.5 with "prefault").
 _FRESH = "none"
 _PREFAULT_MIN = 16 << 20  # below this in all, a thread costs more than it saves
-
-
-def _round_up(n: int, a: int = _ALIGN) -> int:
-    return (n + a - 1) // a * a
 
 
 class TensorInfo:
@@ -100,60 +95,50 @@ class _Piece:
 
 
 class _Alloc:
-    """Destinations for one batched read: tensors of 4 KiB or more get their own page-aligned
-    memory with capacity rounded up to the alignment (the read lands in place, no copy);
-    smaller ones share 64-byte-aligned slabs."""
+    """The regions of one batched read. Their memory is the library's choice
+    (ckptio_reader_place: a page-aligned block for each region of 4 KiB or more, in place;
+    64-byte-aligned slabs for the smaller ones; room before a safetensors tensor stored off the
+    alignment), made when the read runs: until then place() hands back a claim on it, and
+    landed() turns a claim into (buffer, offset)."""
 
-    __slots__ = ("regions", "slab", "used", "size", "fresh", "fresh_bytes")
+    __slots__ = ("specs", "got")
 
     def __init__(self) -> None:
-        self.regions: list[tuple[Any, ...]] = []
-        self.fresh: list[Any] = []  # the big buffers, in the order they were placed
-        self.fresh_bytes = 0
-        self.slab: Any = None
-        self.used = 0
-        self.size = 0
+        self.specs: list[tuple[int, Any, Any]] = []
+        self.got: list[tuple[Any, int]] = []
 
     def place(
-        self,
-        index: int,
-        offset: tuple[int, ...] | None,
-        shape: tuple[int, ...] | None,
-        n: int,
-        lead: int = 0,
+        self, index: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, n: int
     ) -> tuple[Any, int]:
-        """Memory for one region: (buffer, where the region starts in it). ``lead``: bytes
-        left free before the start of a big region (its buffer stays page-aligned), for a
-        reader that reads from the page boundary below an unaligned file offset."""
-        if n >= _SMALL:
-            size = _round_up(lead + n)
-            buf = _core.Buffer(size if lead else n, populate=_FRESH == "populate")
-            self.fresh.append(buf)
-            self.fresh_bytes += n
-            self.regions.append(_region(index, offset, shape, buf, lead, size - lead, lead))
-            return buf, lead
+        """A claim on the memory region (index, offset, shape) of ``n`` bytes will land in."""
         if n == 0:
             return None, 0
-        at = (self.used + 63) & ~63
-        if self.slab is None or at + n > self.size:
-            self.slab = _core.Buffer(_SLAB)
-            self.size = _SLAB
-            at = 0
-        self.used = at + n
-        self.regions.append(_region(index, offset, shape, self.slab, at, n))
-        return self.slab, at
+        self.specs.append((index, offset, shape))
+        return self, len(self.specs) - 1
+
+    def landed(self, buf: Any, at: int) -> tuple[Any, int]:
+        """(buffer, offset) of what place() returned, once read (other placers' answers as
+        they are)."""
+        return self.got[at] if buf is self else (buf, at)
 
     def read(self, r: Any, share: Any = None) -> None:
-        if self.regions:
-            if share is not None:
-                from .ranks import _share
+        if not self.specs:
+            return
+        places = r.place(self.specs)
+        regions = [
+            _region(index, offset, shape, buf, at, cap, lead)
+            for (index, offset, shape), (buf, at, cap, lead) in zip(self.specs, places)
+        ]
+        fresh = [p[0] for p in places if p[2] >= _SMALL]  # blocks of their own
+        if share is not None:
+            from .ranks import _share
 
-                read: Any = lambda regions: _share.read(r, regions, share)  # noqa: E731
-            else:
-                read = r.read
-            prefaulting(self.fresh, self.fresh_bytes, read, self.regions)
-        self.regions = []
-        self.fresh = []
+            read: Any = lambda regions: _share.read(r, regions, share)  # noqa: E731
+        else:
+            read = r.read
+        prefaulting(fresh, sum(len(b) for b in fresh), read, regions)
+        self.got = [(p[0], p[1]) for p in places]
+        self.specs = []
 
 
 def prefaulting(fresh: list[Any], nbytes: int, read: Any, *args: Any) -> Any:
@@ -621,7 +606,7 @@ class Reader:
         batched read."""
         raw = self._raw()
         alloc = _Alloc()
-        place = self._placer(alloc)
+        place = alloc.place
         if self._mapped is not None:
             from ._mapped import placer
 
@@ -674,6 +659,13 @@ class Reader:
                     p.buf, p.at = place(p.index, p.offset, p.shape, p.nbytes)
             plans[sig] = (name, real, info, tgt, ps)
         alloc.read(self._r, getattr(self, "_share", None))
+        landed = alloc.landed
+        for name, (buf, at, npdt, shape) in simple.items():
+            simple[name] = (*landed(buf, at), npdt, shape)
+        for _name, _real, _info, _tgt, ps in plans.values():
+            for p in ps:
+                if p.buf is alloc:
+                    p.buf, p.at = landed(p.buf, p.at)
         for p, dev in gpu_reads:
             _gpu.read_into(self._r, p, dev)
         ndarray = np.ndarray
@@ -691,11 +683,6 @@ class Reader:
             else:
                 out[path] = _adapters.BY_NAME[sig[1]].alias_view(base, node)
         return out
-
-    def _placer(self, alloc: _Alloc) -> Any:
-        """Where _build puts each region read to host memory (safetensors readers leave
-        room before tensors stored at unaligned offsets)."""
-        return alloc.place
 
     def _plan(self, node: Node, info: TensorInfo, tgt: Target) -> list[_Piece]:
         raw = info.code == _dtypes.BYTES and "dtype" in node

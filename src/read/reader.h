@@ -211,6 +211,13 @@ CKPTIO__HIDDEN int ckptio__read_prepare_region(ckptio_reader *r, const ckptio_re
 
 CKPTIO__HIDDEN int ckptio__read_plan_region(ckptio_reader *r, plan *pl, const box *bx);
 
+/* ---- regions.c: region reads ---- */
+
+/* Regions [first, first + n) of the caller's array (`regions`, strided by element 0's size),
+ * planned and read together: ckptio_reader_read once its arguments are checked. */
+CKPTIO__HIDDEN int ckptio__read_range(ckptio_reader *r, const ckptio_region *regions, size_t first,
+                                      size_t n);
+
 /* ---- execute.c: running a plan ---- */
 
 /* Copy the parts of a piece's runs that fall in [a, b) out of the staging buffer. */

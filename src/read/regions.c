@@ -138,12 +138,8 @@ int ckptio_reader_gpu_stats(const ckptio_reader *r, ckptio_gpu_stats *out)
     return 0;
 }
 
-int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
+int ckptio__read_range(ckptio_reader *r, const ckptio_region *regions, size_t first, size_t n)
 {
-    if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_read: reader is NULL");
-    ckptio__msg_clear(&r->msg);
-    if (n && !regions)
-        return ckptio__fail(&r->msg, CKPTIO_E_USAGE, "ckptio_reader_read: regions is NULL");
     double t0 = ckptio__now();
     plan pl;
     ckptio__read_plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
@@ -153,7 +149,7 @@ int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
     int rc;
     box bx;
     ckptio_region reg;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = first; i < first + n; i++) {
         CKPTIO__CHECK(ckptio__read_take_sized(&r->msg, &reg, sizeof reg, REGION_V1, regions, i,
                                               "ckptio_reader_read", "ckptio_region"));
         if (reg.memory > CKPTIO_MEM_CUDA) {
@@ -188,6 +184,15 @@ out:
     ckptio__read_plan_free(&pl);
     r->stats.seconds += ckptio__now() - t0;
     return rc < 0 ? rc : 0;
+}
+
+int ckptio_reader_read(ckptio_reader *r, const ckptio_region *regions, size_t n)
+{
+    if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_read: reader is NULL");
+    ckptio__msg_clear(&r->msg);
+    if (n && !regions)
+        return ckptio__fail(&r->msg, CKPTIO_E_USAGE, "ckptio_reader_read: regions is NULL");
+    return ckptio__read_range(r, regions, 0, n);
 }
 
 int ckptio_reader_read_tensor(ckptio_reader *r, const char *name, void *dst, uint64_t capacity)

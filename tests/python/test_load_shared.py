@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pathlib
 import sys
-from typing import Any
 
 import pytest
 
@@ -39,23 +38,29 @@ def test_plan_one_process_or_direct_is_unshared() -> None:
     assert s is not None and (s.index, s.size) == (1, 3)
 
 
-class FakeReader:
-    def __init__(self) -> None:
-        self.calls: list[list[int]] = []
+def test_read_starts_at_own_share_and_wraps(tmp_path: pathlib.Path) -> None:
+    np = pytest.importorskip("numpy")
+    import ckptio
+    from ckptio import _core
 
-    def read(self, regions: list[Any]) -> None:
-        self.calls.append([x[0] for x in regions])
-
-
-def test_read_starts_at_own_share_and_wraps() -> None:
-    # (tensor, offset, shape, dst, dst_offset, capacity): ten regions of 100 bytes.
-    regions = [(i, None, None, None, 0, 100) for i in range(10)]
+    # Ten tensors of 100 bytes: four parts of 250 bytes, a tensor going with its first byte.
+    want = {f"t{i}": np.full(25, i, np.float32) for i in range(10)}
+    ckptio.save(want, tmp_path / "ck")
     for index, first in [(0, [0, 1, 2]), (1, [3, 4]), (2, [5, 6, 7]), (3, [8, 9])]:
-        r = FakeReader()
-        _share.read(r, regions, _share.Share(index, 4))
-        assert r.calls[0] == first
-        assert sorted(t for c in r.calls for t in c) == list(range(10))  # each region once
-        assert _share.last is not None and _share.last["first"] == 1000 * index // 4
+        with ckptio.open(tmp_path / "ck", direct=False) as r:
+            core = r._r
+            bufs = [bytearray(100) for _ in range(10)]
+            regions = [_core.read_region(core.find(f"t{i}"), None, None, bufs[i], 0, 100)
+                       for i in range(10)]  # fmt: skip
+            _share.read(core, regions, _share.Share(index, 4))
+        assert _share.last is not None
+        tensors = _share.last["tensors"]
+        assert tensors[0] == first
+        assert sorted(t for c in tensors for t in c) == list(range(10))  # each region once
+        assert _share.last["first"] == 1000 * index // 4 and _share.last["rounds"] == 1
+        assert sum(_share.last["parts"]) == 1000
+        for i in range(10):
+            assert bytes(bufs[i]) == want[f"t{i}"].tobytes()
 
 
 def test_torch_replicated_load(tmp_path: pathlib.Path) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 
 from .. import _core, _dtypes, _load
 from .._errors import DTYPE, error
-from .._load import _SMALL as _OWN_MEMORY
 from .._load import PathLike, Reader, TensorInfo
 from .._tree import Node
 from ..safetensors import DTYPES
@@ -108,24 +107,6 @@ class HFReader(Reader):
                 nodes.append(node)
             self._root = {"t": "dict", "k": names, "v": nodes}
         return self._root
-
-    def _placer(self, alloc: Any) -> Any:
-        core = self._r
-        codes = [t.dtype for t in core.tensors()]
-
-        def place(
-            index: int, offset: tuple[int, ...] | None, shape: tuple[int, ...] | None, n: int
-        ) -> tuple[Any, int]:
-            # A big tensor gets memory of its own that sits in its page as the tensor sits in
-            # its file's, with room before it: the read starts at the page boundary below, in
-            # place (ckptio_region.lead), unless the elements would then be misaligned.
-            if offset is None and n >= _OWN_MEMORY:
-                lead = core.chunks(index)[0].file_offset % _core.alignment
-                if lead and lead % _dtypes.ITEMSIZE[codes[index]] == 0:
-                    return alloc.place(index, offset, shape, n, lead)
-            return alloc.place(index, offset, shape, n)
-
-        return place
 
     def _target(
         self,

@@ -105,44 +105,19 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
     return Share(*group) if group is not None and group[1] > 1 else None
 
 
-# Bytes per part of a shared read, at least: each part is one call of the library's reader.
-_PART = 32 << 20
-_MAX_ROUNDS = 8
-
-
 def read(r: Any, regions: list[Any], share: Share) -> None:
-    """Read ``regions`` with core reader ``r`` (buffered), in P = size x k parts (k up to 8,
-    parts of 32 MiB or more): rank i reads parts i, i + 1, ... wrapping around. At each step the
-    ranks are on neighbouring parts, the one ahead reading a new part off the device while the
-    others copy parts it or they have just brought into the page cache (a reader of a page
-    under read waits for that one device read): the device reads spread over the whole load
-    and overlap the copies, instead of all coming first (k = 1: each rank's own 1/size, then
-    the rest from the cache). The library orders each call's requests by file offset, so each
-    part is its own call."""
+    """Read ``regions`` with core reader ``r`` (buffered) as reader ``share.index`` of
+    ``share.size`` (ckptio_reader_read_shared): the library cuts the read into size x k parts
+    (k up to 8, parts of 32 MiB or more) and this rank reads parts index, index + 1, ...
+    wrapping around. At each step the ranks are on neighbouring parts, the one ahead reading a
+    new part off the device while the others copy parts it or they have just brought into the
+    page cache: the device reads spread over the whole load and overlap the copies. ``last``
+    records the parts as the library reports them."""
     global last
-    total = sum(int(x[5]) for x in regions)
-    rounds = max(1, min(_MAX_ROUNDS, total // (share.size * _PART)))
-    n = share.size * rounds
-    bounds = [total * k // n for k in range(n + 1)]
-    parts: list[list[Any]] = [[] for _ in range(n)]
-    at = 0
-    k = 0
-    for x in regions:
-        # A region belongs to the part where its first byte lies.
-        while k + 1 < n and at >= bounds[k + 1]:
-            k += 1
-        parts[k].append(x)
-        at += int(x[5])
-    done: list[int] = []
-    tensors: list[list[int]] = []
-    for j in range(n):
-        part = parts[(share.index + j) % n]
-        if part:
-            r.read(part)
-        done.append(sum(int(x[5]) for x in part))
-        tensors.append([int(x[0]) for x in part])
-    last = {"index": share.index, "size": share.size, "parts": done, "tensors": tensors,
-            "first": bounds[share.index], "rounds": rounds}  # fmt: skip
+    rounds, first, parts = r.read_shared(regions, share.index, share.size)
+    last = {"index": share.index, "size": share.size, "parts": [p[2] for p in parts],
+            "tensors": [[int(regions[i][0]) for i in range(p[0], p[0] + p[1])] for p in parts],
+            "first": first, "rounds": rounds}  # fmt: skip
 
 
 def storage_read() -> int:
