@@ -487,7 +487,7 @@ static PyMethodDef Reader_methods[] = {
     {"meta", Reader_meta, METH_NOARGS, "all metadata as {key: bytes}"},
     {"get_meta", Reader_get_meta, METH_VARARGS, "get_meta(key) -> bytes or None"},
     {"read", Reader_read, METH_O,
-     "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity)]): one batched read"},
+     "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity, lead)]): one batched read"},
     {"read_shared", Reader_read_shared, METH_VARARGS,
      "read_shared(regions, index, count) -> (rounds, start, [(first, count, bytes)]): the read "
      "in parts taken in rotation by `count` readers, this one starting at part `index`"},
