@@ -304,9 +304,11 @@ def _st_shape(path: str, name: str) -> tuple[int, ...]:
 
 
 def _whole(f: _File, e: Entry, regions: list[Any], fresh: list[Any]) -> tuple[Any, int]:
-    """Memory for all of tensor ``e`` and its region: (buffer, offset of its first byte). A big
-    tensor gets page-aligned memory of its own, placed in its page as the tensor is in its
-    file's, with room before it: the read starts at the page boundary below, in place."""
+    """Memory for all of tensor ``e`` and its region: (buffer, offset of its first byte). A
+    small tensor gets exact memory of its own (as stock safetensors gives each tensor its own
+    storage: a slab shared with others would go whole into a torch.save of one of them); a big
+    one the block the reader places it in (ckptio_reader_place: page-aligned, placed in its
+    page as the tensor is in its file's, with room before it, so the read lands in place)."""
     n = e.nbytes
     i = f.index[e.name]
     if n == 0:
@@ -315,14 +317,10 @@ def _whole(f: _File, e: Entry, regions: list[Any], fresh: list[Any]) -> tuple[An
         small = np.empty(n, np.uint8)
         regions.append(_core.read_region(i, None, None, small, 0, n))
         return small, 0
-    lead = e.offset % _ALIGN
-    if lead % DTYPES[e.dtype][0]:
-        lead = 0  # the elements would be misaligned in memory: staged instead
-    size = _round_up(lead + n)
-    buf = _core.Buffer(size)
+    ((buf, at, cap, lead),) = f.r.place([(i, None, None)])
     fresh.append(buf)
-    regions.append(_core.read_region(i, None, None, buf, lead, size - lead, lead))
-    return buf, lead
+    regions.append(_core.read_region(i, None, None, buf, at, cap, lead))
+    return buf, at
 
 
 def _tensor(fw: str, buf: Any, at: int, e: Entry, shape: tuple[int, ...], device: Any) -> Any:
