@@ -2,13 +2,17 @@
 /* One cold load of a saved checkpoint, or the raw O_DIRECT read of its data files, as JSON.
  * bench/read_ab.py alternates builds of this program (and the raw read) in one run.
  *
- *   cc -O2 -Iinclude bench/read_ab.c build/libckptio.a -luring -lxxhash -lpthread -ldl -o read_ab
- *   ./read_ab load DIR [request_bytes queue_depth verify_threads]
- *   ./read_ab raw DIR          (16 MiB reads, 8 in flight, like `ckptio bench`'s raw read)
+ *   build/tools/ckptio-read-ab load DIR [request_bytes queue_depth verify_threads]
+ *   build/tools/ckptio-read-ab raw DIR   (16 MiB reads, 8 in flight, like `ckptio bench`'s)
+ *
+ * meson builds it where liburing is found (tools/meson.build); to compare another tree, copy
+ * that tree's build/tools/ckptio-read-ab aside before rebuilding.
  *
  * The page cache is emptied of DIR's files (POSIX_FADV_DONTNEED) before the clock starts; the
  * load's destinations are faulted in beforehand, as `ckptio bench` does. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>

@@ -6,7 +6,8 @@ is reported as a fraction of the raw read of its own round (medians).
     .venv/bin/python bench/read_ab.py --dir /tmp/rp-bench/bench-state --rounds 7 \
         --variant base=/tmp/read_base --variant new=/tmp/read_new --json out.json
 
-A variant is NAME=BINARY[,request,depth,verify_threads] (params passed to ckptio_params).
+A variant is NAME=BINARY[,request,depth,verify_threads] (params passed to ckptio_params); a
+BINARY is a tree's build/tools/ckptio-read-ab (copied aside to compare two trees).
 """
 
 from __future__ import annotations
