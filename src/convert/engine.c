@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "convert.h"
@@ -18,13 +17,6 @@
 /* The reader and writers get smaller staging pools than their defaults: the buffer here already
  * bounds what is in flight. */
 #define STAGING_BYTES (16ull << 20)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- progress: the line the `ckptio` command draws for every long job ---------------------- */
 
@@ -42,7 +34,7 @@ static void progress(ckptio__conv *c, bool last)
 {
     if (c->a.progress && !last) c->a.progress(c->a.progress_ctx, c->done, c->total);
     if (!(c->a.flags & CKPTIO_CONVERT_PROGRESS) || !isatty(STDERR_FILENO)) return;
-    double t = now_s(), dt = t - c->t0;
+    double t = ckptio__now(), dt = t - c->t0;
     if (last) {
         if (c->drawn > 0) fputs("\r\033[K", stderr), fflush(stderr);
         return;
@@ -351,7 +343,7 @@ int ckptio_convert(const ckptio_convert_args *a, ckptio_convert_result *out)
     ckptio__conv *c = calloc(1, sizeof *c);
     if (!c) return ckptio__fail(NULL, -ENOMEM, "ckptio_convert: out of memory");
     char *dst = NULL;
-    c->t0 = now_s();
+    c->t0 = ckptio__now();
     int rc = settle(c, a, &dst);
     if (rc < 0) goto out;
     rc = c->ext_src ? open_external(c) : open_reader(c);
