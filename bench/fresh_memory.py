@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What fresh memory costs a cold load, and what each way of paying for it buys: ckptio.load
-with its buffers faulted in by the read itself ("none", the default), each as it is allocated
-("populate"), or by a second thread while the read runs ("prefault"); load(into=) into memory
-the caller already owns; and the raw device read, all in one run, rounds rotated.
+with its buffers faulted in by the read itself ("none", the default) or by a second thread
+while the read runs ("prefault"); load(into=) into memory the caller already owns; and the raw
+device read, all in one run, rounds rotated. (Faulting each buffer in as it was allocated,
+"populate" in bench/results/fresh-20261201/, went when the reader came to allocate the
+destinations itself.)
 
     .venv/bin/python bench/fresh_memory.py --dir /tmp/b --size 1G --runs 3 --json out.json
 """
@@ -56,7 +58,7 @@ def main() -> None:
     for v in into.values():
         v.fill(0)  # the caller's memory: resident already
     del state
-    modes = ["raw", "none", "populate", "prefault", "into"]
+    modes = ["raw", "none", "prefault", "into"]
     res: dict[str, list[float]] = {m: [] for m in modes}
     # CPU seconds of the loading thread (its own page faults land here, a second thread's
     # do not): less at the mercy of other processes on the machine than the wall clock.

@@ -42,11 +42,12 @@ _region = _core.read_region
 # Tensors smaller than this share slabs of memory instead of taking a page each.
 _SMALL = 4096
 # Fresh memory costs a page fault per page (zeroing, page tables). "none": the read takes them
-# (in the kernel, while other requests are in flight on the device); "populate": each buffer
-# faulted in as it is allocated; "prefault": another thread faults the buffers in, in order,
-# while the read runs. Measured here (bench/fresh_memory.py, bench/results/fresh-20261201/):
-# "none" is the fastest, cold and warm, one tensor or many; the second thread contends with
-# the read for the same page tables (1 GiB warm: 3.6 GB/s with "none", 2.5 with "prefault").
+# (in the kernel, while other requests are in flight on the device); "prefault": another
+# thread faults the buffers in, in order, while the read runs. Measured here
+# (bench/fresh_memory.py, bench/results/fresh-20261201/, which also tried faulting each buffer
+# in as it was allocated): "none" is the fastest, cold and warm, one tensor or many; the second
+# thread contends with the read for the same page tables (1 GiB warm: 3.6 GB/s with "none",
+# 2.5 with "prefault").
 _FRESH = "none"
 _PREFAULT_MIN = 16 << 20  # below this in all, a thread costs more than it saves
 
