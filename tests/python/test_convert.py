@@ -251,9 +251,9 @@ def test_existing_destination_needs_overwrite(tmp_path: pathlib.Path) -> None:
 
 
 def test_help_and_usage() -> None:
-    res = subprocess.run([sys.executable, "-m", "ckptio", "convert", "--help"], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", "ckptio", "convert", "--help"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 0 and "--max-shard-size" in res.stdout and "dcp" in res.stdout
-    res = subprocess.run([sys.executable, "-m", "ckptio", "convert", "only-one"], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", "ckptio", "convert", "only-one"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 2
 
 
@@ -261,10 +261,10 @@ def peak_rss_mib(*argv: str) -> float:
     """Peak resident memory of the command argv (a child of a fresh Python), in MiB."""
     code = (
         "import resource, subprocess, sys; "
-        "subprocess.run(sys.argv[1:], check=True); "
+        "subprocess.run(sys.argv[1:], check=True, timeout=600); "
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
     )
-    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True, timeout=660)  # fmt: skip
     return int(res.stdout.split()[-1]) / 1024
 
 
