@@ -144,6 +144,15 @@ static inline bool ckptio__is_pow2(uint64_t v)
     return v && !(v & (v - 1));
 }
 
+/* Codec ids as recorded in a chunk's `codec` field (doc/format.md section 11): the low 8 bits
+ * name how each block is coded; CKPTIO__CODEC_DELTA marks a chunk whose decoded blocks are
+ * XORed with the same bytes of its base checkpoint. */
+#define CKPTIO__CODEC_NONE 0u
+#define CKPTIO__CODEC_ZSTD 1u
+#define CKPTIO__CODEC_FLOAT 2u
+#define CKPTIO__CODEC_ID(c) ((c) & 0xffu)
+#define CKPTIO__CODEC_DELTA 0x100u
+
 /* Product of dims times elem, false on overflow. ndim 0 gives elem (a scalar). */
 CKPTIO__HIDDEN bool ckptio__volume(const uint64_t *dims, uint32_t ndim, uint64_t elem,
                                    uint64_t *out);

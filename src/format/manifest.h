@@ -26,7 +26,6 @@
  *  - metadata keys sorted and unique; file names are relative paths of [A-Za-z0-9._-]
  *    components separated by '/', without empty, "." or ".." components. */
 
-#define CKPTIO__CODEC_NONE 0u
 #define CKPTIO__CSUM_NONE 0u
 #define CKPTIO__CSUM_XXH3_64 1u
 
