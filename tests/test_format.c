@@ -512,9 +512,9 @@ static int test_header(void)
 
     /* A newer major version is named as such, whatever follows, even truncated. */
     memcpy(c, buf, len);
-    c[8] = 3; /* 2 is a striped checkpoint's, which this library reads */
+    c[8] = 4; /* 2 (striped) and 3 (coded) are formats this library reads */
     CHECK_ERR(decode_rc(c, len), CKPTIO_E_FORMAT);
-    CHECK(t_contains(errbuf, "3.0"));
+    CHECK(t_contains(errbuf, "4.0"));
     CHECK_ERR(decode_rc(c, 12), CKPTIO_E_FORMAT);
     c[8] = 0xff, c[9] = 0xff;
     CHECK_ERR(decode_rc(c, len), CKPTIO_E_FORMAT);
@@ -844,7 +844,7 @@ static int test_reject_chunks(void)
         CHECK(expect(m, CKPTIO_E_CORRUPT, "checksum block", 1) == 0);
     }
     FRESH();
-    m->version = 3; /* 2 is a striped checkpoint's (it needs roots) */
+    m->version = 4; /* 2 (striped) and 3 (coded) are formats this library reads */
     CHECK(expect(m, CKPTIO_E_FORMAT, "newer", 0) == 0);
     FRESH();
     m->version = 2;

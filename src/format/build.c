@@ -98,8 +98,16 @@ int ckptio__manifest_build(const ckptio__build *b, const char *what, uint8_t **b
         CKPTIO__CHECK(push_str(&strtab, st->name, roots[k].name_len, &roots[k].name));
     }
 
+    bool coded = b->base != NULL;
+    for (uint64_t i = 0; i < nc && !coded; i++) coded = mc[i].codec != CKPTIO__CODEC_NONE;
+    uint64_t base_path = 0;
+    if (b->base) CKPTIO__CHECK(push_str(&strtab, b->base, strlen(b->base), &base_path));
     ckptio__manifest m = {
-        .version = b->n_roots ? CKPTIO__FORMAT_STRIPED : CKPTIO_FORMAT_VERSION,
+        .version = coded ? CKPTIO__FORMAT_CODED
+                   : b->n_roots ? CKPTIO__FORMAT_STRIPED : CKPTIO_FORMAT_VERSION,
+        .n_blocks = b->n_blocks, .blocks = (uint32_t *)b->blocks,
+        .has_base = b->base != NULL, .base_len = b->base ? (uint32_t)strlen(b->base) : 0,
+        .base_path = base_path, .base_sum = b->base_sum,
         .n_roots = b->n_roots, .roots = roots,
         .csum_algo = b->checksums ? CKPTIO__CSUM_XXH3_64 : CKPTIO__CSUM_NONE,
         .csum_block = b->csum_block,

@@ -31,8 +31,12 @@ enum {
     HDR_MAX = 4096, /* largest header a later minor version may use */
 };
 enum { REC_FILE = 16, REC_TENSOR = 24, REC_CHUNK = 40, REC_META = 16, REC_U64 = 8 };
-enum { V_MAJOR = CKPTIO_FORMAT_VERSION, V_MINOR = 0, V_NEWEST = CKPTIO__FORMAT_STRIPED };
-enum { REC_ROOT = 8 };
+enum { V_MAJOR = CKPTIO_FORMAT_VERSION, V_MINOR = 0, V_STRIPED = CKPTIO__FORMAT_STRIPED,
+       V_NEWEST = CKPTIO__FORMAT_CODED };
+enum { REC_ROOT = 8, REC_BLOCK = 4, REC_BASE = 16 };
+/* Format 3 header: n_blocks at the second reserved word, flags bit 0 = a base record. */
+#define H_N_BLOCKS (H_RESERVED + 8)
+#define FLAG_BASE 1u
 
 /* A reader stages whole checksum blocks, so the block bounds the memory a manifest makes every
  * reader map; writers use at most 1 MiB. */
@@ -209,6 +213,23 @@ static bool str_ok(const ckptio__manifest *m, uint64_t off, uint64_t len)
            m->strtab[off + len] == 0;
 }
 
+/* The base of a delta checkpoint: a relative path, any bytes but NUL, resolved against the
+ * checkpoint's own directory (so "../step-100" for a sibling). */
+static int check_base(vctx *v)
+{
+    const ckptio__manifest *m = v->m;
+    if (!m->has_base) return 0;
+    if (m->base_len > CKPTIO__MAX_BASE_PATH)
+        return fail(v->err, v->errlen, CKPTIO_E_LIMIT, "base path of %u bytes (limit %u)",
+                    m->base_len, CKPTIO__MAX_BASE_PATH);
+    const char *b = m->strtab + m->base_path;
+    if (!str_ok(m, m->base_path, m->base_len) || m->base_len == 0 || b[0] == '/' ||
+        memchr(b, 0, m->base_len))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "base path is not a relative path of the string table");
+    return 0;
+}
+
 /* Stripe roots: an absolute path each (where the save found the root; a reader may be told
  * another), and a stripe directory name that is one path component, unique. */
 static int check_roots(vctx *v)
@@ -321,6 +342,46 @@ static int check_disjoint(vctx *v, const ckptio__mtensor *t)
                 fmt_dims(b4, sizeof b4, p2 + ndim, ndim));
 }
 
+/* A coded chunk (format 3): a known codec, a base for deltas, and block sizes that fit. */
+static int check_coded(vctx *v, const ckptio__mtensor *t, uint64_t k, const ckptio__mchunk *c)
+{
+    const ckptio__manifest *m = v->m;
+    unsigned id = CKPTIO__CODEC_ID(c->codec);
+    if (m->version != V_NEWEST || id > CKPTIO__CODEC_FLOAT ||
+        (c->codec & ~(0xffu | CKPTIO__CODEC_DELTA)))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunk %llu: unknown codec %u in format %u", TNAME(t), U(k),
+                    c->codec, m->version);
+    if ((c->codec & CKPTIO__CODEC_DELTA) && !m->has_base)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunk %llu is a delta but the checkpoint names no base",
+                    TNAME(t), U(k));
+    if (c->raw_len == 0)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunk %llu: an empty chunk with codec %u", TNAME(t), U(k),
+                    c->codec);
+    uint64_t B = m->csum_block, n = c->raw_len / B + (c->raw_len % B != 0), sum = 0;
+    if (!in_range(c->blocks, n, m->n_blocks))
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunk %llu: block sizes %llu..+%llu lie outside the %llu "
+                    "block sizes",
+                    TNAME(t), U(k), U(c->blocks), U(n), U(m->n_blocks));
+    for (uint64_t j = 0; j < n; j++) {
+        uint64_t sz = m->blocks[c->blocks + j], raw = CKPTIO__MIN(B, c->raw_len - j * B);
+        if (sz == 0 || sz > raw)
+            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                        "tensor '%.*s': chunk %llu: block %llu stores %llu bytes for %llu raw "
+                        "bytes",
+                        TNAME(t), U(k), U(j), U(sz), U(raw));
+        sum += sz;
+    }
+    if (sum != c->stored_len)
+        return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
+                    "tensor '%.*s': chunk %llu: stored length %llu but its blocks add up to %llu",
+                    TNAME(t), U(k), U(c->stored_len), U(sum));
+    return 0;
+}
+
 static int check_tensor(vctx *v, uint64_t ti)
 {
     const ckptio__manifest *m = v->m;
@@ -424,12 +485,10 @@ static int check_tensor(vctx *v, uint64_t ti)
                         "bytes",
                         TNAME(t), U(k), U(c->raw_len), fmt_dims(b1, sizeof b1, shp, ndim),
                         ckptio_dtype_name((int)t->dtype), U(vol * esize));
-        /* v1 has no codecs: a new one needs a new major version, so any other value here is
-         * damage, not something newer. */
-        if (c->codec != CKPTIO__CODEC_NONE)
-            return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
-                        "tensor '%.*s': chunk %llu: unknown codec %u", TNAME(t), U(k), c->codec);
-        if (c->stored_len != c->raw_len)
+        /* Formats 1 and 2 have no codecs, and 3 knows these: anything else is damage, not
+         * something newer (a new codec needs a new major version). */
+        if (c->codec != CKPTIO__CODEC_NONE) CKPTIO__TRY(check_coded(v, t, k, c));
+        else if (c->stored_len != c->raw_len)
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                         "tensor '%.*s': chunk %llu: stored length %llu differs from raw length "
                         "%llu without a codec",
@@ -455,9 +514,10 @@ static int check_tensor(vctx *v, uint64_t ti)
                         "tensor '%.*s': chunk %llu: bytes %llu..+%llu lie past the end of file "
                         "'%.*s' (%llu bytes)",
                         TNAME(t), U(k), U(c->file_off), U(c->stored_len), FNAME(f), U(f->size));
+        /* Checksums prove decoded bytes: one per block of raw bytes (stored = raw uncoded). */
         uint64_t want = 0;
-        if (m->csum_algo != CKPTIO__CSUM_NONE && c->stored_len > 0)
-            want = c->stored_len / m->csum_block + (c->stored_len % m->csum_block != 0);
+        if (m->csum_algo != CKPTIO__CSUM_NONE && c->raw_len > 0)
+            want = c->raw_len / m->csum_block + (c->raw_len % m->csum_block != 0);
         if (c->n_csums != want)
             return fail(v->err, v->errlen, CKPTIO_E_CORRUPT,
                         "tensor '%.*s': chunk %llu has %llu checksums, expected %llu", TNAME(t),
@@ -617,13 +677,28 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
         return fail(err, errlen, CKPTIO_E_FORMAT,
                     "manifest format version %u is newer than this library's %u", m->version,
                     V_NEWEST);
-    if (m->version != V_MAJOR && m->version != V_NEWEST)
-        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u is not %u or %u",
-                    m->version, V_MAJOR, V_NEWEST);
-    /* One form per manifest: roots make it format 2, and format 2 always has roots. */
-    if ((m->version == V_NEWEST) != (m->n_roots > 0))
+    if (m->version < V_MAJOR)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u does not exist",
+                    m->version);
+    /* One form per manifest: roots make it format 2, and format 2 always has roots; codecs or
+     * a base make it format 3 (with or without roots), and format 3 always has one of them. */
+    bool coded = m->has_base;
+    for (uint64_t i = 0; i < m->n_chunks && !coded && m->chunks; i++)
+        coded = m->chunks[i].codec != CKPTIO__CODEC_NONE;
+    if (m->version != V_NEWEST && (m->version == V_STRIPED) != (m->n_roots > 0))
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u with %llu roots",
                     m->version, U(m->n_roots));
+    if (m->version == V_NEWEST && !coded)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest format version %u without coded chunks or a base", m->version);
+    if (m->version != V_NEWEST && (m->n_blocks || m->has_base))
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest format version %u with block sizes or a base", m->version);
+    if ((m->n_blocks && !m->blocks) || (m->has_base && !m->strtab))
+        return fail(err, errlen, CKPTIO_E_USAGE, "manifest array missing for a non-zero count");
+    if (m->n_blocks > CKPTIO__MAX_CHUNKS * 64)
+        return fail(err, errlen, CKPTIO_E_LIMIT, "manifest lists %llu block sizes",
+                    U(m->n_blocks));
     if (m->n_roots > CKPTIO__MAX_ROOTS)
         return fail(err, errlen, CKPTIO_E_LIMIT, "manifest lists %llu roots (limit %u)",
                     U(m->n_roots), CKPTIO__MAX_ROOTS);
@@ -645,7 +720,8 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
         return fail(err, errlen, CKPTIO_E_CORRUPT, "unknown checksum algorithm %u", m->csum_algo);
     bool block_ok = ckptio__is_pow2(m->csum_block) && m->csum_block >= CKPTIO__EXTENT_ALIGN &&
                     m->csum_block <= MAX_CSUM_BLOCK;
-    if (!block_ok && !(m->csum_algo == CKPTIO__CSUM_NONE && m->csum_block == 0))
+    /* Coded chunks are cut into blocks of this size even without checksums. */
+    if (!block_ok && !(m->csum_algo == CKPTIO__CSUM_NONE && m->csum_block == 0 && !coded))
         return fail(err, errlen, CKPTIO_E_CORRUPT,
                     "checksum block of %llu bytes is not a power of two between 4096 and 2^26 (64 "
                     "MiB)",
@@ -656,6 +732,7 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
     vctx v = {.m = m, .err = err, .errlen = errlen, .partial = flags & CKPTIO__MANIFEST_PARTIAL};
     int rc = 0;
     CKPTIO__CHECK(check_roots(&v));
+    CKPTIO__CHECK(check_base(&v));
     CKPTIO__CHECK(check_files(&v));
     for (uint64_t i = 0; i < m->n_tensors; i++) CKPTIO__CHECK(check_tensor(&v, i));
     CKPTIO__CHECK(check_partition(&v));
@@ -671,14 +748,22 @@ out:
 
 /* Section counts of the canonical encoding, whatever slack the in-memory arrays hold. */
 typedef struct layout {
-    uint64_t n_chunks, n_dims, n_csums, strtab_len, total;
+    uint64_t n_chunks, n_dims, n_csums, strtab_len, n_blocks, total;
+    unsigned version;
 } layout;
+
+/* Block sizes of a coded chunk (0 for one stored as it is). */
+static uint64_t chunk_blocks(const ckptio__manifest *m, const ckptio__mchunk *c)
+{
+    if (c->codec == CKPTIO__CODEC_NONE || !ckptio__is_pow2(m->csum_block)) return 0;
+    return c->raw_len / m->csum_block + (c->raw_len % m->csum_block != 0);
+}
 
 static int plan(const ckptio__manifest *m, layout *l)
 {
     /* m's indices must be in range (validated); the sums are checked anyway, being cheap. */
-    uint64_t chunks = 0, dims = 0, csums = 0, str = 0, t, total = HDR_V1;
-    bool ok = true;
+    uint64_t chunks = 0, dims = 0, csums = 0, str = 0, blocks = 0, t, total = HDR_V1;
+    bool ok = true, coded = m->has_base;
     for (uint64_t i = 0; i < m->n_files; i++) str += (uint64_t)m->files[i].name_len + 1;
     for (uint64_t i = 0; i < m->n_tensors; i++) {
         const ckptio__mtensor *te = &m->tensors[i];
@@ -687,8 +772,12 @@ static int plan(const ckptio__manifest *m, layout *l)
              ckptio__mul(te->n_chunks, 2, &t) && ckptio__add(t, 1, &t) &&
              ckptio__mul(t, te->ndim, &t) && ckptio__add(dims, t, &dims);
         if (!ok) return CKPTIO_E_LIMIT;
-        for (uint64_t k = 0; k < te->n_chunks; k++)
-            ok = ok && ckptio__add(csums, m->chunks[te->chunk0 + k].n_csums, &csums);
+        for (uint64_t k = 0; k < te->n_chunks; k++) {
+            const ckptio__mchunk *c = &m->chunks[te->chunk0 + k];
+            ok = ok && ckptio__add(csums, c->n_csums, &csums);
+            blocks += chunk_blocks(m, c); /* <= 2^28 chunks of <= 2^44 blocks: no wrap */
+            coded = coded || c->codec != CKPTIO__CODEC_NONE;
+        }
     }
     for (uint64_t i = 0; i < m->n_meta; i++) {
         ok = ok && ckptio__add(str, (uint64_t)m->meta[i].key_len + 1, &str) &&
@@ -696,14 +785,17 @@ static int plan(const ckptio__manifest *m, layout *l)
     }
     for (uint64_t i = 0; i < m->n_roots; i++)
         str += (uint64_t)m->roots[i].path_len + m->roots[i].name_len + 2;
+    if (m->has_base) str += (uint64_t)m->base_len + 1;
     uint64_t parts[][2] = {{m->n_files, REC_FILE}, {m->n_tensors, REC_TENSOR},
                            {chunks, REC_CHUNK},    {m->n_meta, REC_META},
                            {dims, REC_U64},        {csums, REC_U64},
-                           {str, 1},               {m->n_roots, REC_ROOT}};
+                           {str, 1},               {m->n_roots, REC_ROOT},
+                           {blocks, REC_BLOCK},    {m->has_base, REC_BASE}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         ok = ok && ckptio__mul(parts[i][0], parts[i][1], &t) && ckptio__add(total, t, &total);
     if (!ok || total > CKPTIO__MAX_MANIFEST_BYTES) return CKPTIO_E_LIMIT;
-    *l = (layout){chunks, dims, csums, str, total};
+    *l = (layout){chunks, dims, csums, str, blocks, total,
+                  coded ? V_NEWEST : m->n_roots ? V_STRIPED : V_MAJOR};
     return 0;
 }
 
@@ -799,10 +891,27 @@ int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t le
         p = put_str(p, m->strtab + m->roots[i].path, m->roots[i].path_len);
         p = put_str(p, m->strtab + m->roots[i].name, m->roots[i].name_len);
     }
-    /* Format 2: the roots' records follow the string table. */
+    if (m->has_base) p = put_str(p, m->strtab + m->base_path, m->base_len);
+    /* Format 2: the roots' records follow the string table; format 3: then block sizes and
+     * the base. */
     for (uint64_t i = 0; i < m->n_roots; i++, p += REC_ROOT) {
         put32(p, m->roots[i].path_len);
         put32(p + 4, m->roots[i].name_len);
+    }
+    for (uint64_t i = 0; i < m->n_tensors; i++) {
+        const ckptio__mtensor *t = &m->tensors[i];
+        for (uint64_t k = 0; k < t->n_chunks; k++) {
+            const ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
+            uint64_t nb = chunk_blocks(m, c);
+            for (uint64_t j = 0; j < nb; j++, p += REC_BLOCK)
+                put32(p, m->blocks ? m->blocks[c->blocks + j] : 0);
+        }
+    }
+    if (m->has_base) {
+        put32(p, m->base_len);
+        put32(p + 4, 0);
+        put64(p + 8, m->base_sum);
+        p += REC_BASE;
     }
     uint64_t body_len = (uint64_t)(p - buf) - HDR_V1;
     assert(body_len == l.total - HDR_V1);
@@ -810,17 +919,19 @@ int ckptio__manifest_encode(const ckptio__manifest *m, uint8_t *buf, uint64_t le
     uint8_t *h = buf;
     memset(h, 0, HDR_V1);
     memcpy(h + H_MAGIC, MAGIC, sizeof MAGIC);
-    put16(h + H_MAJOR, m->n_roots ? V_NEWEST : V_MAJOR);
+    put16(h + H_MAJOR, (uint16_t)l.version);
     put16(h + H_MINOR, V_MINOR);
     put32(h + H_HSIZE, HDR_V1);
     put64(h + H_BODY_LEN, body_len);
     put64(h + H_BODY_SUM, ckptio__hash(buf + HDR_V1, body_len));
     put32(h + H_CSUM_ALGO, m->csum_algo);
+    put32(h + H_FLAGS, m->has_base ? FLAG_BASE : 0);
     put64(h + H_CSUM_BLOCK, m->csum_block);
     const uint64_t counts[7] = {m->n_files, m->n_tensors, l.n_chunks, m->n_meta,
                                 l.n_dims,   l.n_csums,    l.strtab_len};
     for (int i = 0; i < 7; i++) put64(h + H_COUNTS + 8 * i, counts[i]);
     put64(h + H_RESERVED, m->n_roots);
+    put64(h + H_N_BLOCKS, l.n_blocks);
     /* Last, as it covers every other header byte, body checksum included. */
     put64(h + H_SUM_V1, ckptio__hash(h, H_SUM_V1));
     return 0;
@@ -874,7 +985,7 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
         return fail(err, errlen, CKPTIO_E_FORMAT,
                     "manifest format %u.%u is newer than %u.%u, the newest this library reads",
                     major, minor, V_NEWEST, V_MINOR);
-    if (major != V_MAJOR && major != V_NEWEST)
+    if (major < V_MAJOR)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format %u.%u does not exist", major,
                     minor);
     if (len > CKPTIO__MAX_MANIFEST_BYTES)
@@ -910,8 +1021,9 @@ static int check_header(const uint8_t *buf, uint64_t len, uint32_t *hsize_out, c
                     "manifest body checksum mismatch (stored %016llx, computed %016llx)", U(want),
                     U(got));
     /* Reserved bits must be zero so that a future major version cannot be misread by us. */
-    if (get32(buf + H_FLAGS) != 0 || (major == V_MAJOR && get64(buf + H_RESERVED) != 0) ||
-        get64(buf + H_RESERVED + 8) != 0)
+    uint32_t flags_ok = major == V_NEWEST ? FLAG_BASE : 0;
+    if ((get32(buf + H_FLAGS) & ~flags_ok) || (major == V_MAJOR && get64(buf + H_RESERVED) != 0) ||
+        (major != V_NEWEST && get64(buf + H_N_BLOCKS) != 0))
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest header: reserved fields are not zero");
     *hsize_out = hsize;
     return 0;
@@ -955,8 +1067,12 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
         sec[i] = body + (body_len - rem);
         rem -= n[i] * rec_size[i];
     }
-    /* Format 2: the roots' records come right after the string table. */
-    uint64_t n_roots = get16(buf + H_MAJOR) == V_NEWEST ? get64(buf + H_RESERVED) : 0;
+    /* Format 2: the roots' records come right after the string table; format 3: then the
+     * block sizes and the base. */
+    unsigned major = get16(buf + H_MAJOR);
+    uint64_t n_roots = major >= V_STRIPED ? get64(buf + H_RESERVED) : 0;
+    uint64_t n_blocks = major == V_NEWEST ? get64(buf + H_N_BLOCKS) : 0;
+    bool has_base = major == V_NEWEST && (get32(buf + H_FLAGS) & FLAG_BASE);
     const uint8_t *sec_roots = body + (body_len - rem);
     if (n_roots > CKPTIO__MAX_ROOTS)
         return fail(err, errlen, CKPTIO_E_LIMIT, "manifest declares %llu roots (limit %u)",
@@ -966,12 +1082,22 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
                     "manifest declares %llu roots but only %llu body bytes remain for them",
                     U(n_roots), U(rem));
     rem -= n_roots * REC_ROOT;
+    const uint8_t *sec_blocks = body + (body_len - rem);
+    if (n_blocks > rem / REC_BLOCK)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest declares %llu block sizes but only %llu body bytes remain for them",
+                    U(n_blocks), U(rem));
+    rem -= n_blocks * REC_BLOCK;
+    const uint8_t *sec_base = body + (body_len - rem);
+    if (has_base && rem < REC_BASE)
+        return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest truncated in its base record");
+    if (has_base) rem -= REC_BASE;
     /* Data after the string table (and roots) belongs to a later minor version; x.0 has none. */
     if (minor == V_MINOR && rem != 0)
         return fail(err, errlen, CKPTIO_E_CORRUPT,
                     "manifest body has %llu bytes after its string table", U(rem));
 
-    uint64_t total = arena_size(n) + n_roots * sizeof(ckptio__mroot);
+    uint64_t total = arena_size(n) + n_roots * sizeof(ckptio__mroot) + n_blocks * 4;
     if (total > SIZE_MAX) return fail(err, errlen, -ENOMEM, "manifest too large for memory");
     /* One allocation for the struct and all arrays: a single free, and no partial states. */
     uint8_t *arena = malloc((size_t)total);
@@ -990,6 +1116,8 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
         .n_csums = n[C_CSUMS],
         .strtab_len = n[C_STRTAB],
         .n_roots = n_roots,
+        .n_blocks = n_blocks,
+        .has_base = has_base,
         .arena = arena,
     };
     m->files = (ckptio__mfile *)a, a += n[C_FILES] * sizeof *m->files;
@@ -999,10 +1127,11 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
     m->dims = (uint64_t *)a, a += n[C_DIMS] * 8;
     m->csums = (uint64_t *)a, a += n[C_CSUMS] * 8;
     m->roots = (ckptio__mroot *)a, a += n_roots * sizeof *m->roots;
+    m->blocks = (uint32_t *)a, a += n_blocks * 4;
     m->strtab = (char *)a;
 
     int rc = 0;
-    uint64_t str = 0, dims = 0, chunk = 0, csum = 0;
+    uint64_t str = 0, dims = 0, chunk = 0, csum = 0, block = 0;
     const uint8_t *p = sec[C_FILES];
     for (uint64_t i = 0; i < n[C_FILES]; i++, p += REC_FILE) {
         ckptio__mfile *f = &m->files[i];
@@ -1050,6 +1179,17 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
                                   .stored_len = get64(pc + 16), .raw_len = get64(pc + 24),
                                   .csums = csum, .n_csums = get64(pc + 32), .file = get32(pc),
                                   .codec = get32(pc + 4), .tensor = (uint32_t)i};
+            /* Block sizes follow in chunk order; validation checks each against its chunk. */
+            c->blocks = block;
+            if (c->codec != CKPTIO__CODEC_NONE) {
+                uint64_t B = m->csum_block ? m->csum_block : 1;
+                uint64_t nb = c->raw_len / B + (c->raw_len % B != 0);
+                CKPTIO__GOTO_IF(!ckptio__is_pow2(m->csum_block) || !take(&block, nb, n_blocks),
+                                fail(err, errlen, CKPTIO_E_CORRUPT,
+                                     "tensor %llu chunk %llu: its block sizes overrun the %llu "
+                                     "in the manifest",
+                                     U(i), U(k), U(n_blocks)));
+            }
             CKPTIO__GOTO_IF(!take(&csum, c->n_csums, n[C_CSUMS]),
                             fail(err, errlen, CKPTIO_E_CORRUPT,
                                  "tensor %llu chunk %llu: %llu checksums overrun the %llu in the "
@@ -1079,6 +1219,20 @@ int ckptio__manifest_decode_ex(const uint8_t *buf, uint64_t len, unsigned flags,
         CKPTIO__GOTO_IF(!ok, fail(err, errlen, CKPTIO_E_CORRUPT,
                                   "root %llu: path or name overruns the string table", U(i + 1)));
     }
+    if (has_base) {
+        m->base_len = get32(sec_base);
+        m->base_sum = get64(sec_base + 8);
+        m->base_path = str;
+        CKPTIO__GOTO_IF(get32(sec_base + 4) != 0 || !take(&str, (uint64_t)m->base_len + 1, n[C_STRTAB]),
+                        fail(err, errlen, CKPTIO_E_CORRUPT,
+                             "base record: reserved field not zero or path overruns the string "
+                             "table"));
+    }
+    CKPTIO__GOTO_IF(block != n_blocks,
+                    fail(err, errlen, CKPTIO_E_CORRUPT,
+                         "manifest declares %llu block sizes but its chunks use %llu",
+                         U(n_blocks), U(block)));
+    for (uint64_t i = 0; i < n_blocks; i++) m->blocks[i] = get32(sec_blocks + 4 * i);
     const uint64_t used[] = {chunk, dims, csum, str};
     const int which[] = {C_CHUNKS, C_DIMS, C_CSUMS, C_STRTAB};
     for (int i = 0; i < 4; i++)

@@ -24,7 +24,12 @@
  *    is empty), all indices within their arrays, all sizes free of overflow;
  *  - every string (offset, len) lies in strtab and strtab[offset + len] == 0;
  *  - metadata keys sorted and unique; file names are relative paths of [A-Za-z0-9._-]
- *    components separated by '/', without empty, "." or ".." components. */
+ *    components separated by '/', without empty, "." or ".." components;
+ *  - format 3 (compressed or delta chunks, doc/format.md section 11): a chunk whose codec is
+ *    not NONE has ceil(raw_len / csum_block) block sizes at blocks[c.blocks ...], each in
+ *    1 .. that block's raw length, summing to stored_len (a size equal to the raw length is a
+ *    block stored raw); checksums are those of the decoded blocks (n_csums from raw_len); a
+ *    delta chunk needs a base; versions 1 and 2 have neither. */
 
 #define CKPTIO__CSUM_NONE 0u
 #define CKPTIO__CSUM_XXH3_64 1u
@@ -57,8 +62,11 @@ typedef struct ckptio__mroot {
     uint32_t name_len;
 } ckptio__mroot;
 
-/* Format 1 has no roots; a manifest with roots is format 2 (older readers refuse it). */
+/* Format 1 has no roots; a manifest with roots is format 2 (older readers refuse it); one
+ * with coded chunks or a base is format 3, with or without roots. */
 #define CKPTIO__FORMAT_STRIPED 2u
+#define CKPTIO__FORMAT_CODED 3u
+#define CKPTIO__MAX_BASE_PATH 4096u
 #define CKPTIO__MAX_ROOTS 256u
 #define CKPTIO__MAX_ROOT_PATH 4096u
 
@@ -84,6 +92,7 @@ typedef struct ckptio__mchunk {
     uint32_t codec;      /* CKPTIO__CODEC_* */
     uint32_t tensor;     /* owning tensor (redundant, not stored: filled by decode) */
     uint32_t reserved;
+    uint64_t blocks;     /* codec != NONE: index into blocks[] of the first block's size */
 } ckptio__mchunk;
 
 typedef struct ckptio__mmeta {
@@ -109,6 +118,14 @@ typedef struct ckptio__manifest {
     char *strtab;
     uint64_t n_roots;     /* stripe roots (format 2); files name them by index + 1 */
     ckptio__mroot *roots;
+    uint64_t n_blocks;    /* format 3: stored sizes of the coded chunks' blocks */
+    uint32_t *blocks;
+    /* Format 3 with a base (delta chunks): the base checkpoint's path relative to this one's
+     * directory, and the XXH3-64 of its whole manifest file. */
+    bool has_base;
+    uint32_t base_len;
+    uint64_t base_path; /* strtab offset */
+    uint64_t base_sum;
     void *arena; /* decode: one allocation holding all of the above; NULL when caller-owned */
 } ckptio__manifest;
 
@@ -234,6 +251,10 @@ typedef struct ckptio__build {
     bool checksums;
     uint64_t csum_block;
     bool partial; /* CKPTIO__MANIFEST_PARTIAL: a rank's share, tensors need not be covered */
+    const uint32_t *blocks; /* the coded chunks' block sizes (chunks' .blocks index them) */
+    uint64_t n_blocks;
+    const char *base; /* NULL, or the base's relative path (delta chunks) */
+    uint64_t base_sum;
 } ckptio__build;
 
 /* Build the manifest (tensors and metadata sorted by name, each tensor's chunks contiguous, in

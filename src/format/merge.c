@@ -88,10 +88,19 @@ typedef struct mctx {
     uint64_t n_meta_in, n_meta;
     src *src;
     ckptio__sweep sweep;
-    uint64_t n_chunks, n_csums, n_dims, strtab_len;
+    uint64_t n_chunks, n_csums, n_dims, strtab_len, n_blocks;
     uint32_t csum_part; /* the part whose checksum settings the output takes */
     bool csum_set;
+    bool coded;             /* some part has coded chunks or a base: the result is format 3 */
+    int32_t base_part;      /* the first part naming a base, or -1 */
 } mctx;
+
+/* Block sizes a part's chunk lists (coded chunks only; the block is the part's csum_block). */
+static uint64_t n_blocks_of(const ckptio__manifest *m, const ckptio__mchunk *c)
+{
+    if (c->codec == CKPTIO__CODEC_NONE || !ckptio__is_pow2(m->csum_block)) return 0;
+    return c->raw_len / m->csum_block + (c->raw_len % m->csum_block != 0);
+}
 
 #define PNAME(m, t) (int)CKPTIO__MIN((t)->name_len, NAME_SHOWN), (m)->strtab + (t)->name
 
@@ -103,10 +112,12 @@ static int check_part(mctx *x, uint32_t p, bool *has_data)
     char *err = x->err;
     size_t el = x->errlen;
     if (!m) return fail(err, el, CKPTIO_E_USAGE, "part %u is missing (NULL)", p);
-    if (m->version != CKPTIO_FORMAT_VERSION)
-        return fail(err, el, m->version > CKPTIO_FORMAT_VERSION ? CKPTIO_E_FORMAT : CKPTIO_E_CORRUPT,
-                    "part %u: manifest format version %u, this library writes %u", p, m->version,
-                    CKPTIO_FORMAT_VERSION);
+    if (m->version != CKPTIO_FORMAT_VERSION && m->version != CKPTIO__FORMAT_CODED)
+        return fail(err, el, m->version > CKPTIO__FORMAT_CODED ? CKPTIO_E_FORMAT : CKPTIO_E_CORRUPT,
+                    "part %u: manifest format version %u, this library writes %u or %u", p,
+                    m->version, CKPTIO_FORMAT_VERSION, CKPTIO__FORMAT_CODED);
+    if ((m->n_blocks && !m->blocks) || (m->has_base && !str_in(m, m->base_path, m->base_len)))
+        return fail(err, el, CKPTIO_E_CORRUPT, "part %u: block sizes or base path missing", p);
     if (m->n_files > CKPTIO__MAX_FILES || m->n_tensors > CKPTIO__MAX_TENSORS ||
         m->n_chunks > CKPTIO__MAX_CHUNKS || m->n_meta > CKPTIO__MAX_META)
         return fail(err, el, CKPTIO_E_LIMIT, "part %u: counts exceed the format's limits", p);
@@ -145,11 +156,16 @@ static int check_part(mctx *x, uint32_t p, bool *has_data)
                         U(m->n_chunks));
         for (uint64_t k = 0; k < t->n_chunks; k++) {
             const ckptio__mchunk *c = &m->chunks[t->chunk0 + k];
-            if (!in_range(c->dims, 2 * (uint64_t)t->ndim, m->n_dims) || c->file >= m->n_files ||
-                !in_range(c->csums, c->n_csums, m->n_csums))
+            if (c->codec != CKPTIO__CODEC_NONE && !ckptio__is_pow2(m->csum_block))
                 return fail(err, el, CKPTIO_E_CORRUPT,
-                            "part %u: tensor '%.*s' chunk %llu: box, file or checksum index lies "
-                            "outside its arrays",
+                            "part %u: tensor '%.*s' chunk %llu is coded without a block size", p,
+                            PNAME(m, t), U(k));
+            if (!in_range(c->dims, 2 * (uint64_t)t->ndim, m->n_dims) || c->file >= m->n_files ||
+                !in_range(c->csums, c->n_csums, m->n_csums) ||
+                !in_range(c->blocks, n_blocks_of(m, c), m->n_blocks))
+                return fail(err, el, CKPTIO_E_CORRUPT,
+                            "part %u: tensor '%.*s' chunk %llu: box, file, checksum or block "
+                            "index lies outside its arrays",
                             p, PNAME(m, t), U(k));
             if (c->stored_len) *has_data = true;
         }
@@ -168,6 +184,22 @@ static int check_part(mctx *x, uint32_t p, bool *has_data)
 static int check_csums(mctx *x, uint32_t p, bool has_data)
 {
     const ckptio__manifest *m = x->parts[p];
+    if (m->version == CKPTIO__FORMAT_CODED) x->coded = true;
+    if (m->has_base) {
+        /* One base for the whole checkpoint: every rank deltas against the same older save. */
+        const ckptio__manifest *b = x->base_part >= 0 ? x->parts[x->base_part] : NULL;
+        if (!b) {
+            x->base_part = (int32_t)p;
+            x->strtab_len += (uint64_t)m->base_len + 1;
+        } else if (b->base_sum != m->base_sum || b->base_len != m->base_len ||
+                   memcmp(b->strtab + b->base_path, m->strtab + m->base_path, m->base_len))
+            return fail(x->err, x->errlen, CKPTIO_E_USAGE,
+                        "part %u names base '%.*s', part %d names '%.*s' (every rank must save "
+                        "against the same base)",
+                        p, (int)CKPTIO__MIN(m->base_len, NAME_SHOWN), m->strtab + m->base_path,
+                        x->base_part, (int)CKPTIO__MIN(b->base_len, NAME_SHOWN),
+                        b->strtab + b->base_path);
+    }
     if (!has_data) return 0;
     if (!x->csum_set) {
         x->csum_set = true;
@@ -175,8 +207,10 @@ static int check_csums(mctx *x, uint32_t p, bool has_data)
         return 0;
     }
     const ckptio__manifest *f = x->parts[x->csum_part];
+    /* Coded chunks are cut in checksum blocks, checked or not. */
     if (f->csum_algo == m->csum_algo &&
-        (m->csum_algo == CKPTIO__CSUM_NONE || f->csum_block == m->csum_block))
+        (m->csum_algo == CKPTIO__CSUM_NONE || f->csum_block == m->csum_block) &&
+        (!x->coded || f->csum_block == m->csum_block))
         return 0;
     return fail(x->err, x->errlen, CKPTIO_E_USAGE,
                 "checksums differ: part %u uses %s in blocks of %llu bytes, part %u uses %s in "
@@ -309,6 +343,7 @@ static int count_chunks(mctx *x, uint32_t p, uint64_t i, mtens *e)
         }
         e->n_chunks++;
         x->n_csums += c->n_csums;
+        x->n_blocks += n_blocks_of(m, c);
     }
     return 0;
 }
@@ -403,7 +438,7 @@ static ckptio__manifest *alloc_out(mctx *x, uint64_t n_files)
     const uint64_t sizes[] = {n_files * sizeof(ckptio__mfile), x->n_mt * sizeof(ckptio__mtensor),
                               x->n_chunks * sizeof(ckptio__mchunk),
                               x->n_meta * sizeof(ckptio__mmeta), x->n_dims * 8, x->n_csums * 8,
-                              x->strtab_len + 1};
+                              x->n_blocks * 4, x->strtab_len + 1};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         if (!ckptio__add(total, sizes[i], &total)) return NULL;
     if (total > SIZE_MAX) return NULL;
@@ -411,9 +446,10 @@ static ckptio__manifest *alloc_out(mctx *x, uint64_t n_files)
     if (!arena) return NULL;
     ckptio__manifest *o = (ckptio__manifest *)arena;
     uint8_t *a = arena + ckptio__align_up(sizeof *o, 8);
-    *o = (ckptio__manifest){.version = CKPTIO_FORMAT_VERSION, .n_files = n_files,
+    *o = (ckptio__manifest){.version = x->coded ? CKPTIO__FORMAT_CODED : CKPTIO_FORMAT_VERSION,
+                            .n_files = n_files,
                             .n_tensors = x->n_mt, .n_chunks = x->n_chunks, .n_meta = x->n_meta,
-                            .n_dims = x->n_dims, .n_csums = x->n_csums,
+                            .n_dims = x->n_dims, .n_csums = x->n_csums, .n_blocks = x->n_blocks,
                             .strtab_len = x->strtab_len, .arena = arena};
     o->files = (ckptio__mfile *)a, a += sizes[0];
     o->tensors = (ckptio__mtensor *)a, a += sizes[1];
@@ -421,6 +457,7 @@ static ckptio__manifest *alloc_out(mctx *x, uint64_t n_files)
     o->meta = (ckptio__mmeta *)a, a += sizes[3];
     o->dims = (uint64_t *)a, a += sizes[4];
     o->csums = (uint64_t *)a, a += sizes[5];
+    o->blocks = (uint32_t *)a, a += sizes[6];
     o->strtab = (char *)a;
     return o;
 }
@@ -460,7 +497,7 @@ static void place_chunks(mctx *x, ckptio__manifest *o)
 
 static void fill(mctx *x, ckptio__manifest *o)
 {
-    uint64_t str = 0, dims = 0, chunk = 0, csum = 0;
+    uint64_t str = 0, dims = 0, chunk = 0, csum = 0, block = 0;
     const ckptio__manifest *pc = x->parts[x->csum_part];
     o->csum_algo = pc->csum_algo;
     o->csum_block = pc->csum_block;
@@ -493,6 +530,13 @@ static void fill(mctx *x, ckptio__manifest *o)
         o->meta[i].val = put_str(o, &str, a->val, a->val_len);
         o->meta[i].val_len = a->val_len;
     }
+    if (x->base_part >= 0) {
+        const ckptio__manifest *b = x->parts[x->base_part];
+        o->has_base = true;
+        o->base_len = b->base_len;
+        o->base_sum = b->base_sum;
+        o->base_path = put_str(o, &str, b->strtab + b->base_path, b->base_len);
+    }
     o->strtab[str] = 0;
     place_chunks(x, o);
     /* Now in output order, so dims and checksums are laid out as decode lays them out. */
@@ -521,6 +565,10 @@ static void fill(mctx *x, ckptio__manifest *o)
             oc->n_csums = c->n_csums;
             if (c->n_csums) memcpy(o->csums + csum, m->csums + c->csums, c->n_csums * 8);
             csum += c->n_csums;
+            uint64_t nb = n_blocks_of(m, c);
+            oc->blocks = block;
+            if (nb) memcpy(o->blocks + block, m->blocks + c->blocks, nb * 4);
+            block += nb;
         }
     }
 }
@@ -619,7 +667,7 @@ int ckptio__manifest_merge(const ckptio__manifest *const *parts, size_t n, ckpti
     *out = NULL;
     if (!parts || n == 0) return fail(err, errlen, CKPTIO_E_USAGE, "no partial manifests to merge");
     if (n > UINT32_MAX) return fail(err, errlen, CKPTIO_E_LIMIT, "%zu parts are too many", n);
-    mctx x = {.parts = parts, .n = (uint32_t)n, .err = err, .errlen = errlen};
+    mctx x = {.parts = parts, .n = (uint32_t)n, .err = err, .errlen = errlen, .base_part = -1};
     ckptio__strmap_init(&x.names);
     ckptio__manifest *o = NULL;
     int rc = 0;
