@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The codec room's insides: the context, the Huffman coder's tables, and each codec's entry. */
+#ifndef CKPTIO_CODER_H
+#define CKPTIO_CODER_H
+
+#include <assert.h>
+#include <string.h>
+
+#include "codec.h"
+
+/* Longest Huffman code: 11 bits keeps the decode table (2048 entries of 2 bytes) in L1. */
+#define CKPTIO__HUFF_MAXLEN 11
+#define CKPTIO__HUFF_TABLE (1u << CKPTIO__HUFF_MAXLEN)
+/* Every coded plane is cut into this many streams, decoded in lockstep. */
+#define CKPTIO__HUFF_STREAMS 4
+/* A float layout has at most this many byte planes (f64). */
+#define CKPTIO__MAX_PLANES 8
+
+/* The counts of one plane: one histogram per stream (quarter of the plane). */
+typedef uint32_t ckptio__hist[CKPTIO__HUFF_STREAMS][256];
+
+/* An encoder's view of one plane's code. */
+typedef struct ckptio__huff_enc {
+    uint8_t len[256];   /* 0 for absent symbols */
+    uint16_t code[256]; /* bit-reversed: the first bit sent is bit 0 */
+    unsigned last;      /* highest symbol present */
+    uint64_t stream_bytes[CKPTIO__HUFF_STREAMS];
+    uint64_t size; /* the plane's coded size after its mode byte: table, stream sizes, streams */
+} ckptio__huff_enc;
+
+/* A decoder's table: entry = symbol | length << 8, indexed by the next 11 bits of a stream. */
+typedef struct ckptio__huff_dec {
+    uint16_t e[CKPTIO__HUFF_TABLE];
+    const uint8_t *stream[CKPTIO__HUFF_STREAMS + 1]; /* starts, then the end of the last */
+} ckptio__huff_dec;
+
+struct ckptio__codec_ctx {
+    uint64_t max_block;
+    uint8_t *planes; /* max_block bytes: planes split for encoding, decoded planes */
+    ckptio__hist hist[CKPTIO__MAX_PLANES];
+    ckptio__huff_enc enc[CKPTIO__MAX_PLANES];
+    ckptio__huff_dec dec;
+    void *zc, *zd; /* ZSTD_CCtx, ZSTD_DCtx in their own workspaces */
+    void *zc_ws, *zd_ws;
+    size_t zc_len, zd_len;
+};
+
+static inline uint64_t ckptio__load64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v; /* little-endian hosts only: the library assumes it throughout */
+}
+static inline void ckptio__store64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+static inline uint32_t ckptio__load32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void ckptio__store32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* Where stream k of a plane of n symbols starts: streams 0..2 hold n / 4 symbols each, stream 3
+ * the rest. */
+static inline uint64_t ckptio__huff_quarter(uint64_t n)
+{
+    return n / CKPTIO__HUFF_STREAMS;
+}
+
+/* Build a length-limited canonical code for the counts (summed over the streams) and size each
+ * stream. The plane must have at least two distinct symbols. */
+CKPTIO__HIDDEN void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist);
+/* Code-length estimate of 256 counts without building codes: bits of a Huffman code limited to
+ * CKPTIO__HUFF_MAXLEN (for the zstd codec's look before it compresses). */
+CKPTIO__HIDDEN uint64_t ckptio__huff_bits(const uint32_t count[256]);
+/* Write the plane (h->size bytes) for the n symbols at in[0, n) to out. `lim` is the end of
+ * the writable buffer: the writer stores 8 bytes at a time where it can. */
+CKPTIO__HIDDEN void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n,
+                                        uint8_t *out, uint8_t *lim);
+/* Parse a plane's table and stream sizes from src[0, avail); fill d. Returns the plane's
+ * coded size (table, sizes and streams) or CKPTIO_E_CORRUPT. */
+CKPTIO__HIDDEN int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail);
+/* Decode the n symbols of a parsed plane into out[0, n). `lim` is the end of the block's
+ * input (the fast loop may read ahead up to it). 0 or CKPTIO_E_CORRUPT. */
+CKPTIO__HIDDEN int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n,
+                                       const uint8_t *lim);
+
+CKPTIO__HIDDEN int64_t ckptio__float_encode(ckptio__codec_ctx *c, int dtype, const uint8_t *src,
+                                            uint64_t n, uint8_t *dst, uint64_t cap);
+CKPTIO__HIDDEN int ckptio__float_decode(ckptio__codec_ctx *c, int dtype, const uint8_t *src,
+                                        uint64_t stored, uint8_t *dst, uint64_t raw);
+/* Whether the float coder knows this dtype. */
+CKPTIO__HIDDEN bool ckptio__float_knows(int dtype);
+
+CKPTIO__HIDDEN int ckptio__zstd_init(ckptio__codec_ctx *c);
+CKPTIO__HIDDEN void ckptio__zstd_free(ckptio__codec_ctx *c);
+/* es: the element size, for the look at the block before it is compressed. */
+CKPTIO__HIDDEN int64_t ckptio__zstd_encode(ckptio__codec_ctx *c, unsigned es, const uint8_t *src,
+                                           uint64_t n, uint8_t *dst, uint64_t cap);
+CKPTIO__HIDDEN int ckptio__zstd_decode(ckptio__codec_ctx *c, const uint8_t *src, uint64_t stored,
+                                       uint8_t *dst, uint64_t raw);
+
+#endif

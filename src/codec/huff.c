@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The entropy coder: order-0 canonical Huffman codes of at most 11 bits, four streams a plane. */
+#include <stdlib.h>
+
+#include "coder.h"
+
+#define MAXLEN CKPTIO__HUFF_MAXLEN
+#define NS CKPTIO__HUFF_STREAMS
+
+static int by_key(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Optimal code lengths (two-queue Huffman over the sorted leaves), then limited to MAXLEN: the
+ * longer codes are cut to MAXLEN, the Kraft sum brought back to 1 by lengthening the rarest
+ * short codes, and any room left given back to the most frequent ones. Deterministic: ties
+ * break on the symbol. Returns the number of symbols present. */
+static unsigned code_lengths(const uint64_t count[256], uint8_t len[256])
+{
+    uint64_t key[256];
+    unsigned n = 0;
+    memset(len, 0, 256);
+    for (unsigned s = 0; s < 256; s++)
+        if (count[s]) key[n++] = count[s] << 8 | s;
+    if (n < 2) {
+        if (n == 1) len[key[0] & 0xff] = 1;
+        return n;
+    }
+    qsort(key, n, sizeof key[0], by_key);
+    uint64_t w[512];
+    uint16_t parent[512];
+    uint8_t depth[512];
+    for (unsigned i = 0; i < n; i++) w[i] = key[i] >> 8;
+    unsigned leaf = 0, inner = n;
+    for (unsigned next = n; next < 2 * n - 1; next++) {
+        unsigned pick[2];
+        for (int j = 0; j < 2; j++) {
+            if (leaf < n && (inner >= next || w[leaf] <= w[inner]))
+                pick[j] = leaf++;
+            else
+                pick[j] = inner++;
+        }
+        w[next] = w[pick[0]] + w[pick[1]];
+        parent[pick[0]] = parent[pick[1]] = (uint16_t)next;
+    }
+    depth[2 * n - 2] = 0;
+    for (int i = (int)(2 * n) - 3; i >= 0; i--) {
+        unsigned d = depth[parent[i]] + 1u;
+        depth[i] = (uint8_t)(d > 255 ? 255 : d);
+    }
+    /* Kraft sum in units of 2^-MAXLEN. */
+    uint64_t kraft = 0, full = 1u << MAXLEN;
+    uint8_t l[256];
+    for (unsigned i = 0; i < n; i++) {
+        l[i] = depth[i] > MAXLEN ? MAXLEN : depth[i];
+        kraft += 1u << (MAXLEN - l[i]);
+    }
+    while (kraft > full) /* key[] runs rarest first */
+        for (unsigned i = 0; i < n && kraft > full; i++)
+            if (l[i] < MAXLEN) {
+                l[i]++;
+                kraft -= 1u << (MAXLEN - l[i]);
+            }
+    /* Shortening a code of the longest length always fits while kraft < full, so this ends. */
+    while (kraft < full)
+        for (int i = (int)n - 1; i >= 0 && kraft < full; i--)
+            if (l[i] > 1 && kraft + (1u << (MAXLEN - l[i])) <= full) {
+                kraft += 1u << (MAXLEN - l[i]);
+                l[i]--;
+            }
+    for (unsigned i = 0; i < n; i++) len[key[i] & 0xff] = l[i];
+    return n;
+}
+
+uint64_t ckptio__huff_bits(const uint32_t count[256])
+{
+    uint64_t c[256], bits = 0;
+    uint8_t len[256];
+    for (unsigned s = 0; s < 256; s++) c[s] = count[s];
+    if (code_lengths(c, len) < 2) return 0;
+    for (unsigned s = 0; s < 256; s++) bits += c[s] * len[s];
+    return bits;
+}
+
+/* Canonical codes from lengths: shorter codes first, then by symbol; reversed for LSB-first
+ * streams. Returns false when the lengths do not make a complete prefix code. */
+static bool canonical(const uint8_t len[256], uint16_t code[256])
+{
+    unsigned nlen[MAXLEN + 1] = {0};
+    uint64_t kraft = 0;
+    for (unsigned s = 0; s < 256; s++) {
+        if (!len[s]) continue;
+        if (len[s] > MAXLEN) return false;
+        nlen[len[s]]++;
+        kraft += 1u << (MAXLEN - len[s]);
+    }
+    if (kraft != 1u << MAXLEN) return false;
+    unsigned next[MAXLEN + 2];
+    next[1] = 0;
+    for (unsigned b = 1; b <= MAXLEN; b++) next[b + 1] = (next[b] + nlen[b]) << 1;
+    for (unsigned s = 0; s < 256; s++) {
+        unsigned b = len[s];
+        if (!b) continue;
+        unsigned v = next[b]++, r = 0;
+        for (unsigned i = 0; i < b; i++) r |= ((v >> i) & 1u) << (b - 1 - i);
+        code[s] = (uint16_t)r;
+    }
+    return true;
+}
+
+void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
+{
+    uint64_t count[256];
+    for (unsigned s = 0; s < 256; s++) {
+        uint64_t t = 0;
+        for (unsigned k = 0; k < NS; k++) t += hist[k][s];
+        count[s] = t;
+    }
+    unsigned n = code_lengths(count, h->len);
+    assert(n >= 2);
+    CKPTIO__UNUSED(n);
+    bool ok = canonical(h->len, h->code);
+    assert(ok);
+    CKPTIO__UNUSED(ok);
+    h->last = 0;
+    for (unsigned s = 0; s < 256; s++)
+        if (h->len[s]) h->last = s;
+    h->size = 1 + (h->last + 2) / 2 + 4 * NS;
+    for (unsigned k = 0; k < NS; k++) {
+        uint64_t bits = 0;
+        for (unsigned s = 0; s <= h->last; s++) bits += (uint64_t)hist[k][s] * h->len[s];
+        h->stream_bytes[k] = (bits + 7) / 8;
+        h->size += h->stream_bytes[k];
+    }
+}
+
+/* One stream: codes packed LSB first, the last byte padded with zero bits. */
+static uint8_t *put_stream(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out,
+                           uint8_t *lim)
+{
+    uint64_t acc = 0;
+    unsigned nb = 0;
+    uint64_t i = 0;
+    /* Four codes (44 bits) on top of at most 7 pending bits fit the accumulator. */
+    for (; i + 4 <= n && out + 8 <= lim; i += 4) {
+        for (unsigned j = 0; j < 4; j++) {
+            acc |= (uint64_t)h->code[in[i + j]] << nb;
+            nb += h->len[in[i + j]];
+        }
+        ckptio__store64(out, acc);
+        out += nb >> 3;
+        acc >>= nb & ~7u;
+        nb &= 7;
+    }
+    for (; i < n; i++) {
+        acc |= (uint64_t)h->code[in[i]] << nb;
+        nb += h->len[in[i]];
+        for (; nb >= 8; nb -= 8, acc >>= 8) *out++ = (uint8_t)acc;
+    }
+    if (nb) *out++ = (uint8_t)acc;
+    return out;
+}
+
+void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out,
+                         uint8_t *lim)
+{
+    uint8_t *p = out;
+    *p++ = (uint8_t)h->last;
+    for (unsigned s = 0; s <= h->last; s += 2)
+        *p++ = (uint8_t)(h->len[s] | (s + 1 <= h->last ? h->len[s + 1] : 0) << 4);
+    for (unsigned k = 0; k < NS; k++, p += 4) ckptio__store32(p, (uint32_t)h->stream_bytes[k]);
+    uint64_t q = ckptio__huff_quarter(n);
+    for (unsigned k = 0; k < NS; k++) {
+        uint64_t m = k + 1 < NS ? q : n - k * q;
+        uint8_t *end = put_stream(h, in + k * q, m, p, lim);
+        assert((uint64_t)(end - p) == h->stream_bytes[k]);
+        p = end;
+    }
+    assert((uint64_t)(p - out) == h->size);
+}
+
+int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail)
+{
+    CKPTIO__RET_IF(avail < 1, CKPTIO_E_CORRUPT);
+    unsigned last = src[0];
+    uint64_t tab = (last + 2) / 2, pos = 1 + tab;
+    CKPTIO__RET_IF(avail < pos + 4 * NS, CKPTIO_E_CORRUPT);
+    uint8_t len[256] = {0};
+    uint16_t code[256];
+    unsigned present = 0;
+    for (unsigned s = 0; s <= last; s++) {
+        len[s] = (uint8_t)(src[1 + s / 2] >> (s & 1 ? 4 : 0) & 15);
+        present += len[s] != 0;
+    }
+    /* Two symbols at least: a plane of one value is coded as a constant, never as a code. */
+    CKPTIO__RET_IF(present < 2 || !canonical(len, code), CKPTIO_E_CORRUPT);
+    for (unsigned s = 0; s <= last; s++) {
+        if (!len[s]) continue;
+        uint16_t e = (uint16_t)(s | len[s] << 8);
+        for (unsigned j = code[s]; j < CKPTIO__HUFF_TABLE; j += 1u << len[s]) d->e[j] = e;
+    }
+    uint64_t total = pos + 4 * NS;
+    const uint8_t *at = src + total;
+    for (unsigned k = 0; k < NS; k++) {
+        uint64_t b = ckptio__load32(src + pos + 4 * k);
+        d->stream[k] = at;
+        CKPTIO__RET_IF(b > avail - total, CKPTIO_E_CORRUPT);
+        total += b;
+        at += b;
+    }
+    d->stream[NS] = at;
+    return (int64_t)total;
+}
+
+/* A stream being read: the valid bits of acc end at bit (p - start) * 8 of the stream. */
+typedef struct bits {
+    uint64_t acc;
+    unsigned nb;
+    const uint8_t *p;
+} bits;
+
+/* Refill to 56..63 valid bits with one 8-byte load (p + 8 must be readable). */
+static inline void refill_fast(bits *b)
+{
+    b->acc |= ckptio__load64(b->p) << b->nb;
+    b->p += (63 - b->nb) >> 3;
+    b->nb |= 56;
+}
+
+static inline uint8_t take(bits *b, const uint16_t *t)
+{
+    uint16_t e = t[b->acc & (CKPTIO__HUFF_TABLE - 1)];
+    b->acc >>= e >> 8;
+    b->nb -= e >> 8;
+    return (uint8_t)e;
+}
+
+/* The careful end of a stream: bytes one at a time up to `end`, a code that would need bits
+ * past it is corrupt. */
+static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const uint8_t *end)
+{
+    for (uint64_t i = 0; i < m; i++) {
+        for (; b->nb <= 56 && b->p < end; b->p++, b->nb += 8) b->acc |= (uint64_t)*b->p << b->nb;
+        uint16_t e = t[b->acc & (CKPTIO__HUFF_TABLE - 1)];
+        CKPTIO__RET_IF((e >> 8) > b->nb, CKPTIO_E_CORRUPT);
+        b->acc >>= e >> 8;
+        b->nb -= e >> 8;
+        out[i] = (uint8_t)e;
+    }
+    return 0;
+}
+
+int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, const uint8_t *lim)
+{
+    const uint16_t *t = d->e;
+    uint64_t q = ckptio__huff_quarter(n);
+    bits b[NS];
+    for (unsigned k = 0; k < NS; k++) b[k] = (bits){0, 0, d->stream[k]};
+    uint64_t i = 0;
+    /* Five codes of at most 11 bits per refill; an 8-byte refill advances p by at most 7. */
+    for (;;) {
+        uint64_t room = UINT64_MAX;
+        for (unsigned k = 0; k < NS; k++) {
+            uint64_t r = b[k].p + 8 <= lim ? (uint64_t)(lim - b[k].p - 8) / 7 + 1 : 0;
+            room = CKPTIO__MIN(room, r);
+        }
+        uint64_t rounds = CKPTIO__MIN(room, (q - i) / 5);
+        if (!rounds) break;
+        for (uint64_t r = 0; r < rounds; r++, i += 5)
+            for (unsigned k = 0; k < NS; k++) {
+                refill_fast(&b[k]);
+                uint8_t *o = out + k * q + i;
+                o[0] = take(&b[k], t);
+                o[1] = take(&b[k], t);
+                o[2] = take(&b[k], t);
+                o[3] = take(&b[k], t);
+                o[4] = take(&b[k], t);
+            }
+    }
+    for (unsigned k = 0; k < NS; k++) {
+        uint64_t m = k + 1 < NS ? q : n - k * q;
+        const uint8_t *start = d->stream[k], *end = d->stream[k + 1];
+        CKPTIO__TRY(finish(&b[k], t, out + k * q + i, m - i, end));
+        /* The stream must be used up exactly: its last byte holds at least one of its bits. */
+        uint64_t used = (uint64_t)(b[k].p - start) * 8 - b[k].nb, have = (uint64_t)(end - start);
+        CKPTIO__RET_IF(used > have * 8 || (have && used <= have * 8 - 8), CKPTIO_E_CORRUPT);
+    }
+    return 0;
+}
