@@ -36,8 +36,10 @@ $(VENV_STAMP): deps/requirements.txt pyproject.toml python/meson.build | deps
 		>>$(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	@touch $@
 
+# The crash and fault tests run a second time with every save compressed (CKPTIO_COMPRESS).
 test-c: build
 	$(BUILD)/tests/ckptio-tests
+	CKPTIO_COMPRESS=all $(BUILD)/tests/ckptio-tests powerloss faults commit/
 
 test-install: build
 	./tests/install-check.sh $(BUILD)

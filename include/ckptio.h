@@ -171,7 +171,22 @@ typedef struct ckptio_params {
     uint32_t verify_threads; /* reader: threads that verify checksums and copy cached ranges,
                               * the caller's included; 0 = the CPUs this process may use, at
                               * most 8 */
+    /* Since 0.3, compression (a caller whose .size stops before it gets the default): */
+    int compress;            /* writer: enum ckptio_compress; the environment's
+                              * CKPTIO_COMPRESS=none|auto|all overrides it */
+    uint32_t reserved3;
 } ckptio_params;
+
+/* How a writer stores host tensors (ckptio_params.compress). NONE: every chunk as it is
+ * (format 1.0, readable by every ckptio). AUTO: chunks of 64 KiB or more are cut into blocks of
+ * the checksum block (1 MiB), each compressed where that saves at least 2 % — float tensors
+ * (bf16, f16, f32, f8) by a coder that entropy-codes their exponent field, others by zstd — and
+ * while the device waits on the coder, a share of the blocks is stored as it is, so a save is
+ * never slower than without compression; ALL: every block is tried (smallest checkpoint, at the
+ * coder's speed). A checkpoint with a compressed chunk is format 3.0 (doc/format.md section 11),
+ * which ckptio before 0.3 refuses by name; loads decode on the reader's threads and verify the
+ * decoded bytes. GPU tensors are stored as they are. Since 0.3. */
+enum ckptio_compress { CKPTIO_COMPRESS_NONE = 0, CKPTIO_COMPRESS_AUTO = 1, CKPTIO_COMPRESS_ALL = 2 };
 
 /* How GPU memory moves (ckptio_params.gpu). AUTO: GPUDirect Storage (cuFile) where it works,
  * else the staged path; GDS: the same, asked for by name (data files where cuFile refuses
@@ -328,6 +343,11 @@ typedef struct ckptio_tensor_info {
     uint64_t nbytes;       /* product(shape) * dtype size */
     uint64_t stored_bytes; /* bytes on disk over all chunks */
     uint64_t num_chunks;
+    /* Since 0.3: how the chunks are stored (doc/format.md section 11): "none", "zstd",
+     * "float", or "mixed" when its chunks differ; delta: 1 when some chunk is a delta against
+     * the checkpoint's base. nbytes / stored_bytes is the tensor's compression ratio. */
+    const char *codec;
+    uint32_t delta;
 } ckptio_tensor_info;
 
 typedef struct ckptio_chunk_info {

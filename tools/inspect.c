@@ -66,9 +66,10 @@ static int inspect_json(ckptio_reader *r, const char *dir)
         fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", dt ? dt : "unknown");
         json_u64_array(f, ti.ndim, ti.shape);
         fprintf(f,
-                ", \"nbytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64 ", \"num_chunks\": %" PRIu64
-                ", \"chunks\": [",
-                ti.nbytes, ti.stored_bytes, ti.num_chunks);
+                ", \"nbytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64 ", \"codec\": \"%s\""
+                ", \"delta\": %s, \"ratio\": %.4f, \"num_chunks\": %" PRIu64 ", \"chunks\": [",
+                ti.nbytes, ti.stored_bytes, ti.codec, ti.delta ? "true" : "false",
+                ti.stored_bytes ? (double)ti.nbytes / (double)ti.stored_bytes : 1.0, ti.num_chunks);
         for (uint64_t c = 0; c < ti.num_chunks; c++) {
             ckptio_chunk_info ci;
             rc = ckptio_reader_chunk(r, i, (size_t)c, &ci);
@@ -90,8 +91,9 @@ static int inspect_json(ckptio_reader *r, const char *dir)
     }
     fprintf(f,
             "%s], \"num_tensors\": %zu, \"num_chunks\": %" PRIu64 ", \"bytes\": %" PRIu64
-            ", \"stored_bytes\": %" PRIu64 ", \"metadata\": [",
-            nt ? "\n" : "", nt, chunks, bytes, stored);
+            ", \"stored_bytes\": %" PRIu64 ", \"ratio\": %.4f, \"metadata\": [",
+            nt ? "\n" : "", nt, chunks, bytes, stored,
+            stored ? (double)bytes / (double)stored : 1.0);
     size_t nm = ckptio_reader_num_meta(r);
     for (size_t i = 0; i < nm; i++) {
         const char *key;
@@ -129,8 +131,8 @@ static int inspect_text(ckptio_reader *r, const char *dir)
         if (l > wshape) wshape = l < 40 ? l : 40;
     }
     printf("checkpoint %s\n\n", dir);
-    printf("%-*s  %-9s  %-*s  %6s  %14s\n", wname, "NAME", "DTYPE", wshape, "SHAPE", "CHUNKS",
-           "STORED BYTES");
+    printf("%-*s  %-9s  %-*s  %6s  %14s  %-11s  %6s\n", wname, "NAME", "DTYPE", wshape, "SHAPE",
+           "CHUNKS", "STORED BYTES", "CODEC", "RATIO");
     uint64_t bytes = 0, stored = 0, chunks = 0;
     for (size_t i = 0; i < nt; i++) {
         ckptio_tensor_info ti = {.size = sizeof ti};
@@ -139,15 +141,18 @@ static int inspect_text(ckptio_reader *r, const char *dir)
         bytes += ti.nbytes, stored += ti.stored_bytes, chunks += ti.num_chunks;
         shape_str(shape, sizeof shape, ti.ndim, ti.shape);
         const char *dt = ckptio_dtype_name(ti.dtype);
-        printf("%-*s  %-9s  %-*s  %6" PRIu64 "  %14" PRIu64 "\n", wname, ti.name, dt ? dt : "?",
-               wshape, shape, ti.num_chunks, ti.stored_bytes);
+        char codec[24];
+        snprintf(codec, sizeof codec, "%s%s", ti.codec, ti.delta ? "+delta" : "");
+        printf("%-*s  %-9s  %-*s  %6" PRIu64 "  %14" PRIu64 "  %-11s  %5.2fx\n", wname, ti.name,
+               dt ? dt : "?", wshape, shape, ti.num_chunks, ti.stored_bytes, codec,
+               ti.stored_bytes ? (double)ti.nbytes / (double)ti.stored_bytes : 1.0);
     }
     char hb[32], hs[32];
     cli_human(hb, sizeof hb, (double)bytes);
     cli_human(hs, sizeof hs, (double)stored);
     printf("\ntotal: %zu tensors, %" PRIu64 " chunks, %" PRIu64 " bytes (%s), stored %" PRIu64
-           " bytes (%s)\n",
-           nt, chunks, bytes, hb, stored, hs);
+           " bytes (%s), ratio %.2fx\n",
+           nt, chunks, bytes, hb, stored, hs, stored ? (double)bytes / (double)stored : 1.0);
     size_t nm = ckptio_reader_num_meta(r);
     printf("metadata: %zu %s\n", nm, nm == 1 ? "entry" : "entries");
     for (size_t i = 0; i < nm; i++) {

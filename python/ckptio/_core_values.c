@@ -106,7 +106,8 @@ void ckptio__pyerr_locate(const ckptio__pywhere *where)
     X(gpu, int, 0, 3)                                                                              \
     X(gpu_staging_bytes, uint64_t, 0, LLONG_MAX)                                                   \
     X(cache, int, 0, 2)                                                                            \
-    X(verify_threads, uint32_t, 0, 64)
+    X(verify_threads, uint32_t, 0, 64)                                                         \
+    X(compress, int, 0, 2)
 
 static int param_value(PyObject *d, const char *name, long long lo, long long hi, long long *out,
                        Py_ssize_t *seen)

@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from . import _core, _dtypes
-from ._errors import STATE, error
+from ._errors import STATE, Unsupported, error
 
 
 class Mapped:
@@ -76,7 +76,11 @@ class Mapped:
         if n_chunks == 1 and nbytes >= 0:
             # The common case, one chunk holding the whole tensor: stored as is when its stored
             # size is the tensor's.
-            fd, off, n = self.mapper.chunk(index, 0)
+            try:
+                fd, off, n = self.mapper.chunk(index, 0)
+            except Unsupported:  # stored compressed: its file bytes are not its data
+                self.views[index] = None
+                return None
             got = (self._map(fd), off) if n == nbytes and off % min(item, 16) == 0 else None
             self.views[index] = got
             return got
@@ -98,8 +102,11 @@ class Mapped:
                 at += c.stored_bytes
         got = None
         if ok:
-            fd, off, _n = self.mapper.chunk(index, chunks[0][0])
-            if off % min(item, 16) == 0:  # the format aligns extents to 64 bytes at least
+            try:
+                fd, off, _n = self.mapper.chunk(index, chunks[0][0])
+            except Unsupported:
+                fd, off = -1, -1
+            if fd >= 0 and off % min(item, 16) == 0:  # the format aligns extents to 64 bytes at least
                 got = (self._map(fd), off)
         self.views[index] = got
         return got
@@ -132,10 +139,15 @@ def verify_all(mapped: Mapped, r: Any) -> None:
     read-only: the check is of the bytes on disk, not of writes made to the tensors."""
     mapped.mapper.unchanged()
     maps: dict[int, _mmap.mmap] = {}
+    coded = False
     try:
         for index, t in enumerate(r.tensors()):
             for c in range(t.num_chunks):
-                fd, off, n = mapped.mapper.chunk(index, c)
+                try:
+                    fd, off, n = mapped.mapper.chunk(index, c)
+                except Unsupported:  # compressed: verified by decoding, below
+                    coded = True
+                    continue
                 if n == 0:
                     continue
                 mm = maps.get(fd)
@@ -146,6 +158,8 @@ def verify_all(mapped: Mapped, r: Any) -> None:
     finally:
         for mm in maps.values():
             mm.close()
+    if coded:
+        r.verify()
 
 
 def placer(

@@ -29,6 +29,7 @@ IO_OPTIONS = (
     "roots",
     "cache",
     "verify_threads",
+    "compress",
 )
 
 
@@ -78,6 +79,10 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     from the device), "never", or "fill" (everything through the page cache, leaving the files
     resident for the next load); verify_threads (loads): threads that verify checksums and copy
     cached ranges, 0 = default.
+    compress (saves): None or "none" (tensors stored as they are), "auto" (blocks compressed
+    where that saves 2 %, a share left as they are while the device would wait on the coder, so
+    a save never runs slower: the choice for every save), "all" (every block tried: the
+    smallest checkpoint, at the coder's speed); True means "auto". CKPTIO_COMPRESS wins over it.
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
@@ -105,6 +110,7 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "gpu_staging_bytes": _count("gpu_staging_bytes", options.get("gpu_staging_bytes")),
         "cache": _cache(options.get("cache", "auto")),
         "verify_threads": _count("verify_threads", options.get("verify_threads")),
+        "compress": _compress(options.get("compress")),
     }
     roots = options.get("roots")
     if roots is not None:
@@ -122,6 +128,20 @@ def split_roots(p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         return p, []
     q = dict(p)
     return q, q.pop("roots")
+
+
+_COMPRESS = {"none": 0, "auto": 1, "all": 2}
+
+
+def _compress(value: Any) -> int:
+    """compress: None/False/"none", True/"auto", or "all" (doc/format.md section 11)."""
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return 1
+    if value not in _COMPRESS:
+        raise error(USAGE, f"compress must be 'none', 'auto' or 'all' (or a bool), got {value!r}")
+    return _COMPRESS[value]
 
 
 def _cache(value: Any) -> int:

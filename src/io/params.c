@@ -93,6 +93,20 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
     c->cache = mode == CKPTIO_CACHE_NEVER ? CKPTIO__CACHE_OFF
                : mode == CKPTIO_CACHE_FILL ? CKPTIO__CACHE_FILL
                                            : CKPTIO__CACHE_RESIDENT;
+    const char *comp = getenv("CKPTIO_COMPRESS");
+    mode = p.compress;
+    if (comp && *comp) {
+        if (!strcmp(comp, "none")) mode = CKPTIO_COMPRESS_NONE;
+        else if (!strcmp(comp, "auto")) mode = CKPTIO_COMPRESS_AUTO;
+        else if (!strcmp(comp, "all")) mode = CKPTIO_COMPRESS_ALL;
+        else
+            return ckptio__fail(m, CKPTIO_E_USAGE,
+                                "CKPTIO_COMPRESS is '%s'; it must be 'none', 'auto' or 'all'", comp);
+    }
+    if (mode != CKPTIO_COMPRESS_NONE && mode != CKPTIO_COMPRESS_AUTO && mode != CKPTIO_COMPRESS_ALL)
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "params.compress must be CKPTIO_COMPRESS_NONE (0), _AUTO (1) or _ALL (2)");
+    c->compress = mode;
     c->verify_threads = p.verify_threads ? CKPTIO__MIN(p.verify_threads, 64u)
                                          : ckptio__workers_default(DEFAULT_VERIFY_THREADS);
     return 0;

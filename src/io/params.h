@@ -23,6 +23,7 @@ typedef struct ckptio__cfg {
     int cache;               /* reader: 0 device only, 1 resident ranges from the page cache,
                               * 2 everything through the cache (CKPTIO__CACHE_*) */
     unsigned verify_threads; /* reader: threads that verify and copy cached ranges, caller's included */
+    int compress;            /* writer: CKPTIO_COMPRESS_*, after CKPTIO_COMPRESS */
 } ckptio__cfg;
 
 CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, ckptio__msg *m);

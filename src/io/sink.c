@@ -87,6 +87,13 @@ static int wait_for(ckptio__sink *s, bool all)
     return first ? first : s->err;
 }
 
+unsigned ckptio__sink_inflight(ckptio__sink *s)
+{
+    if (!s->eng || s->err) return 0;
+    (void)reap(s, 0); /* a failure poisons the sink; the next write reports it */
+    return s->eng ? s->eng->inflight : 0;
+}
+
 int ckptio__sink_drain(ckptio__sink *s)
 {
     return wait_for(s, true);

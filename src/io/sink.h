@@ -85,6 +85,8 @@ CKPTIO__HIDDEN int ckptio__sink_send(ckptio__sink *s, ckptio__sink_win *win);
 CKPTIO__HIDDEN void ckptio__sink_drop(ckptio__sink *s, ckptio__sink_win *win);
 /* End of the open window's file range, or UINT64_MAX when none is open. */
 CKPTIO__HIDDEN uint64_t ckptio__sink_window_end(const ckptio__sink *s);
+/* Collect the writes that have completed, without waiting; the number still in flight. */
+CKPTIO__HIDDEN unsigned ckptio__sink_inflight(ckptio__sink *s);
 /* Wait for every submitted write. */
 CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
 /* Wait only until no in-place write is in flight (the callers' sources are free again), leaving

@@ -10,8 +10,7 @@
 
 /* ---- execution ---- */
 
-/* A damaged block: verify counts its chunk; the lowest (file, offset) is remembered. */
-static int note_bad(const ckptio_reader *r, plan *pl, const seg *s, uint64_t x, uint64_t len)
+int ckptio__read_note_bad(const ckptio_reader *r, plan *pl, const seg *s, uint64_t x, uint64_t len)
 {
     const ckptio__mchunk *c = &r->m->chunks[s->chunk];
     if (pl->bad && !pl->bad[s->chunk]) {
@@ -63,7 +62,7 @@ static void hash_block(void *ctx, size_t i, unsigned worker)
  * hashed (on every worker) instead of by ckptio__read_scatter() afterwards (on one thread). */
 static bool fused(const plan *pl, const seg *s)
 {
-    return !s->direct && s->verify && s->piece != NONE &&
+    return !s->direct && !s->coded && s->verify && s->piece != NONE &&
            CKPTIO__VEC_AT(&pl->pieces, piece, s->piece)->k == 0;
 }
 
@@ -77,7 +76,7 @@ static int check_io(ckptio_reader *r, plan *pl, size_t first, size_t last, const
     pl->blocks.len = 0;
     for (size_t k = first; k < last; k++) {
         const seg *s = &segs[k];
-        if (!s->verify) continue;
+        if (!s->verify || s->coded) continue;
         const ckptio__mchunk *c = &r->m->chunks[s->chunk];
         const uint8_t *base = buf + (s->foff - off);
         const piece *p = fused(pl, s) ? CKPTIO__VEC_AT(&pl->pieces, piece, s->piece) : NULL;
@@ -100,11 +99,11 @@ static int check_io(ckptio_reader *r, plan *pl, size_t first, size_t last, const
     int rc = 0;
     for (size_t k = first; k < last; k++) {
         const seg *s = &segs[k];
-        if (!s->verify) continue;
+        if (!s->verify || s->coded) continue;
         const ckptio__mchunk *c = &r->m->chunks[s->chunk];
         for (uint64_t x = s->a; x < s->b; x += B, hb++)
             if (hb->hash != r->m->csums[c->csums + x / B] && !rc)
-                rc = note_bad(r, pl, s, x, hb->len);
+                rc = ckptio__read_note_bad(r, pl, s, x, hb->len);
     }
     return rc;
 }
@@ -188,9 +187,11 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
         }
     }
     int rc = check_io(r, pl, first, end, buf, io->off);
+    int drc = ckptio__read_decode_io(r, pl, first, end, buf, io->off);
+    if (!rc) rc = drc;
     for (size_t k = first; k < end; k++) {
         const seg *s = &segs[k];
-        if (!s->direct && s->piece != NONE && !fused(pl, s))
+        if (!s->direct && !s->coded && s->piece != NONE && !fused(pl, s))
             ckptio__read_scatter(pl, s, (const uint8_t *)buf + (s->foff - io->off));
     }
     return trunc ? trunc : rc;
@@ -348,7 +349,7 @@ int ckptio__read_execute(ckptio_reader *r, plan *pl)
                                     r->path, fname(r, s->file), tname(r, s->chunk));
             break;
         }
-        if (res[i].bad) note_bad(r, pl, s, res[i].bad_x, res[i].bad_len);
+        if (res[i].bad) ckptio__read_note_bad(r, pl, s, res[i].bad_x, res[i].bad_len);
     }
     free(res);
     if (rc < 0) return rc;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../codec/codec.h"
 #include "../format/manifest.h"
 #include "../io/engine.h"
 #include "../io/vfs.h"
@@ -195,6 +196,13 @@ int ckptio_mapper_chunk(ckptio_mapper *m, size_t tensor, size_t chunk, int *fd,
                                (unsigned long long)want, tname(m, tensor),
                                (unsigned long long)c->file_off,
                                (unsigned long long)(c->file_off + c->stored_len));
+    if (c->codec != CKPTIO__CODEC_NONE)
+        return ckptio__fail_at(&m->msg, CKPTIO_E_UNSUPPORTED, tname(m, tensor), m->path,
+                               fname(m, c->file), c->file_off,
+                               "tensor '%s' is stored compressed (codec %s) in '%s': its file "
+                               "bytes are not its data; read it with ckptio_reader_read instead",
+                               tname(m, tensor), ckptio__codec_name(CKPTIO__CODEC_ID(c->codec)),
+                               m->path);
     m->handed = true;
     if (fd) *fd = f->fd;
     if (file_offset) *file_offset = c->file_off;

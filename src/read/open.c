@@ -10,6 +10,7 @@
 
 #include "../io/engine.h"
 #include "../io/vfs.h"
+#include "../codec/codec.h"
 #include "reader.h"
 
 /* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
@@ -185,6 +186,7 @@ void ckptio_reader_close(ckptio_reader *r)
     ckptio__ring_fini(&r->ring);
     ckptio__gpu_fini(&r->gpu);
     ckptio__workers_stop(r->workers);
+    ckptio__read_decoder_free(r);
     if (r->files)
         for (uint64_t i = 0; i < r->m->n_files; i++) ckptio__read_close_rfile(&r->files[i]);
     free(r->files);
@@ -327,8 +329,17 @@ int ckptio_reader_tensor(const ckptio_reader *r, size_t index, ckptio_tensor_inf
                             out->size, sizeof(ckptio_tensor_info));
     const ckptio__mtensor *t = &r->m->tensors[index];
     uint64_t stored = 0;
-    for (uint64_t c = 0; c < t->n_chunks; c++) stored += r->m->chunks[t->chunk0 + c].stored_len;
+    unsigned codec = CKPTIO__CODEC_ID(r->m->chunks[t->chunk0].codec);
+    bool mixed = false, delta = false;
+    for (uint64_t c = 0; c < t->n_chunks; c++) {
+        const ckptio__mchunk *mc = &r->m->chunks[t->chunk0 + c];
+        stored += mc->stored_len;
+        mixed = mixed || CKPTIO__CODEC_ID(mc->codec) != codec;
+        delta = delta || (mc->codec & CKPTIO__CODEC_DELTA);
+    }
     ckptio_tensor_info ti = {.size = out->size};
+    ti.codec = mixed ? "mixed" : ckptio__codec_name(codec);
+    ti.delta = delta;
     ti.name = r->m->strtab + t->name;
     ti.dtype = (int)t->dtype;
     ti.ndim = t->ndim;

@@ -207,6 +207,10 @@ int ckptio__read_plan_cache(plan *pl)
         const seg *s = CKPTIO__VEC_AT(&pl->segs, seg, i);
         rfile *f = &pl->files[s->file];
         bool none = true, all = false;
+        if (s->coded) { /* whole blocks, decoded once read: always through the ring */
+            CKPTIO__GOTO_IF(ckptio__vec_push(&out, s, 1) < 0, -ENOMEM);
+            continue;
+        }
         if (f->bfd >= 0 && pl->cache == CKPTIO__CACHE_FILL) none = !(all = true);
         else if (f->bfd >= 0) all = resident(f, s->foff, s->b - s->a, &none);
         if (f->bfd < 0 || none) {
@@ -390,6 +394,12 @@ static int plan_piece(ckptio_reader *r, plan *pl, const box *bx, uint64_t chunk)
     int64_t pi = ckptio__vec_push(&pl->pieces, &p, 1);
     if (pi < 0) return -ENOMEM;
     seg proto = {.piece = (uint64_t)pi, .chunk = chunk, .file = c->file, .iter = NONE};
+    if (ckptio__chunk_coded(c)) {
+        /* Every block between the piece's first and last byte. */
+        uint64_t hi = p.src0 + p.run_len;
+        for (uint32_t j = 0; j < k; j++) hi += (geo[j] - 1) * geo[k + j];
+        return ckptio__read_plan_coded(r, pl, proto, p.src0, hi);
+    }
     extent x = ckptio__read_chunk_extent(r, chunk);
     if (p.runs == 1) return ckptio__read_plan_single_run(pl, &x, &p, proto);
     return plan_runs(pl, &x, &p, proto);

@@ -67,7 +67,9 @@ typedef struct seg {
     uint8_t direct;
     uint8_t verify; /* whole checksum blocks: a and b lie on block boundaries (b: or chunk end) */
     uint8_t cached; /* resident when planned: read by the workers from the page cache */
+    uint8_t coded;  /* [a, b) are the stored bytes of whole blocks blk0.. of a coded chunk */
     uint32_t head;  /* direct: the request starts this many bytes before a (and before dst) */
+    uint64_t blk0, nblk;
 } seg;
 
 struct ckptio_reader {
@@ -84,6 +86,7 @@ struct ckptio_reader {
     ckptio_stats stats;
     ckptio_read_stats rstats;
     ckptio__workers *workers; /* verification and cached reads; started on first read */
+    struct ckptio__decoder *dec; /* coded chunks: a codec context and a block per worker */
     /* ckptio_reader_open_foreign: the directory the manifest's file names are relative to
      * (their links followed wherever they lead), NULL for a checkpoint of ckptio's own. */
     char *dir;
@@ -218,7 +221,29 @@ CKPTIO__HIDDEN int ckptio__read_plan_region(ckptio_reader *r, plan *pl, const bo
 CKPTIO__HIDDEN int ckptio__read_range(ckptio_reader *r, const ckptio_region *regions, size_t first,
                                       size_t n);
 
+/* ---- decode.c: coded chunks (format 3) ---- */
+
+/* Stored offset of block j of coded chunk c: the sum of the sizes before it. */
+CKPTIO__HIDDEN uint64_t ckptio__read_block_at(const ckptio__manifest *m, const ckptio__mchunk *c,
+                                              uint64_t j);
+/* Plan chunk bytes [lo, hi) (raw) of a coded chunk as staged segments of whole blocks. */
+CKPTIO__HIDDEN int ckptio__read_plan_coded(ckptio_reader *r, plan *pl, seg proto, uint64_t lo,
+                                           uint64_t hi);
+/* Decode, verify and scatter the coded segments segs[first, last), staged in buf (file offset
+ * off), on the workers. Damage is noted as a checksum mismatch would be. */
+CKPTIO__HIDDEN int ckptio__read_decode_io(ckptio_reader *r, plan *pl, size_t first, size_t last,
+                                          const uint8_t *buf, uint64_t off);
+CKPTIO__HIDDEN void ckptio__read_decoder_free(ckptio_reader *r);
+/* A coded chunk cannot be handed out as file bytes (mmap, GDS): CKPTIO_E_UNSUPPORTED. */
+CKPTIO__HIDDEN bool ckptio__chunk_coded(const ckptio__mchunk *c);
+
 /* ---- execute.c: running a plan ---- */
+
+/* Damaged bytes [x, x + len) of the segment's chunk (stored offsets): verify counts the chunk;
+ * the lowest (file, offset) is remembered for the report. CKPTIO_E_CHECKSUM, or 0 when the
+ * plan counts damage instead of failing (verify). */
+CKPTIO__HIDDEN int ckptio__read_note_bad(const ckptio_reader *r, plan *pl, const seg *s,
+                                         uint64_t x, uint64_t len);
 
 /* Copy the parts of a piece's runs that fall in [a, b) out of the staging buffer. */
 CKPTIO__HIDDEN void ckptio__read_scatter(plan *pl, const seg *s, const uint8_t *base);

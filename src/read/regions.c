@@ -237,7 +237,9 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
         CKPTIO__CHECK(rc);
         seg proto = {.piece = NONE, .chunk = c, .file = mc->file, .iter = NONE};
         extent x = ckptio__read_chunk_extent(r, c);
-        CKPTIO__CHECK(ckptio__read_plan_staged(&pl, &x, proto, 0, mc->stored_len));
+        CKPTIO__CHECK(ckptio__chunk_coded(mc)
+                          ? ckptio__read_plan_coded(r, &pl, proto, 0, mc->raw_len)
+                          : ckptio__read_plan_staged(&pl, &x, proto, 0, mc->stored_len));
         r->stats.bytes += mc->stored_len;
     }
     ckptio__msg_clear(&r->msg);

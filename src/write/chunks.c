@@ -335,7 +335,11 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
 
     /* Record the chunk, then stream its bytes. */
     uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
-    uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN ? CKPTIO__EXTENT_ALIGN : CKPTIO__SMALL_ALIGN;
+    /* A coded chunk's stored length is known only once it is written: it starts on a 4096
+     * boundary, right for any length. */
+    unsigned codec = memory == CKPTIO_MEM_HOST ? ckptio__writer_codec(w, dtype, nbytes) : 0;
+    uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN || codec ? CKPTIO__EXTENT_ALIGN
+                                                             : CKPTIO__SMALL_ALIGN;
     if (nbytes && w->n_stripes) {
         int rc = ckptio__writer_lane_enter(w, ckptio__writer_pick_lane(w, nbytes));
         if (rc < 0) return add_failed(w, rc, name);
@@ -373,7 +377,9 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     t->covered += cvol;
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
-    int rc = memory == CKPTIO_MEM_CUDA
+    int rc = codec ? ckptio__writer_put_coded(w, (uint64_t)chunk, data, NULL, nbytes,
+                                              (uint64_t)ci, codec, dtype)
+             : memory == CKPTIO_MEM_CUDA
                  ? write_chunk_gpu(w, (uint64_t)(uintptr_t)data, nbytes, off, (uint64_t)ci,
                                    n_csums, stream, name)
                  : write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);

@@ -87,6 +87,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     ckptio__vec_init(&w->next, sizeof(uint64_t));
     ckptio__vec_init(&w->dims, sizeof(uint64_t));
     ckptio__vec_init(&w->csums, sizeof(uint64_t));
+    ckptio__vec_init(&w->blocks, sizeof(uint32_t));
     ckptio__vec_init(&w->meta, sizeof(wmeta));
     ckptio__vec_init(&w->pending, sizeof(pending_csums));
     ckptio__strmap_init(&w->names);
@@ -167,6 +168,8 @@ static int build_manifest(ckptio_writer *w, uint64_t file_size, uint8_t **buf, u
         .meta = w->meta.items, .n_meta = w->meta.len,
         .files = files, .n_files = w->n_files, .roots = roots, .n_roots = w->n_stripes,
         .checksums = w->cfg.checksums, .csum_block = w->cfg.csum_block, .partial = partial,
+        .blocks = w->blocks.items, .n_blocks = w->blocks.len,
+        .base = w->base, .base_sum = w->base_sum,
     };
     char err[CKPTIO__MSG_LEN];
     rc = ckptio__manifest_build(&b, w->path, buf, len, err, sizeof err);
@@ -371,6 +374,9 @@ void ckptio_writer_close(ckptio_writer *w)
     ckptio__vec_free(&w->next);
     ckptio__vec_free(&w->dims);
     ckptio__vec_free(&w->csums);
+    ckptio__vec_free(&w->blocks);
+    ckptio__writer_coder_free(w);
+    free(w->base);
     ckptio__strmap_free(&w->names);
     while (w->arena) {
         arena_block *p = w->arena->prev;

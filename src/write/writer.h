@@ -82,6 +82,10 @@ struct ckptio_writer {
     ckptio__vec next;    /* uint64_t, parallel to chunks */
     ckptio__vec dims;    /* uint64_t */
     ckptio__vec csums;   /* uint64_t */
+    ckptio__vec blocks;  /* uint32_t: the coded chunks' block sizes (coded.c) */
+    struct ckptio__coder *coder; /* started with the first coded chunk */
+    char *base;          /* ckptio_writer_set_base: the base's path, relative to the checkpoint */
+    uint64_t base_sum;   /* XXH3-64 of the base's manifest */
     ckptio__vec meta;    /* wmeta */
     ckptio__strmap names;
     arena_block *arena;
@@ -104,6 +108,26 @@ static inline void data_name(const ckptio_writer *w, uint64_t i, char *buf, size
     snprintf(buf, cap, "data/%s%06llu.ckd", w->file_prefix ? w->file_prefix : "",
              (unsigned long long)i);
 }
+
+/* Chunks at least this large are coded when compression is on; smaller ones (norms, biases)
+ * are stored as they are, where their short extents keep 64-byte alignment. */
+#define CODED_MIN (64u << 10)
+
+/* ---- coded.c ---- */
+
+/* Whether a host chunk of this dtype and size is stored coded, and with which codec (0: as it
+ * is). */
+CKPTIO__HIDDEN unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, uint64_t nbytes);
+/* Write chunk `chunk` (n bytes at src, its record already pushed with file_off = the cursor
+ * aligned to 4096) coded with `codec`: its blocks encoded on the writer's threads, checksummed
+ * (decoded bytes) into csums[csum_at...], stored back to back; then fill in the record's
+ * stored_len, codec (NONE if no block shrank) and block sizes. `base`, if not NULL, holds the
+ * base checkpoint's n bytes of the same elements: blocks are XORed with it before coding and
+ * the chunk becomes a delta. */
+CKPTIO__HIDDEN int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src,
+                                            const uint8_t *base, uint64_t n, uint64_t csum_at,
+                                            unsigned codec, int dtype);
+CKPTIO__HIDDEN void ckptio__writer_coder_free(ckptio_writer *w);
 
 /* ---- writer.c ---- */
 
