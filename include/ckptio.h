@@ -175,6 +175,13 @@ typedef struct ckptio_params {
     int compress;            /* writer: enum ckptio_compress; the environment's
                               * CKPTIO_COMPRESS=none|auto|all overrides it */
     uint32_t reserved3;
+    /* writer: NULL, or an older checkpoint to save against (an incremental checkpoint): each
+     * coded tensor that the base also holds with the same dtype and shape is stored as its
+     * XOR with the base's bytes where that codes smaller (needs compress AUTO or ALL). The
+     * checkpoint records the base by its path relative to the new checkpoint and by its
+     * manifest's checksum; loading it needs the base there, unchanged (else an error naming
+     * it, never other bytes). Since 0.3. */
+    const char *base;
 } ckptio_params;
 
 /* How a writer stores host tensors (ckptio_params.compress). NONE: every chunk as it is
@@ -1355,6 +1362,18 @@ typedef struct ckptio_landing {
 CKPTIO_API int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n,
                                    ckptio_landing *out, ckptio_block **blocks, size_t *n_blocks);
 CKPTIO_API void ckptio_block_free(void *base); /* accepts NULL */
+#endif /* CKPTIO_EXPERIMENTAL */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Incremental checkpoints. Experimental: define CKPTIO_EXPERIMENTAL to use them.             */
+/* ------------------------------------------------------------------------------------------ */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* The base of a delta checkpoint (saved with ckptio_params.base) as recorded: a path relative
+ * to the checkpoint's directory; NULL for a checkpoint without one. Valid while r is open.
+ * Since 0.3. */
+CKPTIO_API const char *ckptio_reader_base(const ckptio_reader *r);
+
 #endif /* CKPTIO_EXPERIMENTAL */
 
 #ifdef __cplusplus

@@ -476,6 +476,15 @@ static PyObject *Reader_st_dtypes(PyObject *self, PyObject *unused)
     return out;
 }
 
+static PyObject *Reader_base(PyObject *self, void *closure)
+{
+    (void)closure;
+    ckptio_reader *r = ckptio__pyhandle_get(self);
+    if (!r) return NULL;
+    const char *b = ckptio_reader_base(r);
+    return b ? PyUnicode_DecodeFSDefault(b) : Py_NewRef(Py_None);
+}
+
 static PyMethodDef Reader_methods[] = {
     {"set_roots", ckptio__pyhandle_set_roots, METH_O,
      "set_roots(paths): look for a striped checkpoint's stripes in these directories"},
@@ -507,6 +516,8 @@ static PyMethodDef Reader_methods[] = {
 static PyGetSetDef Reader_getset[] = {
     CKPTIO_PYHANDLE_CLOSED,
     {"path", Reader_path, NULL, "the checkpoint directory", NULL},
+    {"base", Reader_base, NULL,
+     "the base of a delta checkpoint, relative to its directory, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -143,6 +143,16 @@ int ckptio__pyparams(PyObject *d, ckptio_params *p)
     if (rc) p->name = (type)v;
     PARAM_TABLE(X)
 #undef X
+    /* base: a path (str), kept alive by the dict for the call that uses these params. */
+    PyObject *base = PyDict_GetItemString(d, "base");
+    if (base && base != Py_None) {
+        if (!PyUnicode_Check(base)) {
+            PyErr_SetString(PyExc_TypeError, "params: base must be a str path");
+            return -1;
+        }
+        if (!(p->base = PyUnicode_AsUTF8(base))) return -1;
+    }
+    if (base) seen++;
     if (seen != PyDict_GET_SIZE(d)) {
         PyErr_Format(PyExc_TypeError, "params: unknown name in %R", d);
         return -1;

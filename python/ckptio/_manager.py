@@ -61,6 +61,13 @@ class Manager:
     one is committed, and each is first renamed out of the listing (durably) and then removed,
     so a crash during the deletion leaves every listed step loadable.
 
+    ``full_every``: incremental checkpoints: every ``full_every``-th save is a full one, the
+    saves between are stored as deltas against the step before (``ckptio.save(base=)``;
+    compression turns on, "auto" unless ``compress`` says otherwise), so no chain is longer
+    than ``full_every - 1`` deltas. Pruning never deletes a step that a kept step needs as its
+    base (directly or through other deltas), so every listed step stays loadable. None (the
+    default) or 1: every save is full.
+
     ``comm``: a job of several ranks (a torch.distributed ProcessGroup, an mpi4py
     communicator, "torch", "jax", "mpi"): every rank creates the Manager on the same
     (shared) directory and calls save(step, tree) with its part of the tree; each save is the
@@ -86,14 +93,19 @@ class Manager:
         max_host_bytes: int | None = None,
         comm: Any = None,
         timeout: float | None = None,
+        full_every: int | None = None,
         **save_options: Any,
     ) -> None:
-        for name, v in (("keep", keep), ("keep_every", keep_every)):
+        if "base" in save_options:
+            raise error(USAGE, "a Manager chooses each save's base itself: pass full_every, "
+                        "not base", InvalidType)  # fmt: skip
+        for name, v in (("keep", keep), ("keep_every", keep_every), ("full_every", full_every)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise error(USAGE, f"{name} must be None or an int >= 1, got {v!r}", InvalidType)
         self.directory = os.path.abspath(os.fspath(directory))
         self.keep = keep
         self.keep_every = keep_every
+        self.full_every = full_every
         self.async_save = async_save
         self.max_host_bytes = max_host_bytes
         self.save_options = save_options
@@ -158,18 +170,19 @@ class Manager:
                 )  # fmt: skip
             path = self.step_path(step)
             c = self._comm_for(tree)
+            options = self._options_for(latest)
             if self.async_save:
                 self._pending = _save_async(
                     tree, path, max_host_bytes=self.max_host_bytes, overwrite=False,
-                    metadata=metadata, io_options=self.save_options, comm=c,
+                    metadata=metadata, io_options=options, comm=c,
                     timeout=self.timeout, after=lambda cc: self._retain(step, cc),
                 )  # fmt: skip
             else:
                 if c is None:
-                    save(tree, path, metadata=metadata, **self.save_options)
+                    save(tree, path, metadata=metadata, **options)
                 else:
                     save(tree, path, metadata=metadata, comm=c, timeout=self.timeout,
-                         **self.save_options)  # fmt: skip
+                         **options)  # fmt: skip
                 self._retain(step, c)
         return True
 
@@ -275,6 +288,43 @@ class Manager:
                 "loadable",
             )  # fmt: skip
 
+    # ---- incremental saves ----
+    def base_step(self, step: int) -> int | None:
+        """The step whose checkpoint ``step`` was saved against (a delta), or None (a full one
+        or no Manager step)."""
+        path = self.step_path(step)
+        try:
+            r = _core.Reader(path, None)
+        except Exception:
+            return None
+        try:
+            rel = r.base
+        finally:
+            r.close()
+        if rel is None:
+            return None
+        target = os.path.normpath(os.path.join(path, rel))
+        name = os.path.basename(target)
+        if os.path.dirname(target) != self.directory or not _STEP.fullmatch(name):
+            return None  # a base outside this Manager's steps: not its to keep or delete
+        return int(name)
+
+    def _chain(self, step: int) -> list[int]:
+        """``step`` and the steps its deltas need, newest first."""
+        out = [step]
+        while (b := self.base_step(out[-1])) is not None and b not in out:
+            out.append(b)
+        return out
+
+    def _options_for(self, latest: int | None) -> dict[str, Any]:
+        """The save options of the next save: a delta against ``latest`` while its chain is
+        shorter than full_every - 1 deltas."""
+        if not self.full_every or self.full_every == 1 or latest is None:
+            return self.save_options
+        if len(self._chain(latest)) >= self.full_every:
+            return self.save_options
+        return dict(self.save_options, base=self.step_path(latest))
+
     def _prune(self, newest: int) -> None:
         """Delete the steps older than ``newest`` (committed) that the policy lets go."""
         if self.keep is None:
@@ -282,10 +332,11 @@ class Manager:
         steps = [s for s in self.all_steps() if s <= newest]
         keep = set(steps[-self.keep :])
         keep.update(s for s in self.all_steps() if s > newest)
-        doomed = [
-            s for s in steps
-            if s not in keep and not (self.keep_every and s % self.keep_every == 0)
-        ]  # fmt: skip
+        keep.update(s for s in steps if self.keep_every and s % self.keep_every == 0)
+        if self.full_every and self.full_every > 1:
+            for s in list(keep):  # the bases a kept step needs stay too
+                keep.update(self._chain(s))
+        doomed = [s for s in steps if s not in keep]
         if not doomed:
             return
         moved = []

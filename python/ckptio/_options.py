@@ -30,6 +30,7 @@ IO_OPTIONS = (
     "cache",
     "verify_threads",
     "compress",
+    "base",
 )
 
 
@@ -83,6 +84,10 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     where that saves 2 %, a share left as they are while the device would wait on the coder, so
     a save never runs slower: the choice for every save), "all" (every block tried: the
     smallest checkpoint, at the coder's speed); True means "auto". CKPTIO_COMPRESS wins over it.
+    base (saves): an older checkpoint to save against (an incremental checkpoint): tensors it
+    also holds are stored as XOR deltas where that is smaller; needs compress (base alone
+    turns compress on: "auto"). Loading resolves the chain; the base must stay where it was,
+    unchanged.
     """
     unknown = set(options) - set(IO_OPTIONS)
     if unknown:
@@ -112,6 +117,13 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         "verify_threads": _count("verify_threads", options.get("verify_threads")),
         "compress": _compress(options.get("compress")),
     }
+    base = options.get("base")
+    if base is not None:
+        if not isinstance(base, (str, bytes, os.PathLike)):
+            raise error(USAGE, f"base must be a checkpoint's path, got {base!r}", InvalidType)
+        out["base"] = os.fsdecode(base)
+        if options.get("compress") is None:
+            out["compress"] = _COMPRESS["auto"]
     roots = options.get("roots")
     if roots is not None:
         if isinstance(roots, (str, bytes, os.PathLike)) or not all(

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "box.h"
 
@@ -134,4 +135,52 @@ const char *ckptio__fmt_dims(char *buf, size_t cap, const uint64_t *d, uint32_t 
         used += (size_t)n;
     }
     return buf;
+}
+
+/* Boxes of [s, e) in the array of shape[0 .. ndim) (row-major), prefixed by `lead` leading
+ * coordinates already fixed (written into every box's first `lead` entries). */
+static size_t range_boxes(const uint64_t *shape, uint32_t ndim, uint32_t lead, uint64_t s,
+                          uint64_t e, const uint64_t *pre, uint64_t *off, uint64_t *shp, size_t n)
+{
+    uint32_t full = lead + ndim;
+    if (s >= e) return n;
+    if (ndim == 0) { /* a scalar */
+        if (lead) memcpy(off + n * full, pre, lead * sizeof *pre);
+        for (uint32_t d = 0; d < lead; d++) shp[n * full + d] = 1;
+        return n + 1;
+    }
+    uint64_t row = 1;
+    for (uint32_t d = 1; d < ndim; d++) row *= shape[d];
+    uint64_t r0 = s / row, r1 = e / row;
+    uint64_t p[CKPTIO_MAX_NDIM];
+    if (lead) memcpy(p, pre, lead * sizeof *p);
+    if (s % row) { /* a partial first row */
+        uint64_t end = CKPTIO__MIN(e, (r0 + 1) * row);
+        p[lead] = r0;
+        n = range_boxes(shape + 1, ndim - 1, lead + 1, s - r0 * row, end - r0 * row, p, off, shp, n);
+        if (end == e) return n;
+        r0++;
+    }
+    if (r1 > r0) { /* whole rows */
+        if (lead) memcpy(off + n * full, pre, lead * sizeof *pre);
+        for (uint32_t d = 0; d < lead; d++) shp[n * full + d] = 1;
+        off[n * full + lead] = r0;
+        shp[n * full + lead] = r1 - r0;
+        for (uint32_t d = 1; d < ndim; d++) {
+            off[n * full + lead + d] = 0;
+            shp[n * full + lead + d] = shape[d];
+        }
+        n++;
+    }
+    if (e % row && r1 >= r0) { /* a partial last row */
+        p[lead] = r1;
+        n = range_boxes(shape + 1, ndim - 1, lead + 1, 0, e - r1 * row, p, off, shp, n);
+    }
+    return n;
+}
+
+size_t ckptio__range_boxes(const uint64_t *shape, uint32_t ndim, uint64_t s, uint64_t e,
+                           uint64_t *off, uint64_t *shp)
+{
+    return range_boxes(shape, ndim, 0, s, e, NULL, off, shp, 0);
 }

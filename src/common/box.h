@@ -38,6 +38,14 @@ static inline bool ckptio__boxes_overlap(const uint64_t *ao, const uint64_t *as,
     return true;
 }
 
+/* The elements [s, e) (row-major order) of an array of `shape` as boxes, each contiguous in
+ * that order and following the previous one: at most 2 * ndim - 1 of them (1 for a scalar).
+ * Box i is off[i * ndim ..] and shp[i * ndim ..]; returns their number. Needs s <= e <=
+ * volume(shape). */
+#define CKPTIO__RANGE_BOXES_MAX (2 * CKPTIO_MAX_NDIM)
+CKPTIO__HIDDEN size_t ckptio__range_boxes(const uint64_t *shape, uint32_t ndim, uint64_t s,
+                                          uint64_t e, uint64_t *off, uint64_t *shp);
+
 /* One box's extent [lo, hi) along the swept dimension; k is its index in the caller's list. */
 typedef struct ckptio__span {
     uint64_t lo, hi, k;

@@ -107,6 +107,12 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
         return ckptio__fail(m, CKPTIO_E_USAGE,
                             "params.compress must be CKPTIO_COMPRESS_NONE (0), _AUTO (1) or _ALL (2)");
     c->compress = mode;
+    c->base = p.base && *p.base ? p.base : NULL;
+    if (c->base && c->compress == CKPTIO_COMPRESS_NONE)
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "a base ('%s') is given but compression is off: deltas are coded, so "
+                            "save with compress AUTO or ALL",
+                            c->base);
     c->verify_threads = p.verify_threads ? CKPTIO__MIN(p.verify_threads, 64u)
                                          : ckptio__workers_default(DEFAULT_VERIFY_THREADS);
     return 0;

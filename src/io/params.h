@@ -24,6 +24,7 @@ typedef struct ckptio__cfg {
                               * 2 everything through the cache (CKPTIO__CACHE_*) */
     unsigned verify_threads; /* reader: threads that verify and copy cached ranges, caller's included */
     int compress;            /* writer: CKPTIO_COMPRESS_*, after CKPTIO_COMPRESS */
+    const char *base;        /* writer: the base checkpoint's path as given, or NULL */
 } ckptio__cfg;
 
 CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, ckptio__msg *m);

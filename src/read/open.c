@@ -187,6 +187,7 @@ void ckptio_reader_close(ckptio_reader *r)
     ckptio__gpu_fini(&r->gpu);
     ckptio__workers_stop(r->workers);
     ckptio__read_decoder_free(r);
+    ckptio_reader_close(r->base);
     if (r->files)
         for (uint64_t i = 0; i < r->m->n_files; i++) ckptio__read_close_rfile(&r->files[i]);
     free(r->files);
@@ -420,6 +421,11 @@ int ckptio_reader_error_info(const ckptio_reader *r, ckptio_error_info *out)
 {
     if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_error_info: handle is NULL");
     return ckptio__msg_info(&r->msg, out, "ckptio_reader_error_info");
+}
+
+const char *ckptio_reader_base(const ckptio_reader *r)
+{
+    return r && r->m && r->m->has_base ? r->m->strtab + r->m->base_path : NULL;
 }
 
 const char *ckptio_reader_path(const ckptio_reader *r)

@@ -87,6 +87,7 @@ struct ckptio_reader {
     ckptio_read_stats rstats;
     ckptio__workers *workers; /* verification and cached reads; started on first read */
     struct ckptio__decoder *dec; /* coded chunks: a codec context and a block per worker */
+    ckptio_reader *base;         /* delta chunks: the base checkpoint, opened on first use */
     /* ckptio_reader_open_foreign: the directory the manifest's file names are relative to
      * (their links followed wherever they lead), NULL for a checkpoint of ckptio's own. */
     char *dir;

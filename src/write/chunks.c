@@ -377,8 +377,8 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     t->covered += cvol;
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
-    int rc = codec ? ckptio__writer_put_coded(w, (uint64_t)chunk, data, NULL, nbytes,
-                                              (uint64_t)ci, codec, dtype)
+    int rc = codec ? ckptio__writer_put_coded(w, (uint64_t)chunk, data, nbytes, (uint64_t)ci,
+                                              codec, dtype)
              : memory == CKPTIO_MEM_CUDA
                  ? write_chunk_gpu(w, (uint64_t)(uintptr_t)data, nbytes, off, (uint64_t)ci,
                                    n_csums, stream, name)

@@ -25,6 +25,7 @@ typedef struct ckptio__coder {
     ckptio__codec_ctx **ctx; /* one per thread */
     uint8_t *out;            /* slots blocks: what each block of a round codes to */
     uint8_t *delta;          /* threads blocks: a block XORed with its base */
+    uint8_t *base;           /* slots blocks: the base's bytes of a round (deltas) */
     unsigned skip, tick;     /* AUTO's share of blocks left as they are, and a counter */
 } ckptio__coder;
 
@@ -37,6 +38,7 @@ void ckptio__writer_coder_free(ckptio_writer *w)
     free(c->ctx);
     free(c->out);
     free(c->delta);
+    free(c->base);
     free(c);
     w->coder = NULL;
 }
@@ -53,7 +55,8 @@ static int coder_start(ckptio_writer *w)
     c->ctx = calloc(c->threads, sizeof *c->ctx);
     c->out = malloc(c->slots * c->block);
     c->delta = malloc(c->threads * c->block);
-    if (!c->ctx || !c->out || !c->delta) return -ENOMEM;
+    c->base = w->base_reader ? malloc(c->slots * c->block) : NULL;
+    if (!c->ctx || !c->out || !c->delta || (w->base_reader && !c->base)) return -ENOMEM;
     for (unsigned i = 0; i < c->threads; i++)
         CKPTIO__TRY(ckptio__codec_ctx_new(&c->ctx[i], c->block));
     /* Without threads of its own the caller codes alone. */
@@ -70,7 +73,7 @@ unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, uint64_t nbytes
 /* One round: blocks [j0, j0 + count) of a chunk. */
 typedef struct round {
     ckptio__coder *c;
-    const uint8_t *src, *base;
+    const uint8_t *src, *base; /* base: the base's bytes of the round, or NULL */
     uint64_t n, j0;
     unsigned codec;
     int dtype;
@@ -88,7 +91,7 @@ static void code_block(void *ctx, size_t i, unsigned worker)
     if (r->csums) r->csums[i] = ckptio__hash(raw, len); /* checksums prove decoded bytes */
     if (r->base) {
         uint8_t *d = c->delta + (uint64_t)worker * c->block;
-        const uint8_t *b = r->base + at;
+        const uint8_t *b = r->base + (at - r->j0 * c->block);
         for (uint64_t k = 0; k < len; k++) d[k] = raw[k] ^ b[k];
         raw = d;
     }
@@ -116,9 +119,18 @@ static void adapt(ckptio_writer *w, ckptio__coder *c)
     else if (inflight > 1 && c->skip > 0) c->skip--;
 }
 
-int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src,
-                             const uint8_t *base, uint64_t n, uint64_t csum_at, unsigned codec,
-                             int dtype)
+/* Whether the first block of a chunk codes smaller XORed with its base's bytes (at c->base). */
+static bool delta_pays(ckptio__coder *c, unsigned codec, int dtype, const uint8_t *src,
+                       uint64_t len)
+{
+    for (uint64_t k = 0; k < len; k++) c->delta[k] = src[k] ^ c->base[k];
+    int64_t plain = ckptio__codec_encode(c->ctx[0], codec, dtype, src, len, c->out, c->block);
+    int64_t xored = ckptio__codec_encode(c->ctx[0], codec, dtype, c->delta, len, c->out, c->block);
+    return (xored > 0 ? (uint64_t)xored : len) < (plain > 0 ? (uint64_t)plain : len);
+}
+
+int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src, uint64_t n,
+                             uint64_t csum_at, unsigned codec, int dtype)
 {
     int rc = coder_start(w);
     if (rc < 0) return ckptio__fail(&w->msg, rc, "out of memory starting the block coder");
@@ -130,11 +142,20 @@ int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *sr
     if (first < 0) return ckptio__fail(&w->msg, -ENOMEM, "out of memory for block sizes");
     uint32_t sizes[CODER_THREADS * BLOCKS_PER_THREAD];
     bool skip[CODER_THREADS * BLOCKS_PER_THREAD];
-    bool coded = false;
+    bool coded = false, delta = false;
+    if (w->base_reader) {
+        int has = ckptio__writer_base_bytes(w, chunk, 0, CKPTIO__MIN(B, n), c->base);
+        if (has < 0) return has;
+        delta = has && delta_pays(c, codec, dtype, src, CKPTIO__MIN(B, n));
+    }
     for (uint64_t j0 = 0; j0 < nb; j0 += c->slots) {
         unsigned k = (unsigned)CKPTIO__MIN((uint64_t)c->slots, nb - j0);
+        if (delta && (rc = ckptio__writer_base_bytes(w, chunk, j0 * B,
+                                                     CKPTIO__MIN((j0 + k) * B, n), c->base)) <= 0)
+            return rc < 0 ? rc : ckptio__fail(&w->msg, CKPTIO_E_STATE,
+                                              "the base checkpoint changed during the save");
         for (unsigned i = 0; i < k; i++) skip[i] = c->tick++ % SKIP_OF < c->skip;
-        round r = {.c = c, .src = src, .base = base, .n = n, .j0 = j0, .codec = codec,
+        round r = {.c = c, .src = src, .base = delta ? c->base : NULL, .n = n, .j0 = j0, .codec = codec,
                    .dtype = dtype, .sizes = sizes, .skip = skip,
                    .csums = w->cfg.checksums ? CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + j0)
                                              : NULL};
@@ -142,7 +163,7 @@ int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *sr
         for (unsigned i = 0; i < k; i++) {
             uint64_t at = (j0 + i) * B, len = CKPTIO__MIN(B, n - at);
             bool as_is = sizes[i] == len;
-            const uint8_t *from = as_is && !base ? src + at : c->out + (uint64_t)i * B;
+            const uint8_t *from = as_is && !delta ? src + at : c->out + (uint64_t)i * B;
             CKPTIO__TRY(ckptio__sink_write(&w->sink, from, sizes[i]));
             *CKPTIO__VEC_AT(&w->blocks, uint32_t, (uint64_t)first + j0 + i) = sizes[i];
             stored += sizes[i];
@@ -152,13 +173,13 @@ int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *sr
     }
     ckptio__mchunk *m = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, chunk);
     m->stored_len = stored;
-    if (!coded && !base) {
+    if (!coded && !delta) {
         /* No block shrank: the chunk is stored exactly as an uncoded one. */
         m->codec = CKPTIO__CODEC_NONE;
         w->blocks.len = (size_t)first;
         return 0;
     }
-    m->codec = codec | (base ? CKPTIO__CODEC_DELTA : 0);
+    m->codec = codec | (delta ? CKPTIO__CODEC_DELTA : 0);
     m->blocks = (uint64_t)first;
     return 0;
 }

@@ -3,6 +3,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -417,6 +418,7 @@ typedef struct dist_job {
     void **vals;
     size_t *lens, n_meta;
     ckptio_params p;
+    char *base; /* p.base, owned: the caller's string may be gone when the job runs */
     bool has_p;
     double timeout;
 } dist_job;
@@ -446,6 +448,7 @@ static void dist_drop(void *ctx, bool forked)
     free(j->vals);
     free(j->lens);
     free(j->path);
+    free(j->base);
     free(j);
 }
 
@@ -472,6 +475,13 @@ int ckptio_snapshot_save_dist_async(ckptio_snapshot *s, const char *path, const 
     if (p) {
         j->p = *p;
         j->has_p = true;
+        /* Only fields the caller's struct holds: p->size may predate `base`. */
+        if (p->size >= offsetof(ckptio_params, base) + sizeof p->base && p->base) {
+            if (!(j->base = strdup(p->base))) goto fail;
+            j->p.base = j->base;
+        } else {
+            j->p.base = NULL;
+        }
     }
     j->path = strdup(path);
     j->keys = calloc(n_meta + 1, sizeof *j->keys);

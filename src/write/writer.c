@@ -107,6 +107,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
         CKPTIO__CHECK(ckptio__txn_begin(&w->txn, path, CKPTIO__TXN_DIR,
                                         ckptio__cfg_txn_flags(&w->cfg), 0, &w->msg));
     w->path = w->txn.path;
+    if (w->cfg.base) CKPTIO__CHECK(ckptio__writer_open_base(w));
     if (part && !join) {
         w->tmp_abs = realpath(w->txn.tmp_path, NULL);
         CKPTIO__GOTO_IF(!w->tmp_abs, ckptio__fail(&w->msg, -errno, "cannot resolve '%s'",
@@ -376,6 +377,7 @@ void ckptio_writer_close(ckptio_writer *w)
     ckptio__vec_free(&w->csums);
     ckptio__vec_free(&w->blocks);
     ckptio__writer_coder_free(w);
+    ckptio_reader_close(w->base_reader);
     free(w->base);
     ckptio__strmap_free(&w->names);
     while (w->arena) {

@@ -84,8 +84,9 @@ struct ckptio_writer {
     ckptio__vec csums;   /* uint64_t */
     ckptio__vec blocks;  /* uint32_t: the coded chunks' block sizes (coded.c) */
     struct ckptio__coder *coder; /* started with the first coded chunk */
-    char *base;          /* ckptio_writer_set_base: the base's path, relative to the checkpoint */
+    char *base;          /* params.base: the base's path, relative to the checkpoint */
     uint64_t base_sum;   /* XXH3-64 of the base's manifest */
+    ckptio_reader *base_reader; /* the base, open (base.c) */
     ckptio__vec meta;    /* wmeta */
     ckptio__strmap names;
     arena_block *arena;
@@ -121,12 +122,21 @@ CKPTIO__HIDDEN unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, 
 /* Write chunk `chunk` (n bytes at src, its record already pushed with file_off = the cursor
  * aligned to 4096) coded with `codec`: its blocks encoded on the writer's threads, checksummed
  * (decoded bytes) into csums[csum_at...], stored back to back; then fill in the record's
- * stored_len, codec (NONE if no block shrank) and block sizes. `base`, if not NULL, holds the
- * base checkpoint's n bytes of the same elements: blocks are XORed with it before coding and
- * the chunk becomes a delta. */
+ * stored_len, codec (NONE if no block shrank) and block sizes. With a base holding the same
+ * tensor, the chunk is a delta (blocks XORed with the base's bytes before coding) when its
+ * first block codes smaller that way. */
 CKPTIO__HIDDEN int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src,
-                                            const uint8_t *base, uint64_t n, uint64_t csum_at,
-                                            unsigned codec, int dtype);
+                                            uint64_t n, uint64_t csum_at, unsigned codec,
+                                            int dtype);
+
+/* ---- base.c ---- */
+
+/* Open params.base (w->cfg.base) and record its relative path and manifest checksum. */
+CKPTIO__HIDDEN int ckptio__writer_open_base(ckptio_writer *w);
+/* Bytes [a, b) of chunk `chunk`'s box in the base: 1 (in dst), 0 when the base has no tensor
+ * of that name, dtype and shape, or a negative code (w->msg says why). */
+CKPTIO__HIDDEN int ckptio__writer_base_bytes(ckptio_writer *w, uint64_t chunk, uint64_t a,
+                                             uint64_t b, uint8_t *dst);
 CKPTIO__HIDDEN void ckptio__writer_coder_free(ckptio_writer *w);
 
 /* ---- writer.c ---- */

@@ -183,9 +183,10 @@ def test_mpi4py_shards(tmp_path: pathlib.Path) -> None:
     assert {r: int(v) for r, v in full["count"].items()} == {0: 0, 1: 10, 2: 20, 3: 30}
 
 
-def save_in_threads(trees: list[Any], path: pathlib.Path, timeout: float = 20.0) -> list[Any]:
-    """ckptio.save of trees[r] from rank r, the ranks being threads of this process; what each
-    returned or raised."""
+def save_in_threads(trees: list[Any], path: pathlib.Path, timeout: float = 20.0,
+                    **options: Any) -> list[Any]:
+    """ckptio.save of trees[r] from rank r (with the save options given), the ranks being
+    threads of this process; what each returned or raised."""
     from test_comm import ThreadComm, ThreadGroup
 
     group = ThreadGroup(len(trees))
@@ -193,7 +194,8 @@ def save_in_threads(trees: list[Any], path: pathlib.Path, timeout: float = 20.0)
 
     def one(r: int) -> None:
         try:
-            out[r] = ckptio.save(trees[r], path, comm=ThreadComm(group, r), timeout=timeout)
+            out[r] = ckptio.save(trees[r], path, comm=ThreadComm(group, r), timeout=timeout,
+                                 **options)
         except Exception as e:  # judged by the test
             out[r] = e
 
