@@ -337,7 +337,7 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
     /* A coded chunk's stored length is known only once it is written: it starts on a 4096
      * boundary, right for any length. */
-    unsigned codec = memory == CKPTIO_MEM_HOST ? ckptio__writer_codec(w, dtype, nbytes) : 0;
+    unsigned codec = ckptio__writer_codec(w, dtype, nbytes);
     uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN || codec ? CKPTIO__EXTENT_ALIGN
                                                              : CKPTIO__SMALL_ALIGN;
     if (nbytes && w->n_stripes) {
@@ -377,8 +377,11 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     t->covered += cvol;
     w->stats.bytes += nbytes;
     if (!nbytes) return 0;
-    int rc = codec ? ckptio__writer_put_coded(w, (uint64_t)chunk, data, nbytes, (uint64_t)ci,
-                                              codec, dtype)
+    int rc = codec && memory == CKPTIO_MEM_CUDA
+                 ? ckptio__writer_put_coded_gpu(w, (uint64_t)chunk, (uint64_t)(uintptr_t)data,
+                                                nbytes, (uint64_t)ci, codec, dtype, stream, name)
+             : codec ? ckptio__writer_put_coded(w, (uint64_t)chunk, data, nbytes, (uint64_t)ci,
+                                                codec, dtype)
              : memory == CKPTIO_MEM_CUDA
                  ? write_chunk_gpu(w, (uint64_t)(uintptr_t)data, nbytes, off, (uint64_t)ci,
                                    n_csums, stream, name)

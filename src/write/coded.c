@@ -70,11 +70,11 @@ unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, uint64_t nbytes
     return ckptio__codec_for(dtype);
 }
 
-/* One round: blocks [j0, j0 + count) of a chunk. */
+/* One round: blocks [j0, j0 + count) of a chunk, whose bytes from src_at on are at src. */
 typedef struct round {
     ckptio__coder *c;
     const uint8_t *src, *base; /* base: the base's bytes of the round, or NULL */
-    uint64_t n, j0;
+    uint64_t n, j0, src_at;
     unsigned codec;
     int dtype;
     uint64_t *csums;  /* the round's checksums, or NULL */
@@ -87,7 +87,7 @@ static void code_block(void *ctx, size_t i, unsigned worker)
     round *r = ctx;
     ckptio__coder *c = r->c;
     uint64_t at = (r->j0 + i) * c->block, len = CKPTIO__MIN(c->block, r->n - at);
-    const uint8_t *raw = r->src + at;
+    const uint8_t *raw = r->src + (at - r->src_at);
     if (r->csums) r->csums[i] = ckptio__hash(raw, len); /* checksums prove decoded bytes */
     if (r->base) {
         uint8_t *d = c->delta + (uint64_t)worker * c->block;
@@ -129,57 +129,112 @@ static bool delta_pays(ckptio__coder *c, unsigned codec, int dtype, const uint8_
     return (xored > 0 ? (uint64_t)xored : len) < (plain > 0 ? (uint64_t)plain : len);
 }
 
-int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src, uint64_t n,
-                             uint64_t csum_at, unsigned codec, int dtype)
+/* A coded chunk being written: its blocks come in pieces (all at once from host memory, a ring
+ * slot at a time from a device). */
+typedef struct coded_put {
+    ckptio_writer *w;
+    uint64_t chunk, n, csum_at, first, stored;
+    unsigned codec;
+    int dtype;
+    bool coded, delta;
+} coded_put;
+
+static int coded_begin(ckptio_writer *w, coded_put *p, uint64_t chunk, uint64_t n,
+                       uint64_t csum_at, unsigned codec, int dtype)
 {
     int rc = coder_start(w);
     if (rc < 0) return ckptio__fail(&w->msg, rc, "out of memory starting the block coder");
-    ckptio__coder *c = w->coder;
     const ckptio__mchunk *mc = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, chunk);
     CKPTIO__TRY(ckptio__sink_seek(&w->sink, mc->file_off));
-    uint64_t B = c->block, nb = (n + B - 1) / B, stored = 0;
-    int64_t first = ckptio__vec_push(&w->blocks, NULL, nb);
+    uint64_t B = w->coder->block;
+    int64_t first = ckptio__vec_push(&w->blocks, NULL, (n + B - 1) / B);
     if (first < 0) return ckptio__fail(&w->msg, -ENOMEM, "out of memory for block sizes");
+    *p = (coded_put){.w = w, .chunk = chunk, .n = n, .csum_at = csum_at, .first = (uint64_t)first,
+                     .codec = codec, .dtype = dtype};
+    return 0;
+}
+
+/* Bytes [at, at + len) of the chunk, at src: whole blocks from a block boundary (the last
+ * piece may end with a short block). */
+static int coded_feed(coded_put *p, const uint8_t *src, uint64_t at, uint64_t len)
+{
+    ckptio_writer *w = p->w;
+    ckptio__coder *c = w->coder;
+    uint64_t B = c->block, n = p->n, jend = (at + len + B - 1) / B;
+    int rc;
+    if (at == 0 && w->base_reader) {
+        int has = ckptio__writer_base_bytes(w, p->chunk, 0, CKPTIO__MIN(B, n), c->base);
+        if (has < 0) return has;
+        p->delta = has && delta_pays(c, p->codec, p->dtype, src, CKPTIO__MIN(B, n));
+    }
     uint32_t sizes[CODER_THREADS * BLOCKS_PER_THREAD];
     bool skip[CODER_THREADS * BLOCKS_PER_THREAD];
-    bool coded = false, delta = false;
-    if (w->base_reader) {
-        int has = ckptio__writer_base_bytes(w, chunk, 0, CKPTIO__MIN(B, n), c->base);
-        if (has < 0) return has;
-        delta = has && delta_pays(c, codec, dtype, src, CKPTIO__MIN(B, n));
-    }
-    for (uint64_t j0 = 0; j0 < nb; j0 += c->slots) {
-        unsigned k = (unsigned)CKPTIO__MIN((uint64_t)c->slots, nb - j0);
-        if (delta && (rc = ckptio__writer_base_bytes(w, chunk, j0 * B,
-                                                     CKPTIO__MIN((j0 + k) * B, n), c->base)) <= 0)
+    for (uint64_t j0 = at / B; j0 < jend; j0 += c->slots) {
+        unsigned k = (unsigned)CKPTIO__MIN((uint64_t)c->slots, jend - j0);
+        if (p->delta && (rc = ckptio__writer_base_bytes(w, p->chunk, j0 * B,
+                                                        CKPTIO__MIN((j0 + k) * B, n), c->base)) <= 0)
             return rc < 0 ? rc : ckptio__fail(&w->msg, CKPTIO_E_STATE,
                                               "the base checkpoint changed during the save");
         for (unsigned i = 0; i < k; i++) skip[i] = c->tick++ % SKIP_OF < c->skip;
-        round r = {.c = c, .src = src, .base = delta ? c->base : NULL, .n = n, .j0 = j0, .codec = codec,
-                   .dtype = dtype, .sizes = sizes, .skip = skip,
-                   .csums = w->cfg.checksums ? CKPTIO__VEC_AT(&w->csums, uint64_t, csum_at + j0)
-                                             : NULL};
+        round r = {.c = c, .src = src, .src_at = at, .base = p->delta ? c->base : NULL, .n = n,
+                   .j0 = j0, .codec = p->codec, .dtype = p->dtype, .sizes = sizes, .skip = skip,
+                   .csums = w->cfg.checksums
+                                ? CKPTIO__VEC_AT(&w->csums, uint64_t, p->csum_at + j0)
+                                : NULL};
         ckptio__workers_for(c->workers, k, code_block, &r);
         for (unsigned i = 0; i < k; i++) {
-            uint64_t at = (j0 + i) * B, len = CKPTIO__MIN(B, n - at);
-            bool as_is = sizes[i] == len;
-            const uint8_t *from = as_is && !delta ? src + at : c->out + (uint64_t)i * B;
+            uint64_t x = (j0 + i) * B, bl = CKPTIO__MIN(B, n - x);
+            bool as_is = sizes[i] == bl;
+            const uint8_t *from = as_is && !p->delta ? src + (x - at) : c->out + (uint64_t)i * B;
             CKPTIO__TRY(ckptio__sink_write(&w->sink, from, sizes[i]));
-            *CKPTIO__VEC_AT(&w->blocks, uint32_t, (uint64_t)first + j0 + i) = sizes[i];
-            stored += sizes[i];
-            coded = coded || !as_is;
+            *CKPTIO__VEC_AT(&w->blocks, uint32_t, p->first + j0 + i) = sizes[i];
+            p->stored += sizes[i];
+            p->coded = p->coded || !as_is;
         }
         adapt(w, c);
     }
-    ckptio__mchunk *m = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, chunk);
-    m->stored_len = stored;
-    if (!coded && !delta) {
+    return 0;
+}
+
+static void coded_end(coded_put *p)
+{
+    ckptio_writer *w = p->w;
+    ckptio__mchunk *m = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, p->chunk);
+    m->stored_len = p->stored;
+    if (!p->coded && !p->delta) {
         /* No block shrank: the chunk is stored exactly as an uncoded one. */
         m->codec = CKPTIO__CODEC_NONE;
-        w->blocks.len = (size_t)first;
-        return 0;
+        w->blocks.len = (size_t)p->first;
+        return;
     }
-    m->codec = codec | (delta ? CKPTIO__CODEC_DELTA : 0);
-    m->blocks = (uint64_t)first;
+    m->codec = p->codec | (p->delta ? CKPTIO__CODEC_DELTA : 0);
+    m->blocks = p->first;
+}
+
+int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src, uint64_t n,
+                             uint64_t csum_at, unsigned codec, int dtype)
+{
+    coded_put p;
+    CKPTIO__TRY(coded_begin(w, &p, chunk, n, csum_at, codec, dtype));
+    CKPTIO__TRY(coded_feed(&p, src, 0, n));
+    coded_end(&p);
+    return 0;
+}
+
+/* A device chunk's ring slots, landed in pinned host memory: whole blocks but the last. */
+static int feed_piece(void *ctx, uint8_t *host, uint64_t n, uint64_t at)
+{
+    return coded_feed(ctx, host, at, n);
+}
+
+int ckptio__writer_put_coded_gpu(ckptio_writer *w, uint64_t chunk, uint64_t src, uint64_t n,
+                                 uint64_t csum_at, unsigned codec, int dtype, uint64_t stream,
+                                 const char *name)
+{
+    coded_put p;
+    CKPTIO__TRY(coded_begin(w, &p, chunk, n, csum_at, codec, dtype));
+    CKPTIO__TRY(ckptio__gpu_d2h(&w->gpu, src, n, stream, feed_piece, &p, &w->msg, name));
+    coded_end(&p);
+    ckptio__gpu_count(&w->gpu, false, n);
     return 0;
 }

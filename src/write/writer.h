@@ -128,6 +128,11 @@ CKPTIO__HIDDEN unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, 
 CKPTIO__HIDDEN int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src,
                                             uint64_t n, uint64_t csum_at, unsigned codec,
                                             int dtype);
+/* The same for a chunk in device memory (a CKPTIO_MEM_CUDA pointer): its bytes come through
+ * the GPU's pinned ring, a slot at a time, and are coded there (GPU codecs come later). */
+CKPTIO__HIDDEN int ckptio__writer_put_coded_gpu(ckptio_writer *w, uint64_t chunk, uint64_t src,
+                                                uint64_t n, uint64_t csum_at, unsigned codec,
+                                                int dtype, uint64_t stream, const char *name);
 
 /* ---- base.c ---- */
 
