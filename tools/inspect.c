@@ -91,9 +91,13 @@ static int inspect_json(ckptio_reader *r, const char *dir)
     }
     fprintf(f,
             "%s], \"num_tensors\": %zu, \"num_chunks\": %" PRIu64 ", \"bytes\": %" PRIu64
-            ", \"stored_bytes\": %" PRIu64 ", \"ratio\": %.4f, \"metadata\": [",
+            ", \"stored_bytes\": %" PRIu64 ", \"ratio\": %.4f, \"base\": ",
             nt ? "\n" : "", nt, chunks, bytes, stored,
             stored ? (double)bytes / (double)stored : 1.0);
+    const char *base = ckptio_reader_base(r);
+    if (base) cli_json_str(f, base, strlen(base));
+    else fputs("null", f);
+    fputs(", \"metadata\": [", f);
     size_t nm = ckptio_reader_num_meta(r);
     for (size_t i = 0; i < nm; i++) {
         const char *key;
@@ -153,6 +157,12 @@ static int inspect_text(ckptio_reader *r, const char *dir)
     printf("\ntotal: %zu tensors, %" PRIu64 " chunks, %" PRIu64 " bytes (%s), stored %" PRIu64
            " bytes (%s), ratio %.2fx\n",
            nt, chunks, bytes, hb, stored, hs, stored ? (double)bytes / (double)stored : 1.0);
+    const char *base = ckptio_reader_base(r);
+    if (base) {
+        fputs("base: ", stdout);
+        text_escaped(stdout, (const unsigned char *)base, strlen(base));
+        fputs(" (its +delta tensors need it there, unchanged)\n", stdout);
+    }
     size_t nm = ckptio_reader_num_meta(r);
     printf("metadata: %zu %s\n", nm, nm == 1 ? "entry" : "entries");
     for (size_t i = 0; i < nm; i++) {
