@@ -52,8 +52,8 @@ static void hash_piece(void *ctx, const uint8_t *piece, uint64_t n, uint64_t at)
 /* Write one chunk's bytes at `off`; its block checksums go to csums[csum_at...]. Large chunks
  * are hashed by the hasher thread from the caller's memory while this thread copies and
  * submits, which the buffer lifetime rule (valid until flush or commit) allows. */
-static int write_chunk(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t off,
-                       uint64_t csum_at, uint64_t n_csums)
+int ckptio__writer_put_raw(ckptio_writer *w, const uint8_t *src, uint64_t n, uint64_t off,
+                           uint64_t csum_at, uint64_t n_csums)
 {
     uint64_t B = w->cfg.csum_block;
     bool async = n_csums && n >= ASYNC_HASH_MIN;
@@ -385,7 +385,7 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
              : memory == CKPTIO_MEM_CUDA
                  ? write_chunk_gpu(w, (uint64_t)(uintptr_t)data, nbytes, off, (uint64_t)ci,
                                    n_csums, stream, name)
-                 : write_chunk(w, data, nbytes, off, (uint64_t)ci, n_csums);
+                 : ckptio__writer_put_raw(w, data, nbytes, off, (uint64_t)ci, n_csums);
     return rc < 0 ? add_failed(w, rc, name) : 0;
 }
 

@@ -137,6 +137,9 @@ typedef struct coded_put {
     unsigned codec;
     int dtype;
     bool coded, delta;
+    const uint8_t *src; /* host memory: the whole chunk */
+    bool sample;      /* AUTO from host memory: stop after a round in which nothing shrank */
+    uint64_t raw_from; /* then: the chunk's bytes from here on are written as they are */
 } coded_put;
 
 static int coded_begin(ckptio_writer *w, coded_put *p, uint64_t chunk, uint64_t n,
@@ -192,23 +195,41 @@ static int coded_feed(coded_put *p, const uint8_t *src, uint64_t at, uint64_t le
             p->coded = p->coded || !as_is;
         }
         adapt(w, c);
+        if (p->sample && !p->coded && !p->delta) {
+            /* Incompressible so far (random bytes, already compressed data): the rest goes the
+             * uncoded way, in place and hashed beside the writes, at no cost over a save
+             * without compression. */
+            p->raw_from = CKPTIO__MIN((j0 + k) * B, n);
+            return 0;
+        }
+        p->sample = false;
     }
     return 0;
 }
 
-static void coded_end(coded_put *p)
+static int coded_end(coded_put *p)
 {
     ckptio_writer *w = p->w;
     ckptio__mchunk *m = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, p->chunk);
+    if (p->raw_from && p->raw_from < p->n) {
+        /* Blocks stored as they are so far: the extent is the raw bytes, so far and on. */
+        uint64_t x = p->raw_from, B = w->coder->block, off = m->file_off + x;
+        uint64_t n_csums = w->cfg.checksums ? (p->n - x + B - 1) / B : 0;
+        w->blocks.len = (size_t)p->first;
+        m->codec = CKPTIO__CODEC_NONE;
+        m->stored_len = p->n;
+        return ckptio__writer_put_raw(w, p->src + x, p->n - x, off, p->csum_at + x / B, n_csums);
+    }
     m->stored_len = p->stored;
     if (!p->coded && !p->delta) {
         /* No block shrank: the chunk is stored exactly as an uncoded one. */
         m->codec = CKPTIO__CODEC_NONE;
         w->blocks.len = (size_t)p->first;
-        return;
+        return 0;
     }
     m->codec = p->codec | (p->delta ? CKPTIO__CODEC_DELTA : 0);
     m->blocks = p->first;
+    return 0;
 }
 
 int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *src, uint64_t n,
@@ -216,9 +237,10 @@ int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *sr
 {
     coded_put p;
     CKPTIO__TRY(coded_begin(w, &p, chunk, n, csum_at, codec, dtype));
+    p.sample = w->cfg.compress == CKPTIO_COMPRESS_AUTO;
+    p.src = src;
     CKPTIO__TRY(coded_feed(&p, src, 0, n));
-    coded_end(&p);
-    return 0;
+    return coded_end(&p);
 }
 
 /* A device chunk's ring slots, landed in pinned host memory: whole blocks but the last. */
@@ -234,7 +256,7 @@ int ckptio__writer_put_coded_gpu(ckptio_writer *w, uint64_t chunk, uint64_t src,
     coded_put p;
     CKPTIO__TRY(coded_begin(w, &p, chunk, n, csum_at, codec, dtype));
     CKPTIO__TRY(ckptio__gpu_d2h(&w->gpu, src, n, stream, feed_piece, &p, &w->msg, name));
-    coded_end(&p);
+    CKPTIO__TRY(coded_end(&p));
     ckptio__gpu_count(&w->gpu, false, n);
     return 0;
 }

@@ -114,6 +114,13 @@ static inline void data_name(const ckptio_writer *w, uint64_t i, char *buf, size
  * are stored as they are, where their short extents keep 64-byte alignment. */
 #define CODED_MIN (64u << 10)
 
+/* ---- chunks.c ---- */
+
+/* Write n bytes of a chunk as they are at file offset `off` (in place when aligned, else through
+ * staging), their block checksums to csums[csum_at...] (n_csums of them, 0: none). */
+CKPTIO__HIDDEN int ckptio__writer_put_raw(ckptio_writer *w, const uint8_t *src, uint64_t n,
+                                          uint64_t off, uint64_t csum_at, uint64_t n_csums);
+
 /* ---- coded.c ---- */
 
 /* Whether a host chunk of this dtype and size is stored coded, and with which codec (0: as it
