@@ -23,6 +23,7 @@ typedef uint32_t ckptio__hist[CKPTIO__HUFF_STREAMS][256];
 typedef struct ckptio__huff_enc {
     uint8_t len[256];   /* 0 for absent symbols */
     uint16_t code[256]; /* bit-reversed: the first bit sent is bit 0 */
+    uint32_t cl[256];   /* code | len << 16, for the coding loop */
     unsigned last;      /* highest symbol present */
     uint64_t stream_bytes[CKPTIO__HUFF_STREAMS];
     uint64_t size; /* the plane's coded size after its mode byte: table, stream sizes, streams */
@@ -78,12 +79,11 @@ static inline uint64_t ckptio__huff_quarter(uint64_t n)
  * stream. The plane must have at least two distinct symbols. */
 CKPTIO__HIDDEN void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist);
 /* Code-length estimate of 256 counts without building codes: bits of a Huffman code limited to
- * CKPTIO__HUFF_MAXLEN (for the zstd codec's look before it compresses). */
+ * CKPTIO__HUFF_MAXLEN (for the looks before coding). */
 CKPTIO__HIDDEN uint64_t ckptio__huff_bits(const uint32_t count[256]);
-/* Write the plane (h->size bytes) for the n symbols at in[0, n) to out. `lim` is the end of
- * the writable buffer: the writer stores 8 bytes at a time where it can. */
+/* Write the plane (h->size bytes: table, stream sizes, streams) for the n bytes at in to out. */
 CKPTIO__HIDDEN void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n,
-                                        uint8_t *out, uint8_t *lim);
+                                        uint8_t *out);
 /* Parse a plane's table and stream sizes from src[0, avail); fill d. Returns the plane's
  * coded size (table, sizes and streams) or CKPTIO_E_CORRUPT. */
 CKPTIO__HIDDEN int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail);

@@ -127,6 +127,7 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
     h->last = 0;
     for (unsigned s = 0; s < 256; s++)
         if (h->len[s]) h->last = s;
+    for (unsigned s = 0; s < 256; s++) h->cl[s] = h->code[s] | (uint32_t)h->len[s] << 16;
     h->size = 1 + (h->last + 2) / 2 + 4 * NS;
     for (unsigned k = 0; k < NS; k++) {
         uint64_t bits = 0;
@@ -136,49 +137,58 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
     }
 }
 
-/* One stream: codes packed LSB first, the last byte padded with zero bits. */
-static uint8_t *put_stream(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out,
-                           uint8_t *lim)
+/* Write the four streams of n symbols at out, codes packed LSB first, each stream's last byte
+ * padded with zero bits. */
+static void put_streams(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
 {
-    uint64_t acc = 0;
-    unsigned nb = 0;
+    uint64_t q = ckptio__huff_quarter(n), acc[NS] = {0};
+    unsigned nb[NS] = {0};
+    uint8_t *o[NS], *end[NS];
+    const uint32_t *cl = h->cl;
+    for (unsigned k = 0; k < NS; k++) {
+        o[k] = out;
+        out += h->stream_bytes[k];
+        end[k] = out;
+    }
     uint64_t i = 0;
-    /* Four codes (44 bits) on top of at most 7 pending bits fit the accumulator. */
-    for (; i + 4 <= n && out + 8 <= lim; i += 4) {
-        for (unsigned j = 0; j < 4; j++) {
-            acc |= (uint64_t)h->code[in[i + j]] << nb;
-            nb += h->len[in[i + j]];
+    /* Four codes of at most 11 bits on top of at most 7 pending bits fit the accumulator; the
+     * 8-byte store stays inside the stream, whose neighbour is written at the same time. */
+    for (; i + 4 <= q; i += 4) {
+        if (o[0] + 8 > end[0] || o[1] + 8 > end[1] || o[2] + 8 > end[2] || o[3] + 8 > end[3])
+            break;
+        for (unsigned k = 0; k < NS; k++) {
+            for (unsigned j = 0; j < 4; j++) {
+                uint32_t e = cl[in[k * q + i + j]];
+                acc[k] |= (uint64_t)(e & 0xffff) << nb[k];
+                nb[k] += e >> 16;
+            }
+            ckptio__store64(o[k], acc[k]);
+            o[k] += nb[k] >> 3;
+            acc[k] >>= nb[k] & ~7u;
+            nb[k] &= 7;
         }
-        ckptio__store64(out, acc);
-        out += nb >> 3;
-        acc >>= nb & ~7u;
-        nb &= 7;
     }
-    for (; i < n; i++) {
-        acc |= (uint64_t)h->code[in[i]] << nb;
-        nb += h->len[in[i]];
-        for (; nb >= 8; nb -= 8, acc >>= 8) *out++ = (uint8_t)acc;
+    for (unsigned k = 0; k < NS; k++) {
+        uint64_t m = k + 1 < NS ? q : n - k * q;
+        for (uint64_t j = i; j < m; j++) {
+            uint32_t e = cl[in[k * q + j]];
+            acc[k] |= (uint64_t)(e & 0xffff) << nb[k];
+            nb[k] += e >> 16;
+            for (; nb[k] >= 8; nb[k] -= 8, acc[k] >>= 8) *o[k]++ = (uint8_t)acc[k];
+        }
+        if (nb[k]) *o[k]++ = (uint8_t)acc[k];
+        assert(o[k] == end[k]);
     }
-    if (nb) *out++ = (uint8_t)acc;
-    return out;
 }
 
-void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out,
-                         uint8_t *lim)
+void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
 {
     uint8_t *p = out;
     *p++ = (uint8_t)h->last;
     for (unsigned s = 0; s <= h->last; s += 2)
         *p++ = (uint8_t)(h->len[s] | (s + 1 <= h->last ? h->len[s + 1] : 0) << 4);
     for (unsigned k = 0; k < NS; k++, p += 4) ckptio__store32(p, (uint32_t)h->stream_bytes[k]);
-    uint64_t q = ckptio__huff_quarter(n);
-    for (unsigned k = 0; k < NS; k++) {
-        uint64_t m = k + 1 < NS ? q : n - k * q;
-        uint8_t *end = put_stream(h, in + k * q, m, p, lim);
-        assert((uint64_t)(end - p) == h->stream_bytes[k]);
-        p = end;
-    }
-    assert((uint64_t)(p - out) == h->size);
+    put_streams(h, in, n, p);
 }
 
 int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail)
@@ -221,23 +231,7 @@ typedef struct bits {
     const uint8_t *p;
 } bits;
 
-/* Refill to 56..63 valid bits with one 8-byte load (p + 8 must be readable). */
-static inline void refill_fast(bits *b)
-{
-    b->acc |= ckptio__load64(b->p) << b->nb;
-    b->p += (63 - b->nb) >> 3;
-    b->nb |= 56;
-}
-
-static inline uint8_t take(bits *b, const uint16_t *t)
-{
-    uint16_t e = t[b->acc & (CKPTIO__HUFF_TABLE - 1)];
-    b->acc >>= e >> 8;
-    b->nb -= e >> 8;
-    return (uint8_t)e;
-}
-
-/* The careful end of a stream: bytes one at a time up to `end`, a code that would need bits
+/* The careful end of a stream: bytes one at a time up to `end`; a code that would need bits
  * past it is corrupt. */
 static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const uint8_t *end)
 {
@@ -252,33 +246,52 @@ static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const ui
     return 0;
 }
 
+/* Refill a stream to 56..63 valid bits with one 8-byte load; p advances by at most 7. */
+#define REFILL(acc, nb, p)                                                                     \
+    do {                                                                                       \
+        acc |= ckptio__load64(p) << nb;                                                        \
+        p += (63 - nb) >> 3;                                                                   \
+        nb |= 56;                                                                              \
+    } while (0)
+#define TAKE(acc, nb, at)                                                                      \
+    do {                                                                                       \
+        uint16_t e_ = t[acc & (CKPTIO__HUFF_TABLE - 1)];                                       \
+        acc >>= e_ >> 8;                                                                       \
+        nb -= e_ >> 8;                                                                         \
+        (at) = (uint8_t)e_;                                                                    \
+    } while (0)
+
 int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, const uint8_t *lim)
 {
     const uint16_t *t = d->e;
-    uint64_t q = ckptio__huff_quarter(n);
-    bits b[NS];
-    for (unsigned k = 0; k < NS; k++) b[k] = (bits){0, 0, d->stream[k]};
-    uint64_t i = 0;
-    /* Five codes of at most 11 bits per refill; an 8-byte refill advances p by at most 7. */
+    uint64_t q = ckptio__huff_quarter(n), i = 0;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
+    const uint8_t *p0 = d->stream[0], *p1 = d->stream[1], *p2 = d->stream[2], *p3 = d->stream[3];
+    uint8_t *o0 = out, *o1 = out + q, *o2 = out + 2 * q, *o3 = out + 3 * q;
+    /* Five codes of at most 11 bits per refill, the four streams interleaved so that their
+     * table lookups overlap; `rounds` refills of at most 7 bytes each stay inside the input. */
     for (;;) {
-        uint64_t room = UINT64_MAX;
-        for (unsigned k = 0; k < NS; k++) {
-            uint64_t r = b[k].p + 8 <= lim ? (uint64_t)(lim - b[k].p - 8) / 7 + 1 : 0;
-            room = CKPTIO__MIN(room, r);
-        }
+        const uint8_t *far = p0 > p1 ? p0 : p1;
+        far = far > p2 ? far : p2;
+        far = far > p3 ? far : p3;
+        uint64_t room = far + 8 <= lim ? (uint64_t)(lim - far - 8) / 7 + 1 : 0;
         uint64_t rounds = CKPTIO__MIN(room, (q - i) / 5);
         if (!rounds) break;
-        for (uint64_t r = 0; r < rounds; r++, i += 5)
-            for (unsigned k = 0; k < NS; k++) {
-                refill_fast(&b[k]);
-                uint8_t *o = out + k * q + i;
-                o[0] = take(&b[k], t);
-                o[1] = take(&b[k], t);
-                o[2] = take(&b[k], t);
-                o[3] = take(&b[k], t);
-                o[4] = take(&b[k], t);
+        for (uint64_t r = 0; r < rounds; r++, i += 5) {
+            REFILL(a0, n0, p0);
+            REFILL(a1, n1, p1);
+            REFILL(a2, n2, p2);
+            REFILL(a3, n3, p3);
+            for (unsigned j = 0; j < 5; j++) {
+                TAKE(a0, n0, o0[i + j]);
+                TAKE(a1, n1, o1[i + j]);
+                TAKE(a2, n2, o2[i + j]);
+                TAKE(a3, n3, o3[i + j]);
             }
+        }
     }
+    bits b[NS] = {{a0, n0, p0}, {a1, n1, p1}, {a2, n2, p2}, {a3, n3, p3}};
     for (unsigned k = 0; k < NS; k++) {
         uint64_t m = k + 1 < NS ? q : n - k * q;
         const uint8_t *start = d->stream[k], *end = d->stream[k + 1];
