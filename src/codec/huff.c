@@ -137,37 +137,53 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
     }
 }
 
+/* Add one symbol's code to a stream's accumulator. */
+#define PUT(acc, nb, sym)                                                                      \
+    do {                                                                                       \
+        uint32_t e_ = cl[sym];                                                                 \
+        acc |= (uint64_t)(e_ & 0xffff) << nb;                                                  \
+        nb += e_ >> 16;                                                                        \
+    } while (0)
+/* Store the accumulator's whole bytes (8 written, the pending ones rewritten next time). */
+#define FLUSH(acc, nb, o)                                                                      \
+    do {                                                                                       \
+        ckptio__store64(o, acc);                                                               \
+        o += nb >> 3;                                                                          \
+        acc >>= nb & ~7u;                                                                      \
+        nb &= 7;                                                                               \
+    } while (0)
+
 /* Write the four streams of n symbols at out, codes packed LSB first, each stream's last byte
  * padded with zero bits. */
 static void put_streams(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
 {
-    uint64_t q = ckptio__huff_quarter(n), acc[NS] = {0};
-    unsigned nb[NS] = {0};
-    uint8_t *o[NS], *end[NS];
     const uint32_t *cl = h->cl;
-    for (unsigned k = 0; k < NS; k++) {
-        o[k] = out;
-        out += h->stream_bytes[k];
-        end[k] = out;
-    }
-    uint64_t i = 0;
-    /* Four codes of at most 11 bits on top of at most 7 pending bits fit the accumulator; the
+    uint64_t q = ckptio__huff_quarter(n), i = 0;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
+    const uint8_t *s0 = in, *s1 = in + q, *s2 = in + 2 * q, *s3 = in + 3 * q;
+    uint8_t *o0 = out, *o1 = o0 + h->stream_bytes[0], *o2 = o1 + h->stream_bytes[1];
+    uint8_t *o3 = o2 + h->stream_bytes[2], *e3 = o3 + h->stream_bytes[3];
+    uint8_t *const e0 = o1, *const e1 = o2, *const e2 = o3; /* where each stream ends */
+    /* Five codes of at most 11 bits on top of at most 7 pending bits fit the accumulator; the
      * 8-byte store stays inside the stream, whose neighbour is written at the same time. */
-    for (; i + 4 <= q; i += 4) {
-        if (o[0] + 8 > end[0] || o[1] + 8 > end[1] || o[2] + 8 > end[2] || o[3] + 8 > end[3])
-            break;
-        for (unsigned k = 0; k < NS; k++) {
-            for (unsigned j = 0; j < 4; j++) {
-                uint32_t e = cl[in[k * q + i + j]];
-                acc[k] |= (uint64_t)(e & 0xffff) << nb[k];
-                nb[k] += e >> 16;
-            }
-            ckptio__store64(o[k], acc[k]);
-            o[k] += nb[k] >> 3;
-            acc[k] >>= nb[k] & ~7u;
-            nb[k] &= 7;
+    for (; i + 5 <= q; i += 5) {
+        if (o0 + 8 > e0 || o1 + 8 > e1 || o2 + 8 > e2 || o3 + 8 > e3) break;
+#pragma GCC unroll 5
+        for (unsigned j = 0; j < 5; j++) {
+            PUT(a0, n0, s0[i + j]);
+            PUT(a1, n1, s1[i + j]);
+            PUT(a2, n2, s2[i + j]);
+            PUT(a3, n3, s3[i + j]);
         }
+        FLUSH(a0, n0, o0);
+        FLUSH(a1, n1, o1);
+        FLUSH(a2, n2, o2);
+        FLUSH(a3, n3, o3);
     }
+    uint64_t acc[NS] = {a0, a1, a2, a3};
+    unsigned nb[NS] = {n0, n1, n2, n3};
+    uint8_t *o[NS] = {o0, o1, o2, o3};
     for (unsigned k = 0; k < NS; k++) {
         uint64_t m = k + 1 < NS ? q : n - k * q;
         for (uint64_t j = i; j < m; j++) {
@@ -177,8 +193,11 @@ static void put_streams(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n
             for (; nb[k] >= 8; nb[k] -= 8, acc[k] >>= 8) *o[k]++ = (uint8_t)acc[k];
         }
         if (nb[k]) *o[k]++ = (uint8_t)acc[k];
-        assert(o[k] == end[k]);
+        out += h->stream_bytes[k];
+        assert(o[k] == out);
     }
+    assert(out == e3);
+    CKPTIO__UNUSED(e3);
 }
 
 void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
