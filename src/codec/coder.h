@@ -29,9 +29,11 @@ typedef struct ckptio__huff_enc {
     uint64_t size; /* the plane's coded size after its mode byte: table, stream sizes, streams */
 } ckptio__huff_enc;
 
-/* A decoder's table: entry = symbol | length << 8, indexed by the next 11 bits of a stream. */
+/* A decoder's tables, indexed by the next 11 bits of a stream: e = symbol | length << 8; e2 =
+ * the one or two symbols those bits hold whole, first | second << 8 | bits << 16 | count << 24. */
 typedef struct ckptio__huff_dec {
     uint16_t e[CKPTIO__HUFF_TABLE];
+    uint32_t e2[CKPTIO__HUFF_TABLE];
     const uint8_t *stream[CKPTIO__HUFF_STREAMS + 1]; /* starts, then the end of the last */
 } ckptio__huff_dec;
 

@@ -230,6 +230,12 @@ int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t ava
         uint16_t e = (uint16_t)(s | len[s] << 8);
         for (unsigned j = code[s]; j < CKPTIO__HUFF_TABLE; j += 1u << len[s]) d->e[j] = e;
     }
+    /* A second symbol joins the first where its whole code lies inside the same 11 bits. */
+    for (unsigned j = 0; j < CKPTIO__HUFF_TABLE; j++) {
+        unsigned a = d->e[j], la = a >> 8, b = d->e[j >> la], lb = b >> 8;
+        d->e2[j] = la + lb <= MAXLEN ? (a & 0xff) | (b & 0xff) << 8 | (la + lb) << 16 | 2u << 24
+                                     : (a & 0xff) | la << 16 | 1u << 24;
+    }
     uint64_t total = pos + 4 * NS;
     const uint8_t *at = src + total;
     for (unsigned k = 0; k < NS; k++) {
@@ -272,51 +278,61 @@ static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const ui
         p += (63 - nb) >> 3;                                                                   \
         nb |= 56;                                                                              \
     } while (0)
-#define TAKE(acc, nb, at)                                                                      \
+
+/* One or two symbols of a stream, stored at o (two bytes written either way). */
+#define TAKE2(acc, nb, o)                                                                      \
     do {                                                                                       \
-        uint16_t e_ = t[acc & (CKPTIO__HUFF_TABLE - 1)];                                       \
-        acc >>= e_ >> 8;                                                                       \
-        nb -= e_ >> 8;                                                                         \
-        (at) = (uint8_t)e_;                                                                    \
+        uint32_t e_ = t2[acc & (CKPTIO__HUFF_TABLE - 1)];                                      \
+        unsigned l_ = e_ >> 16 & 0xff;                                                         \
+        memcpy(o, &e_, 2);                                                                     \
+        o += e_ >> 24;                                                                         \
+        acc >>= l_;                                                                            \
+        nb -= l_;                                                                              \
     } while (0)
 
 int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, const uint8_t *lim)
 {
     const uint16_t *t = d->e;
-    uint64_t q = ckptio__huff_quarter(n), i = 0;
+    const uint32_t *t2 = d->e2;
+    uint64_t q = ckptio__huff_quarter(n);
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
     const uint8_t *p0 = d->stream[0], *p1 = d->stream[1], *p2 = d->stream[2], *p3 = d->stream[3];
     uint8_t *o0 = out, *o1 = out + q, *o2 = out + 2 * q, *o3 = out + 3 * q;
-    /* Five codes of at most 11 bits per refill, the four streams interleaved so that their
-     * table lookups overlap; `rounds` refills of at most 7 bytes each stay inside the input. */
+    uint8_t *const e0 = o1, *const e1 = o2, *const e2 = o3, *const e3 = out + n;
+    /* Five lookups of at most 11 bits per refill, each giving one or two symbols; the four
+     * streams interleaved so that their lookups overlap. `rounds` refills of at most 7 bytes
+     * stay inside the input, and rounds of at most 10 symbols inside each stream's output. */
     for (;;) {
         const uint8_t *far = p0 > p1 ? p0 : p1;
         far = far > p2 ? far : p2;
         far = far > p3 ? far : p3;
-        uint64_t room = far + 8 <= lim ? (uint64_t)(lim - far - 8) / 7 + 1 : 0;
-        uint64_t rounds = CKPTIO__MIN(room, (q - i) / 5);
+        uint64_t rounds = far + 8 <= lim ? (uint64_t)(lim - far - 8) / 7 + 1 : 0;
+        uint64_t left = CKPTIO__MIN(CKPTIO__MIN(e0 - o0, e1 - o1), CKPTIO__MIN(e2 - o2, e3 - o3));
+        rounds = CKPTIO__MIN(rounds, left / 10);
         if (!rounds) break;
-        for (uint64_t r = 0; r < rounds; r++, i += 5) {
+        for (uint64_t r = 0; r < rounds; r++) {
             REFILL(a0, n0, p0);
             REFILL(a1, n1, p1);
             REFILL(a2, n2, p2);
             REFILL(a3, n3, p3);
+#pragma GCC unroll 5
             for (unsigned j = 0; j < 5; j++) {
-                TAKE(a0, n0, o0[i + j]);
-                TAKE(a1, n1, o1[i + j]);
-                TAKE(a2, n2, o2[i + j]);
-                TAKE(a3, n3, o3[i + j]);
+                TAKE2(a0, n0, o0);
+                TAKE2(a1, n1, o1);
+                TAKE2(a2, n2, o2);
+                TAKE2(a3, n3, o3);
             }
         }
     }
     bits b[NS] = {{a0, n0, p0}, {a1, n1, p1}, {a2, n2, p2}, {a3, n3, p3}};
+    uint8_t *o[NS] = {o0, o1, o2, o3};
     for (unsigned k = 0; k < NS; k++) {
-        uint64_t m = k + 1 < NS ? q : n - k * q;
-        const uint8_t *start = d->stream[k], *end = d->stream[k + 1];
-        CKPTIO__TRY(finish(&b[k], t, out + k * q + i, m - i, end));
+        uint8_t *end = k + 1 < NS ? out + (k + 1) * q : out + n;
+        const uint8_t *start = d->stream[k], *stop = d->stream[k + 1];
+        CKPTIO__TRY(finish(&b[k], t, o[k], (uint64_t)(end - o[k]), stop));
         /* The stream must be used up exactly: its last byte holds at least one of its bits. */
-        uint64_t used = (uint64_t)(b[k].p - start) * 8 - b[k].nb, have = (uint64_t)(end - start);
+        uint64_t used = (uint64_t)(b[k].p - start) * 8 - b[k].nb, have = (uint64_t)(stop - start);
         CKPTIO__RET_IF(used > have * 8 || (have && used <= have * 8 - 8), CKPTIO_E_CORRUPT);
     }
     return 0;
