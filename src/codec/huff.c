@@ -153,51 +153,26 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
         nb &= 7;                                                                               \
     } while (0)
 
-/* Write the four streams of n symbols at out, codes packed LSB first, each stream's last byte
- * padded with zero bits. */
-static void put_streams(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
+/* Write one stream of the m symbols at in to out[0, len): codes packed LSB first, the last
+ * byte padded with zero bits. */
+static void put_stream(const uint32_t *cl, const uint8_t *in, uint64_t m, uint8_t *o, uint64_t len)
 {
-    const uint32_t *cl = h->cl;
-    uint64_t q = ckptio__huff_quarter(n), i = 0;
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
-    const uint8_t *s0 = in, *s1 = in + q, *s2 = in + 2 * q, *s3 = in + 3 * q;
-    uint8_t *o0 = out, *o1 = o0 + h->stream_bytes[0], *o2 = o1 + h->stream_bytes[1];
-    uint8_t *o3 = o2 + h->stream_bytes[2], *e3 = o3 + h->stream_bytes[3];
-    uint8_t *const e0 = o1, *const e1 = o2, *const e2 = o3; /* where each stream ends */
+    uint8_t *end = o + len;
+    uint64_t acc = 0, i = 0;
+    unsigned nb = 0;
     /* Five codes of at most 11 bits on top of at most 7 pending bits fit the accumulator; the
-     * 8-byte store stays inside the stream, whose neighbour is written at the same time. */
-    for (; i + 5 <= q; i += 5) {
-        if (o0 + 8 > e0 || o1 + 8 > e1 || o2 + 8 > e2 || o3 + 8 > e3) break;
+     * 8-byte store stays inside the stream. */
+    for (; i + 5 <= m && o + 8 <= end; i += 5) {
 #pragma GCC unroll 5
-        for (unsigned j = 0; j < 5; j++) {
-            PUT(a0, n0, s0[i + j]);
-            PUT(a1, n1, s1[i + j]);
-            PUT(a2, n2, s2[i + j]);
-            PUT(a3, n3, s3[i + j]);
-        }
-        FLUSH(a0, n0, o0);
-        FLUSH(a1, n1, o1);
-        FLUSH(a2, n2, o2);
-        FLUSH(a3, n3, o3);
+        for (unsigned j = 0; j < 5; j++) PUT(acc, nb, in[i + j]);
+        FLUSH(acc, nb, o);
     }
-    uint64_t acc[NS] = {a0, a1, a2, a3};
-    unsigned nb[NS] = {n0, n1, n2, n3};
-    uint8_t *o[NS] = {o0, o1, o2, o3};
-    for (unsigned k = 0; k < NS; k++) {
-        uint64_t m = k + 1 < NS ? q : n - k * q;
-        for (uint64_t j = i; j < m; j++) {
-            uint32_t e = cl[in[k * q + j]];
-            acc[k] |= (uint64_t)(e & 0xffff) << nb[k];
-            nb[k] += e >> 16;
-            for (; nb[k] >= 8; nb[k] -= 8, acc[k] >>= 8) *o[k]++ = (uint8_t)acc[k];
-        }
-        if (nb[k]) *o[k]++ = (uint8_t)acc[k];
-        out += h->stream_bytes[k];
-        assert(o[k] == out);
+    for (; i < m; i++) {
+        PUT(acc, nb, in[i]);
+        for (; nb >= 8; nb -= 8, acc >>= 8) *o++ = (uint8_t)acc;
     }
-    assert(out == e3);
-    CKPTIO__UNUSED(e3);
+    if (nb) *o++ = (uint8_t)acc;
+    assert(o == end);
 }
 
 void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
@@ -207,7 +182,13 @@ void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t 
     for (unsigned s = 0; s <= h->last; s += 2)
         *p++ = (uint8_t)(h->len[s] | (s + 1 <= h->last ? h->len[s + 1] : 0) << 4);
     for (unsigned k = 0; k < NS; k++, p += 4) ckptio__store32(p, (uint32_t)h->stream_bytes[k]);
-    put_streams(h, in, n, p);
+    /* One stream after another: the out-of-order core overlaps their short dependency chains
+     * by itself, and one stream's state stays in registers. */
+    uint64_t q = ckptio__huff_quarter(n);
+    for (unsigned k = 0; k < NS; k++) {
+        put_stream(h->cl, in + k * q, k + 1 < NS ? q : n - k * q, p, h->stream_bytes[k]);
+        p += h->stream_bytes[k];
+    }
 }
 
 int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail)
