@@ -1,16 +1,31 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The entropy coder: order-0 canonical Huffman codes of at most 11 bits, four streams a plane. */
-#include <stdlib.h>
-
 #include "coder.h"
 
 #define MAXLEN CKPTIO__HUFF_MAXLEN
 #define NS CKPTIO__HUFF_STREAMS
 
-static int by_key(const void *a, const void *b)
+/* Heapsort of at most 256 keys: qsort may allocate, and encoding never does. */
+static void sift(uint64_t *k, unsigned at, unsigned n)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+    for (unsigned child; (child = 2 * at + 1) < n; at = child) {
+        if (child + 1 < n && k[child + 1] > k[child]) child++;
+        if (k[at] >= k[child]) return;
+        uint64_t t = k[at];
+        k[at] = k[child];
+        k[child] = t;
+    }
+}
+
+static void sort_keys(uint64_t *k, unsigned n)
+{
+    for (unsigned i = n / 2; i-- > 0;) sift(k, i, n);
+    for (unsigned end = n; end-- > 1;) {
+        uint64_t t = k[0];
+        k[0] = k[end];
+        k[end] = t;
+        sift(k, 0, end);
+    }
 }
 
 /* Optimal code lengths (two-queue Huffman over the sorted leaves), then limited to MAXLEN: the
@@ -28,7 +43,7 @@ static unsigned code_lengths(const uint64_t count[256], uint8_t len[256])
         if (n == 1) len[key[0] & 0xff] = 1;
         return n;
     }
-    qsort(key, n, sizeof key[0], by_key);
+    sort_keys(key, n);
     uint64_t w[512];
     uint16_t parent[512];
     uint8_t depth[512];
