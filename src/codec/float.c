@@ -2,7 +2,7 @@
 /* The float codec: each element's bits regrouped into byte planes, each plane coded or kept. */
 #include "coder.h"
 
-/* How a dtype's elements become byte planes (doc/codecs.md section 2). Every plane holds one
+/* How a dtype's elements become byte planes (doc/codecs.md section 3.1). Every plane holds one
  * byte per element; plane 0 is the one that holds the exponent. */
 enum { L_BF16, L_F32, L_BYTES };
 typedef struct layout {
