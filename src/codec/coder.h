@@ -8,7 +8,7 @@
 
 #include "codec.h"
 
-/* Longest Huffman code: 11 bits keeps the decode table (2048 entries of 2 bytes) in L1. */
+/* Longest Huffman code: 11 bits keeps the decode tables (2048 entries, 12 KiB) in L1. */
 #define CKPTIO__HUFF_MAXLEN 11
 #define CKPTIO__HUFF_TABLE (1u << CKPTIO__HUFF_MAXLEN)
 /* Every coded plane is cut into this many streams, decoded in lockstep. */
