@@ -8,7 +8,7 @@
 
 #include "codec.h"
 
-/* Longest Huffman code: 11 bits keeps the decode table (2048 entries of 2 bytes) in L1. */
+/* Longest Huffman code: 11 bits keeps the decode tables (2048 entries, 12 KiB) in L1. */
 #define CKPTIO__HUFF_MAXLEN 11
 #define CKPTIO__HUFF_TABLE (1u << CKPTIO__HUFF_MAXLEN)
 /* Every coded plane is cut into this many streams, decoded in lockstep. */
@@ -23,14 +23,17 @@ typedef uint32_t ckptio__hist[CKPTIO__HUFF_STREAMS][256];
 typedef struct ckptio__huff_enc {
     uint8_t len[256];   /* 0 for absent symbols */
     uint16_t code[256]; /* bit-reversed: the first bit sent is bit 0 */
+    uint32_t cl[256];   /* code | len << 16, for the coding loop */
     unsigned last;      /* highest symbol present */
     uint64_t stream_bytes[CKPTIO__HUFF_STREAMS];
     uint64_t size; /* the plane's coded size after its mode byte: table, stream sizes, streams */
 } ckptio__huff_enc;
 
-/* A decoder's table: entry = symbol | length << 8, indexed by the next 11 bits of a stream. */
+/* A decoder's tables, indexed by the next 11 bits of a stream: e = symbol | length << 8; e2 =
+ * the one or two symbols those bits hold whole, first | second << 8 | bits << 16 | count << 24. */
 typedef struct ckptio__huff_dec {
     uint16_t e[CKPTIO__HUFF_TABLE];
+    uint32_t e2[CKPTIO__HUFF_TABLE];
     const uint8_t *stream[CKPTIO__HUFF_STREAMS + 1]; /* starts, then the end of the last */
 } ckptio__huff_dec;
 
@@ -78,12 +81,11 @@ static inline uint64_t ckptio__huff_quarter(uint64_t n)
  * stream. The plane must have at least two distinct symbols. */
 CKPTIO__HIDDEN void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist);
 /* Code-length estimate of 256 counts without building codes: bits of a Huffman code limited to
- * CKPTIO__HUFF_MAXLEN (for the zstd codec's look before it compresses). */
+ * CKPTIO__HUFF_MAXLEN (for the looks before coding). */
 CKPTIO__HIDDEN uint64_t ckptio__huff_bits(const uint32_t count[256]);
-/* Write the plane (h->size bytes) for the n symbols at in[0, n) to out. `lim` is the end of
- * the writable buffer: the writer stores 8 bytes at a time where it can. */
+/* Write the plane (h->size bytes: table, stream sizes, streams) for the n bytes at in to out. */
 CKPTIO__HIDDEN void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n,
-                                        uint8_t *out, uint8_t *lim);
+                                        uint8_t *out);
 /* Parse a plane's table and stream sizes from src[0, avail); fill d. Returns the plane's
  * coded size (table, sizes and streams) or CKPTIO_E_CORRUPT. */
 CKPTIO__HIDDEN int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail);

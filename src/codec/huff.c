@@ -1,16 +1,31 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The entropy coder: order-0 canonical Huffman codes of at most 11 bits, four streams a plane. */
-#include <stdlib.h>
-
 #include "coder.h"
 
 #define MAXLEN CKPTIO__HUFF_MAXLEN
 #define NS CKPTIO__HUFF_STREAMS
 
-static int by_key(const void *a, const void *b)
+/* Heapsort of at most 256 keys: qsort may allocate, and encoding never does. */
+static void sift(uint64_t *k, unsigned at, unsigned n)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+    for (unsigned child; (child = 2 * at + 1) < n; at = child) {
+        if (child + 1 < n && k[child + 1] > k[child]) child++;
+        if (k[at] >= k[child]) return;
+        uint64_t t = k[at];
+        k[at] = k[child];
+        k[child] = t;
+    }
+}
+
+static void sort_keys(uint64_t *k, unsigned n)
+{
+    for (unsigned i = n / 2; i-- > 0;) sift(k, i, n);
+    for (unsigned end = n; end-- > 1;) {
+        uint64_t t = k[0];
+        k[0] = k[end];
+        k[end] = t;
+        sift(k, 0, end);
+    }
 }
 
 /* Optimal code lengths (two-queue Huffman over the sorted leaves), then limited to MAXLEN: the
@@ -28,7 +43,7 @@ static unsigned code_lengths(const uint64_t count[256], uint8_t len[256])
         if (n == 1) len[key[0] & 0xff] = 1;
         return n;
     }
-    qsort(key, n, sizeof key[0], by_key);
+    sort_keys(key, n);
     uint64_t w[512];
     uint16_t parent[512];
     uint8_t depth[512];
@@ -127,6 +142,7 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
     h->last = 0;
     for (unsigned s = 0; s < 256; s++)
         if (h->len[s]) h->last = s;
+    for (unsigned s = 0; s < 256; s++) h->cl[s] = h->code[s] | (uint32_t)h->len[s] << 16;
     h->size = 1 + (h->last + 2) / 2 + 4 * NS;
     for (unsigned k = 0; k < NS; k++) {
         uint64_t bits = 0;
@@ -136,49 +152,58 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
     }
 }
 
-/* One stream: codes packed LSB first, the last byte padded with zero bits. */
-static uint8_t *put_stream(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out,
-                           uint8_t *lim)
+/* Add one symbol's code to a stream's accumulator. */
+#define PUT(acc, nb, sym)                                                                      \
+    do {                                                                                       \
+        uint32_t e_ = cl[sym];                                                                 \
+        acc |= (uint64_t)(e_ & 0xffff) << nb;                                                  \
+        nb += e_ >> 16;                                                                        \
+    } while (0)
+/* Store the accumulator's whole bytes (8 written, the pending ones rewritten next time). */
+#define FLUSH(acc, nb, o)                                                                      \
+    do {                                                                                       \
+        ckptio__store64(o, acc);                                                               \
+        o += nb >> 3;                                                                          \
+        acc >>= nb & ~7u;                                                                      \
+        nb &= 7;                                                                               \
+    } while (0)
+
+/* Write one stream of the m symbols at in to out[0, len): codes packed LSB first, the last
+ * byte padded with zero bits. */
+static void put_stream(const uint32_t *cl, const uint8_t *in, uint64_t m, uint8_t *o, uint64_t len)
 {
-    uint64_t acc = 0;
+    uint8_t *end = o + len;
+    uint64_t acc = 0, i = 0;
     unsigned nb = 0;
-    uint64_t i = 0;
-    /* Four codes (44 bits) on top of at most 7 pending bits fit the accumulator. */
-    for (; i + 4 <= n && out + 8 <= lim; i += 4) {
-        for (unsigned j = 0; j < 4; j++) {
-            acc |= (uint64_t)h->code[in[i + j]] << nb;
-            nb += h->len[in[i + j]];
-        }
-        ckptio__store64(out, acc);
-        out += nb >> 3;
-        acc >>= nb & ~7u;
-        nb &= 7;
+    /* Five codes of at most 11 bits on top of at most 7 pending bits fit the accumulator; the
+     * 8-byte store stays inside the stream. */
+    for (; i + 5 <= m && o + 8 <= end; i += 5) {
+#pragma GCC unroll 5
+        for (unsigned j = 0; j < 5; j++) PUT(acc, nb, in[i + j]);
+        FLUSH(acc, nb, o);
     }
-    for (; i < n; i++) {
-        acc |= (uint64_t)h->code[in[i]] << nb;
-        nb += h->len[in[i]];
-        for (; nb >= 8; nb -= 8, acc >>= 8) *out++ = (uint8_t)acc;
+    for (; i < m; i++) {
+        PUT(acc, nb, in[i]);
+        for (; nb >= 8; nb -= 8, acc >>= 8) *o++ = (uint8_t)acc;
     }
-    if (nb) *out++ = (uint8_t)acc;
-    return out;
+    if (nb) *o++ = (uint8_t)acc;
+    assert(o == end);
 }
 
-void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out,
-                         uint8_t *lim)
+void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
 {
     uint8_t *p = out;
     *p++ = (uint8_t)h->last;
     for (unsigned s = 0; s <= h->last; s += 2)
         *p++ = (uint8_t)(h->len[s] | (s + 1 <= h->last ? h->len[s + 1] : 0) << 4);
     for (unsigned k = 0; k < NS; k++, p += 4) ckptio__store32(p, (uint32_t)h->stream_bytes[k]);
+    /* One stream after another: the out-of-order core overlaps their short dependency chains
+     * by itself, and one stream's state stays in registers. */
     uint64_t q = ckptio__huff_quarter(n);
     for (unsigned k = 0; k < NS; k++) {
-        uint64_t m = k + 1 < NS ? q : n - k * q;
-        uint8_t *end = put_stream(h, in + k * q, m, p, lim);
-        assert((uint64_t)(end - p) == h->stream_bytes[k]);
-        p = end;
+        put_stream(h->cl, in + k * q, k + 1 < NS ? q : n - k * q, p, h->stream_bytes[k]);
+        p += h->stream_bytes[k];
     }
-    assert((uint64_t)(p - out) == h->size);
 }
 
 int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail)
@@ -201,6 +226,12 @@ int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t ava
         uint16_t e = (uint16_t)(s | len[s] << 8);
         for (unsigned j = code[s]; j < CKPTIO__HUFF_TABLE; j += 1u << len[s]) d->e[j] = e;
     }
+    /* A second symbol joins the first where its whole code lies inside the same 11 bits. */
+    for (unsigned j = 0; j < CKPTIO__HUFF_TABLE; j++) {
+        unsigned a = d->e[j], la = a >> 8, b = d->e[j >> la], lb = b >> 8;
+        d->e2[j] = la + lb <= MAXLEN ? (a & 0xff) | (b & 0xff) << 8 | (la + lb) << 16 | 2u << 24
+                                     : (a & 0xff) | la << 16 | 1u << 24;
+    }
     uint64_t total = pos + 4 * NS;
     const uint8_t *at = src + total;
     for (unsigned k = 0; k < NS; k++) {
@@ -221,23 +252,7 @@ typedef struct bits {
     const uint8_t *p;
 } bits;
 
-/* Refill to 56..63 valid bits with one 8-byte load (p + 8 must be readable). */
-static inline void refill_fast(bits *b)
-{
-    b->acc |= ckptio__load64(b->p) << b->nb;
-    b->p += (63 - b->nb) >> 3;
-    b->nb |= 56;
-}
-
-static inline uint8_t take(bits *b, const uint16_t *t)
-{
-    uint16_t e = t[b->acc & (CKPTIO__HUFF_TABLE - 1)];
-    b->acc >>= e >> 8;
-    b->nb -= e >> 8;
-    return (uint8_t)e;
-}
-
-/* The careful end of a stream: bytes one at a time up to `end`, a code that would need bits
+/* The careful end of a stream: bytes one at a time up to `end`; a code that would need bits
  * past it is corrupt. */
 static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const uint8_t *end)
 {
@@ -252,39 +267,68 @@ static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const ui
     return 0;
 }
 
+/* Refill a stream to 56..63 valid bits with one 8-byte load; p advances by at most 7. */
+#define REFILL(acc, nb, p)                                                                     \
+    do {                                                                                       \
+        acc |= ckptio__load64(p) << nb;                                                        \
+        p += (63 - nb) >> 3;                                                                   \
+        nb |= 56;                                                                              \
+    } while (0)
+
+/* One or two symbols of a stream, stored at o (two bytes written either way). */
+#define TAKE2(acc, nb, o)                                                                      \
+    do {                                                                                       \
+        uint32_t e_ = t2[acc & (CKPTIO__HUFF_TABLE - 1)];                                      \
+        unsigned l_ = e_ >> 16 & 0xff;                                                         \
+        memcpy(o, &e_, 2);                                                                     \
+        o += e_ >> 24;                                                                         \
+        acc >>= l_;                                                                            \
+        nb -= l_;                                                                              \
+    } while (0)
+
 int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, const uint8_t *lim)
 {
     const uint16_t *t = d->e;
+    const uint32_t *t2 = d->e2;
     uint64_t q = ckptio__huff_quarter(n);
-    bits b[NS];
-    for (unsigned k = 0; k < NS; k++) b[k] = (bits){0, 0, d->stream[k]};
-    uint64_t i = 0;
-    /* Five codes of at most 11 bits per refill; an 8-byte refill advances p by at most 7. */
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
+    const uint8_t *p0 = d->stream[0], *p1 = d->stream[1], *p2 = d->stream[2], *p3 = d->stream[3];
+    uint8_t *o0 = out, *o1 = out + q, *o2 = out + 2 * q, *o3 = out + 3 * q;
+    uint8_t *const e0 = o1, *const e1 = o2, *const e2 = o3, *const e3 = out + n;
+    /* Five lookups of at most 11 bits per refill, each giving one or two symbols; the four
+     * streams interleaved so that their lookups overlap. `rounds` refills of at most 7 bytes
+     * stay inside the input, and rounds of at most 10 symbols inside each stream's output. */
     for (;;) {
-        uint64_t room = UINT64_MAX;
-        for (unsigned k = 0; k < NS; k++) {
-            uint64_t r = b[k].p + 8 <= lim ? (uint64_t)(lim - b[k].p - 8) / 7 + 1 : 0;
-            room = CKPTIO__MIN(room, r);
-        }
-        uint64_t rounds = CKPTIO__MIN(room, (q - i) / 5);
+        const uint8_t *far = p0 > p1 ? p0 : p1;
+        far = far > p2 ? far : p2;
+        far = far > p3 ? far : p3;
+        uint64_t rounds = far + 8 <= lim ? (uint64_t)(lim - far - 8) / 7 + 1 : 0;
+        uint64_t left = CKPTIO__MIN(CKPTIO__MIN(e0 - o0, e1 - o1), CKPTIO__MIN(e2 - o2, e3 - o3));
+        rounds = CKPTIO__MIN(rounds, left / 10);
         if (!rounds) break;
-        for (uint64_t r = 0; r < rounds; r++, i += 5)
-            for (unsigned k = 0; k < NS; k++) {
-                refill_fast(&b[k]);
-                uint8_t *o = out + k * q + i;
-                o[0] = take(&b[k], t);
-                o[1] = take(&b[k], t);
-                o[2] = take(&b[k], t);
-                o[3] = take(&b[k], t);
-                o[4] = take(&b[k], t);
+        for (uint64_t r = 0; r < rounds; r++) {
+            REFILL(a0, n0, p0);
+            REFILL(a1, n1, p1);
+            REFILL(a2, n2, p2);
+            REFILL(a3, n3, p3);
+#pragma GCC unroll 5
+            for (unsigned j = 0; j < 5; j++) {
+                TAKE2(a0, n0, o0);
+                TAKE2(a1, n1, o1);
+                TAKE2(a2, n2, o2);
+                TAKE2(a3, n3, o3);
             }
+        }
     }
+    bits b[NS] = {{a0, n0, p0}, {a1, n1, p1}, {a2, n2, p2}, {a3, n3, p3}};
+    uint8_t *o[NS] = {o0, o1, o2, o3};
     for (unsigned k = 0; k < NS; k++) {
-        uint64_t m = k + 1 < NS ? q : n - k * q;
-        const uint8_t *start = d->stream[k], *end = d->stream[k + 1];
-        CKPTIO__TRY(finish(&b[k], t, out + k * q + i, m - i, end));
+        uint8_t *end = k + 1 < NS ? out + (k + 1) * q : out + n;
+        const uint8_t *start = d->stream[k], *stop = d->stream[k + 1];
+        CKPTIO__TRY(finish(&b[k], t, o[k], (uint64_t)(end - o[k]), stop));
         /* The stream must be used up exactly: its last byte holds at least one of its bits. */
-        uint64_t used = (uint64_t)(b[k].p - start) * 8 - b[k].nb, have = (uint64_t)(end - start);
+        uint64_t used = (uint64_t)(b[k].p - start) * 8 - b[k].nb, have = (uint64_t)(stop - start);
         CKPTIO__RET_IF(used > have * 8 || (have && used <= have * 8 - 8), CKPTIO_E_CORRUPT);
     }
     return 0;
