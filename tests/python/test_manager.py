@@ -182,6 +182,10 @@ def test_torch_four_ranks(tmp_path: pathlib.Path) -> None:
     for r, v in bg.items():
         assert v["steps"] == [2, 3] and v["ok"], (r, v)
         assert len(v["removed"]) == (2 if r == 0 else 0), (r, v)
+    inc = results(out, "incremental")
+    no_error(inc, 4)
+    for r, v in inc.items():
+        assert v["steps"] == [3, 4, 5] and v["bases"] == [None, 3, 4] and v["ok"], (r, v)
     assert sorted(os.listdir(tmp_path / "sync")) == ["2", "3"]
     assert sorted(os.listdir(tmp_path / "async")) == ["2", "3"]
     full = ckptio.load(tmp_path / "async" / "3")

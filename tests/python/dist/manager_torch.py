@@ -9,7 +9,9 @@ and restores them with like= DTensors; only rank 0 removes anything (a spy on sh
 out of the listing: the others fail within the timeout, and the listed step is loadable.
 "async": the same with comm=WORLD and async_save=True; every rank changes its tensors as soon
 as save() returns and runs its own all_reduce on WORLD while the save runs in the background
-(ckptio's background collectives use a group of their own)."""
+(ckptio's background collectives use a group of their own).
+"incremental": Manager(full_every=3) in the background on every rank: deltas saved by all
+ranks against the step before, chains kept short, bases kept while a kept step needs them."""
 
 from __future__ import annotations
 
@@ -114,6 +116,31 @@ def background() -> dict[str, Any]:
     return {"steps": steps, "ok": ok, "removed": sorted(removed)}
 
 
+def big(step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(4096, 64, generator=g)  # 1 MiB: each rank's shard is coded
+    return base + 1e-3 * step * torch.randn(4096, 64, generator=torch.Generator().manual_seed(step))
+
+
+def incremental() -> dict[str, Any]:
+    """full_every=3 across ranks, in the background: saves 0 and 3 full, the others deltas on
+    the step before; keep=2 keeps 4 and 5, and 3, their base."""
+    m = ckptio.Manager(os.path.join(root, "incr"), keep=2, full_every=3, async_save=True,
+                       comm=dist.group.WORLD, timeout=20)
+    for s in range(6):
+        m.save(s, {"w": distribute_tensor(big(s), mesh, [Shard(0)]), "step": s})
+    m.wait_until_finished()
+    steps = m.all_steps()
+    bases = [m.base_step(s) for s in steps]
+    ok = True
+    for s in steps:
+        out = m.restore(s, like={"w": distribute_tensor(torch.zeros(4096, 64), mesh,
+                                                        [Replicate()]), "step": 0}, comm="torch")
+        ok = ok and torch.equal(out["w"].to_local(), big(s)) and out["step"] == s
+    m.close()
+    return {"steps": steps, "bases": bases, "ok": ok}
+
+
 def kill() -> dict[str, Any]:
     def die(path: Any, *a: Any, **k: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -144,5 +171,6 @@ if mode == "kill":
     os._exit(0)  # the group lost a rank: leave without teardown
 run("sync", sync)
 run("async", background)
+run("incremental", incremental)
 dist.barrier()
 os._exit(0)
