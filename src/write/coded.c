@@ -13,8 +13,12 @@
  * blocks). */
 #define CODER_THREADS 8u
 /* Blocks coded per round, per thread: a round's output is copied into staging while the
- * previous rounds' writes are in flight. */
-#define BLOCKS_PER_THREAD 2u
+ * previous rounds' writes are in flight; threads take blocks one at a time, so a round waits
+ * for at most one block's worth of imbalance. Memory: this many blocks per thread (half as
+ * many with a base, whose bytes take as much again, and a block per thread for the XOR): at
+ * most 8 threads x 4 MiB and their contexts (about 2 MiB each), within the 64 MiB ckptio
+ * allows itself beside the staging. */
+#define BLOCKS_PER_THREAD 4u
 /* AUTO stores `skip` of every SKIP_OF blocks as they are without trying them. */
 #define SKIP_OF 16u
 
@@ -51,12 +55,14 @@ static int coder_start(ckptio_writer *w)
     w->coder = c;
     c->block = w->cfg.csum_block;
     c->threads = ckptio__workers_default(CODER_THREADS);
-    c->slots = c->threads * BLOCKS_PER_THREAD;
+    c->slots = c->threads * (w->base_reader ? BLOCKS_PER_THREAD / 2 : BLOCKS_PER_THREAD);
     c->ctx = calloc(c->threads, sizeof *c->ctx);
     c->out = malloc(c->slots * c->block);
-    c->delta = malloc(c->threads * c->block);
-    c->base = w->base_reader ? malloc(c->slots * c->block) : NULL;
-    if (!c->ctx || !c->out || !c->delta || (w->base_reader && !c->base)) return -ENOMEM;
+    if (w->base_reader) {
+        c->delta = malloc(c->threads * c->block);
+        c->base = malloc(c->slots * c->block);
+    }
+    if (!c->ctx || !c->out || (w->base_reader && (!c->delta || !c->base))) return -ENOMEM;
     for (unsigned i = 0; i < c->threads; i++)
         CKPTIO__TRY(ckptio__codec_ctx_new(&c->ctx[i], c->block));
     /* Without threads of its own the caller codes alone. */
