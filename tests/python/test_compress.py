@@ -477,6 +477,34 @@ def test_mapped_loads(tmp_path: pathlib.Path) -> None:
         ckptio.load(path, mmap=True)
 
 
+# ---- ckptio convert --compress ---------------------------------------------------------------
+
+
+def test_convert_compress(tmp_path: pathlib.Path) -> None:
+    import ckptio.safetensors
+
+    tree = state()
+    flat = {"model.w": tree["model"]["w"], "opt.master": tree["opt"]["master"],
+            "opt.step": tree["opt"]["step"]}
+    ckptio.safetensors.save_file(flat, tmp_path / "in.safetensors")
+    torch.save(flat, tmp_path / "in.pt")
+    # safetensors by the C command, torch files by the command handing over to Python.
+    for src, mode in (("in.safetensors", "--compress"), ("in.pt", "--compress=all")):
+        dst = tmp_path / f"out-{src.split('.')[1]}"
+        res = cli("convert", mode, tmp_path / src, dst)
+        assert res.returncode == 0, res.stderr
+        doc = inspect(dst)
+        assert doc["by_name"]["model.w"]["codec"] == "float", doc["by_name"]
+        got = ckptio.load(dst, framework="torch")
+        for k, v in flat.items():
+            same_torch(v, got[k])
+    res = cli("convert", "--compress", tmp_path / "in.pt", tmp_path / "x.safetensors")
+    assert res.returncode == 2 and "ckptio destinations only" in res.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+    res = cli("convert", "--compress=fast", tmp_path / "in.pt", tmp_path / "y")
+    assert res.returncode == 2 and "auto, all or none" in res.stderr
+
+
 # ---- what inspect says -----------------------------------------------------------------------
 
 
