@@ -510,6 +510,13 @@ def test_convert_compress(tmp_path: pathlib.Path) -> None:
         got = ckptio.load(dst, framework="torch")
         for k, v in flat.items():
             same_torch(v, got[k])
+    # ckptio to ckptio: a compressed checkpoint back to a plain one, and that one compressed.
+    for src, dst, mode, want in (("out-safetensors", "plain", "--compress=none", "none"),
+                                 ("plain", "again", "--compress=all", "float")):
+        res = cli("convert", mode, tmp_path / src, tmp_path / dst)
+        assert res.returncode == 0, res.stderr
+        assert inspect(tmp_path / dst)["by_name"]["model.w"]["codec"] == want
+        same_torch(flat["opt.master"], ckptio.load(tmp_path / dst, framework="torch")["opt.master"])
     res = cli("convert", "--compress", tmp_path / "in.pt", tmp_path / "x.safetensors")
     assert res.returncode == 2 and "ckptio destinations only" in res.stderr
     assert not (tmp_path / "x.safetensors").exists()
