@@ -28,6 +28,12 @@ MIB = 1 << 20
 # ---- helpers ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CKPTIO_COMPRESS would override what each test asks for."""
+    monkeypatch.delenv("CKPTIO_COMPRESS", raising=False)
+
+
 def cli(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
     """The ckptio command (through this Python's package), its output as text."""
     return subprocess.run([sys.executable, "-m", "ckptio", *map(str, args)],
