@@ -1243,6 +1243,10 @@ typedef struct ckptio_convert_args {
     void *progress_ctx;
     const ckptio_convert_source *source; /* NULL: the built-in one for `from` */
     const ckptio_convert_sink *sink;     /* NULL: the built-in one for `to` */
+    /* Since 0.3 (a caller whose .size stops before it gets 0, none): how a ckptio destination
+     * stores its tensors, an enum ckptio_compress (ckptio_params.compress; CKPTIO_COMPRESS
+     * overrides it). Another destination format refuses anything but NONE (CKPTIO_E_USAGE). */
+    int compress;
 } ckptio_convert_args;
 
 /* What a conversion did. */

@@ -3,6 +3,7 @@
 #define CKPTIO_EXPERIMENTAL
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -253,9 +254,89 @@ static int test_detect(void)
     return 0;
 }
 
+/* A safetensors file (the length word, json, data) of one float tensor of 2.5 MiB with the
+ * narrow exponents trained weights have, and one small integer tensor. */
+static int write_float_st(const char *path, uint32_t *w, size_t n)
+{
+    t_fill(w, n * 4, 11);
+    for (size_t i = 0; i < n; i++)
+        w[i] = (w[i] & 0x807fffffu) | ((uint32_t)(120 + i % 5) << 23);
+    w[3] = 0x7fc12345u, w[4] = 0x80000000u, w[5] = 0xff800000u, w[6] = 0x00000123u;
+    char json[256];
+    int jl = snprintf(json, sizeof json,
+                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[%zu,1024],\"data_offsets\":[0,%zu]},"
+                      "\"n\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[%zu,%zu]}}",
+                      n / 1024, n * 4, n * 4, n * 4 + 16);
+    size_t len = 8 + (size_t)jl + n * 4 + 16;
+    uint8_t *f = calloc(1, len);
+    CHECK(f);
+    for (int i = 0; i < 8; i++)
+        f[i] = (uint8_t)((uint64_t)jl >> (8 * i));
+    memcpy(f + 8, json, (size_t)jl);
+    memcpy(f + 8 + jl, w, n * 4);
+    f[len - 16] = 42;
+    int rc = t_write_file(path, f, len);
+    free(f);
+    return rc;
+}
+
+/* safetensors -> a compressed ckptio checkpoint: the float tensor is stored by the float coder
+ * and smaller, and every tensor reads back bit for bit. --compress applies to ckptio only, and
+ * a caller built before the field existed (a smaller size) gets none. */
+static int test_compress(void)
+{
+    unsetenv("CKPTIO_COMPRESS"); /* it would override what the args ask */
+    const size_t n = 640 * 1024;
+    uint32_t *w = malloc(n * 4), *got = malloc(n * 4);
+    CHECK(w && got);
+    CHECK(write_float_st("in.safetensors", w, n) == 0);
+    ckptio_convert_args a = {.size = sizeof a, .src = "in.safetensors", .dst = "ck",
+                             .piece_bytes = 1 << 20, .compress = CKPTIO_COMPRESS_ALL};
+    ckptio_convert_result r = {.size = sizeof r};
+    CHECK_OK(ckptio_convert(&a, &r));
+    CHECK(r.to == CKPTIO_CONVERT_CKPTIO && r.n_tensors == 2);
+    ckptio_reader *rd = NULL;
+    CHECK_OK(ckptio_reader_open(&rd, "ck", NULL));
+    ckptio_tensor_info ti = {.size = sizeof ti};
+    int64_t i = ckptio_reader_find(rd, "w");
+    CHECK_OK(i);
+    CHECK_OK(ckptio_reader_tensor(rd, (size_t)i, &ti));
+    CHECK(ti.codec && !strcmp(ti.codec, "float"));
+    CHECK(ti.stored_bytes < ti.nbytes * 95 / 100);
+    CHECK_OK(ckptio_reader_read_tensor(rd, "w", got, n * 4));
+    CHECK(!memcmp(got, w, n * 4));
+    int64_t small[2];
+    CHECK_OK(ckptio_reader_read_tensor(rd, "n", small, sizeof small));
+    CHECK(small[0] == 42 && small[1] == 0);
+    uint64_t bad = 1;
+    CHECK_OK(ckptio_reader_verify(rd, &bad));
+    CHECK(bad == 0);
+    ckptio_reader_close(rd);
+
+    /* The same into safetensors: refused before anything is written. */
+    a.dst = "out.safetensors";
+    CHECK_ERR(ckptio_convert(&a, NULL), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "ckptio destinations only"));
+    a.dst = "ck2", a.compress = 7;
+    CHECK_ERR(ckptio_convert(&a, NULL), CKPTIO_E_USAGE);
+    /* An older caller: its struct ends before compress, whatever lies after it. */
+    a.size = offsetof(ckptio_convert_args, compress), a.compress = CKPTIO_COMPRESS_ALL;
+    CHECK_OK(ckptio_convert(&a, NULL));
+    CHECK_OK(ckptio_reader_open(&rd, "ck2", NULL));
+    ti = (ckptio_tensor_info){.size = sizeof ti};
+    CHECK_OK(ckptio_reader_tensor(rd, (size_t)ckptio_reader_find(rd, "w"), &ti));
+    CHECK(!strcmp(ti.codec, "none") && ti.stored_bytes == ti.nbytes);
+    ckptio_reader_close(rd);
+    CHECK(only("ck\nck2\nin.safetensors") == 0);
+    free(w);
+    free(got);
+    return 0;
+}
+
 const ckptio_test tests_convert[] = {
     {"convert/external", test_external, T_PER_BACKEND, 120},
     {"convert/failure_leaves_nothing", test_failure_leaves_nothing, 0, 0},
     {"convert/detect", test_detect, 0, 0},
+    {"convert/compress", test_compress, T_PER_BACKEND, 120},
     {0, 0, 0, 0},
 };

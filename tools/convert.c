@@ -21,7 +21,7 @@
  * source or sink. It replaces this process. CKPTIO_PYTHON names the interpreter (`python -m
  * ckptio` sets it to itself), else python3 from PATH. Returns only on failure. */
 static int run_python(const char *src, const char *dst, int from, int to, bool overwrite,
-                      const char *max_shard)
+                      const char *max_shard, const char *compress)
 {
     const char *py = getenv("CKPTIO_PYTHON");
     if (!py || !*py) py = "python3";
@@ -36,6 +36,7 @@ static int run_python(const char *src, const char *dst, int from, int to, bool o
     argv[n++] = ckptio_convert_format_name(to);
     if (overwrite) argv[n++] = "--overwrite";
     if (max_shard) argv[n++] = "--max-shard-size", argv[n++] = max_shard;
+    if (compress) argv[n++] = "--compress", argv[n++] = compress;
     argv[n++] = "--";
     argv[n++] = src;
     argv[n++] = dst;
@@ -51,10 +52,19 @@ static int run_python(const char *src, const char *dst, int from, int to, bool o
     return CLI_FAIL;
 }
 
+/* --compress's value: an enum ckptio_compress, or -1. */
+static int compress_mode(const char *s)
+{
+    static const char *const names[] = {"none", "auto", "all"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
 static void convert_usage(FILE *f)
 {
-    fputs("usage: ckptio convert [--from FMT] [--to FMT] [--max-shard-size SIZE] [--overwrite] "
-          "SRC DST\n"
+    fputs("usage: ckptio convert [--from FMT] [--to FMT] [--max-shard-size SIZE]\n"
+          "                      [--compress[=auto|all|none]] [--overwrite] SRC DST\n"
           "\n"
           "Copy every tensor of SRC into a new DST of another format, streaming through a\n"
           "bounded buffer. Formats (FMT):\n"
@@ -73,6 +83,11 @@ static void convert_usage(FILE *f)
           "options:\n"
           "  --from FMT, --to FMT    override the detected formats\n"
           "  --max-shard-size SIZE   hf: largest shard (e.g. 5G, 500M; default 5G)\n"
+          "  --compress[=MODE]       ckptio: compress tensors block by block (format 3.0,\n"
+          "                          which ckptio before 0.3 refuses). auto (the default of\n"
+          "                          --compress): blocks that shrink by 2 %, never slower than\n"
+          "                          without; all: every block tried (smallest, at the coder's\n"
+          "                          speed); none. CKPTIO_COMPRESS overrides it\n"
           "  --overwrite             replace an existing DST of the same kind\n"
           "\n"
           "Nothing appears at DST unless the whole conversion succeeds.\n",
@@ -82,6 +97,7 @@ static void convert_usage(FILE *f)
 int cmd_convert(int argc, char **argv)
 {
     const char *pos[2] = {NULL, NULL}, *from = NULL, *to = NULL, *max_shard = NULL;
+    const char *compress = NULL;
     int npos = 0;
     bool opts = true, overwrite = false;
     for (int i = 1; i < argc; i++) {
@@ -99,6 +115,10 @@ int cmd_convert(int argc, char **argv)
             to = argv[++i];
         else if (opts && !strcmp(a, "--max-shard-size") && has_val)
             max_shard = argv[++i];
+        else if (opts && !strcmp(a, "--compress"))
+            compress = "auto";
+        else if (opts && !strncmp(a, "--compress=", 11))
+            compress = a + 11;
         else if (opts && a[0] == '-' && a[1])
             return cli_usage_error("convert: unknown option '%s' (or its value is missing)", a);
         else if (npos < 2)
@@ -109,6 +129,8 @@ int cmd_convert(int argc, char **argv)
     if (npos < 2) return cli_usage_error("convert: which source and destination? (ckptio convert SRC DST)");
     ckptio_convert_args a = {.size = sizeof a, .src = pos[0], .dst = pos[1],
                              .overwrite = overwrite, .flags = CKPTIO_CONVERT_PROGRESS};
+    if (compress && (a.compress = compress_mode(compress)) < 0)
+        return cli_usage_error("convert: --compress=%s: pass auto, all or none", compress);
     if (max_shard && (cli_parse_size(max_shard, &a.max_shard_bytes) < 0 || !a.max_shard_bytes))
         return cli_usage_error("convert: --max-shard-size '%s' is not a size (5G, 500M)", max_shard);
     if (from && (a.from = ckptio_convert_format_parse(from)) < 0)
@@ -121,8 +143,11 @@ int cmd_convert(int argc, char **argv)
     if (a.to < 0) return cli_fail("convert", "%s", ckptio_last_error());
     if (max_shard && a.to != CKPTIO_CONVERT_HF)
         return cli_usage_error("convert: --max-shard-size applies to hf destinations only");
+    if (a.compress && a.to != CKPTIO_CONVERT_CKPTIO)
+        return cli_usage_error("convert: --compress applies to ckptio destinations only");
     if (a.from >= CKPTIO_CONVERT_TORCH || a.to >= CKPTIO_CONVERT_TORCH)
-        return run_python(a.src, a.dst, a.from, a.to, overwrite, max_shard);
+        return run_python(a.src, a.dst, a.from, a.to, overwrite, max_shard,
+                          a.compress ? compress : NULL);
     /* CKPTIO_CONVERT_BUFFER (bytes, at least 4096) sets the copy buffer: tests split tensors. */
     const char *buf = getenv("CKPTIO_CONVERT_BUFFER");
     if (buf && (cli_parse_size(buf, &a.piece_bytes) < 0 || a.piece_bytes < 4096)) a.piece_bytes = 0;

@@ -37,6 +37,7 @@ import numpy as np
 from . import _core
 from . import _dtypes as D
 from ._errors import CheckpointError
+from ._options import params
 from .frameworks._registry import BY_NAME
 from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 
@@ -810,10 +811,17 @@ def _run(src: str, dst: str, opts: dict[str, Any], source: Source | None, sink: 
     return _core.convert(src, dst, {"piece_bytes": PIECE_BYTES, **opts}, _Feed(source) if source else None, sink)  # fmt: skip
 
 
-def to_ckptio(src: Source, dst: str, overwrite: bool) -> None:
-    """Copy an open torch or DCP source into a new ckptio checkpoint, through the engine."""
+def _compress(compress: str | bool | None) -> int:
+    """compress as ckptio.save takes it, as the engine's enum (a usage error for another)."""
+    return int(params({"compress": compress})["compress"])
+
+
+def to_ckptio(src: Source, dst: str, overwrite: bool, compress: str | bool | None = None) -> None:
+    """Copy an open torch or DCP source into a new ckptio checkpoint, through the engine
+    (``compress`` as ckptio.save takes it)."""
     kind = "dcp" if isinstance(src, DcpSource) else "torch"
-    _run(src.path, dst, {"from": kind, "to": "ckptio", "overwrite": overwrite}, src, None)
+    opts = {"from": kind, "to": "ckptio", "overwrite": overwrite, "compress": _compress(compress)}  # fmt: skip
+    _run(src.path, dst, opts, src, None)
 
 
 def _detect(path: str, dst: bool, sharded: bool = False) -> str:
@@ -830,16 +838,17 @@ def _size(s: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
-def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False, max_shard_size: int | None = None) -> str:  # fmt: skip
+def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False, max_shard_size: int | None = None, compress: str | bool | None = None) -> str:  # fmt: skip
     """Convert ``src`` into a new ``dst``, any pair of ckptio, safetensors, hf, torch and dcp
-    (the formats detected where not given). Returns a one-line summary."""
+    (the formats detected where not given); ``compress`` ("auto", "all", None) applies to a
+    ckptio destination, as in ckptio.save. Returns a one-line summary."""
     dst = dst.rstrip("/") or dst
     f = src_format or _detect(src, False)
     t = dst_format or _detect(dst, True, max_shard_size is not None)
     t0 = time.monotonic()
     source = TorchSource(src) if f == "torch" else DcpSource(src) if f == "dcp" else None
     sink = TorchSink(dst) if t == "torch" else DcpSink(dst) if t == "dcp" else None
-    opts = {"from": f, "to": t, "overwrite": overwrite, "max_shard_bytes": max_shard_size, "progress": True}  # fmt: skip
+    opts = {"from": f, "to": t, "overwrite": overwrite, "max_shard_bytes": max_shard_size, "progress": True, "compress": _compress(compress)}  # fmt: skip
     try:
         f, t, n, nbytes = _run(src, dst, opts, source, sink)
     finally:
@@ -854,12 +863,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--to", dest="dst_format", choices=FORMATS)
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--max-shard-size")
+    ap.add_argument("--compress", nargs="?", const="auto", choices=("none", "auto", "all"))
     ap.add_argument("src")
     ap.add_argument("dst")
     a = ap.parse_args(argv)
     try:
         shard = _size(a.max_shard_size) if a.max_shard_size else None
-        summary = convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite, max_shard_size=shard)  # fmt: skip
+        summary = convert(a.src, a.dst, src_format=a.src_format, dst_format=a.dst_format, overwrite=a.overwrite, max_shard_size=shard, compress=a.compress)  # fmt: skip
         if sys.stdout.isatty():
             print(summary)
     except (ConvertError, OSError) as e:

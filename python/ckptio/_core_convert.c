@@ -213,11 +213,14 @@ static PyObject *mod_convert(PyObject *mod, PyObject *args)
     c.sink = c.sink == Py_None ? NULL : c.sink;
     ckptio_convert_args a = {.size = sizeof a, .src = PyBytes_AS_STRING(src_b),
                              .dst = PyBytes_AS_STRING(dst_b)};
-    long long overwrite = 0, shard = 0, piece = 0, progress = 0;
+    long long overwrite = 0, shard = 0, piece = 0, progress = 0, compress = 0;
     if (opt_format(opts, "from", &a.from) < 0 || opt_format(opts, "to", &a.to) < 0 ||
         opt_int(opts, "overwrite", &overwrite) < 0 || opt_int(opts, "max_shard_bytes", &shard) < 0 ||
-        opt_int(opts, "piece_bytes", &piece) < 0 || opt_int(opts, "progress", &progress) < 0)
+        opt_int(opts, "piece_bytes", &piece) < 0 || opt_int(opts, "progress", &progress) < 0 ||
+        opt_int(opts, "compress", &compress) < 0)
         goto out;
+    /* an enum ckptio_compress: the engine refuses another value */
+    a.compress = compress < 0 || compress > 2 ? -1 : (int)compress;
     a.overwrite = overwrite != 0;
     a.max_shard_bytes = shard > 0 ? (uint64_t)shard : 0;
     a.piece_bytes = piece > 0 ? (uint64_t)piece : 0;

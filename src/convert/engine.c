@@ -299,10 +299,13 @@ static int end_sink(ckptio__conv *c)
 
 static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
 {
-    if (!a || a->size < sizeof *a || !a->src || !a->dst || !*a->src || !*a->dst)
+    /* The struct of 0.3 before compress is the smallest one taken; fields past a caller's
+     * size stay 0. */
+    if (!a || a->size < offsetof(ckptio_convert_args, compress) || a->size > 4096 || !a->src ||
+        !a->dst || !*a->src || !*a->dst)
         return CONV_FAIL(c, CKPTIO_E_USAGE, "ckptio_convert: args, src and dst are required "
                          "(args->size = sizeof(ckptio_convert_args))");
-    c->a = *a;
+    memcpy(&c->a, a, CKPTIO__MIN(a->size, sizeof c->a));
     /* "out/" names the directory out: its temporary sibling must not land inside it. */
     size_t dl = strlen(a->dst);
     while (dl > 1 && a->dst[dl - 1] == '/')
@@ -329,12 +332,19 @@ static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
                          ckptio_convert_format_name(f), ckptio_convert_format_name(t));
     if (a->max_shard_bytes && t != CKPTIO_CONVERT_HF)
         return CONV_FAIL(c, CKPTIO_E_USAGE, "--max-shard-size applies to hf destinations only");
+    if (c->a.compress < CKPTIO_COMPRESS_NONE || c->a.compress > CKPTIO_COMPRESS_ALL)
+        return CONV_FAIL(c, CKPTIO_E_USAGE, "ckptio_convert: compress is %d: pass an enum "
+                         "ckptio_compress (none, auto, all)", c->a.compress);
+    if (c->a.compress && (t != CKPTIO_CONVERT_CKPTIO || c->ext_sink))
+        return CONV_FAIL(c, CKPTIO_E_USAGE, "--compress applies to ckptio destinations only "
+                         "(%s stores its tensors as they are)", ckptio_convert_format_name(t));
     if (!c->a.max_shard_bytes) c->a.max_shard_bytes = SHARD_DEFAULT;
     uint64_t pb = a->piece_bytes ? a->piece_bytes : PIECE_DEFAULT;
     c->a.piece_bytes = pb < 4096 ? 4096 : pb / 4096 * 4096;
     ckptio_params_init(&c->p);
     c->p.staging_bytes = STAGING_BYTES;
     c->p.overwrite = a->overwrite != 0;
+    c->p.compress = c->a.compress; /* the writer's; a reader ignores it */
     return 0;
 }
 
