@@ -29,7 +29,7 @@ from typing import IO, Any
 import torch as _torch
 
 from . import _core
-from ._errors import CheckpointError, CheckpointExists, carry_values
+from ._errors import USAGE, CheckpointError, CheckpointExists, carry_values, error
 from ._options import IO_OPTIONS, Stats, params
 from .formats._torch_state import load_state_dict
 
@@ -87,6 +87,14 @@ def _save_options(io_options: dict[str, Any] | None, legacy: dict[str, Any]) -> 
             f"known: {', '.join(SAVE_OPTIONS)}"
         )
     opts.update(legacy)
+    for k in ("compress", "base"):
+        if opts.get(k) not in (None, False, "none"):
+            raise error(
+                USAGE,
+                f"ckptio.torch.save writes a zip file that stock torch.load reads: {k}= is for "
+                "ckptio checkpoints; save with ckptio.save(..., compress=...) instead, or convert "
+                "the file (ckptio convert --compress)",
+            )
     return opts
 
 

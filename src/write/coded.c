@@ -184,7 +184,8 @@ static int coded_feed(coded_put *p, const uint8_t *src, uint64_t at, uint64_t le
                                                         CKPTIO__MIN((j0 + k) * B, n), c->base)) <= 0)
             return rc < 0 ? rc : ckptio__fail(&w->msg, CKPTIO_E_STATE,
                                               "the base checkpoint changed during the save");
-        for (unsigned i = 0; i < k; i++) skip[i] = c->tick++ % SKIP_OF < c->skip;
+        /* A chunk's first block is always tried: every chunk is sampled, however busy. */
+        for (unsigned i = 0; i < k; i++) skip[i] = j0 + i > 0 && c->tick++ % SKIP_OF < c->skip;
         round r = {.c = c, .src = src, .src_at = at, .base = p->delta ? c->base : NULL, .n = n,
                    .j0 = j0, .codec = p->codec, .dtype = p->dtype, .sizes = sizes, .skip = skip,
                    .csums = w->cfg.checksums

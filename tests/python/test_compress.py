@@ -483,10 +483,6 @@ def test_mapped_loads(tmp_path: pathlib.Path) -> None:
         ckptio.load(path, mmap=True)
 
 
-@pytest.mark.xfail(strict=True, reason="ckptio.torch.save takes compress= among its io_options "
-                   "and ignores it without a word: its file must stay a zip that stock torch.load "
-                   "opens, so it should refuse compress as convert refuses it for non-ckptio "
-                   "destinations")
 def test_torch_dropin_refuses_compress(tmp_path: pathlib.Path) -> None:
     import ckptio.torch
 
