@@ -151,7 +151,10 @@ def trained_groups(kept: dict[int, dict[str, Any]]) -> list[Group]:
     w0 = g[0].parts[0].bits
     for s in steps[1:]:
         ws = bits_of(kind(kept[s], "model"), "bf16")
-        g.append(Group(f"bf16 XOR {s - steps[0]} steps", [Part("bf16", xor_delta(ws, w0))]))
+        d = xor_delta(ws, w0)
+        same = 1 - np.count_nonzero(d) / max(1, d.size)
+        g.append(Group(f"bf16 XOR {s - steps[0]} steps", [Part("bf16", d)],
+                       note=f"steps {steps[0]} -> {s}: {same:.1%} of the bf16 weights unchanged"))  # fmt: skip
     return g
 
 
@@ -204,18 +207,23 @@ def zstd_part(part: Part, level: int, grouped: bool) -> Result:
             stored += len(z) if packed else p.size
         blocks.append(out)
     t1 = time.perf_counter()
-    back = np.empty_like(u8)
+    # Each block decodes into one reused buffer and is compared outside the clock: the figure
+    # is the codec's, not the cost of faulting in fresh memory for the whole part (a load's
+    # cost, which the end-to-end rows measure).
+    dst = np.empty(BLOCK, np.uint8)
+    d_s = 0.0
     for i, out in enumerate(blocks):
-        dst = back[i * BLOCK : i * BLOCK + BLOCK]
+        n = min(BLOCK, u8.size - i * BLOCK)
+        t = time.perf_counter()
         got = [np.frombuffer(dctx.decompress(x), np.uint8) if packed else x for packed, x in out]
         if grouped:
-            interleave(got, dst)
+            interleave(got, dst[:n])
         else:
-            dst[:] = got[0]
-    t2 = time.perf_counter()
-    if not np.array_equal(back, u8):
-        raise SystemExit(f"bench: zstd-{level}{'+bg' if grouped else ''} round trip differs")
-    return stored, t1 - t0, t2 - t1
+            dst[:n] = got[0]
+        d_s += time.perf_counter() - t
+        if not np.array_equal(dst[:n], u8[i * BLOCK : i * BLOCK + n]):
+            raise SystemExit(f"bench: zstd-{level}{'+bg' if grouped else ''} round trip differs")
+    return stored, t1 - t0, d_s
 
 
 _ZIPNN_DTYPE = {"bf16": "bfloat16", "f32": "float32"}
@@ -237,13 +245,16 @@ def zipnn_part(part: Part) -> Result:
     t0 = time.perf_counter()
     cs = [z.compress(b) for b in bufs]
     t1 = time.perf_counter()
-    ds = [z.decompress(c) for c in cs]
-    t2 = time.perf_counter()
     del bufs
-    back = np.concatenate([np.frombuffer(d, np.uint8) for d in ds]) if ds else orig[:0]
-    if not np.array_equal(back, orig):
-        raise SystemExit("bench: ZipNN round trip differs")
-    return sum(len(c) for c in cs), t1 - t0, t2 - t1
+    d_s = 0.0
+    for i, c in enumerate(cs):  # piece by piece, compared outside the clock (as for zstd)
+        t = time.perf_counter()
+        d = z.decompress(c)
+        d_s += time.perf_counter() - t
+        if not np.array_equal(np.frombuffer(d, np.uint8), orig[i * ZIPNN_PIECE : (i + 1) * ZIPNN_PIECE]):
+            raise SystemExit("bench: ZipNN round trip differs")
+        del d
+    return sum(len(c) for c in cs), t1 - t0, d_s
 
 
 def zipnn_status() -> str:
