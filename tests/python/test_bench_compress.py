@@ -101,3 +101,13 @@ def test_zstd_part_round_trips_and_keeps_raw() -> None:
     noise = C.Part("f32", rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint32))
     assert C.zstd_part(noise, 3, True)[0] == noise.nbytes
     assert math.isfinite(noise.nbytes / C.bound_bytes(noise.bits, "f32"))
+
+
+def test_block_bound_bytes() -> None:
+    # Two blocks, each with one exponent of its own: 0 bits per block, 1 bit over the whole.
+    n = C.BLOCK // 2
+    b = np.concatenate([np.full(n, 0x3F80, np.uint16), np.full(n, 0x4000, np.uint16)])
+    assert C.block_bound_bytes(b, "bf16") == pytest.approx(b.size * 8 / 8)
+    assert C.bound_bytes(b, "bf16") == pytest.approx(b.size * 9 / 8)
+    # A short tail block counts too.
+    assert C.block_bound_bytes(b[: n + 10], "bf16") == pytest.approx((n + 10) * 8 / 8)
