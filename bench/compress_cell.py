@@ -309,11 +309,26 @@ METHODS: dict[str, Callable[[Part], Result]] = {
     "zstd-3+bg": lambda p: zstd_part(p, 3, True),
 }
 CKPTIO_CODEC = "ckptio codec"
+INCOMPRESSIBLE = "random bf16 bits"
+# "No slower beyond noise" (issue 20, compress="auto" on incompressible data): the median
+# compressed save at least this fraction of the median uncompressed one, same rounds.
+NOISE_FLOOR = 0.9
 
 
 # ------------------------------------------------------------------------------------------------
 # End to end: ckptio.save(compress=...) and a cold load, next to the raw device
 # ------------------------------------------------------------------------------------------------
+
+
+def incompressible_state(nbytes: int, tensors: int = 8) -> dict[str, Any]:
+    """``tensors`` bf16 tensors of uniformly random bit patterns (NaNs and all), ``nbytes`` in
+    all: what no coder shrinks, so "auto" must cost nothing on it."""
+    import torch
+
+    g = torch.Generator().manual_seed(20)
+    n = nbytes // 2 // tensors
+    return {f"noise.{i}": torch.randint(-(1 << 15), 1 << 15, (n,), dtype=torch.int16, generator=g).view(torch.bfloat16)
+            for i in range(tensors)}  # fmt: skip
 
 
 def save_accepts_compress() -> bool:
@@ -509,6 +524,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                                   a.dir, raw_size, a.quiet))  # fmt: skip
             if big_state is not None:
                 e2e.append(end_to_end(f"{a.model} bench state", big_state, variants, a.e2e_runs, a.dir, raw_size, a.quiet))
+            if has_compress:  # without compress= this row would repeat the ones above
+                e2e.append(end_to_end(INCOMPRESSIBLE, incompressible_state(512 << 20), variants, a.e2e_runs, a.dir,
+                                      raw_size, a.quiet))  # fmt: skip
         finally:
             if made:
                 shutil.rmtree(a.dir, ignore_errors=True)
@@ -586,6 +604,10 @@ def targets(table: list[dict[str, Any]], e2e: list[dict[str, Any]]) -> dict[str,
     for what in ("compress", "decompress"):
         out[f"bf16 weights: {what} >= 1.5x ZipNN's per core"] = (
             None if c is None or z is None else c[f"{what}_gbps"] >= 1.5 * z[f"{what}_gbps"])  # fmt: skip
+    noise = next((e for e in e2e if e["state"] == INCOMPRESSIBLE), None)
+    saves = {r["compress"]: r["gbps"] for r in (noise or {}).get("rows", []) if r["op"] == "save"}
+    out[f"incompressible: auto save >= {NOISE_FLOOR} x uncompressed save"] = (
+        None if "auto" not in saves else saves["auto"] >= NOISE_FLOOR * saves["none"])  # fmt: skip
     trained = next((e for e in e2e if e["state"].startswith("trained")), None)
     for op in ("save", "load"):
         r = next((x for x in (trained or {}).get("rows", []) if x["compress"] == "auto" and x["op"] == op), None)

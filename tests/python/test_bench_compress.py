@@ -111,3 +111,13 @@ def test_block_bound_bytes() -> None:
     assert C.bound_bytes(b, "bf16") == pytest.approx(b.size * 9 / 8)
     # A short tail block counts too.
     assert C.block_bound_bytes(b[: n + 10], "bf16") == pytest.approx((n + 10) * 8 / 8)
+
+
+def test_incompressible_state() -> None:
+    import torch
+
+    st = C.incompressible_state(1 << 16, tensors=4)
+    assert len(st) == 4 and all(t.dtype == torch.bfloat16 and t.numel() == 1 << 13 for t in st.values())
+    bits = C.bits_of(list(st.values()), "bf16")
+    assert C.exponent_entropy(bits, "bf16") > 7.9  # every exponent about equally often
+    assert C.incompressible_state(1 << 16, tensors=4)["noise.0"].view(torch.int16).equal(st["noise.0"].view(torch.int16))
