@@ -283,6 +283,8 @@ def main() -> None:
         c_doc = compress_cell.run(compress_cell.parser().parse_args(c_args))
         print(compress_cell.summarize(c_doc))
         compress_cell.write(c_doc, a.out)
+    if made:  # the cells above put their files in folders of their own under it
+        shutil.rmtree(a.dir, ignore_errors=True)
     elapsed = time.time() - t_start
     print(f"{a.runs} runs per save_tensor cell, {a.model_runs} per save_model cell, mechanisms interleaved; {elapsed:.0f} s")
     if a.out and (rows or loop_rows):  # a run of only the cells with files of their own writes none
