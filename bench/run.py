@@ -203,7 +203,8 @@ def main() -> None:
     ap.add_argument("--no-warm", action="store_true", help="skip the warm loads (files resident in the page cache)")
     ap.add_argument("--train-loop", action="store_true", help="also the training-loop cell (bench/train_loop.py: checkpoint stalls of save_async, DCP async_save, Orbax async; a few minutes)")
     ap.add_argument("--multirank", action="store_true", help="also the multi-rank cell (bench/multirank.py: 4 local ranks save and cold-load 1 GiB, replicated and Shard(0), ckptio next to torch DCP; a few minutes)")
-    ap.add_argument("--safetensors", action="store_true", help="also the safetensors cell (bench/safetensors_cell.py: ckptio.safetensors save_file/load_file next to stock safetensors and the raw device on the --model state, 1.3b with --model none; --runs rounds, about a minute each). Only this cell: --tensor-sizes '' --model none --mechanisms '' --safetensors")
+    ap.add_argument("--safetensors", action="store_true", help="also the safetensors cell (bench/safetensors_cell.py: ckptio.safetensors save_file/load_file next to stock safetensors and the raw device on the --model state, 1.3b with --model none; --runs rounds, about a minute each). Only this cell: --tensor-sizes '' --model none --mechanisms '' --safetensors --no-compress")
+    ap.add_argument("--compress", action=argparse.BooleanOptionalAction, default=True, help="the compression cell (bench/compress_cell.py), on by default: about 2 minutes once its trained states are cached, and the first run trains them (a few minutes more). Ratio and one-thread speed of ZipNN, zstd -1/-3 with and without byte grouping and ckptio's codec against the exponent-entropy bound, on a small trained model's training state and the --model state (1.3b with --model none), then ckptio.save(compress=) next to the raw device. Only this cell: --tensor-sizes '' --model none --mechanisms ''")
     a = ap.parse_args()
     mechs = [m for m in a.mechanisms.split(",") if m]
     for m in mechs:
@@ -274,6 +275,16 @@ def main() -> None:
             shutil.rmtree(sa.dir, ignore_errors=True)
         print(safetensors_cell.summarize(st_doc))
         safetensors_cell.write(st_doc, a.out)
+    if a.compress:
+        import compress_cell
+
+        c_args = ["--dir", os.path.join(a.dir, "compress"), "--raw-size", str(a.raw_size), "--out", a.out,
+                  "--model", a.model if a.model != "none" else "1.3b"] + (["--quiet"] if a.quiet else [])  # fmt: skip
+        c_doc = compress_cell.run(compress_cell.parser().parse_args(c_args))
+        print(compress_cell.summarize(c_doc))
+        compress_cell.write(c_doc, a.out)
+    if made:  # the cells above put their files in folders of their own under it
+        shutil.rmtree(a.dir, ignore_errors=True)
     elapsed = time.time() - t_start
     print(f"{a.runs} runs per save_tensor cell, {a.model_runs} per save_model cell, mechanisms interleaved; {elapsed:.0f} s")
     if a.out and (rows or loop_rows):  # a run of only the cells with files of their own writes none
