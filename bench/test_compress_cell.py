@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-# The cell is a script in bench/ (no package): its folder goes on the path, as its own scripts do.
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+# The cell is a script beside this test (bench/ is no package): its folder goes on the path, as
+# the bench's own scripts do. It lives in bench/, not tests/, as nothing reaches into bench/.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import compress_cell as C  # noqa: E402
 
