@@ -288,6 +288,42 @@ static int test_xor_delta(void)
     return 0;
 }
 
+/* A block whose quarters have different exponent statistics (a tensor's rows of different
+ * scales) gets a code per stream (plane mode 3), and decodes back exactly; a truncation of it
+ * anywhere is refused. */
+static int test_tables_per_stream(void)
+{
+    ckptio__codec_ctx *c;
+    CHECK_OK(ckptio__codec_ctx_new(&c, MIB));
+    uint8_t *a = malloc(MIB);
+    CHECK(a);
+    fill_float(CKPTIO_DT_BF16, a, MIB, 4);
+    for (uint64_t i = 0; i < MIB; i += 2) { /* shift each quarter's exponents apart */
+        uint16_t v;
+        memcpy(&v, a + i, 2);
+        unsigned e = (v >> 7) & 0xff, q = (unsigned)(i / (MIB / 4));
+        if (e > 20 && e < 230) e = e - 10 + 6 * q;
+        v = (uint16_t)((v & 0x807f) | e << 7);
+        memcpy(a + i, &v, 2);
+    }
+    uint8_t *enc = malloc(MIB), *back = malloc(MIB);
+    CHECK(enc && back);
+    int64_t st = ckptio__codec_encode(c, CKPTIO__CODEC_FLOAT, CKPTIO_DT_BF16, a, MIB, enc, MIB);
+    CHECK(st > 0 && enc[4] == 3); /* plane 0's mode: a table per stream */
+    CHECK_OK(ckptio__codec_decode(c, CKPTIO__CODEC_FLOAT, CKPTIO_DT_BF16, enc, (uint64_t)st, back,
+                                  MIB));
+    CHECK(memcmp(back, a, MIB) == 0);
+    for (int64_t cut = 5; cut < st; cut += st / 97 + 1)
+        CHECK(ckptio__codec_decode(c, CKPTIO__CODEC_FLOAT, CKPTIO_DT_BF16, enc, (uint64_t)cut,
+                                   back, MIB) == CKPTIO_E_CORRUPT);
+    printf("bf16, quarters of different scales: %.4f\n", (double)MIB / (double)st);
+    free(a);
+    free(enc);
+    free(back);
+    ckptio__codec_ctx_free(c);
+    return 0;
+}
+
 /* Random bytes are kept raw by every codec, whatever the dtype. */
 static int test_random_raw(void)
 {
@@ -465,6 +501,7 @@ static int test_corpus(void)
 const ckptio_test tests_codec[] = {
     {"codec/ctx", test_ctx, 0, 0},
     {"codec/floats", test_floats, 0, 120},
+    {"codec/tables_per_stream", test_tables_per_stream, 0, 60},
     {"codec/constant", test_constant, 0, 0},
     {"codec/integers", test_integers, 0, 0},
     {"codec/xor_delta", test_xor_delta, 0, 0},

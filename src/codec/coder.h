@@ -19,21 +19,25 @@
 /* The counts of one plane: one histogram per stream (quarter of the plane). */
 typedef uint32_t ckptio__hist[CKPTIO__HUFF_STREAMS][256];
 
-/* An encoder's view of one plane's code. */
+/* An encoder's view of one plane's code: one table for the four streams, or one table each
+ * (a plane whose statistics change along the block: each quarter gets its own code). */
 typedef struct ckptio__huff_enc {
-    uint8_t len[256];   /* 0 for absent symbols */
-    uint16_t code[256]; /* bit-reversed: the first bit sent is bit 0 */
-    uint32_t cl[256];   /* code | len << 16, for the coding loop */
-    unsigned last;      /* highest symbol present */
+    unsigned tables;                         /* 1 or CKPTIO__HUFF_STREAMS */
+    uint8_t len[CKPTIO__HUFF_STREAMS][256];  /* 0 for absent symbols */
+    uint16_t code[CKPTIO__HUFF_STREAMS][256]; /* bit-reversed: the first bit sent is bit 0 */
+    uint32_t cl[CKPTIO__HUFF_STREAMS][256];  /* code | len << 16, for the coding loop */
+    unsigned last[CKPTIO__HUFF_STREAMS];     /* highest symbol present */
     uint64_t stream_bytes[CKPTIO__HUFF_STREAMS];
-    uint64_t size; /* the plane's coded size after its mode byte: table, stream sizes, streams */
+    uint64_t size; /* the plane's coded size after its mode byte: tables, stream sizes, streams */
 } ckptio__huff_enc;
 
-/* A decoder's tables, indexed by the next 11 bits of a stream: e = symbol | length << 8; e2 =
- * the one or two symbols those bits hold whole, first | second << 8 | bits << 16 | count << 24. */
+/* A decoder's tables (one, or one per stream), indexed by the next 11 bits of a stream: e =
+ * symbol | length << 8; e2 = the one or two symbols those bits hold whole, first | second << 8
+ * | bits << 16 | count << 24. */
 typedef struct ckptio__huff_dec {
-    uint16_t e[CKPTIO__HUFF_TABLE];
-    uint32_t e2[CKPTIO__HUFF_TABLE];
+    unsigned tables;
+    uint16_t e[CKPTIO__HUFF_STREAMS][CKPTIO__HUFF_TABLE];
+    uint32_t e2[CKPTIO__HUFF_STREAMS][CKPTIO__HUFF_TABLE];
     const uint8_t *stream[CKPTIO__HUFF_STREAMS + 1]; /* starts, then the end of the last */
 } ckptio__huff_dec;
 
@@ -42,6 +46,7 @@ struct ckptio__codec_ctx {
     uint8_t *planes; /* max_block bytes: planes split for encoding, decoded planes */
     ckptio__hist hist[CKPTIO__MAX_PLANES];
     ckptio__huff_enc enc[CKPTIO__MAX_PLANES];
+    ckptio__huff_enc enc4; /* a plane's other code while the two are compared */
     ckptio__huff_dec dec;
     void *zc, *zd; /* ZSTD_CCtx, ZSTD_DCtx in their own workspaces */
     void *zc_ws, *zd_ws;
@@ -77,18 +82,22 @@ static inline uint64_t ckptio__huff_quarter(uint64_t n)
     return n / CKPTIO__HUFF_STREAMS;
 }
 
-/* Build a length-limited canonical code for the counts (summed over the streams) and size each
- * stream. The plane must have at least two distinct symbols. */
-CKPTIO__HIDDEN void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist);
+/* Build length-limited canonical codes and size each stream: tables 1, one code for the counts
+ * summed over the streams (the plane must have at least two distinct symbols); tables
+ * CKPTIO__HUFF_STREAMS, one code per stream (each stream must have two). */
+CKPTIO__HIDDEN void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist,
+                                       unsigned tables);
 /* Code-length estimate of 256 counts without building codes: bits of a Huffman code limited to
  * CKPTIO__HUFF_MAXLEN (for the looks before coding). */
 CKPTIO__HIDDEN uint64_t ckptio__huff_bits(const uint32_t count[256]);
 /* Write the plane (h->size bytes: table, stream sizes, streams) for the n bytes at in to out. */
 CKPTIO__HIDDEN void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n,
                                         uint8_t *out);
-/* Parse a plane's table and stream sizes from src[0, avail); fill d. Returns the plane's
- * coded size (table, sizes and streams) or CKPTIO_E_CORRUPT. */
-CKPTIO__HIDDEN int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail);
+/* Parse a plane's `tables` tables (1 or CKPTIO__HUFF_STREAMS) and stream sizes from
+ * src[0, avail); fill d. Returns the plane's coded size (tables, sizes and streams) or
+ * CKPTIO_E_CORRUPT. */
+CKPTIO__HIDDEN int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail,
+                                          unsigned tables);
 /* Decode the n symbols of a parsed plane into out[0, n). `lim` is the end of the block's
  * input (the fast loop may read ahead up to it). 0 or CKPTIO_E_CORRUPT. */
 CKPTIO__HIDDEN int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n,

@@ -10,7 +10,7 @@ typedef struct layout {
 } layout;
 
 /* A plane's mode byte. */
-enum { P_RAW = 0, P_CONST = 1, P_HUFF = 2 };
+enum { P_RAW = 0, P_CONST = 1, P_HUFF = 2, P_HUFF4 = 3 };
 
 static bool layout_of(int dtype, layout *l)
 {
@@ -202,6 +202,17 @@ static void count4(const uint8_t *s, uint64_t n, ckptio__hist h)
     for (uint64_t i = 4 * q; i < n; i++) h[3][s[i]]++;
 }
 
+/* Whether every stream has two symbols at least, so that each can have a code of its own. */
+static bool streams_vary(const ckptio__hist h)
+{
+    for (unsigned k = 0; k < CKPTIO__HUFF_STREAMS; k++) {
+        unsigned distinct = 0;
+        for (unsigned v = 0; v < 256 && distinct < 2; v++) distinct += h[k][v] != 0;
+        if (distinct < 2) return false;
+    }
+    return true;
+}
+
 /* Below this many elements a plane is counted whole rather than sampled first. */
 #define SAMPLE_FROM 16384
 
@@ -247,9 +258,22 @@ int64_t ckptio__float_encode(ckptio__codec_ctx *c, int dtype, const uint8_t *src
             total += 2;
             continue;
         }
-        ckptio__huff_build(&c->enc[p], c->hist[p]);
+        ckptio__huff_build(&c->enc[p], c->hist[p], 1);
         mode[p] = c->enc[p].size < elems ? P_HUFF : P_RAW;
-        total += 1 + (mode[p] == P_HUFF ? c->enc[p].size : elems);
+        /* A code per quarter where the statistics change along the block (a tensor's rows of
+         * different scales): kept when it is smaller, tables included. */
+        if (mode[p] == P_HUFF && streams_vary(c->hist[p])) {
+            uint64_t one = c->enc[p].size;
+            ckptio__huff_enc *four = &c->enc4;
+            ckptio__huff_build(four, c->hist[p], CKPTIO__HUFF_STREAMS);
+            if (four->size < one) {
+                ckptio__huff_enc t = c->enc[p];
+                c->enc[p] = *four;
+                *four = t;
+                mode[p] = P_HUFF4;
+            }
+        }
+        total += 1 + (mode[p] == P_RAW ? elems : c->enc[p].size);
     }
     if (total > n - n / 50 || total > cap) return 0;
     uint8_t *o = dst + 4;
@@ -262,7 +286,7 @@ int64_t ckptio__float_encode(ckptio__codec_ctx *c, int dtype, const uint8_t *src
         } else if (mode[p] == P_RAW) {
             memcpy(o, s, elems);
             o += elems;
-        } else {
+        } else { /* P_HUFF, P_HUFF4: the code says how many tables */
             ckptio__huff_encode(&c->enc[p], s, elems, o);
             o += c->enc[p].size;
         }
@@ -292,8 +316,9 @@ int ckptio__float_decode(ckptio__codec_ctx *c, int dtype, const uint8_t *src, ui
             CKPTIO__RET_IF(pos >= stored, CKPTIO_E_CORRUPT);
             memset(out, src[pos++], elems);
             pl[p] = out;
-        } else if (mode == P_HUFF) {
-            int64_t used = ckptio__huff_parse(&c->dec, src + pos, stored - pos);
+        } else if (mode == P_HUFF || mode == P_HUFF4) {
+            int64_t used = ckptio__huff_parse(&c->dec, src + pos, stored - pos,
+                                              mode == P_HUFF ? 1 : CKPTIO__HUFF_STREAMS);
             CKPTIO__TRY(used);
             CKPTIO__TRY(ckptio__huff_decode(&c->dec, out, elems, src + stored));
             pl[p] = out;

@@ -125,28 +125,35 @@ static bool canonical(const uint8_t len[256], uint16_t code[256])
     return true;
 }
 
-void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist)
+void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist, unsigned tables)
 {
-    uint64_t count[256];
-    for (unsigned s = 0; s < 256; s++) {
-        uint64_t t = 0;
-        for (unsigned k = 0; k < NS; k++) t += hist[k][s];
-        count[s] = t;
+    h->tables = tables;
+    h->size = 4 * NS;
+    for (unsigned t = 0; t < tables; t++) {
+        uint64_t count[256];
+        for (unsigned s = 0; s < 256; s++) {
+            uint64_t c = 0;
+            for (unsigned k = 0; k < NS; k++)
+                if (tables == 1 || k == t) c += hist[k][s];
+            count[s] = c;
+        }
+        unsigned n = code_lengths(count, h->len[t]);
+        assert(n >= 2);
+        CKPTIO__UNUSED(n);
+        bool ok = canonical(h->len[t], h->code[t]);
+        assert(ok);
+        CKPTIO__UNUSED(ok);
+        h->last[t] = 0;
+        for (unsigned s = 0; s < 256; s++)
+            if (h->len[t][s]) h->last[t] = s;
+        for (unsigned s = 0; s < 256; s++)
+            h->cl[t][s] = h->code[t][s] | (uint32_t)h->len[t][s] << 16;
+        h->size += 1 + (h->last[t] + 2) / 2;
     }
-    unsigned n = code_lengths(count, h->len);
-    assert(n >= 2);
-    CKPTIO__UNUSED(n);
-    bool ok = canonical(h->len, h->code);
-    assert(ok);
-    CKPTIO__UNUSED(ok);
-    h->last = 0;
-    for (unsigned s = 0; s < 256; s++)
-        if (h->len[s]) h->last = s;
-    for (unsigned s = 0; s < 256; s++) h->cl[s] = h->code[s] | (uint32_t)h->len[s] << 16;
-    h->size = 1 + (h->last + 2) / 2 + 4 * NS;
     for (unsigned k = 0; k < NS; k++) {
+        const uint8_t *len = h->len[tables == 1 ? 0 : k];
         uint64_t bits = 0;
-        for (unsigned s = 0; s <= h->last; s++) bits += (uint64_t)hist[k][s] * h->len[s];
+        for (unsigned s = 0; s < 256; s++) bits += (uint64_t)hist[k][s] * len[s];
         h->stream_bytes[k] = (bits + 7) / 8;
         h->size += h->stream_bytes[k];
     }
@@ -193,25 +200,29 @@ static void put_stream(const uint32_t *cl, const uint8_t *in, uint64_t m, uint8_
 void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t n, uint8_t *out)
 {
     uint8_t *p = out;
-    *p++ = (uint8_t)h->last;
-    for (unsigned s = 0; s <= h->last; s += 2)
-        *p++ = (uint8_t)(h->len[s] | (s + 1 <= h->last ? h->len[s + 1] : 0) << 4);
+    for (unsigned t = 0; t < h->tables; t++) {
+        unsigned last = h->last[t];
+        *p++ = (uint8_t)last;
+        for (unsigned s = 0; s <= last; s += 2)
+            *p++ = (uint8_t)(h->len[t][s] | (s + 1 <= last ? h->len[t][s + 1] : 0) << 4);
+    }
     for (unsigned k = 0; k < NS; k++, p += 4) ckptio__store32(p, (uint32_t)h->stream_bytes[k]);
     /* One stream after another: the out-of-order core overlaps their short dependency chains
      * by itself, and one stream's state stays in registers. */
     uint64_t q = ckptio__huff_quarter(n);
     for (unsigned k = 0; k < NS; k++) {
-        put_stream(h->cl, in + k * q, k + 1 < NS ? q : n - k * q, p, h->stream_bytes[k]);
+        put_stream(h->cl[h->tables == 1 ? 0 : k], in + k * q, k + 1 < NS ? q : n - k * q, p, h->stream_bytes[k]);
         p += h->stream_bytes[k];
     }
 }
 
-int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail)
+/* One table at src[0, avail) into e and e2: its bytes, or CKPTIO_E_CORRUPT. */
+static int64_t parse_table(uint16_t *et, uint32_t *e2, const uint8_t *src, uint64_t avail)
 {
     CKPTIO__RET_IF(avail < 1, CKPTIO_E_CORRUPT);
     unsigned last = src[0];
-    uint64_t tab = (last + 2) / 2, pos = 1 + tab;
-    CKPTIO__RET_IF(avail < pos + 4 * NS, CKPTIO_E_CORRUPT);
+    uint64_t size = 1 + (last + 2) / 2;
+    CKPTIO__RET_IF(avail < size, CKPTIO_E_CORRUPT);
     uint8_t len[256] = {0};
     uint16_t code[256];
     unsigned present = 0;
@@ -224,14 +235,28 @@ int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t ava
     for (unsigned s = 0; s <= last; s++) {
         if (!len[s]) continue;
         uint16_t e = (uint16_t)(s | len[s] << 8);
-        for (unsigned j = code[s]; j < CKPTIO__HUFF_TABLE; j += 1u << len[s]) d->e[j] = e;
+        for (unsigned j = code[s]; j < CKPTIO__HUFF_TABLE; j += 1u << len[s]) et[j] = e;
     }
     /* A second symbol joins the first where its whole code lies inside the same 11 bits. */
     for (unsigned j = 0; j < CKPTIO__HUFF_TABLE; j++) {
-        unsigned a = d->e[j], la = a >> 8, b = d->e[j >> la], lb = b >> 8;
-        d->e2[j] = la + lb <= MAXLEN ? (a & 0xff) | (b & 0xff) << 8 | (la + lb) << 16 | 2u << 24
-                                     : (a & 0xff) | la << 16 | 1u << 24;
+        unsigned a = et[j], la = a >> 8, b = et[j >> la], lb = b >> 8;
+        e2[j] = la + lb <= MAXLEN ? (a & 0xff) | (b & 0xff) << 8 | (la + lb) << 16 | 2u << 24
+                                  : (a & 0xff) | la << 16 | 1u << 24;
     }
+    return (int64_t)size;
+}
+
+int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t avail,
+                           unsigned tables)
+{
+    uint64_t pos = 0;
+    d->tables = tables;
+    for (unsigned t = 0; t < tables; t++) {
+        int64_t used = parse_table(d->e[t], d->e2[t], src + pos, avail - pos);
+        CKPTIO__TRY(used);
+        pos += (uint64_t)used;
+    }
+    CKPTIO__RET_IF(avail < pos + 4 * NS, CKPTIO_E_CORRUPT);
     uint64_t total = pos + 4 * NS;
     const uint8_t *at = src + total;
     for (unsigned k = 0; k < NS; k++) {
@@ -276,7 +301,7 @@ static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const ui
     } while (0)
 
 /* One or two symbols of a stream, stored at o (two bytes written either way). */
-#define TAKE2(acc, nb, o)                                                                      \
+#define TAKE2(t2, acc, nb, o)                                                                  \
     do {                                                                                       \
         uint32_t e_ = t2[acc & (CKPTIO__HUFF_TABLE - 1)];                                      \
         unsigned l_ = e_ >> 16 & 0xff;                                                         \
@@ -288,8 +313,10 @@ static int finish(bits *b, const uint16_t *t, uint8_t *out, uint64_t m, const ui
 
 int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, const uint8_t *lim)
 {
-    const uint16_t *t = d->e;
-    const uint32_t *t2 = d->e2;
+    /* Each stream's table: the plane's one, or its own. */
+    unsigned per = d->tables == 1 ? 0 : 1;
+    const uint32_t *t2_0 = d->e2[0], *t2_1 = d->e2[per], *t2_2 = d->e2[2 * per],
+                   *t2_3 = d->e2[3 * per];
     uint64_t q = ckptio__huff_quarter(n);
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     unsigned n0 = 0, n1 = 0, n2 = 0, n3 = 0;
@@ -314,10 +341,10 @@ int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, con
             REFILL(a3, n3, p3);
 #pragma GCC unroll 5
             for (unsigned j = 0; j < 5; j++) {
-                TAKE2(a0, n0, o0);
-                TAKE2(a1, n1, o1);
-                TAKE2(a2, n2, o2);
-                TAKE2(a3, n3, o3);
+                TAKE2(t2_0, a0, n0, o0);
+                TAKE2(t2_1, a1, n1, o1);
+                TAKE2(t2_2, a2, n2, o2);
+                TAKE2(t2_3, a3, n3, o3);
             }
         }
     }
@@ -326,7 +353,7 @@ int ckptio__huff_decode(const ckptio__huff_dec *d, uint8_t *out, uint64_t n, con
     for (unsigned k = 0; k < NS; k++) {
         uint8_t *end = k + 1 < NS ? out + (k + 1) * q : out + n;
         const uint8_t *start = d->stream[k], *stop = d->stream[k + 1];
-        CKPTIO__TRY(finish(&b[k], t, o[k], (uint64_t)(end - o[k]), stop));
+        CKPTIO__TRY(finish(&b[k], d->e[k * per], o[k], (uint64_t)(end - o[k]), stop));
         /* The stream must be used up exactly: its last byte holds at least one of its bits. */
         uint64_t used = (uint64_t)(b[k].p - start) * 8 - b[k].nb, have = (uint64_t)(stop - start);
         CKPTIO__RET_IF(used > have * 8 || (have && used <= have * 8 - 8), CKPTIO_E_CORRUPT);
