@@ -681,16 +681,11 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u does not exist",
                     m->version);
     /* One form per manifest: roots make it format 2, and format 2 always has roots; codecs or
-     * a base make it format 3 (with or without roots), and format 3 always has one of them. */
-    bool coded = m->has_base;
-    for (uint64_t i = 0; i < m->n_chunks && !coded && m->chunks; i++)
-        coded = m->chunks[i].codec != CKPTIO__CODEC_NONE;
+     * a base make it format 3 (with or without roots), and format 3 always has one of them
+     * (checked once the chunks are known to be there, below). */
     if (m->version != V_NEWEST && (m->version == V_STRIPED) != (m->n_roots > 0))
         return fail(err, errlen, CKPTIO_E_CORRUPT, "manifest format version %u with %llu roots",
                     m->version, U(m->n_roots));
-    if (m->version == V_NEWEST && !coded)
-        return fail(err, errlen, CKPTIO_E_CORRUPT,
-                    "manifest format version %u without coded chunks or a base", m->version);
     if (m->version != V_NEWEST && (m->n_blocks || m->has_base))
         return fail(err, errlen, CKPTIO_E_CORRUPT,
                     "manifest format version %u with block sizes or a base", m->version);
@@ -716,6 +711,12 @@ int ckptio__manifest_validate_ex(const ckptio__manifest *m, unsigned flags, char
         (m->n_chunks && !m->chunks) || (m->n_meta && !m->meta) || (m->n_dims && !m->dims) ||
         (m->n_csums && !m->csums) || (m->strtab_len && !m->strtab))
         return fail(err, errlen, CKPTIO_E_USAGE, "manifest array missing for a non-zero count");
+    bool coded = m->has_base;
+    for (uint64_t i = 0; i < m->n_chunks && !coded; i++)
+        coded = m->chunks[i].codec != CKPTIO__CODEC_NONE;
+    if (m->version == V_NEWEST && !coded)
+        return fail(err, errlen, CKPTIO_E_CORRUPT,
+                    "manifest format version %u without coded chunks or a base", m->version);
     if (m->csum_algo > CKPTIO__CSUM_XXH3_64)
         return fail(err, errlen, CKPTIO_E_CORRUPT, "unknown checksum algorithm %u", m->csum_algo);
     bool block_ok = ckptio__is_pow2(m->csum_block) && m->csum_block >= CKPTIO__EXTENT_ALIGN &&
