@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "../src/write/writer.h"
 
 /* Float-like elements: exponents in a narrow band (as trained weights have), random sign and
  * mantissa, with NaNs (payloads kept), -0.0, infinities and subnormals sprinkled in. */
@@ -99,6 +100,20 @@ static const char *tensor_codec(ckptio_reader *r, const char *name, uint64_t *st
     if (i < 0 || ckptio_reader_tensor(r, (size_t)i, &ti) < 0) return "?";
     if (stored) *stored = ti.stored_bytes;
     return ti.codec;
+}
+
+/* Tensor `name` reads back as `want` (n bytes), and every checksum of the checkpoint holds. */
+static int reads_back(ckptio_reader *r, const char *name, const void *want, uint64_t n)
+{
+    uint8_t *got = malloc(n);
+    CHECK(got);
+    CHECK_OK(ckptio_reader_read_tensor(r, name, got, n));
+    CHECK(memcmp(got, want, n) == 0);
+    free(got);
+    uint64_t bad = 1;
+    CHECK_OK(ckptio_reader_verify(r, &bad));
+    CHECK(bad == 0);
+    return 0;
 }
 
 /* Every dtype, 2.5 blocks long (a short last block), in both modes, read back bit for bit. */
@@ -243,15 +258,8 @@ static int t_random_stays_raw(void)
         uint64_t stored = 0;
         CHECK(strcmp(tensor_codec(r, "r", &stored), "none") == 0 && stored == n);
         CHECK(strcmp(tensor_codec(r, "f", &stored), "none") == 0 && stored == n);
-        uint8_t *got = malloc(n);
-        CHECK(got);
-        CHECK_OK(ckptio_reader_read_tensor(r, "r", got, n));
-        CHECK(memcmp(got, a, n) == 0);
-        uint64_t bad = 1;
-        CHECK_OK(ckptio_reader_verify(r, &bad));
-        CHECK(bad == 0);
+        CHECK(reads_back(r, "r", a, n) == 0);
         ckptio_reader_close(r);
-        free(got);
     }
     free(a);
     return 0;
@@ -312,10 +320,52 @@ static int t_flipped_bit(void)
     return 0;
 }
 
+/* AUTO with a coder that keeps the device waiting (its share of untried blocks at the top):
+ * a probing chunk is coded for one round and the rest written as it is, through the sink (it
+ * stays coded: its first block shrank), the chunks after it go whole and in place; all read
+ * back exactly and verify. */
+static int t_auto_busy_coder(void)
+{
+    float *warm = malloc(1u << 20);
+    CHECK(warm);
+    fill_floats(warm, 1u << 18, CKPTIO_DT_F32, 8);
+    ckptio_params p = params(CKPTIO_COMPRESS_AUTO);
+    ckptio_writer *w;
+    CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
+    CHECK_OK(ckptio_writer_add(w, "warm", CKPTIO_DT_F32, 1, (uint64_t[]){1u << 18}, NULL, NULL,
+                               warm, 1u << 20));
+    CHECK(w->coder);
+    w->coder->skip = SKIP_OF - 1; /* as if the device had been idle round after round */
+    w->coder->unprobed = PROBE_BYTES; /* and the next chunk the one that looks again */
+    uint64_t n = (uint64_t)(w->coder->slots + 4) << 18; /* a round of 1 MiB blocks, and 4 more */
+    float *a = malloc(n * 4);
+    CHECK(a);
+    fill_floats(a, n, CKPTIO_DT_F32, 9);
+    CHECK_OK(ckptio_writer_add(w, "big", CKPTIO_DT_F32, 1, &n, NULL, NULL, a, n * 4));
+    /* Still busy: the next chunk goes as it is, whole, in place. */
+    w->coder->skip = SKIP_OF - 1;
+    CHECK_OK(ckptio_writer_add(w, "next", CKPTIO_DT_F32, 1, &n, NULL, NULL, a, n * 4));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    ckptio_reader *r;
+    CHECK_OK(ckptio_reader_open(&r, t_path("ck"), &p));
+    uint64_t stored = 0;
+    CHECK(strcmp(tensor_codec(r, "big", &stored), "float") == 0);
+    /* One block coded (the first; the others of its round were left untried), the rest raw. */
+    CHECK(stored < n * 4 && stored > n * 4 - (1u << 20));
+    CHECK(strcmp(tensor_codec(r, "next", &stored), "none") == 0 && stored == n * 4);
+    CHECK(reads_back(r, "big", a, n * 4) == 0 && reads_back(r, "next", a, n * 4) == 0);
+    ckptio_reader_close(r);
+    free(a);
+    free(warm);
+    return 0;
+}
+
 const ckptio_test tests_compress[] = {
     {"compress/roundtrip_dtypes", t_roundtrip_dtypes, T_PER_BACKEND, 120},
     {"compress/region_reads", t_region_reads, T_PER_BACKEND, 0},
     {"compress/random_stays_raw", t_random_stays_raw, 0, 0},
     {"compress/flipped_bit", t_flipped_bit, 0, 0},
+    {"compress/auto_busy_coder", t_auto_busy_coder, T_PER_BACKEND, 0},
     {0},
 };

@@ -337,7 +337,7 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
     uint64_t n_csums = (w->cfg.checksums && nbytes) ? (nbytes + w->cfg.csum_block - 1) / w->cfg.csum_block : 0;
     /* A coded chunk's stored length is known only once it is written: it starts on a 4096
      * boundary, right for any length. */
-    unsigned codec = ckptio__writer_codec(w, dtype, nbytes);
+    unsigned codec = ckptio__writer_codec(w, dtype, nbytes, memory == CKPTIO_MEM_HOST);
     uint64_t align = nbytes >= CKPTIO__EXTENT_ALIGN || codec ? CKPTIO__EXTENT_ALIGN
                                                              : CKPTIO__SMALL_ALIGN;
     if (nbytes && w->n_stripes) {

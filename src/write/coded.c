@@ -19,19 +19,6 @@
  * most 8 threads x 4 MiB and their contexts (about 2 MiB each), within the 64 MiB ckptio
  * allows itself beside the staging. */
 #define BLOCKS_PER_THREAD 4u
-/* AUTO stores `skip` of every SKIP_OF blocks as they are without trying them. */
-#define SKIP_OF 16u
-
-typedef struct ckptio__coder {
-    ckptio__workers *workers;
-    unsigned threads, slots;
-    uint64_t block;
-    ckptio__codec_ctx **ctx; /* one per thread */
-    uint8_t *out;            /* slots blocks: what each block of a round codes to */
-    uint8_t *delta;          /* threads blocks: a block XORed with its base */
-    uint8_t *base;           /* slots blocks: the base's bytes of a round (deltas) */
-    unsigned skip, tick;     /* AUTO's share of blocks left as they are, and a counter */
-} ckptio__coder;
 
 void ckptio__writer_coder_free(ckptio_writer *w)
 {
@@ -70,9 +57,20 @@ static int coder_start(ckptio_writer *w)
     return 0;
 }
 
-unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, uint64_t nbytes)
+unsigned ckptio__writer_codec(ckptio_writer *w, int dtype, uint64_t nbytes, bool host)
 {
     if (w->cfg.compress == CKPTIO_COMPRESS_NONE || nbytes < CODED_MIN) return CKPTIO__CODEC_NONE;
+    ckptio__coder *c = w->coder;
+    if (w->cfg.compress == CKPTIO_COMPRESS_AUTO && host && c && c->skip >= SKIP_OF / 2 &&
+        !w->base_reader) {
+        /* The coder has been keeping the device waiting: host chunks go as they are (in
+         * place, no copy), but for one in every PROBE_BYTES, coded to look again. */
+        if (c->unprobed < PROBE_BYTES) {
+            c->unprobed += nbytes;
+            return CKPTIO__CODEC_NONE;
+        }
+        c->unprobed = 0;
+    }
     return ckptio__codec_for(dtype);
 }
 
@@ -121,8 +119,15 @@ static void adapt(ckptio_writer *w, ckptio__coder *c)
 {
     if (w->cfg.compress != CKPTIO_COMPRESS_AUTO) return;
     unsigned inflight = ckptio__sink_inflight(&w->sink);
-    if (inflight == 0 && c->skip < SKIP_OF - 1) c->skip++;
-    else if (inflight > 1 && c->skip > 0) c->skip--;
+    /* A round's output may not fill a staging window, so one idle look proves little: two in
+     * a row leave one more block in 16 as it is; any write in flight takes one back. */
+    if (inflight) {
+        c->idle = 0;
+        if (c->skip > 0) c->skip--;
+    } else if (++c->idle >= 2 && c->skip < SKIP_OF - 1) {
+        c->idle = 0;
+        c->skip++;
+    }
 }
 
 /* Whether the first block of a chunk codes smaller XORed with its base's bytes (at c->base). */
@@ -144,7 +149,7 @@ typedef struct coded_put {
     int dtype;
     bool coded, delta;
     const uint8_t *src; /* host memory: the whole chunk */
-    bool sample;      /* AUTO from host memory: stop after a round in which nothing shrank */
+    bool auto_host;   /* AUTO from host memory: the rest may go as it is (coded_feed) */
     uint64_t raw_from; /* then: the chunk's bytes from here on are written as they are */
 } coded_put;
 
@@ -202,14 +207,15 @@ static int coded_feed(coded_put *p, const uint8_t *src, uint64_t at, uint64_t le
             p->coded = p->coded || !as_is;
         }
         adapt(w, c);
-        if (p->sample && !p->coded && !p->delta) {
-            /* Incompressible so far (random bytes, already compressed data): the rest goes the
-             * uncoded way, in place and hashed beside the writes, at no cost over a save
-             * without compression. */
-            p->raw_from = CKPTIO__MIN((j0 + k) * B, n);
+        if (p->auto_host && !p->delta && (!p->coded || c->skip >= SKIP_OF / 2) &&
+            j0 + k < jend) {
+            /* Incompressible so far (random bytes, already compressed data), or a coder that
+             * keeps the device waiting: the rest goes the uncoded way, through the sink and
+             * hashed beside the writes (in place, when nothing before it shrank), at no cost
+             * over a save without compression. The next chunk's first round looks again. */
+            p->raw_from = (j0 + k) * B;
             return 0;
         }
-        p->sample = false;
     }
     return 0;
 }
@@ -218,14 +224,17 @@ static int coded_end(coded_put *p)
 {
     ckptio_writer *w = p->w;
     ckptio__mchunk *m = CKPTIO__VEC_AT(&w->chunks, ckptio__mchunk, p->chunk);
-    if (p->raw_from && p->raw_from < p->n) {
-        /* Blocks stored as they are so far: the extent is the raw bytes, so far and on. */
-        uint64_t x = p->raw_from, B = w->coder->block, off = m->file_off + x;
+    if (p->raw_from) {
+        /* The rest as it is: its blocks' sizes are their raw lengths. Without a coded block
+         * before it the extent is the raw bytes, and the chunk an uncoded one. */
+        uint64_t x = p->raw_from, B = w->coder->block, off = m->file_off + p->stored;
         uint64_t n_csums = w->cfg.checksums ? (p->n - x + B - 1) / B : 0;
-        w->blocks.len = (size_t)p->first;
-        m->codec = CKPTIO__CODEC_NONE;
-        m->stored_len = p->n;
-        return ckptio__writer_put_raw(w, p->src + x, p->n - x, off, p->csum_at + x / B, n_csums);
+        for (uint64_t j = x / B; j < (p->n + B - 1) / B; j++)
+            *CKPTIO__VEC_AT(&w->blocks, uint32_t, p->first + j) =
+                (uint32_t)CKPTIO__MIN(B, p->n - j * B);
+        p->stored += p->n - x;
+        CKPTIO__TRY(ckptio__writer_put_raw(w, p->src + x, p->n - x, off, p->csum_at + x / B,
+                                           n_csums));
     }
     m->stored_len = p->stored;
     if (!p->coded && !p->delta) {
@@ -244,7 +253,7 @@ int ckptio__writer_put_coded(ckptio_writer *w, uint64_t chunk, const uint8_t *sr
 {
     coded_put p;
     CKPTIO__TRY(coded_begin(w, &p, chunk, n, csum_at, codec, dtype));
-    p.sample = w->cfg.compress == CKPTIO_COMPRESS_AUTO;
+    p.auto_host = w->cfg.compress == CKPTIO_COMPRESS_AUTO;
     p.src = src;
     CKPTIO__TRY(coded_feed(&p, src, 0, n));
     return coded_end(&p);

@@ -5,7 +5,9 @@
 
 #include <stdio.h>
 
+#include "../codec/codec.h"
 #include "../commit/stripe.h"
+#include "../common/workers.h"
 #include "../commit/txn.h"
 #include "../common/hasher.h"
 #include "../format/manifest.h"
@@ -123,9 +125,30 @@ CKPTIO__HIDDEN int ckptio__writer_put_raw(ckptio_writer *w, const uint8_t *src, 
 
 /* ---- coded.c ---- */
 
+/* AUTO stores `skip` of every SKIP_OF blocks as they are without trying them; from half of
+ * them on, whole host chunks go as they are, but for a coded one every PROBE_BYTES. */
+#define SKIP_OF 16u
+#define PROBE_BYTES (256ull << 20)
+
+/* The writer's block coder (coded.c), started with its first coded chunk. */
+typedef struct ckptio__coder {
+    ckptio__workers *workers;
+    unsigned threads, slots;
+    uint64_t block;
+    ckptio__codec_ctx **ctx; /* one per thread */
+    uint8_t *out;            /* slots blocks: what each block of a round codes to */
+    uint8_t *delta;          /* threads blocks: a block XORed with its base */
+    uint8_t *base;           /* slots blocks: the base's bytes of a round (deltas) */
+    unsigned skip, tick;     /* AUTO's share of blocks left as they are, and a counter */
+    unsigned idle;           /* AUTO: rounds in a row that ended with no write in flight */
+    uint64_t unprobed;       /* AUTO: bytes stored as they are since the last coded chunk */
+} ckptio__coder;
+
+
 /* Whether a host chunk of this dtype and size is stored coded, and with which codec (0: as it
  * is). */
-CKPTIO__HIDDEN unsigned ckptio__writer_codec(const ckptio_writer *w, int dtype, uint64_t nbytes);
+CKPTIO__HIDDEN unsigned ckptio__writer_codec(ckptio_writer *w, int dtype, uint64_t nbytes,
+                                             bool host);
 /* Write chunk `chunk` (n bytes at src, its record already pushed with file_off = the cursor
  * aligned to 4096) coded with `codec`: its blocks encoded on the writer's threads, checksummed
  * (decoded bytes) into csums[csum_at...], stored back to back; then fill in the record's
