@@ -42,6 +42,7 @@ static int reap(ckptio__sink *s, unsigned min)
     ckptio__req *done[64];
     int first = 0;
     unsigned got = 0;
+    double t0 = min ? ckptio__now() : 0;
     do {
         int n = ckptio__engine_reap(s->eng, done, 64, CKPTIO__MIN(min - got, 64u));
         if (n < 0) {
@@ -55,6 +56,7 @@ static int reap(ckptio__sink *s, unsigned min)
         }
         got += (unsigned)n;
     } while (got < min);
+    if (min) s->waited += ckptio__now() - t0;
     return first;
 }
 
@@ -85,13 +87,6 @@ static int wait_for(ckptio__sink *s, bool all)
         }
     }
     return first ? first : s->err;
-}
-
-unsigned ckptio__sink_inflight(ckptio__sink *s)
-{
-    if (!s->eng || s->err) return 0;
-    (void)reap(s, 0); /* a failure poisons the sink; the next write reports it */
-    return s->eng ? s->eng->inflight : 0;
 }
 
 int ckptio__sink_drain(ckptio__sink *s)

@@ -26,6 +26,7 @@ typedef struct ckptio__sink {
     uint64_t cursor;   /* logical end of the file */
     uint64_t sent_end; /* end of the furthest range submitted */
     uint64_t io_bytes; /* bytes submitted, padding included */
+    double waited;     /* seconds spent blocked until a write completed (the device behind) */
     uint64_t reserved; /* file space allocated ahead of the writes (0: not possible here) */
     int err;
     ckptio__engine *eng;
@@ -85,8 +86,6 @@ CKPTIO__HIDDEN int ckptio__sink_send(ckptio__sink *s, ckptio__sink_win *win);
 CKPTIO__HIDDEN void ckptio__sink_drop(ckptio__sink *s, ckptio__sink_win *win);
 /* End of the open window's file range, or UINT64_MAX when none is open. */
 CKPTIO__HIDDEN uint64_t ckptio__sink_window_end(const ckptio__sink *s);
-/* Collect the writes that have completed, without waiting; the number still in flight. */
-CKPTIO__HIDDEN unsigned ckptio__sink_inflight(ckptio__sink *s);
 /* Wait for every submitted write. */
 CKPTIO__HIDDEN int ckptio__sink_drain(ckptio__sink *s);
 /* Wait only until no in-place write is in flight (the callers' sources are free again), leaving

@@ -61,8 +61,8 @@ unsigned ckptio__writer_codec(ckptio_writer *w, int dtype, uint64_t nbytes, bool
 {
     if (w->cfg.compress == CKPTIO_COMPRESS_NONE || nbytes < CODED_MIN) return CKPTIO__CODEC_NONE;
     ckptio__coder *c = w->coder;
-    if (w->cfg.compress == CKPTIO_COMPRESS_AUTO && host && c && c->skip >= SKIP_OF / 2 &&
-        !w->base_reader) {
+    if (w->cfg.compress == CKPTIO_COMPRESS_AUTO && host && c &&
+        (c->skip >= SKIP_OF / 2 || c->futile) && !w->base_reader) {
         /* The coder has been keeping the device waiting: host chunks go as they are (in
          * place, no copy), but for one in every PROBE_BYTES, coded to look again. */
         if (c->unprobed < PROBE_BYTES) {
@@ -115,13 +115,13 @@ static void code_block(void *ctx, size_t i, unsigned worker)
  * mean the device is the bottleneck: code more blocks. None in flight means it sat idle while
  * the threads coded: leave more blocks as they are, so the save never runs slower than one
  * without compression. */
-static void adapt(ckptio_writer *w, ckptio__coder *c)
+static void adapt(ckptio_writer *w, ckptio__coder *c, double waited_before)
 {
     if (w->cfg.compress != CKPTIO_COMPRESS_AUTO) return;
-    unsigned inflight = ckptio__sink_inflight(&w->sink);
-    /* A round's output may not fill a staging window, so one idle look proves little: two in
-     * a row leave one more block in 16 as it is; any write in flight takes one back. */
-    if (inflight) {
+    /* A round that had to wait for the device to finish writes: the device is the limit, so
+     * code one more block in 16. Two rounds in a row that never waited: the coder is, so
+     * leave one more as it is. */
+    if (w->sink.waited > waited_before) {
         c->idle = 0;
         if (c->skip > 0) c->skip--;
     } else if (++c->idle >= 2 && c->skip < SKIP_OF - 1) {
@@ -196,6 +196,7 @@ static int coded_feed(coded_put *p, const uint8_t *src, uint64_t at, uint64_t le
                    .csums = w->cfg.checksums
                                 ? CKPTIO__VEC_AT(&w->csums, uint64_t, p->csum_at + j0)
                                 : NULL};
+        double waited = w->sink.waited;
         ckptio__workers_for(c->workers, k, code_block, &r);
         for (unsigned i = 0; i < k; i++) {
             uint64_t x = (j0 + i) * B, bl = CKPTIO__MIN(B, n - x);
@@ -206,7 +207,7 @@ static int coded_feed(coded_put *p, const uint8_t *src, uint64_t at, uint64_t le
             p->stored += sizes[i];
             p->coded = p->coded || !as_is;
         }
-        adapt(w, c);
+        adapt(w, c, waited);
         if (p->auto_host && !p->delta && (!p->coded || c->skip >= SKIP_OF / 2) &&
             j0 + k < jend) {
             /* Incompressible so far (random bytes, already compressed data), or a coder that
@@ -237,6 +238,7 @@ static int coded_end(coded_put *p)
                                            n_csums));
     }
     m->stored_len = p->stored;
+    if (p->auto_host) w->coder->futile = !p->coded && !p->delta;
     if (!p->coded && !p->delta) {
         /* No block shrank: the chunk is stored exactly as an uncoded one. */
         m->codec = CKPTIO__CODEC_NONE;

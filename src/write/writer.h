@@ -126,7 +126,8 @@ CKPTIO__HIDDEN int ckptio__writer_put_raw(ckptio_writer *w, const uint8_t *src, 
 /* ---- coded.c ---- */
 
 /* AUTO stores `skip` of every SKIP_OF blocks as they are without trying them; from half of
- * them on, whole host chunks go as they are, but for a coded one every PROBE_BYTES. */
+ * them on, or after a chunk in which nothing shrank, whole host chunks go as they are, but for
+ * a coded one every PROBE_BYTES. */
 #define SKIP_OF 16u
 #define PROBE_BYTES (256ull << 20)
 
@@ -142,6 +143,7 @@ typedef struct ckptio__coder {
     unsigned skip, tick;     /* AUTO's share of blocks left as they are, and a counter */
     unsigned idle;           /* AUTO: rounds in a row that ended with no write in flight */
     uint64_t unprobed;       /* AUTO: bytes stored as they are since the last coded chunk */
+    bool futile;             /* AUTO: nothing of the last coded chunk shrank */
 } ckptio__coder;
 
 
