@@ -26,6 +26,7 @@ typedef struct ckptio__huff_enc {
     uint8_t len[CKPTIO__HUFF_STREAMS][256];  /* 0 for absent symbols */
     uint16_t code[CKPTIO__HUFF_STREAMS][256]; /* bit-reversed: the first bit sent is bit 0 */
     uint32_t cl[CKPTIO__HUFF_STREAMS][256];  /* code | len << 16, for the coding loop */
+    unsigned first[CKPTIO__HUFF_STREAMS];    /* lowest symbol present */
     unsigned last[CKPTIO__HUFF_STREAMS];     /* highest symbol present */
     uint64_t stream_bytes[CKPTIO__HUFF_STREAMS];
     uint64_t size; /* the plane's coded size after its mode byte: tables, stream sizes, streams */

@@ -125,6 +125,13 @@ static bool canonical(const uint8_t len[256], uint16_t code[256])
     return true;
 }
 
+/* Bytes of a table: one code for the plane lists lengths from symbol 0 to its last; a code
+ * per stream, from its first symbol to its last (an exponent's symbols sit in a narrow band). */
+static uint64_t table_bytes(unsigned tables, unsigned first, unsigned last)
+{
+    return tables == 1 ? 1 + (last + 2) / 2 : 2 + (last - first + 2) / 2;
+}
+
 void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist, unsigned tables)
 {
     h->tables = tables;
@@ -143,12 +150,16 @@ void ckptio__huff_build(ckptio__huff_enc *h, const ckptio__hist hist, unsigned t
         bool ok = canonical(h->len[t], h->code[t]);
         assert(ok);
         CKPTIO__UNUSED(ok);
+        h->first[t] = 256;
         h->last[t] = 0;
         for (unsigned s = 0; s < 256; s++)
-            if (h->len[t][s]) h->last[t] = s;
+            if (h->len[t][s]) {
+                h->last[t] = s;
+                if (h->first[t] == 256) h->first[t] = s;
+            }
         for (unsigned s = 0; s < 256; s++)
             h->cl[t][s] = h->code[t][s] | (uint32_t)h->len[t][s] << 16;
-        h->size += 1 + (h->last[t] + 2) / 2;
+        h->size += table_bytes(tables, h->first[t], h->last[t]);
     }
     for (unsigned k = 0; k < NS; k++) {
         const uint8_t *len = h->len[tables == 1 ? 0 : k];
@@ -201,9 +212,10 @@ void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t 
 {
     uint8_t *p = out;
     for (unsigned t = 0; t < h->tables; t++) {
-        unsigned last = h->last[t];
+        unsigned first = h->tables == 1 ? 0 : h->first[t], last = h->last[t];
+        if (h->tables > 1) *p++ = (uint8_t)first;
         *p++ = (uint8_t)last;
-        for (unsigned s = 0; s <= last; s += 2)
+        for (unsigned s = first; s <= last; s += 2)
             *p++ = (uint8_t)(h->len[t][s] | (s + 1 <= last ? h->len[t][s + 1] : 0) << 4);
     }
     for (unsigned k = 0; k < NS; k++, p += 4) ckptio__store32(p, (uint32_t)h->stream_bytes[k]);
@@ -216,18 +228,23 @@ void ckptio__huff_encode(const ckptio__huff_enc *h, const uint8_t *in, uint64_t 
     }
 }
 
-/* One table at src[0, avail) into e and e2: its bytes, or CKPTIO_E_CORRUPT. */
-static int64_t parse_table(uint16_t *et, uint32_t *e2, const uint8_t *src, uint64_t avail)
+/* One table at src[0, avail) into e and e2 (ranged: it starts with its first symbol): its
+ * bytes, or CKPTIO_E_CORRUPT. */
+static int64_t parse_table(uint16_t *et, uint32_t *e2, const uint8_t *src, uint64_t avail,
+                           bool ranged)
 {
-    CKPTIO__RET_IF(avail < 1, CKPTIO_E_CORRUPT);
-    unsigned last = src[0];
-    uint64_t size = 1 + (last + 2) / 2;
+    CKPTIO__RET_IF(avail < 1u + ranged, CKPTIO_E_CORRUPT);
+    unsigned first = ranged ? src[0] : 0, last = src[ranged];
+    CKPTIO__RET_IF(first > last, CKPTIO_E_CORRUPT);
+    uint64_t size = table_bytes(ranged ? CKPTIO__HUFF_STREAMS : 1, first, last);
+    const uint8_t *lens = src + 1 + ranged;
     CKPTIO__RET_IF(avail < size, CKPTIO_E_CORRUPT);
     uint8_t len[256] = {0};
     uint16_t code[256];
     unsigned present = 0;
-    for (unsigned s = 0; s <= last; s++) {
-        len[s] = (uint8_t)(src[1 + s / 2] >> (s & 1 ? 4 : 0) & 15);
+    for (unsigned s = first; s <= last; s++) {
+        unsigned j = s - first;
+        len[s] = (uint8_t)(lens[j / 2] >> (j & 1 ? 4 : 0) & 15);
         present += len[s] != 0;
     }
     /* Two symbols at least: a plane of one value is coded as a constant, never as a code. */
@@ -252,7 +269,7 @@ int64_t ckptio__huff_parse(ckptio__huff_dec *d, const uint8_t *src, uint64_t ava
     uint64_t pos = 0;
     d->tables = tables;
     for (unsigned t = 0; t < tables; t++) {
-        int64_t used = parse_table(d->e[t], d->e2[t], src + pos, avail - pos);
+        int64_t used = parse_table(d->e[t], d->e2[t], src + pos, avail - pos, tables > 1);
         CKPTIO__TRY(used);
         pos += (uint64_t)used;
     }
