@@ -189,3 +189,45 @@ def test_ranks_save_deltas_against_a_base_of_another_rank_count(tmp_path: pathli
     assert info["w"]["delta"], info
     got = ckptio.load(tmp_path / "delta")["w"]
     assert np.array_equal(np.asarray(got).view(np.int32), nxt.numpy().view(np.int32))
+
+
+KILL_SCRIPT = r"""
+import sys, numpy as np, ckptio
+base, path = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(5)
+w = rng.standard_normal((1024, 1024)).astype(np.float32)
+d = rng.standard_normal((1024, 1024)).astype(np.float32)
+for i in range(1, 10_000):
+    print(i, flush=True)
+    ckptio.save({"w": w + np.float32(1e-3 * i) * d, "i": i}, path, base=base, overwrite=True)
+"""
+
+
+def test_a_delta_save_killed_anywhere_leaves_the_base_and_the_last_one_whole(
+        tmp_path: pathlib.Path) -> None:
+    import signal
+    import time
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((1024, 1024)).astype(np.float32)
+    d = rng.standard_normal((1024, 1024)).astype(np.float32)
+    ckptio.save({"w": w, "i": 0}, tmp_path / "base", compress="all")
+    for delay in (0.05, 0.2, 0.45):
+        p = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "base"),
+                              str(tmp_path / "delta")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout is not None
+            for _ in range(3):  # a few saves in, then at some point of the next one
+                p.stdout.readline()
+            time.sleep(delay)
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=60)
+        got = ckptio.load(tmp_path / "base")
+        assert got["i"] == 0 and np.array_equal(got["w"], w)
+        got = ckptio.load(tmp_path / "delta")  # the last save that committed, whole
+        i = got["i"]
+        assert i >= 1 and np.array_equal(got["w"], w + np.float32(1e-3 * i) * d), i
+    assert {x["name"]: x for x in inspect(tmp_path / "delta")["tensors"]}["w"]["delta"]
+    ckptio.save({"w": w, "i": -1}, tmp_path / "delta", base=tmp_path / "base", overwrite=True)
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]  # the dead saves' leftovers went
