@@ -37,6 +37,20 @@ static uint64_t pow2_floor(uint64_t v)
     return r;
 }
 
+/* A mode the environment's `var` overrides: one of three names, the enum's values 0, 1, 2. */
+static int env_choice(const char *var, const char *const names[3], int *mode, ckptio__msg *m)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return 0;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(v, names[i])) {
+            *mode = i;
+            return 0;
+        }
+    return ckptio__fail(m, CKPTIO_E_USAGE, "%s is '%s'; it must be '%s', '%s' or '%s'", var, v,
+                        names[0], names[1], names[2]);
+}
+
 int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *m)
 {
     ckptio_params p;
@@ -77,32 +91,18 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
     if (c->gpu < 0) return c->gpu;
     c->gpu_staging = p.gpu_staging_bytes ? p.gpu_staging_bytes : DEFAULT_GPU_STAGING;
     /* Read paths (issue 12): CKPTIO_CACHE=never|auto|fill overrides params.cache. */
-    const char *cache = getenv("CKPTIO_CACHE");
+    static const char *const cache_names[] = {"auto", "never", "fill"}; /* CKPTIO_CACHE_* */
     int mode = p.cache;
-    if (cache && *cache) {
-        if (!strcmp(cache, "never")) mode = CKPTIO_CACHE_NEVER;
-        else if (!strcmp(cache, "auto")) mode = CKPTIO_CACHE_AUTO;
-        else if (!strcmp(cache, "fill")) mode = CKPTIO_CACHE_FILL;
-        else
-            return ckptio__fail(m, CKPTIO_E_USAGE,
-                                "CKPTIO_CACHE is '%s'; it must be 'auto', 'never' or 'fill'", cache);
-    }
+    CKPTIO__TRY(env_choice("CKPTIO_CACHE", cache_names, &mode, m));
     if (mode != CKPTIO_CACHE_AUTO && mode != CKPTIO_CACHE_NEVER && mode != CKPTIO_CACHE_FILL)
         return ckptio__fail(m, CKPTIO_E_USAGE,
                             "params.cache must be CKPTIO_CACHE_AUTO (0), _NEVER (1) or _FILL (2)");
     c->cache = mode == CKPTIO_CACHE_NEVER ? CKPTIO__CACHE_OFF
                : mode == CKPTIO_CACHE_FILL ? CKPTIO__CACHE_FILL
                                            : CKPTIO__CACHE_RESIDENT;
-    const char *comp = getenv("CKPTIO_COMPRESS");
+    static const char *const compress_names[] = {"none", "auto", "all"}; /* CKPTIO_COMPRESS_* */
     mode = p.compress;
-    if (comp && *comp) {
-        if (!strcmp(comp, "none")) mode = CKPTIO_COMPRESS_NONE;
-        else if (!strcmp(comp, "auto")) mode = CKPTIO_COMPRESS_AUTO;
-        else if (!strcmp(comp, "all")) mode = CKPTIO_COMPRESS_ALL;
-        else
-            return ckptio__fail(m, CKPTIO_E_USAGE,
-                                "CKPTIO_COMPRESS is '%s'; it must be 'none', 'auto' or 'all'", comp);
-    }
+    CKPTIO__TRY(env_choice("CKPTIO_COMPRESS", compress_names, &mode, m));
     if (mode != CKPTIO_COMPRESS_NONE && mode != CKPTIO_COMPRESS_AUTO && mode != CKPTIO_COMPRESS_ALL)
         return ckptio__fail(m, CKPTIO_E_USAGE,
                             "params.compress must be CKPTIO_COMPRESS_NONE (0), _AUTO (1) or _ALL (2)");
