@@ -206,6 +206,7 @@ for i in range(1, 10_000):
 def test_a_delta_save_killed_anywhere_leaves_the_base_and_the_last_one_whole(
         tmp_path: pathlib.Path) -> None:
     import signal
+    import threading
     import time
 
     rng = np.random.default_rng(5)
@@ -215,6 +216,8 @@ def test_a_delta_save_killed_anywhere_leaves_the_base_and_the_last_one_whole(
     for delay in (0.05, 0.2, 0.45):
         p = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "base"),
                               str(tmp_path / "delta")], stdout=subprocess.PIPE, text=True)
+        watchdog = threading.Timer(120, p.kill)  # a child that stops printing cannot hang us
+        watchdog.start()
         try:
             assert p.stdout is not None
             for _ in range(3):  # a few saves in, then at some point of the next one
@@ -223,6 +226,7 @@ def test_a_delta_save_killed_anywhere_leaves_the_base_and_the_last_one_whole(
         finally:
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=60)
+            watchdog.cancel()
         got = ckptio.load(tmp_path / "base")
         assert got["i"] == 0 and np.array_equal(got["w"], w)
         got = ckptio.load(tmp_path / "delta")  # the last save that committed, whole
