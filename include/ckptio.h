@@ -1380,6 +1380,28 @@ CKPTIO_API const char *ckptio_reader_base(const ckptio_reader *r);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 
+/* ------------------------------------------------------------------------------------------ */
+/* Checkpoints in object stores. Experimental: define CKPTIO_EXPERIMENTAL to use them.        */
+/* ------------------------------------------------------------------------------------------ */
+/* Wherever a checkpoint path goes (ckptio_writer_open, ckptio_reader_open, the multi-rank and
+ * async saves), "s3://bucket/key" names a checkpoint in an S3-compatible store: the object
+ * key/manifest, written last by a conditional PUT, and data objects under key/d-<save>/.
+ * Credentials, region and endpoint come from the AWS_* variables (doc/s3.md). */
+#if defined(CKPTIO_EXPERIMENTAL) || defined(CKPTIO_BUILDING)
+
+/* Called with each checkpoint's name; a non-zero return stops the listing and is returned. */
+typedef int (*ckptio_list_cb)(void *ctx, const char *name);
+/* The committed checkpoints directly under `prefix` (a directory, or "s3://bucket/prefix"):
+ * the names of its entries that hold a manifest, in byte order. A prefix that does not exist
+ * holds none. Since 0.3. */
+CKPTIO_API int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, void *ctx);
+/* Remove the checkpoint at `path` (a directory or an s3:// URL; CKPTIO_E_NOT_CHECKPOINT when
+ * it holds no manifest). In an object store the manifest goes first, so the checkpoint
+ * disappears whole; its data objects and unfinished uploads follow. Since 0.3. */
+CKPTIO_API int ckptio_remove_checkpoint(const char *path);
+
+#endif /* CKPTIO_EXPERIMENTAL */
+
 #ifdef __cplusplus
 }
 #endif

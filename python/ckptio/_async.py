@@ -27,7 +27,7 @@ from . import _core
 from ._errors import STATE, USAGE, CheckpointError, InvalidType, LimitExceeded, error
 from ._options import Stats, params
 from ._save import _open
-from ._stage import PathLike, StagedSave, _make_parent, _meta_items, _stage
+from ._stage import PathLike, StagedSave, ensure_parent, _meta_items, _stage
 from ._tree import TREE_KEY, pause_gc
 from .frameworks._base import Deferred
 from .frameworks import _gpu
@@ -436,9 +436,7 @@ def _dist_async(
     h._comm = bg
     with pause_gc():
         items, doc = _dist.stage_or_refuse(tree, bg, path, p, timeout)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        _make_parent(parent, path)
+    ensure_parent(path)
     meta_items = [(TREE_KEY, doc)] + meta if bg.rank == 0 else []
     snap = None
     if not blocking and cap > 0:

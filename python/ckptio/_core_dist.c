@@ -236,6 +236,16 @@ static int leftovers_remove(const char *path, const ckptio__pyroots *roots)
     return rc < 0 ? rc : found > INT32_MAX ? INT32_MAX : (int)found;
 }
 
+/* Raise the library's last failure for `path`. */
+static PyObject *raise_for(int rc, const char *msg, const char *path)
+{
+    PyObject *where = PyUnicode_DecodeFSDefault(path);
+    if (!where) PyErr_Clear();
+    ckptio__pyraise(rc, msg, &(ckptio__pywhere){.path = where});
+    Py_XDECREF(where);
+    return NULL;
+}
+
 /* remove_stripes(path, roots): remove the stripes a save to `path` left in `roots` that the
  * checkpoint at `path` (if any) does not use: what pruning a striped step leaves. */
 static PyObject *mod_remove_stripes(PyObject *mod, PyObject *args)
@@ -257,16 +267,64 @@ static PyObject *mod_remove_stripes(PyObject *mod, PyObject *args)
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
     ckptio__pyroots_free(&roots);
-    PyObject *where = rc < 0 ? PyUnicode_DecodeFSDefault(path) : NULL;
+    PyObject *ret = rc >= 0 ? PyLong_FromLong(rc) : raise_for(rc, msg, path);
     Py_DECREF(path_obj);
-    if (rc >= 0) return PyLong_FromLong(rc);
-    if (!where) PyErr_Clear();
-    ckptio__pyraise(rc, msg, &(ckptio__pywhere){.path = where});
-    Py_XDECREF(where);
-    return NULL;
+    return ret;
+}
+
+static int add_name(void *ctx, const char *name)
+{
+    PyObject *s = PyUnicode_DecodeFSDefault(name);
+    if (!s) return -1;
+    int rc = PyList_Append((PyObject *)ctx, s);
+    Py_DECREF(s);
+    return rc < 0 ? -1 : 0;
+}
+
+/* list_checkpoints(prefix) -> [names]: the committed checkpoints directly under a directory
+ * or an s3:// prefix. The names are gathered with the GIL held (the listing of a directory or
+ * a bucket is short next to a save). */
+static PyObject *mod_list_checkpoints(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:list_checkpoints", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int rc = out ? ckptio_list_checkpoints(path, add_name, out) : -1;
+    PyObject *ret = out;
+    if (rc == -1 && PyErr_Occurred()) ret = NULL;
+    else if (rc < 0) ret = raise_for(rc, ckptio_last_error(), path);
+    if (!ret) Py_XDECREF(out);
+    Py_DECREF(path_obj);
+    return ret;
+}
+
+/* remove_checkpoint(path): remove a committed checkpoint (a directory or an s3:// URL). */
+static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:remove_checkpoint", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_remove_checkpoint(path);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    PyObject *ret = rc < 0 ? raise_for(rc, msg, path) : Py_NewRef(Py_None);
+    Py_DECREF(path_obj);
+    return ret;
 }
 
 static PyMethodDef dist_functions[] = {
+    {"list_checkpoints", mod_list_checkpoints, METH_VARARGS,
+     "list_checkpoints(prefix) -> names of the committed checkpoints under prefix"},
+    {"remove_checkpoint", mod_remove_checkpoint, METH_VARARGS,
+     "remove_checkpoint(path): remove a committed checkpoint (a directory or s3:// URL)"},
     {"remove_stripes", mod_remove_stripes, METH_VARARGS,
      "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
     {"save_dist", mod_save_dist, METH_VARARGS,

@@ -19,6 +19,7 @@ from ._async import AsyncSave, _save_async
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
 from ._save import PathLike, save
+from ._stage import is_url
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
@@ -102,7 +103,9 @@ class Manager:
         for name, v in (("keep", keep), ("keep_every", keep_every), ("full_every", full_every)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise error(USAGE, f"{name} must be None or an int >= 1, got {v!r}", InvalidType)
-        self.directory = os.path.abspath(os.fspath(directory))
+        d = os.fspath(directory)
+        self._url = is_url(d)  # an object store: no directories, no renames
+        self.directory = d.rstrip("/") if self._url else os.path.abspath(d)
         self.keep = keep
         self.keep_every = keep_every
         self.full_every = full_every
@@ -119,22 +122,16 @@ class Manager:
         self._lock = threading.Lock()
         self._closed = False
         _LIVE.add(self)
-        os.makedirs(self.directory, exist_ok=True)
-        if self.comm is None or self.comm.rank == 0:
+        if not self._url:
+            os.makedirs(self.directory, exist_ok=True)
+        if not self._url and (self.comm is None or self.comm.rank == 0):
             self._remove_leftovers()
 
     # ---- listing ----
     def all_steps(self) -> list[int]:
         """The committed steps, ascending."""
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        steps = []
-        for n in names:
-            if _STEP.fullmatch(n) and os.path.isfile(os.path.join(self.directory, n, "manifest")):
-                steps.append(int(n))
-        return sorted(steps)
+        names = _core.list_checkpoints(self.directory)
+        return sorted(int(n) for n in names if _STEP.fullmatch(n))
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -143,6 +140,8 @@ class Manager:
 
     def step_path(self, step: int) -> str:
         """The directory of ``step``'s checkpoint."""
+        if self._url:
+            return f"{self.directory}/{int(step)}"
         return os.path.join(self.directory, str(int(step)))
 
     # ---- save / restore ----
@@ -338,6 +337,10 @@ class Manager:
                 keep.update(self._chain(s))
         doomed = [s for s in steps if s not in keep]
         if not doomed:
+            return
+        if self._url:  # each removal takes its manifest first: a step goes whole or stays
+            for s in doomed:
+                _core.remove_checkpoint(self.step_path(s))
             return
         moved = []
         for s in doomed:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core
 from ._options import Stats, params, split_roots
-from ._stage import RESERVED_PREFIX, PathLike, StagedSave, _make_parent, _meta_items, _stage
+from ._stage import RESERVED_PREFIX, PathLike, StagedSave, ensure_parent, _meta_items, _stage
 from ._tree import TREE_KEY, pause_gc
 from .frameworks import _gpu
 from .frameworks._base import Deferred
@@ -32,9 +32,7 @@ def _open(path: PathLike, p: Any) -> _core.Writer:
     """A writer for the checkpoint ``path`` (``p``: ckptio._options.params()), its missing
     parent directories created."""
     path = os.fspath(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        _make_parent(parent, path)  # as checkpoint managers do: "ckpts/step-100"
+    ensure_parent(path)
     p, roots = split_roots(p)
     w = _core.Writer(path, p)
     if roots:

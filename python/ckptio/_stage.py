@@ -55,6 +55,21 @@ class StagedSave:
     deferred: bool = False
 
 
+def is_url(path: str) -> bool:
+    """Whether ``path`` names a checkpoint in an object store ("s3://bucket/key")."""
+    return path.startswith("s3://")
+
+
+def ensure_parent(path: str) -> None:
+    """Create the missing parent directories of the checkpoint ``path`` (an object store has
+    none to create), as checkpoint managers expect of "ckpts/step-100"."""
+    if is_url(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _make_parent(parent, path)
+
+
 def _make_parent(parent: str, path: str) -> None:
     """Create ``parent``, refusing with ckptio's own error where a file stands in the way."""
     top = parent

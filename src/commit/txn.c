@@ -15,6 +15,7 @@
 
 #include "../io/engine.h"
 #include "../io/vfs.h"
+#include "../io/s3.h"
 #include "txn.h"
 
 /* ---- path helpers ---- */
@@ -303,6 +304,8 @@ static void txn_init(ckptio__txn *t, int kind, unsigned flags)
 int ckptio__txn_begin(ckptio__txn *t, const char *path, int kind, unsigned flags, int direct,
                       ckptio__msg *msg)
 {
+    if (path && kind == CKPTIO__TXN_DIR && ckptio__s3_is_url(path))
+        return ckptio__objtxn_begin(t, path, flags, msg);
     txn_init(t, kind, flags);
     if (!path || !*path || (kind != CKPTIO__TXN_DIR && kind != CKPTIO__TXN_FILE))
         return ckptio__fail(msg, CKPTIO_E_USAGE, "internal error: bad commit transaction");
@@ -319,6 +322,8 @@ int ckptio__txn_begin(ckptio__txn *t, const char *path, int kind, unsigned flags
 int ckptio__txn_join(ckptio__txn *t, const char *path, const char *tmp_path, unsigned flags,
                      ckptio__msg *msg)
 {
+    if (path && tmp_path && ckptio__s3_is_url(path))
+        return ckptio__objtxn_join(t, path, tmp_path, flags, msg);
     txn_init(t, CKPTIO__TXN_DIR, flags);
     if (!path || !*path || !tmp_path)
         return ckptio__fail(msg, CKPTIO_E_USAGE, "internal error: bad commit transaction");
@@ -475,6 +480,10 @@ void ckptio__txn_abort(ckptio__txn *t)
         close(t->fd);
         t->fd = -1;
     }
+    if (t->obj) {
+        ckptio__objtxn_abort(t);
+        return;
+    }
     if (!t->owner || t->published || !t->tmp_path) return;
     if (t->kind == CKPTIO__TXN_FILE) unlink(t->tmp_path);
     else ckptio__remove_tree(t->tmp_path);
@@ -486,6 +495,7 @@ void ckptio__txn_fini(ckptio__txn *t)
     if (!t || !t->kind) return;
     ckptio__txn_abort(t);
     if (t->tmp_fd >= 0) close(t->tmp_fd); /* drops the lock, after the directory is gone */
+    if (t->obj) ckptio__objtxn_fini(t);
     free(t->path);
     free(t->parent);
     free(t->tmp_path);

@@ -60,6 +60,7 @@ typedef struct ckptio__txn {
     int found;         /* CKPTIO__AT_*: what begin found at path */
     mode_t found_mode; /* its st_mode (0 for AT_NOTHING) */
     bool owner;        /* created tmp_path: publish and abort are ours */
+    struct ckptio__objtxn *obj; /* an object store's transaction (objtxn.c), or NULL */
     bool published;    /* the rename happened: nothing is undone after it */
 } ckptio__txn;
 
@@ -91,6 +92,31 @@ CKPTIO__HIDDEN void ckptio__txn_abort(ckptio__txn *t);
 /* Abort if not published, close the descriptors (dropping the lock) and free. Accepts a
  * zeroed or half-begun transaction. */
 CKPTIO__HIDDEN void ckptio__txn_fini(ckptio__txn *t);
+
+/* ---- in an object store (objtxn.c) ----
+ *
+ * For an "s3://bucket/key" target, begin and join hand over to these (kind DIR only): begin
+ * checks the manifest object (CKPTIO_E_EXISTS without OVERWRITE), remembers its ETag and the
+ * data it names, and picks this save's data component "d-<id>"; tmp_path is then
+ * "s3://bucket/key/d-<id>" (what joining ranks are given), tmp_fd stays -1. Data objects are
+ * created with open_data; publish_object PUTs the manifest conditionally (a racing save that
+ * committed first: CKPTIO_E_EXISTS) and then deletes the replaced checkpoint's data and what
+ * interrupted saves left. abort deletes this save's objects and uploads. */
+CKPTIO__HIDDEN bool ckptio__txn_is_object(const ckptio__txn *t);
+CKPTIO__HIDDEN int ckptio__objtxn_begin(ckptio__txn *t, const char *url, unsigned flags,
+                                        ckptio__msg *msg);
+CKPTIO__HIDDEN int ckptio__objtxn_join(ckptio__txn *t, const char *url, const char *tmp_url,
+                                       unsigned flags, ckptio__msg *msg);
+/* This save's data component, "d-<id>". */
+CKPTIO__HIDDEN const char *ckptio__objtxn_save(const ckptio__txn *t);
+/* Create data object `name` (relative to the checkpoint: "d-<id>/...") for writing in parts of
+ * `part` bytes: *fd is an object descriptor (io/s3.h). */
+CKPTIO__HIDDEN int ckptio__objtxn_open_data(ckptio__txn *t, const char *name, uint64_t part,
+                                            int *fd, ckptio__msg *msg);
+CKPTIO__HIDDEN int ckptio__objtxn_publish(ckptio__txn *t, const uint8_t *man, uint64_t len,
+                                          ckptio__msg *msg);
+CKPTIO__HIDDEN void ckptio__objtxn_abort(ckptio__txn *t);
+CKPTIO__HIDDEN void ckptio__objtxn_fini(ckptio__txn *t);
 
 /* ---- path helpers, shared with the readers ---- */
 

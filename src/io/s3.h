@@ -3,6 +3,8 @@
 #ifndef CKPTIO_IO_S3_H
 #define CKPTIO_IO_S3_H
 
+#include <stdlib.h>
+
 #include "../common/common.h"
 #include "engine.h"
 
@@ -30,6 +32,15 @@
  * it back. All functions are blocking. */
 
 typedef struct ckptio__s3 ckptio__s3;
+
+/* Requests in flight per writer or reader (connections): CKPTIO_S3_CONNECTIONS, default 16,
+ * 1..256. */
+static inline unsigned ckptio__s3_connections(void)
+{
+    const char *v = getenv("CKPTIO_S3_CONNECTIONS");
+    long n = v && *v ? strtol(v, NULL, 10) : 0;
+    return n >= 1 && n <= 256 ? (unsigned)n : 16u;
+}
 
 /* Whether `path` starts with "s3://". */
 CKPTIO__HIDDEN bool ckptio__s3_is_url(const char *path);

@@ -243,6 +243,12 @@ int ckptio__sink_seek(ckptio__sink *s, uint64_t off)
 {
     CKPTIO__TRY(s->err);
     assert(off >= s->cursor);
+    if (s->object) { /* parts are whole windows: the gap is sent as zeros */
+        static const uint8_t zeros[4096];
+        while (s->cursor < off)
+            CKPTIO__TRY(ckptio__sink_write(s, zeros, CKPTIO__MIN(off - s->cursor, sizeof zeros)));
+        return 0;
+    }
     /* A window ending before the new position is padded and sent; otherwise the next write
      * zero-fills the gap inside it. */
     if (s->win && off >= s->win_off + s->pool.buf_size) CKPTIO__TRY(window_submit(s));
@@ -252,7 +258,7 @@ int ckptio__sink_seek(ckptio__sink *s, uint64_t off)
 
 static bool can_place(const ckptio__sink *s, const uint8_t *src, uint64_t n)
 {
-    return n >= CKPTIO__SINK_IN_PLACE_MIN && s->cursor % s->off_align == 0 &&
+    return !s->object && n >= CKPTIO__SINK_IN_PLACE_MIN && s->cursor % s->off_align == 0 &&
            (uintptr_t)src % s->mem_align == 0;
 }
 
@@ -291,6 +297,9 @@ int ckptio__sink_skip(ckptio__sink *s, uint64_t n)
 {
     CKPTIO__TRY(s->err);
     assert(s->cursor % s->off_align == 0);
+    if (s->object)
+        return ckptio__fail(s->msg, CKPTIO_E_UNSUPPORTED,
+                            "'%s' is an object: bytes cannot be written around the sink", s->label);
     CKPTIO__TRY(window_submit(s));
     s->cursor += n;
     s->sent_end = CKPTIO__MAX(s->sent_end, s->cursor);
@@ -304,7 +313,7 @@ int ckptio__sink_finish(ckptio__sink *s)
     int rc = window_submit(s);
     int d = ckptio__sink_drain(s);
     if (rc == 0) rc = d;
-    if (rc < 0) return rc;
+    if (rc < 0 || s->object) return rc;
     int t;
     do /* ftruncate may be interrupted (signal while the file system blocks) */
         t = CKPTIO__VFS->ftruncate(s->fd, (off_t)s->cursor);
@@ -322,9 +331,16 @@ static void set_file(ckptio__sink *s, int fd, int direct, const char *label)
     s->fd = fd;
     s->direct = direct;
     s->label = label;
-    if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
+    if (s->object) s->mem_align = s->off_align = 1; /* parts end where the data ends */
+    else if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
     else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
     s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
+}
+
+void ckptio__sink_object(ckptio__sink *s)
+{
+    s->object = true;
+    set_file(s, s->fd, 0, s->label);
 }
 
 int ckptio__sink_switch(ckptio__sink *s, int fd, int direct, const char *label)

@@ -29,6 +29,7 @@ typedef struct ckptio__sink {
     double waited;     /* seconds spent blocked until a write completed (the device behind) */
     uint64_t reserved; /* file space allocated ahead of the writes (0: not possible here) */
     int err;
+    bool object;       /* the file is an object (ckptio__sink_object) */
     ckptio__engine *eng;
     ckptio__pool pool;
     ckptio__sink_slot *slots;
@@ -45,6 +46,10 @@ typedef struct ckptio__sink {
 CKPTIO__HIDDEN int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend,
                                      unsigned depth, unsigned threads, uint64_t staging,
                                      uint64_t request, const char *label, ckptio__msg *msg);
+/* The file is an object in a store (io/s3.h): every write is one part, so nothing is written
+ * in place, windows are sent only when full (the last one at finish, unpadded), gaps are
+ * written as zeros, and finish cuts nothing. Call right after init or switch. */
+CKPTIO__HIDDEN void ckptio__sink_object(ckptio__sink *s);
 /* Waits for in-flight writes and releases engine and pool (not the fd). Accepts a zeroed or
  * failed-init sink. */
 CKPTIO__HIDDEN void ckptio__sink_fini(ckptio__sink *s);

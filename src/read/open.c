@@ -11,6 +11,7 @@
 #include "../io/engine.h"
 #include "../io/vfs.h"
 #include "../codec/codec.h"
+#include "../io/s3.h"
 #include "reader.h"
 
 /* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
@@ -109,6 +110,32 @@ out:
     return rc;
 }
 
+/* A checkpoint in an object store: the manifest object's bytes, and the reader set up for
+ * objects: ranged GETs on the psync threads (one per connection), no page cache, no O_DIRECT. */
+static int open_object(ckptio_reader *r, uint8_t **buf, uint64_t *len)
+{
+    CKPTIO__TRY(ckptio__s3_parse(r->path, &r->bucket, &r->key, &r->msg));
+    CKPTIO__TRY(ckptio__s3_client(&r->s3, &r->msg));
+    char *mk;
+    if (asprintf(&mk, "%s/manifest", r->key) < 0) return -ENOMEM;
+    int rc = ckptio__s3_get_all(r->s3, r->bucket, mk, CKPTIO__MAX_MANIFEST_BYTES, buf, len, NULL,
+                                &r->msg);
+    free(mk);
+    if (rc == CKPTIO_E_NOT_FOUND)
+        return ckptio__fail(&r->msg, CKPTIO_E_NOT_CHECKPOINT,
+                            "'%s' is not a committed checkpoint: there is no object '%s/manifest' "
+                            "(an unfinished or failed save leaves none)",
+                            r->path, r->key);
+    CKPTIO__TRY(rc);
+    unsigned conns = ckptio__s3_connections();
+    r->cfg.backend = CKPTIO_BACKEND_PSYNC;
+    r->cfg.threads = conns;
+    r->cfg.depth = 2 * conns;
+    r->cfg.direct = CKPTIO_OFF;
+    r->cfg.cache = CKPTIO__CACHE_OFF;
+    return 0;
+}
+
 int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p)
 {
     if (!out || !path || !*path) {
@@ -122,6 +149,10 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     uint64_t len = 0;
     int rc = ckptio__read_new(path, p, &r);
     if (rc < 0) goto out;
+    if (ckptio__s3_is_url(path)) {
+        CKPTIO__CHECK(open_object(r, &buf, &len));
+        goto decode;
+    }
     r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (r->dirfd < 0) {
         rc = -errno;
@@ -130,6 +161,7 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
         goto out;
     }
     CKPTIO__CHECK(ckptio__read_manifest(r->dirfd, r->path, &r->msg, &buf, &len));
+decode:;
     char err[512] = "";
     rc = ckptio__manifest_decode(buf, len, &r->m, err, sizeof err);
     if (rc < 0) {
@@ -196,6 +228,8 @@ void ckptio_reader_close(ckptio_reader *r)
     if (r->dirfd >= 0) close(r->dirfd);
     free(r->path);
     free(r->dir);
+    free(r->bucket);
+    free(r->key);
     free(r);
 }
 
@@ -248,7 +282,8 @@ int ckptio__read_open_rfile(rfile *f, int dirfd, const char *name, int want_dire
 
 void ckptio__read_close_rfile(rfile *f)
 {
-    if (f->fd >= 0) close(f->fd);
+    if (f->fd >= 0 && ckptio__obj_is(f->fd)) ckptio__obj_close(f->fd);
+    else if (f->fd >= 0) close(f->fd);
     if (f->bfd >= 0) close(f->bfd);
     ckptio__cache_fini(&f->cf);
     f->fd = f->bfd = -1;
@@ -289,6 +324,30 @@ int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n
     return ckptio__stripes_set(&r->stripes, roots, n, &r->msg, "ckptio_reader_set_roots");
 }
 
+/* Data object i of a checkpoint in an object store. */
+static int open_object_file(ckptio_reader *r, uint32_t i)
+{
+    rfile *f = &r->files[i];
+    char *k;
+    if (asprintf(&k, "%s/%s", r->key, fname(r, i)) < 0) return -ENOMEM;
+    int rc = ckptio__obj_open_read(r->s3, r->bucket, k, &f->size, &f->fd, &r->msg);
+    free(k);
+    if (rc < 0) {
+        f->fd = -1;
+        if (rc == CKPTIO_E_NOT_FOUND)
+            return ckptio__fail_at(&r->msg, CKPTIO_E_CORRUPT, NULL, r->path, fname(r, i),
+                                   CKPTIO_ERROR_NO_OFFSET,
+                                   "data object '%s/%s' of checkpoint '%s' is missing", r->path,
+                                   fname(r, i), r->path);
+        ckptio__msg_name(&r->msg, NULL, r->path, fname(r, i), CKPTIO_ERROR_NO_OFFSET);
+        return rc;
+    }
+    f->bfd = -1;
+    f->direct = 0;
+    f->mem_align = f->off_align = 1;
+    return 0;
+}
+
 /* Data files are opened when a read first needs them, before it is planned: a checkpoint with
  * a damaged file can still be inspected and its other tensors read, and a reader holds no more
  * descriptors than its reads need. */
@@ -298,6 +357,7 @@ int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
     if (f->fd >= 0) return 0;
     uint32_t root = r->m->files[i].root;
     if (r->dir) return ckptio__read_open_foreign_file(r, i);
+    if (r->s3) return open_object_file(r, i);
     if (root) return open_striped(r, i);
     int rc = ckptio__read_open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)

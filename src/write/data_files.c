@@ -13,6 +13,7 @@
 
 #include "../common/box.h"
 #include "../io/engine.h"
+#include "../io/s3.h"
 #include "../io/vfs.h"
 #include "writer.h"
 
@@ -38,8 +39,19 @@ int ckptio__writer_new_file(ckptio_writer *w, uint32_t root, int *fd, int *direc
     char name[DATA_NAME_LEN];
     data_name(w, w->n_files, name, sizeof name);
     int dir = root ? w->stripes[root - 1].fd : w->txn.tmp_fd;
-    const char *where = root ? w->stripes[root - 1].path : w->txn.tmp_path;
+    const char *where = root ? w->stripes[root - 1].path : w->object ? w->txn.path : w->txn.tmp_path;
     CKPTIO__RET_IF(asprintf(label, "%s/%s", where, name) < 0, -ENOMEM);
+    if (w->object) {
+        *direct = 0;
+        int rc = ckptio__objtxn_open_data(&w->txn, name, w->part, fd, &w->msg);
+        if (rc < 0) {
+            free(*label);
+            *label = NULL;
+            *fd = -1;
+            return rc;
+        }
+        goto made;
+    }
     int rc = ckptio__file_open(dir, name, CKPTIO__F_WRITE, w->cfg.direct, fd, direct);
     if (rc < 0) {
         free(*label);
@@ -49,6 +61,7 @@ int ckptio__writer_new_file(ckptio_writer *w, uint32_t root, int *fd, int *direc
                             rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
                                           : "");
     }
+made:
     w->sizes[w->n_files] = 0;
     w->file_roots[w->n_files] = root;
     *index = (uint32_t)w->n_files++;
@@ -61,6 +74,13 @@ int ckptio__writer_finish_file(ckptio_writer *w, ckptio__sink *s, int *fd, const
 {
     CKPTIO__TRY(ckptio__sink_finish(s));
     int rc;
+    if (w->object) { /* the upload completed is the object written: nothing to fsync */
+        rc = ckptio__obj_finish(*fd, s->cursor, &w->msg);
+        ckptio__obj_close(*fd);
+        *fd = -1;
+        w->sizes[file] = s->cursor;
+        return rc;
+    }
     if (w->cfg.fsync && (rc = ckptio__fsync(*fd)) < 0)
         return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
                             label);
@@ -162,8 +182,20 @@ int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t
         char *was = w->file_prefix;
         w->file_prefix = p;
         data_name(w, 0, to, sizeof to);
-        if (asprintf(&label, "%s/%s", w->txn.tmp_path, to) < 0) label = NULL;
-        if (!label || CKPTIO__VFS->renameat2(w->txn.tmp_fd, from, w->txn.tmp_fd, to, 0) < 0) {
+        if (asprintf(&label, "%s/%s", w->object ? w->txn.path : w->txn.tmp_path, to) < 0)
+            label = NULL;
+        if (label && w->object) { /* nothing is uploaded yet: start over under the new name */
+            int fd = -1, rc = ckptio__objtxn_open_data(&w->txn, to, w->part, &fd, &w->msg);
+            if (rc < 0) {
+                free(label);
+                free(p);
+                w->file_prefix = was;
+                return rc;
+            }
+            ckptio__obj_close(w->fd);
+            w->fd = w->sink.fd = fd;
+        } else if (!label ||
+                   CKPTIO__VFS->renameat2(w->txn.tmp_fd, from, w->txn.tmp_fd, to, 0) < 0) {
             int rc = label ? -errno : -ENOMEM;
             free(label);
             free(p);
@@ -200,9 +232,10 @@ int ckptio_writer_set_roots(ckptio_writer *w, const char *const *roots, size_t n
                             "writer for '%s': set the roots once, before the first "
                             "ckptio_writer_add",
                             w->path);
-    if (w->is_part)
+    if (w->is_part || (n && w->object))
         return ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
-                            "'%s': a multi-rank save cannot be striped over roots", w->path);
+                            "'%s': a %s cannot be striped over roots", w->path,
+                            w->object ? "checkpoint in an object store" : "multi-rank save");
     if (n > CKPTIO__MAX_ROOTS)
         return ckptio__fail(&w->msg, CKPTIO_E_LIMIT, "'%s': %zu roots, at most %u", w->path, n,
                             CKPTIO__MAX_ROOTS);
@@ -261,4 +294,11 @@ out:
         w->lanes = NULL;
     }
     return rc;
+}
+
+void ckptio__writer_close_data(int fd)
+{
+    if (fd < 0) return;
+    if (ckptio__obj_is(fd)) ckptio__obj_close(fd);
+    else close(fd);
 }

@@ -14,6 +14,7 @@
 #include "../common/box.h"
 #include "../io/engine.h"
 #include "../io/vfs.h"
+#include "../io/s3.h"
 #include "writer.h"
 
 /* ---- small helpers ---- */
@@ -53,18 +54,40 @@ int ckptio__writer_check_usable(ckptio_writer *w)
 static int make_data(ckptio_writer *w)
 {
     const char *tmp = w->txn.tmp_path;
-    char file[DATA_NAME_LEN];
-    data_name(w, 0, file, sizeof file);
     /* The ranks of a distributed save share data/: whoever comes first makes it. */
-    if (CKPTIO__VFS->mkdirat(w->txn.tmp_fd, "data", 0755) < 0 &&
+    if (!w->object && CKPTIO__VFS->mkdirat(w->txn.tmp_fd, "data", 0755) < 0 &&
         !(!w->txn.owner && errno == EEXIST))
         return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", tmp);
     int direct = 0;
     uint32_t first;
     CKPTIO__TRY(ckptio__writer_new_file(w, 0, &w->fd, &direct, &w->data_label, &first));
-    return ckptio__sink_init(&w->sink, w->fd, direct, w->cfg.backend, w->cfg.depth,
-                             w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
-                             &w->msg);
+    if (!w->object)
+        return ckptio__sink_init(&w->sink, w->fd, direct, w->cfg.backend, w->cfg.depth,
+                                 w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
+                                 &w->msg);
+    /* One staging buffer is one part; the psync threads are the connections uploading them. */
+    unsigned conns = ckptio__s3_connections();
+    CKPTIO__TRY(ckptio__sink_init(&w->sink, w->fd, 0, CKPTIO_BACKEND_PSYNC, conns, conns,
+                                  CKPTIO__MAX(w->cfg.staging, 2 * w->part), w->part,
+                                  w->data_label, &w->msg));
+    ckptio__sink_object(&w->sink);
+    return 0;
+}
+
+/* An object store's parts: the request size, at least CKPTIO__S3_MIN_PART; a data object
+ * rolls over to the next before it would need more than CKPTIO__S3_MAX_PARTS of them. */
+static int object_setup(ckptio_writer *w)
+{
+    w->object = true;
+    w->part = CKPTIO__MAX(w->cfg.request, CKPTIO__S3_MIN_PART);
+    w->cfg.csum_block = CKPTIO__MIN(w->cfg.csum_block, w->part);
+    w->max_file_bytes = (uint64_t)(CKPTIO__S3_MAX_PARTS - 1) * w->part;
+    if (w->cfg.base)
+        return ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
+                            "'%s': incremental checkpoints (base=) are not yet supported in an "
+                            "object store; save it whole",
+                            w->path);
+    return 0;
 }
 
 /* part: a rank's share of a distributed save, in its own data file; join: the temporary
@@ -107,8 +130,9 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
         CKPTIO__CHECK(ckptio__txn_begin(&w->txn, path, CKPTIO__TXN_DIR,
                                         ckptio__cfg_txn_flags(&w->cfg), 0, &w->msg));
     w->path = w->txn.path;
+    if (ckptio__txn_is_object(&w->txn)) CKPTIO__CHECK(object_setup(w));
     if (w->cfg.base) CKPTIO__CHECK(ckptio__writer_open_base(w));
-    if (part && !join) {
+    if (part && !join && !w->object) {
         w->tmp_abs = realpath(w->txn.tmp_path, NULL);
         CKPTIO__GOTO_IF(!w->tmp_abs, ckptio__fail(&w->msg, -errno, "cannot resolve '%s'",
                                                   w->txn.tmp_path));
@@ -214,9 +238,22 @@ static int write_manifest(ckptio_writer *w, const uint8_t *buf, uint64_t len)
 }
 
 /* Write the manifest into the temporary directory and publish it: the end of every commit. */
+/* The transaction published: the writer is done. */
+static void committed(ckptio_writer *w)
+{
+    w->hs.state = CKPTIO__H_COMMITTED;
+    w->stats.seconds = ckptio__now() - w->t_open;
+    w->stats.gbps = w->stats.seconds > 0 ? (double)w->stats.bytes / w->stats.seconds / 1e9 : 0;
+}
+
 static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
 {
     int rc;
+    if (w->object) { /* the manifest's conditional PUT is the whole commit */
+        CKPTIO__TRY(ckptio__objtxn_publish(&w->txn, man, man_len, &w->msg));
+        committed(w);
+        return 0;
+    }
     CKPTIO__TRY(write_manifest(w, man, man_len));
     /* data/'s entry must be durable before the rename exposes it; the transaction syncs the
      * temporary directory itself. */
@@ -247,12 +284,7 @@ static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
     }
     for (size_t k = 0; k < n_old; k++) free(old_roots[k]);
     free(old_roots);
-    if (w->txn.published) { /* CKPTIO_E_NOT_DURABLE too: the checkpoint is complete */
-        w->hs.state = CKPTIO__H_COMMITTED;
-        w->stats.seconds = ckptio__now() - w->t_open;
-        w->stats.gbps =
-            w->stats.seconds > 0 ? (double)w->stats.bytes / w->stats.seconds / 1e9 : 0;
-    }
+    if (w->txn.published) committed(w); /* CKPTIO_E_NOT_DURABLE too: the checkpoint is complete */
     return rc;
 }
 
@@ -303,7 +335,7 @@ int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part)
     CKPTIO__CHECK(seal_data(w));
     CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, true));
     CKPTIO__GOTO_IF(ckptio_bytes_set(part, man, man_len) < 0, -ENOMEM);
-    if (w->cfg.fsync) {
+    if (w->cfg.fsync && !w->object) {
         /* Each rank makes its own entry durable: on a shared file system the coordinator's
          * fsync of data/ need not cover what another client created. */
         char data_dir[PATH_MAX];
@@ -348,13 +380,13 @@ void ckptio_writer_close(ckptio_writer *w)
     ckptio__sink_fini(&w->sink);
     for (size_t k = 0; w->lanes && k <= w->n_stripes; k++) {
         ckptio__sink_fini(&w->lanes[k].sink);
-        if (w->lanes[k].fd >= 0) close(w->lanes[k].fd);
+        ckptio__writer_close_data(w->lanes[k].fd);
         free(w->lanes[k].label);
     }
     ckptio__writer_settle_hashes(w);
     ckptio__hasher_stop(w->hasher);
     ckptio__vec_free(&w->pending);
-    if (w->fd >= 0) close(w->fd);
+    ckptio__writer_close_data(w->fd);
     ckptio__txn_fini(&w->txn); /* removes the temporary directory unless published */
     for (size_t k = 0; k < w->n_stripes; k++) ckptio__stripe_fini(&w->stripes[k]);
     free(w->stripes);

@@ -68,6 +68,8 @@ struct ckptio_writer {
     size_t n_files, cap_files;
     uint32_t cur_file;
     bool is_part;
+    bool object;   /* the checkpoint goes to an object store (commit/objtxn.c) */
+    uint64_t part; /* object: bytes per uploaded part (= the sink's request size) */
     bool splitting; /* add_split is adding the pieces of one chunk */
     /* Striping (ckptio_writer_set_roots): lane 0 writes into the checkpoint's own data/, lane
      * k into stripes[k - 1]. The current lane's file is fd/sink/data_label/cur_file; the others
@@ -106,11 +108,16 @@ struct ckptio_writer {
 #define MAX_PREFIX 64
 #define DATA_NAME_LEN (MAX_PREFIX + 32)
 
+/* Data files are data/<prefix><n>.ckd in a directory; in an object store the directory is
+ * this save's own component "d-<id>", so that no two saves ever share an object name. */
 static inline void data_name(const ckptio_writer *w, uint64_t i, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "data/%s%06llu.ckd", w->file_prefix ? w->file_prefix : "",
-             (unsigned long long)i);
+    snprintf(buf, cap, "%s/%s%06llu.ckd", w->object ? ckptio__objtxn_save(&w->txn) : "data",
+             w->file_prefix ? w->file_prefix : "", (unsigned long long)i);
 }
+
+/* Close a data file's descriptor, or forget an object's (aborting its upload if unfinished). */
+CKPTIO__HIDDEN void ckptio__writer_close_data(int fd);
 
 /* Chunks at least this large are coded when compression is on; smaller ones (norms, biases)
  * are stored as they are, where their short extents keep 64-byte alignment. */

@@ -49,6 +49,7 @@ from .. import _core, _dtypes
 from .._errors import NOT_FOUND, USAGE, CheckpointError, error
 from .._load import Reader
 from .._options import params
+from .._stage import ensure_parent
 from ..frameworks._torch import _host_item, stored_dtype, tables
 from ..ranks import _comm, _dist
 from .._tree import TREE_KEY, decode_value, iter_leaves, leaf_name, make_document
@@ -188,8 +189,7 @@ class StorageWriter(_storage.StorageWriter):
         try:
             items = self._stage(plan, planner)
             meta = self._meta(planner)
-            parent = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(parent, exist_ok=True)
+            ensure_parent(self.path)
         except BaseException as e:
             # Still take part, refusing (ckptio_save_dist_refuse), so that the other ranks fail
             # at once naming this rank instead of at the timeout.

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _core, _dtypes
 from .. import _stage as _staging
 from .._errors import NOT_FOUND, USAGE, CheckpointError, InvalidType, carry_values, error
-from .._stage import _make_parent
+from .._stage import ensure_parent
 from .._tree import (
     TREE_KEY,
     flatten,
@@ -441,12 +441,7 @@ def save(
     items, doc = stage_or_refuse(tree, comm, path, p, timeout, p["gpu"])
     if any(len(it) > 7 for it in items):
         _gpu.note(GPU_NOTE)
-    import os
-
-
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        _make_parent(parent, path)
+    ensure_parent(path)
     meta_items = [(TREE_KEY, doc)] + meta if comm.rank == 0 else []
     try:
         return _core.save_dist(path, comm, items, meta_items, p, timeout)
