@@ -1399,6 +1399,10 @@ CKPTIO_API int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, vo
  * it holds no manifest). In an object store the manifest goes first, so the checkpoint
  * disappears whole; its data objects and unfinished uploads follow. Since 0.3. */
 CKPTIO_API int ckptio_remove_checkpoint(const char *path);
+/* 1 when `path` (a directory or an s3:// URL) holds a committed checkpoint (its manifest), 0
+ * when not, or a negative code when that cannot be told (no credentials, no server...). Since
+ * 0.3. */
+CKPTIO_API int ckptio_is_checkpoint(const char *path);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 

@@ -320,7 +320,28 @@ static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
     return ret;
 }
 
+/* is_checkpoint(path) -> bool: whether a directory or s3:// URL holds a manifest. */
+static PyObject *mod_is_checkpoint(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:is_checkpoint", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_is_checkpoint(path);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    PyObject *ret = rc < 0 ? raise_for(rc, msg, path) : PyBool_FromLong(rc);
+    Py_DECREF(path_obj);
+    return ret;
+}
+
 static PyMethodDef dist_functions[] = {
+    {"is_checkpoint", mod_is_checkpoint, METH_VARARGS,
+     "is_checkpoint(path) -> whether path (a directory or s3:// URL) holds a manifest"},
     {"list_checkpoints", mod_list_checkpoints, METH_VARARGS,
      "list_checkpoints(prefix) -> names of the committed checkpoints under prefix"},
     {"remove_checkpoint", mod_remove_checkpoint, METH_VARARGS,

@@ -114,6 +114,35 @@ int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, void *ctx)
     return rc;
 }
 
+int ckptio_is_checkpoint(const char *path)
+{
+    if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_is_checkpoint: no path");
+    ckptio__msg msg = {0};
+    char *m = NULL, *bucket = NULL, *key = NULL;
+    int rc;
+    if (!ckptio__s3_is_url(path)) {
+        if (asprintf(&m, "%s/manifest", path) < 0) return -ENOMEM;
+        struct stat st;
+        rc = stat(m, &st) == 0 && S_ISREG(st.st_mode);
+        free(m);
+        return rc;
+    }
+    ckptio__s3 *s3;
+    ckptio__s3_resp r = {0};
+    rc = ckptio__s3_parse(path, &bucket, &key, &msg);
+    if (rc == 0) rc = ckptio__s3_client(&s3, &msg);
+    if (rc == 0 && asprintf(&m, "%s/manifest", key) < 0) {
+        m = NULL;
+        rc = -ENOMEM;
+    }
+    if (rc == 0) rc = ckptio__s3_head(s3, bucket, m, &r, &msg);
+    rc = rc == 0 ? 1 : rc == CKPTIO_E_NOT_FOUND ? 0 : rc;
+    free(m);
+    free(bucket);
+    free(key);
+    return rc < 0 ? ckptio__refail(NULL, &msg, rc, "cannot look for a checkpoint", NULL) : rc;
+}
+
 /* ---- remove ---- */
 
 typedef struct rm_ctx {

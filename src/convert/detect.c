@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../io/s3.h"
 #include "convert.h"
 
 static const char *const fmt_names[] = {NULL, "ckptio", "safetensors", "hf", "torch", "dcp"};
@@ -68,8 +69,18 @@ static bool torch_name(const char *path)
            ckptio__conv_ends_with(path, ".bin") || ckptio__conv_ends_with(path, ".ckpt");
 }
 
+/* In an object store names decide, then whether a manifest object is there. */
+static int detect_url(const char *path)
+{
+    if (ckptio__conv_ends_with(path, ".safetensors")) return CKPTIO_CONVERT_SAFETENSORS;
+    if (ckptio__conv_ends_with(path, ".safetensors.index.json")) return CKPTIO_CONVERT_HF;
+    int rc = ckptio_is_checkpoint(path);
+    return rc < 0 ? rc : rc ? CKPTIO_CONVERT_CKPTIO : CKPTIO_CONVERT_HF;
+}
+
 static int detect_src(const char *path)
 {
+    if (ckptio__s3_is_url(path)) return detect_url(path);
     struct stat st;
     if (stat(path, &st) < 0) return ckptio__fail(NULL, -errno, "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) {
@@ -100,6 +111,7 @@ int ckptio_convert_detect(const char *path, int is_dst, int sharded)
 {
     if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "convert: no path");
     if (!is_dst) return detect_src(path);
+    if (ckptio__s3_is_url(path)) return CKPTIO_CONVERT_CKPTIO; /* the one kind objects hold */
     if (ckptio__conv_ends_with(path, ".safetensors")) return CKPTIO_CONVERT_SAFETENSORS;
     if (torch_name(path)) return CKPTIO_CONVERT_TORCH;
     if (ckptio__conv_ends_with(path, ".dcp") || ckptio__conv_ends_with(path, ".dcp/"))

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../io/s3.h"
 #include "convert.h"
 
 #define PIECE_DEFAULT (32ull << 20)
@@ -329,6 +330,13 @@ static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
         return CONV_FAIL(c, CKPTIO_E_UNSUPPORTED,
                          "converting %s -> %s needs Python with ckptio and torch: run it with "
                          "python -m ckptio convert (pip install ckptio torch)",
+                         ckptio_convert_format_name(f), ckptio_convert_format_name(t));
+    if ((ckptio__s3_is_url(c->a.dst) && t != CKPTIO_CONVERT_CKPTIO) ||
+        (ckptio__s3_is_url(a->src) && f >= CKPTIO_CONVERT_TORCH))
+        return CONV_FAIL(c, CKPTIO_E_UNSUPPORTED,
+                         "converting %s -> %s: in an object store ckptio reads ckptio, "
+                         "safetensors and Hugging Face checkpoints and writes ckptio ones; "
+                         "convert through a local directory",
                          ckptio_convert_format_name(f), ckptio_convert_format_name(t));
     if (a->max_shard_bytes && t != CKPTIO_CONVERT_HF)
         return CONV_FAIL(c, CKPTIO_E_USAGE, "--max-shard-size applies to hf destinations only");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../format/foreign.h"
+#include "../io/s3.h"
 #include "reader.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
@@ -46,6 +47,47 @@ static int pread_full(ckptio_reader *r, int fd, void *buf, uint64_t len, uint64_
     return 0;
 }
 
+/* In an object store r->dir is "s3://bucket/prefix", and the files are objects: the key of
+ * join(r->dir, name). */
+static const char *key_of(const ckptio_reader *r, const char *url)
+{
+    return url + strlen("s3://") + strlen(r->bucket) + 1;
+}
+
+/* All `len` bytes at `off` of the file (fd >= 0) or object (fd < 0) `path`. */
+static int read_at(ckptio_reader *r, int fd, void *buf, uint64_t len, uint64_t off,
+                   const char *path)
+{
+    if (fd >= 0) return pread_full(r, fd, buf, len, off, path);
+    uint64_t got = 0;
+    CKPTIO__TRY(ckptio__s3_get_range(r->s3, r->bucket, key_of(r, path), off, len, buf, &got,
+                                     &r->msg));
+    return got == len ? 0
+                      : ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
+                                     "reading '%s' at byte %llu failed: the object ended", path,
+                                     U(off + got));
+}
+
+static int open_regular(ckptio_reader *r, const char *path, uint64_t max, int *fd,
+                        uint64_t *size);
+
+/* open_regular, or for an object its size (and *fd = -1). */
+static int open_src(ckptio_reader *r, const char *path, uint64_t max, int *fd, uint64_t *size)
+{
+    if (!r->s3) return open_regular(r, path, max, fd, size);
+    *fd = -1;
+    ckptio__s3_resp resp = {0};
+    int rc = ckptio__s3_head(r->s3, r->bucket, key_of(r, path), &resp, &r->msg);
+    if (rc == CKPTIO_E_NOT_FOUND)
+        return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "cannot open '%s': it is missing", path);
+    CKPTIO__TRY(rc);
+    if (max && resp.size > max)
+        return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "'%s' is not an object of a readable size",
+                            path);
+    *size = resp.size;
+    return 0;
+}
+
 /* Open `path` (links followed) as a regular file of at most `max` bytes (0: any). */
 static int open_regular(ckptio_reader *r, const char *path, uint64_t max, int *fd, uint64_t *size)
 {
@@ -70,13 +112,13 @@ static int read_header(ckptio_reader *r, const char *path, uint64_t *size, ckpti
     int fd, rc;
     uint8_t head[8], *buf = NULL;
     char err[512] = "";
-    CKPTIO__TRY(open_regular(r, path, 0, &fd, size));
+    CKPTIO__TRY(open_src(r, path, 0, &fd, size));
     if (*size < 8) {
         rc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
                           "'%s': %llu bytes, too short for a safetensors file", path, U(*size));
         goto out;
     }
-    CKPTIO__CHECK(pread_full(r, fd, head, 8, 0, path));
+    CKPTIO__CHECK(read_at(r, fd, head, 8, 0, path));
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | head[i];
     /* A length past the limit or the file is refused by the parser before it reads a byte. */
@@ -84,13 +126,13 @@ static int read_header(ckptio_reader *r, const char *path, uint64_t *size, ckpti
     if (fits) {
         buf = malloc(n ? n : 1);
         CKPTIO__GOTO_IF(!buf, -ENOMEM);
-        CKPTIO__CHECK(pread_full(r, fd, buf, n, 8, path));
+        CKPTIO__CHECK(read_at(r, fd, buf, n, 8, path));
     }
     rc = ckptio__st_parse(fits ? buf : head, n, *size, h, err, sizeof err);
     if (rc < 0) ckptio__fail(&r->msg, rc, "'%s': %s", path, err);
 out:
     free(buf);
-    close(fd);
+    if (fd >= 0) close(fd);
     return rc;
 }
 
@@ -100,17 +142,17 @@ static int read_index(ckptio_reader *r, const char *path, ckptio__st_index **ix)
     uint64_t size;
     uint8_t *buf = NULL;
     char err[512] = "";
-    CKPTIO__TRY(open_regular(r, path, CKPTIO__ST_MAX_HEADER, &fd, &size));
+    CKPTIO__TRY(open_src(r, path, CKPTIO__ST_MAX_HEADER, &fd, &size));
     buf = malloc(size ? size : 1);
     CKPTIO__GOTO_IF(!buf, -ENOMEM);
-    CKPTIO__CHECK(pread_full(r, fd, buf, size, 0, path));
+    CKPTIO__CHECK(read_at(r, fd, buf, size, 0, path));
     rc = ckptio__st_index_parse(buf, size, ix, err, sizeof err);
     if (rc < 0)
         ckptio__fail(&r->msg, rc, "the index '%s' is not JSON that an index holds: %s", path,
                      err);
 out:
     free(buf);
-    close(fd);
+    if (fd >= 0) close(fd);
     return rc;
 }
 
@@ -119,64 +161,106 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A directory's entries by kind: indexes, shards, and whether a manifest is among them. */
+typedef struct entries {
+    ckptio__vec shards, indexes;
+    bool ckptio_own;
+} entries;
+
+static int sort_entry(entries *e, const char *name)
+{
+    ckptio__vec *to = ends_with(name, INDEX_SUFFIX)    ? &e->indexes
+                      : ends_with(name, ".safetensors") ? &e->shards
+                                                        : NULL;
+    e->ckptio_own |= !strcmp(name, "manifest");
+    if (!to) return 0;
+    char *s = strdup(name);
+    if (!s || ckptio__vec_push(to, &s, 1) < 0) {
+        free(s);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+typedef struct obj_entries {
+    entries *e;
+    size_t skip; /* length of "prefix/" */
+} obj_entries;
+
+/* An object directly under the prefix is an entry; deeper ones are not. */
+static int on_object(void *ctx, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)size;
+    (void)mtime;
+    obj_entries *o = ctx;
+    const char *name = key + o->skip;
+    return strchr(name, '/') ? 0 : sort_entry(o->e, name);
+}
+
+static int gather(ckptio_reader *r, entries *e)
+{
+    if (r->s3) {
+        char *prefix;
+        if (asprintf(&prefix, "%s/", key_of(r, r->dir)) < 0) return -ENOMEM;
+        obj_entries o = {e, strlen(prefix)};
+        int rc = ckptio__s3_list(r->s3, r->bucket, prefix, on_object, &o, &r->msg);
+        free(prefix);
+        return rc;
+    }
+    DIR *d = opendir(r->dir);
+    if (!d) return ckptio__fail(&r->msg, -errno, "cannot open directory '%s'", r->dir);
+    int rc = 0;
+    for (struct dirent *de; rc == 0 && (errno = 0, de = readdir(d));) rc = sort_entry(e, de->d_name);
+    if (rc == 0 && errno) rc = ckptio__fail(&r->msg, -errno, "cannot list '%s'", r->dir);
+    closedir(d);
+    return rc;
+}
+
 /* The names to read in directory r->dir: an index (*index set; the shards come from it), or
  * every *.safetensors file, sorted. */
 static int list_dir(ckptio_reader *r, char ***names, size_t *n, char **index)
 {
-    DIR *d = opendir(r->dir);
-    if (!d) return ckptio__fail(&r->msg, -errno, "cannot open directory '%s'", r->dir);
-    ckptio__vec shards, indexes;
-    ckptio__vec_init(&shards, sizeof(char *));
-    ckptio__vec_init(&indexes, sizeof(char *));
-    int rc = 0;
-    bool ckptio_own = false;
-    for (struct dirent *e; (errno = 0, e = readdir(d));) {
-        ckptio__vec *to = ends_with(e->d_name, INDEX_SUFFIX)  ? &indexes
-                          : ends_with(e->d_name, ".safetensors") ? &shards
-                                                                  : NULL;
-        ckptio_own |= !strcmp(e->d_name, "manifest");
-        if (!to) continue;
-        char *s = strdup(e->d_name);
-        CKPTIO__GOTO_IF(!s || ckptio__vec_push(to, &s, 1) < 0, (free(s), -ENOMEM));
-    }
-    CKPTIO__GOTO_IF(errno, -errno);
-    if (ckptio_own) {
+    entries e = {.ckptio_own = false};
+    ckptio__vec_init(&e.shards, sizeof(char *));
+    ckptio__vec_init(&e.indexes, sizeof(char *));
+    int rc = gather(r, &e);
+    CKPTIO__GOTO_IF(rc < 0, rc);
+    if (e.ckptio_own) {
         rc = ckptio__fail(&r->msg, CKPTIO_E_FORMAT,
                           "'%s' is a ckptio checkpoint (it has a manifest): open it with "
                           "ckptio_reader_open",
                           r->dir);
         goto out;
     }
-    char **ix = indexes.items, **sh = shards.items;
-    if (indexes.len > 1) qsort(ix, indexes.len, sizeof *ix, cmp_str);
-    if (shards.len > 1) qsort(sh, shards.len, sizeof *sh, cmp_str);
-    for (size_t i = 0; i < indexes.len && !*index; i++)
+    char **ix = e.indexes.items, **sh = e.shards.items;
+    if (e.indexes.len > 1) qsort(ix, e.indexes.len, sizeof *ix, cmp_str);
+    if (e.shards.len > 1) qsort(sh, e.shards.len, sizeof *sh, cmp_str);
+    for (size_t i = 0; i < e.indexes.len && !*index; i++)
         if (!strcmp(ix[i], INDEX_NAME)) *index = strdup(ix[i]);
-    if (!*index && indexes.len > 1) {
+    if (!*index && e.indexes.len > 1) {
         rc = ckptio__fail(&r->msg, CKPTIO_E_USAGE,
-                          "'%s' holds several indexes ('%s', '%s'%s); open the one to read",
-                          r->dir, ix[0], ix[1], indexes.len > 2 ? ", ..." : "");
+                          "'%s' holds several e.indexes ('%s', '%s'%s); open the one to read",
+                          r->dir, ix[0], ix[1], e.indexes.len > 2 ? ", ..." : "");
         goto out;
     }
-    if (!*index && indexes.len == 1) *index = strdup(ix[0]);
-    CKPTIO__GOTO_IF(indexes.len && !*index, -ENOMEM);
-    if (!*index && !shards.len) {
+    if (!*index && e.indexes.len == 1) *index = strdup(ix[0]);
+    CKPTIO__GOTO_IF(e.indexes.len && !*index, -ENOMEM);
+    if (!*index && !e.shards.len) {
         rc = ckptio__fail(&r->msg, CKPTIO_E_NOT_CHECKPOINT,
                           "'%s' holds no .safetensors file and no index", r->dir);
         goto out;
     }
     if (!*index) {
         *names = sh;
-        *n = shards.len;
-        shards.items = NULL; /* now the caller's */
-        shards.len = 0;
+        *n = e.shards.len;
+        e.shards.items = NULL; /* now the caller's */
+        e.shards.len = 0;
     }
 out:
-    closedir(d);
-    for (size_t i = 0; i < indexes.len; i++) free(((char **)indexes.items)[i]);
-    for (size_t i = 0; i < shards.len; i++) free(((char **)shards.items)[i]);
-    ckptio__vec_free(&indexes);
-    ckptio__vec_free(&shards);
+    for (size_t i = 0; i < e.indexes.len; i++) free(((char **)e.indexes.items)[i]);
+    for (size_t i = 0; i < e.shards.len; i++) free(((char **)e.shards.items)[i]);
+    ckptio__vec_free(&e.indexes);
+    ckptio__vec_free(&e.shards);
     return rc;
 }
 
@@ -229,11 +313,19 @@ static int open_foreign(ckptio_reader *r, const char *path)
     ckptio__st_header **hs = NULL;
     ckptio__foreign_file *files = NULL;
     int rc = 0;
-    if (stat(path, &st) < 0)
-        return ckptio__fail(&r->msg, -errno, "cannot open '%s'", path);
-    if (S_ISDIR(st.st_mode)) {
+    bool url = ckptio__s3_is_url(path), dir;
+    if (url) {
+        /* An object store has no directories: a name that is no file's is a prefix. */
+        CKPTIO__TRY(ckptio__read_object_setup(r, path));
+        dir = !ends_with(path, ".safetensors") && !ends_with(path, INDEX_SUFFIX);
+    } else {
+        if (stat(path, &st) < 0) return ckptio__fail(&r->msg, -errno, "cannot open '%s'", path);
+        dir = S_ISDIR(st.st_mode);
+    }
+    if (dir) {
         r->dir = strdup(path);
         CKPTIO__RET_IF(!r->dir, -ENOMEM);
+        for (size_t k = strlen(r->dir); url && k > 6 && r->dir[k - 1] == '/';) r->dir[--k] = 0;
         CKPTIO__CHECK(list_dir(r, &names, &n, &index));
     } else {
         const char *slash = strrchr(path, '/');
@@ -311,6 +403,12 @@ int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i)
     char *full = join(r->dir, fname(r, i)), *real = NULL, *parent = NULL;
     int rc = 0, dfd = -1;
     CKPTIO__GOTO_IF(!full, -ENOMEM);
+    if (r->s3) {
+        rc = ckptio__read_open_object(r, f, key_of(r, full));
+        if (rc == CKPTIO_E_NOT_FOUND)
+            rc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "cannot open '%s': it is missing", full);
+        goto out;
+    }
     /* Links lead anywhere, as open(2) follows them: a Hugging Face cache entry is
      * snapshots/<rev>/<name> -> ../../blobs/<sha>. */
     rc = ckptio__follow_links(full, &real);

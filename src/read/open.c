@@ -110,12 +110,23 @@ out:
     return rc;
 }
 
-/* A checkpoint in an object store: the manifest object's bytes, and the reader set up for
- * objects: ranged GETs on the psync threads (one per connection), no page cache, no O_DIRECT. */
+int ckptio__read_object_setup(ckptio_reader *r, const char *url)
+{
+    CKPTIO__TRY(ckptio__s3_parse(url, &r->bucket, &r->key, &r->msg));
+    CKPTIO__TRY(ckptio__s3_client(&r->s3, &r->msg));
+    unsigned conns = ckptio__s3_connections();
+    r->cfg.backend = CKPTIO_BACKEND_PSYNC;
+    r->cfg.threads = conns;
+    r->cfg.depth = 2 * conns;
+    r->cfg.direct = CKPTIO_OFF;
+    r->cfg.cache = CKPTIO__CACHE_OFF;
+    return 0;
+}
+
+/* A checkpoint in an object store: the manifest object's bytes. */
 static int open_object(ckptio_reader *r, uint8_t **buf, uint64_t *len)
 {
-    CKPTIO__TRY(ckptio__s3_parse(r->path, &r->bucket, &r->key, &r->msg));
-    CKPTIO__TRY(ckptio__s3_client(&r->s3, &r->msg));
+    CKPTIO__TRY(ckptio__read_object_setup(r, r->path));
     char *mk;
     if (asprintf(&mk, "%s/manifest", r->key) < 0) return -ENOMEM;
     int rc = ckptio__s3_get_all(r->s3, r->bucket, mk, CKPTIO__MAX_MANIFEST_BYTES, buf, len, NULL,
@@ -126,14 +137,7 @@ static int open_object(ckptio_reader *r, uint8_t **buf, uint64_t *len)
                             "'%s' is not a committed checkpoint: there is no object '%s/manifest' "
                             "(an unfinished or failed save leaves none)",
                             r->path, r->key);
-    CKPTIO__TRY(rc);
-    unsigned conns = ckptio__s3_connections();
-    r->cfg.backend = CKPTIO_BACKEND_PSYNC;
-    r->cfg.threads = conns;
-    r->cfg.depth = 2 * conns;
-    r->cfg.direct = CKPTIO_OFF;
-    r->cfg.cache = CKPTIO__CACHE_OFF;
-    return 0;
+    return rc;
 }
 
 int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p)
@@ -324,13 +328,26 @@ int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n
     return ckptio__stripes_set(&r->stripes, roots, n, &r->msg, "ckptio_reader_set_roots");
 }
 
+int ckptio__read_open_object(ckptio_reader *r, rfile *f, const char *key)
+{
+    int rc = ckptio__obj_open_read(r->s3, r->bucket, key, &f->size, &f->fd, &r->msg);
+    if (rc < 0) {
+        f->fd = -1;
+        return rc;
+    }
+    f->bfd = -1;
+    f->direct = 0;
+    f->mem_align = f->off_align = 1;
+    return 0;
+}
+
 /* Data object i of a checkpoint in an object store. */
 static int open_object_file(ckptio_reader *r, uint32_t i)
 {
     rfile *f = &r->files[i];
     char *k;
     if (asprintf(&k, "%s/%s", r->key, fname(r, i)) < 0) return -ENOMEM;
-    int rc = ckptio__obj_open_read(r->s3, r->bucket, k, &f->size, &f->fd, &r->msg);
+    int rc = ckptio__read_open_object(r, f, k);
     free(k);
     if (rc < 0) {
         f->fd = -1;
@@ -342,9 +359,6 @@ static int open_object_file(ckptio_reader *r, uint32_t i)
         ckptio__msg_name(&r->msg, NULL, r->path, fname(r, i), CKPTIO_ERROR_NO_OFFSET);
         return rc;
     }
-    f->bfd = -1;
-    f->direct = 0;
-    f->mem_align = f->off_align = 1;
     return 0;
 }
 

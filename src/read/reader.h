@@ -133,6 +133,12 @@ typedef struct cres {
     uint64_t got, bad_x, bad_len;
 } cres;
 
+/* Object stores (open.c): set r up to read "s3://bucket/key" (its client, bucket and key;
+ * ranged GETs on the psync threads, one per connection; no page cache, no O_DIRECT), and open
+ * the object `key` of that bucket as file f. */
+CKPTIO__HIDDEN int ckptio__read_object_setup(ckptio_reader *r, const char *url);
+CKPTIO__HIDDEN int ckptio__read_open_object(ckptio_reader *r, rfile *f, const char *key);
+
 /* The first versions of the structs that may grow end with these fields. */
 #define REGION_V1 (offsetof(ckptio_region, capacity) + sizeof(uint64_t))
 #define RANGE_V1 (offsetof(ckptio_range, dst) + sizeof(void *))

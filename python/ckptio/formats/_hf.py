@@ -42,6 +42,10 @@ def handles(path: Any) -> bool:
         return False
     if isinstance(p, bytes):
         return False
+    if p.startswith("s3://"):  # an object store: a file by its name, else a prefix
+        if p.endswith(".safetensors") or p.endswith(_INDEX_SUFFIX):
+            return True
+        return not _core.is_checkpoint(p)
     if os.path.isdir(p):
         if os.path.lexists(os.path.join(p, "manifest")):
             return False
