@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of the S3 client: SigV4 against AWS's published example, URLs, XML, times, and a live store. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -211,6 +215,223 @@ static int test_times(void)
     return 0;
 }
 
+
+/* ---- a scripted HTTP server on 127.0.0.1: each request takes the next reply ---- */
+
+enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL };
+typedef struct fake_reply {
+    int action;
+    int status;
+    const char *body; /* also the Content-Length */
+} fake_reply;
+
+typedef struct fake {
+    int lfd, port;
+    pthread_t th;
+    const fake_reply *script;
+    unsigned n, next;
+    char lines[16][600]; /* each request's first line */
+} fake;
+
+/* One request's head and body from fd; false when the peer closed. */
+static bool fake_read(int fd, char *line, size_t cap)
+{
+    char buf[16384];
+    size_t len = 0;
+    char *end = NULL;
+    while (!end) {
+        if (len + 1 >= sizeof buf) return false;
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0) return false;
+        len += (size_t)n;
+        buf[len] = 0;
+        end = strstr(buf, "\r\n\r\n");
+    }
+    char *cl = strcasestr(buf, "\r\ncontent-length:");
+    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0, have = len - (size_t)(end + 4 - buf);
+    for (char tmp[65536]; have < body;) {
+        ssize_t n = read(fd, tmp, CKPTIO__MIN(sizeof tmp, body - have));
+        if (n <= 0) return false;
+        have += (size_t)n;
+    }
+    snprintf(line, cap, "%.*s", (int)(strstr(buf, "\r\n") - buf), buf);
+    return true;
+}
+
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    int fd;
+    while ((fd = accept(f->lfd, NULL, NULL)) >= 0) {
+        char line[600];
+        while (fake_read(fd, line, sizeof line)) {
+            unsigned i = f->next < f->n ? f->next : f->n - 1;
+            if (f->next < 16) snprintf(f->lines[f->next], sizeof f->lines[0], "%s", line);
+            f->next++;
+            const fake_reply *r = &f->script[i];
+            if (r->action == FAKE_RESET) {
+                struct linger lg = {1, 0};
+                setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+                break;
+            }
+            char head[512];
+            const char *body = r->body ? r->body : "";
+            int hl = snprintf(head, sizeof head,
+                              "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: \"e%u\"\r\n"
+                              "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
+                              r->status, strlen(body) + (r->action == FAKE_STALL ? 100 : 0), i);
+            if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
+            if (r->action == FAKE_STALL) {
+                sleep(3);
+                break;
+            }
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* Start the server and point a fresh client at it (stall 1 s, deadline timeout_s). */
+static int fake_start(fake *f, const fake_reply *script, unsigned n, const char *timeout_s,
+                      ckptio__s3 **c)
+{
+    memset(f, 0, sizeof *f);
+    f->script = script;
+    f->n = n;
+    f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    CHECK(f->lfd >= 0 && bind(f->lfd, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK(listen(f->lfd, 16) == 0 && getsockname(f->lfd, (struct sockaddr *)&a, &al) == 0);
+    f->port = ntohs(a.sin_port);
+    CHECK(pthread_create(&f->th, NULL, fake_main, f) == 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", f->port);
+    setenv("AWS_ENDPOINT_URL", ep, 1);
+    setenv("AWS_ACCESS_KEY_ID", "ak", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "sk", 1);
+    setenv("CKPTIO_S3_STALL", "1", 1);
+    setenv("CKPTIO_S3_TIMEOUT", timeout_s, 1);
+    CHECK_OK(ckptio__s3_client(c, NULL));
+    return 0;
+}
+
+#define ERR_XML(code) "<?xml version=\"1.0\"?><Error><Code>" code "</Code></Error>"
+
+static int test_retries(void)
+{
+    static const fake_reply script[] = {
+        {FAKE_REPLY, 503, ERR_XML("SlowDown")}, {FAKE_REPLY, 500, ERR_XML("InternalError")},
+        {FAKE_RESET, 0, NULL},                  {FAKE_REPLY, 409, ERR_XML("ConditionalRequestConflict")},
+        {FAKE_REPLY, 400, ERR_XML("RequestTimeout")}, {FAKE_REPLY, 429, NULL},
+        {FAKE_REPLY, 200, NULL},
+        {FAKE_REPLY, 412, ERR_XML("PreconditionFailed")}, /* the next put: no retry */
+        {FAKE_REPLY, 403, ERR_XML("SignatureDoesNotMatch")},
+        {FAKE_REPLY, 404, ERR_XML("NoSuchBucket")},
+        {FAKE_REPLY, 400, ERR_XML("InvalidArgument")},
+    };
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, sizeof script / sizeof script[0], "30", &c)) return 1;
+    ckptio__s3_resp r;
+    CHECK_OK(ckptio__s3_put(c, "b", "k", "data", 4, NULL, &r, NULL));
+    CHECK(f.next == 7 && !strcmp(r.etag, "\"e6\"") && r.date == 1255369830);
+    CHECK(!strcmp(f.lines[0], "PUT /b/k HTTP/1.1"));
+    CHECK_ERR(ckptio__s3_put(c, "b", "k", "data", 4, "*", NULL, NULL), CKPTIO_E_EXISTS);
+    CHECK(f.next == 8 && t_contains(ckptio_last_error(), "s3://b/k"));
+    CHECK_ERR(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL), -EACCES);
+    CHECK(t_contains(ckptio_last_error(), "403 SignatureDoesNotMatch") &&
+          t_contains(ckptio_last_error(), "AWS_SECRET_ACCESS_KEY"));
+    CHECK_ERR(ckptio__s3_delete(c, "nb", "k", NULL), -ENOENT);
+    CHECK(t_contains(ckptio_last_error(), "s3://nb/k") && t_contains(ckptio_last_error(), "create it"));
+    CHECK_ERR(ckptio__s3_head(c, "b", "k", NULL, NULL), -EIO);
+    CHECK(f.next == 11);
+    return 0;
+}
+
+static int test_deadline(void)
+{
+    static const fake_reply script[] = {{FAKE_REPLY, 503, ERR_XML("SlowDown")}};
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 1, "1.5", &c)) return 1;
+    double t0 = ckptio__now();
+    CHECK_ERR(ckptio__s3_put(c, "b", "k", "data", 4, NULL, NULL, NULL), -ETIMEDOUT);
+    double dt = ckptio__now() - t0;
+    printf("%s after %.2f s and %u tries\n", ckptio_last_error(), dt, f.next);
+    CHECK(dt < 3 && f.next >= 3 && t_contains(ckptio_last_error(), "503 SlowDown") &&
+          t_contains(ckptio_last_error(), "CKPTIO_S3_TIMEOUT"));
+    return 0;
+}
+
+static int test_stall(void)
+{
+    static const fake_reply script[] = {{FAKE_STALL, 206, "0123456789"},
+                                        {FAKE_REPLY, 206, "0123456789"},
+                                        {FAKE_REPLY, 416, ERR_XML("InvalidRange")},
+                                        {FAKE_REPLY, 206, "0123456789abc"}};
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 4, "30", &c)) return 1;
+    char buf[10];
+    uint64_t got = 0;
+    double t0 = ckptio__now();
+    CHECK_OK(ckptio__s3_get_range(c, "b", "k/x y", 5, 10, buf, &got, NULL));
+    double dt = ckptio__now() - t0;
+    printf("a stalled GET retried after %.2f s\n", dt);
+    CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 2);
+    CHECK(!strcmp(f.lines[1], "GET /b/k/x%20y HTTP/1.1"));
+    CHECK_OK(ckptio__s3_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
+    CHECK(got == 0);
+    CHECK_ERR(ckptio__s3_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
+    return 0;
+}
+
+static const char list1[] =
+    "<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>p/a</Key><Size>1</Size>"
+    "</Contents><NextContinuationToken>t/1+2=</NextContinuationToken></ListBucketResult>";
+static const char list2[] =
+    "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/b</Key><Size>2</Size>"
+    "</Contents><Contents><Key>p/c</Key><Size>3</Size></Contents></ListBucketResult>";
+static const char up1[] =
+    "<ListMultipartUploadsResult><IsTruncated>true</IsTruncated><NextKeyMarker>p/a</NextKeyMarker>"
+    "<NextUploadIdMarker>u1</NextUploadIdMarker><Upload><Key>p/a</Key><UploadId>u1</UploadId>"
+    "</Upload></ListMultipartUploadsResult>";
+static const char up2[] =
+    "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated><Upload><Key>p/b</Key>"
+    "<UploadId>u2</UploadId></Upload></ListMultipartUploadsResult>";
+static const char created[] =
+    "<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key><UploadId>id&amp;1</UploadId>"
+    "</InitiateMultipartUploadResult>";
+
+static int test_pages(void)
+{
+    static const fake_reply script[] = {
+        {FAKE_REPLY, 200, list1}, {FAKE_REPLY, 200, list2}, {FAKE_REPLY, 200, up1},
+        {FAKE_REPLY, 200, up2},   {FAKE_REPLY, 200, created},
+        {FAKE_REPLY, 200, ERR_XML("InternalError")}, /* a complete that failed after its 200 */
+        {FAKE_REPLY, 200, "<CompleteMultipartUploadResult/>"},
+    };
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 7, "30", &c)) return 1;
+    seen s = {0};
+    CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
+    CHECK(s.n == 3 && !strcmp(s.keys[2], "p/c") && s.sizes[2] == 3);
+    CHECK(!strcmp(f.lines[0], "GET /b?list-type=2&prefix=p%2F HTTP/1.1"));
+    CHECK(!strcmp(f.lines[1], "GET /b?continuation-token=t%2F1%2B2%3D&list-type=2&prefix=p%2F HTTP/1.1"));
+    s.n = 0;
+    CHECK_OK(ckptio__s3_list_uploads(c, "b", "p/", on_upload, &s, NULL));
+    CHECK(s.n == 2 && !strcmp(s.keys[1], "p/b|u2"));
+    CHECK(!strcmp(f.lines[3], "GET /b?key-marker=p%2Fa&prefix=p%2F&upload-id-marker=u1&uploads= HTTP/1.1"));
+    char *id = NULL, etags[1][128] = {"\"e\""};
+    CHECK_OK(ckptio__s3_mpu_create(c, "b", "k", &id, NULL));
+    CHECK(!strcmp(id, "id&1") && !strcmp(f.lines[4], "POST /b/k?uploads= HTTP/1.1"));
+    CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
+    CHECK(f.next == 7 && !strcmp(f.lines[6], "POST /b/k?uploadId=id%261 HTTP/1.1"));
+    free(id);
+    return 0;
+}
 
 /* ---- against a live store: CKPTIO_TEST_S3_ENDPOINT (and CKPTIO_TEST_S3_BUCKET, default "ckpt";
  * AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, default ak / sk) ---- */
@@ -520,6 +741,10 @@ const ckptio_test tests_s3[] = {
     {"s3/xml", test_xml, 0, 0},
     {"s3/times", test_times, 0, 0},
     {"s3/client_env", test_client_env, 0, 0},
+    {"s3/retries", test_retries, 0, 0},
+    {"s3/deadline", test_deadline, 0, 0},
+    {"s3/stall", test_stall, 0, 0},
+    {"s3/pages", test_pages, 0, 0},
     {"s3/live_objects", test_live_objects, 0, 300},
     {"s3/live_multipart", test_live_multipart, 0, 300},
     {"s3/live_engine", test_live_engine, 0, 300},

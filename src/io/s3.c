@@ -475,7 +475,8 @@ static int status_rc(s3_call *c, bool *retry)
     const char *code = c->resp.code;
     *retry = false;
     if (st >= 200 && st < 300) return 0;
-    if ((st == 404 && c->ok_404) || (st == 416 && c->ok_416)) return 0;
+    if ((st == 404 && c->ok_404 && strcmp(code, "NoSuchBucket")) || (st == 416 && c->ok_416))
+        return 0;
     if (st >= 500 || st == 429 || (st == 409 && !strcmp(code, "ConditionalRequestConflict")) ||
         retry_code(code)) {
         *retry = true;
