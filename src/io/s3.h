@@ -12,15 +12,18 @@
  * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional), AWS_REGION (else
  * AWS_DEFAULT_REGION, else us-east-1), AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (a custom
  * endpoint, addressed path-style: <endpoint>/<bucket>/<key>; without one,
- * https://<bucket>.s3.<region>.amazonaws.com/<key>). Requests are signed with SigV4 (payload
- * UNSIGNED-PAYLOAD: the data is proven by ckptio's own block checksums).
+ * https://<bucket>.s3.<region>.amazonaws.com/<key>, or path-style on
+ * https://s3.<region>.amazonaws.com for a bucket name with dots). Requests are signed with
+ * SigV4 (payload UNSIGNED-PAYLOAD: the data is proven by ckptio's own block checksums; the
+ * small XML body of CompleteMultipartUpload is signed with its SHA256).
  *
  * Every request has a deadline. A failure that may pass — no connection, a reset, a stall
  * (no byte moving for CKPTIO_S3_STALL seconds, default 20), HTTP 500/502/503/504, 429,
  * SlowDown, RequestTimeout, InternalError — is retried with exponential backoff and full
- * jitter (0.1 s doubling, at most 5 s apart) until CKPTIO_S3_TIMEOUT seconds (default 120)
- * have passed since the first try; then it fails with -ETIMEDOUT or the last error. Anything
- * else fails at once. Failures name the bucket and key and say what to do:
+ * jitter (0.1 s doubling, at most 5 s apart), and so is 409 ConditionalRequestConflict, until
+ * CKPTIO_S3_TIMEOUT seconds (default 120) have passed since the first try; then it fails with
+ * -ETIMEDOUT (the store kept answering with errors) or the last connection error. A single
+ * try never outlives that deadline either; connecting has 5 s. Anything else fails at once. Failures name the bucket and key and say what to do:
  *   403 (InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied) -> -EACCES,
  *   NoSuchBucket -> -ENOENT ("bucket 'b' does not exist: create it or fix the URL"),
  *   404 on an object -> CKPTIO_E_NOT_FOUND (the callers turn it into their own message),
@@ -29,7 +32,9 @@
  *
  * Thread safety: a client is shared by every thread of a writer or reader; each call takes a
  * connection (a CURL easy handle, kept alive between calls) from the client's cache and gives
- * it back. All functions are blocking. */
+ * it back; one that saw a network error is closed instead. At most CKPTIO_S3_CONNECTIONS
+ * requests (default 16) are in flight at once in a process: a call beyond that waits for a
+ * connection. All functions are blocking. */
 
 typedef struct ckptio__s3 ckptio__s3;
 

@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Inside the S3 client: SigV4 signing, the XML scanner and time parsing, shared by s3*.c and tests. */
+#ifndef CKPTIO_IO_S3_IMPL_H
+#define CKPTIO_IO_S3_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "s3.h"
+
+/* ---- SigV4 (s3_sign.c) ---- */
+
+/* One header or query parameter, unencoded. */
+typedef struct ckptio__s3_kv {
+    const char *name;
+    const char *value;
+} ckptio__s3_kv;
+
+/* What a signature covers. uri is the canonical URI, already encoded ("/bucket/a%20b"). query
+ * (nq pairs, any order) is canonicalized here: RFC 3986-encoded and sorted. headers (nh pairs,
+ * names lower case, any order) are all signed. amz_date is "YYYYMMDDTHHMMSSZ". */
+typedef struct ckptio__s3_sig_in {
+    const char *method, *uri;
+    const ckptio__s3_kv *query;
+    unsigned nq;
+    const ckptio__s3_kv *headers;
+    unsigned nh;
+    const char *payload_hash; /* hex SHA256 of the body, or "UNSIGNED-PAYLOAD" */
+    const char *amz_date, *region, *access_key, *secret_key;
+} ckptio__s3_sig_in;
+
+#define CKPTIO__S3_AUTH_MAX 1024
+/* The Authorization header's value into auth (CKPTIO__S3_AUTH_MAX bytes); 0, or -ENOMEM /
+ * CKPTIO_E_LIMIT when it does not fit. */
+CKPTIO__HIDDEN int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth);
+/* The canonical query string of nq pairs (sorted, encoded, "a=1&b=") as a malloc'd string. */
+CKPTIO__HIDDEN char *ckptio__s3_query(const ckptio__s3_kv *query, unsigned nq);
+/* RFC 3986 encoding of s, keeping '/' when keep_slash; malloc'd (NULL: no memory). */
+CKPTIO__HIDDEN char *ckptio__s3_uri_encode(const char *s, bool keep_slash);
+/* Lower-case hex SHA256 of a buffer into hex[65]. */
+CKPTIO__HIDDEN void ckptio__s3_sha256_hex(const void *p, size_t len, char hex[65]);
+
+/* ---- XML and times (s3_xml.c) ---- */
+
+/* The next element <tag>...</tag> in [p, end): its raw text in [*vb, *ve); returns the
+ * position after its closing tag, or NULL when there is none. <tag/> is an empty value. */
+CKPTIO__HIDDEN const char *ckptio__xml_next(const char *p, const char *end, const char *tag,
+                                            const char **vb, const char **ve);
+/* Entity-decode [b, e) into out (cap bytes, NUL-terminated): &amp; &lt; &gt; &quot; &apos;
+ * &#N; &#xH;. Returns the length, or -1 when it does not fit or an entity is malformed. */
+CKPTIO__HIDDEN int ckptio__xml_text(const char *b, const char *e, char *out, size_t cap);
+
+/* One page of ListObjectsV2: cb for each <Contents>; *truncated and the continuation token
+ * (token, cap bytes; "" if none). 0, the callback's nonzero value, or CKPTIO_E_CORRUPT. */
+CKPTIO__HIDDEN int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__s3_list_cb cb,
+                                         void *ctx, bool *truncated, char *token, size_t cap);
+/* One page of ListMultipartUploads: cb for each <Upload>; the next key and upload-id markers. */
+CKPTIO__HIDDEN int ckptio__s3_parse_uploads(const char *xml, size_t len,
+                                            ckptio__s3_uploads_cb cb, void *ctx,
+                                            bool *truncated, char *next_key, char *next_id,
+                                            size_t cap);
+/* The <Code> of an <Error> body into code (cap bytes); "" when there is none. */
+CKPTIO__HIDDEN void ckptio__s3_parse_error(const char *xml, size_t len, char *code, size_t cap);
+/* "2009-10-12T17:50:30.000Z" (ISO 8601, UTC) and "Wed, 12 Oct 2009 17:50:30 GMT" (RFC 1123)
+ * into seconds since the epoch; 0, or CKPTIO_E_CORRUPT when the text is not such a time. */
+CKPTIO__HIDDEN int ckptio__s3_time_iso(const char *s, int64_t *out);
+CKPTIO__HIDDEN int ckptio__s3_time_http(const char *s, int64_t *out);
+
+#endif

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Objects as the engine's files: an eventfd per open object, part uploads and ranged GETs per request. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "s3_impl.h"
+
+typedef struct s3_obj {
+    ckptio__s3 *c;
+    char *bucket, *key, *upload_id; /* upload_id: writing, until finished or aborted */
+    bool write, finished;
+    uint64_t size, part_size;
+    pthread_mutex_t lock; /* guards what follows */
+    char (*etags)[128];   /* part i + 1's ETag at i, "" until it arrives */
+    uint64_t *lens;
+    unsigned nparts; /* slots allocated */
+    char error[CKPTIO__MSG_LEN];
+} s3_obj;
+
+/* The registry, indexed by descriptor. `open_count` lets ckptio__obj_is answer for files
+ * without the lock while no object is open, which is the common case. */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static s3_obj **reg;
+static size_t reg_cap;
+static atomic_uint open_count;
+
+static s3_obj *lookup(int fd)
+{
+    if (fd < 0 || !atomic_load_explicit(&open_count, memory_order_acquire)) return NULL;
+    pthread_mutex_lock(&reg_lock);
+    s3_obj *o = (size_t)fd < reg_cap ? reg[fd] : NULL;
+    pthread_mutex_unlock(&reg_lock);
+    return o;
+}
+
+bool ckptio__obj_is(int fd)
+{
+    return lookup(fd) != NULL;
+}
+
+static void obj_free(s3_obj *o)
+{
+    if (!o) return;
+    free(o->bucket);
+    free(o->key);
+    free(o->upload_id);
+    free(o->etags);
+    free(o->lens);
+    pthread_mutex_destroy(&o->lock);
+    free(o);
+}
+
+/* A descriptor for o, registered; o is the registry's from then on. */
+static int obj_register(s3_obj *o, int *fd, ckptio__msg *msg)
+{
+    int e = eventfd(0, EFD_CLOEXEC);
+    if (e < 0) return ckptio__fail(msg, -errno, "s3://%s/%s: eventfd: %s", o->bucket, o->key,
+                                   strerror(errno));
+    pthread_mutex_lock(&reg_lock);
+    if ((size_t)e >= reg_cap) {
+        size_t cap = reg_cap ? reg_cap : 64;
+        while (cap <= (size_t)e) cap *= 2;
+        s3_obj **r = realloc(reg, cap * sizeof *r);
+        if (!r) {
+            pthread_mutex_unlock(&reg_lock);
+            close(e);
+            return ckptio__fail(msg, -ENOMEM, "out of memory");
+        }
+        memset(r + reg_cap, 0, (cap - reg_cap) * sizeof *r);
+        reg = r;
+        reg_cap = cap;
+    }
+    reg[e] = o;
+    atomic_fetch_add_explicit(&open_count, 1, memory_order_release);
+    pthread_mutex_unlock(&reg_lock);
+    *fd = e;
+    return 0;
+}
+
+static s3_obj *obj_new(ckptio__s3 *c, const char *bucket, const char *key, ckptio__msg *msg)
+{
+    s3_obj *o = calloc(1, sizeof *o);
+    if (o) {
+        o->c = c;
+        o->bucket = strdup(bucket);
+        o->key = strdup(key);
+        pthread_mutex_init(&o->lock, NULL);
+        if (!o->bucket || !o->key) {
+            obj_free(o);
+            o = NULL;
+        }
+    }
+    if (!o) ckptio__fail(msg, -ENOMEM, "out of memory opening s3://%s/%s", bucket, key);
+    return o;
+}
+
+int ckptio__obj_open_write(ckptio__s3 *c, const char *bucket, const char *key,
+                           uint64_t part_size, int *fd, ckptio__msg *msg)
+{
+    *fd = -1;
+    if (part_size < (5ull << 20) || part_size > (5ull << 30))
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "s3://%s/%s: part size %llu is outside S3's 5 MiB..5 GiB", bucket,
+                            key, (unsigned long long)part_size);
+    s3_obj *o = obj_new(c, bucket, key, msg);
+    if (!o) return -ENOMEM;
+    o->write = true;
+    o->part_size = part_size;
+    int rc = ckptio__s3_mpu_create(c, bucket, key, &o->upload_id, msg);
+    if (rc == 0) {
+        rc = obj_register(o, fd, msg);
+        if (rc < 0) ckptio__s3_mpu_abort(c, bucket, key, o->upload_id, NULL);
+    }
+    if (rc < 0) obj_free(o);
+    return rc;
+}
+
+int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key, uint64_t *size,
+                          int *fd, ckptio__msg *msg)
+{
+    *fd = -1;
+    ckptio__s3_resp r;
+    int rc = ckptio__s3_head(c, bucket, key, &r, msg);
+    if (rc < 0) return rc;
+    s3_obj *o = obj_new(c, bucket, key, msg);
+    if (!o) return -ENOMEM;
+    o->size = r.size;
+    rc = obj_register(o, fd, msg);
+    if (rc < 0) obj_free(o);
+    else *size = r.size;
+    return rc;
+}
+
+static int64_t keep_error(s3_obj *o, const ckptio__msg *m, int rc)
+{
+    pthread_mutex_lock(&o->lock);
+    if (!o->error[0]) snprintf(o->error, sizeof o->error, "%s", m->text);
+    pthread_mutex_unlock(&o->lock);
+    return rc;
+}
+
+/* Room for part index i in the ETag and length arrays. */
+static int grow_parts(s3_obj *o, unsigned i)
+{
+    if (i < o->nparts) return 0;
+    unsigned n = o->nparts ? o->nparts : 64;
+    while (n <= i) n *= 2;
+    if (n > CKPTIO__S3_MAX_PARTS) n = CKPTIO__S3_MAX_PARTS;
+    char(*e)[128] = realloc(o->etags, n * sizeof *e);
+    if (!e) return -ENOMEM;
+    o->etags = e;
+    uint64_t *l = realloc(o->lens, n * sizeof *l);
+    if (!l) return -ENOMEM;
+    o->lens = l;
+    memset(o->etags + o->nparts, 0, (n - o->nparts) * sizeof *e);
+    memset(o->lens + o->nparts, 0, (n - o->nparts) * sizeof *l);
+    o->nparts = n;
+    return 0;
+}
+
+static int64_t obj_write(s3_obj *o, ckptio__req *r, ckptio__msg *m)
+{
+    if (r->off % o->part_size || !r->len || r->len > o->part_size)
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "s3://%s/%s: a write of %llu bytes at %llu is not one part of %llu "
+                            "bytes", o->bucket, o->key, (unsigned long long)r->len,
+                            (unsigned long long)r->off, (unsigned long long)o->part_size);
+    uint64_t idx = r->off / o->part_size;
+    if (idx >= CKPTIO__S3_MAX_PARTS)
+        return ckptio__fail(m, -EFBIG, "s3://%s/%s: more than %u parts of %llu bytes", o->bucket,
+                            o->key, CKPTIO__S3_MAX_PARTS, (unsigned long long)o->part_size);
+    pthread_mutex_lock(&o->lock);
+    int rc = grow_parts(o, (unsigned)idx);
+    pthread_mutex_unlock(&o->lock);
+    if (rc < 0) return ckptio__fail(m, rc, "out of memory");
+    char etag[128];
+    rc = ckptio__s3_mpu_part(o->c, o->bucket, o->key, o->upload_id, (unsigned)idx + 1, r->buf,
+                             r->len, etag, m);
+    if (rc < 0) return rc;
+    pthread_mutex_lock(&o->lock);
+    memcpy(o->etags[idx], etag, sizeof etag);
+    o->lens[idx] = r->len;
+    pthread_mutex_unlock(&o->lock);
+    return (int64_t)r->len;
+}
+
+static int64_t obj_read(s3_obj *o, ckptio__req *r, ckptio__msg *m)
+{
+    if (r->off >= o->size) return 0;
+    uint64_t len = CKPTIO__MIN(r->len, o->size - r->off), got = 0;
+    int rc = ckptio__s3_get_range(o->c, o->bucket, o->key, r->off, len, r->buf, &got, m);
+    return rc < 0 ? rc : (int64_t)got;
+}
+
+void ckptio__obj_io(ckptio__req *r)
+{
+    s3_obj *o = lookup(r->fd);
+    if (!o) {
+        r->res = -EBADF;
+        return;
+    }
+    ckptio__msg *m = malloc(sizeof *m); /* ~9 KiB: not on an I/O thread's stack */
+    if (!m) {
+        r->res = -ENOMEM;
+        return;
+    }
+    m->text[0] = 0;
+    int64_t res;
+    if (r->op == CKPTIO__OP_WRITE) {
+        res = o->write && !o->finished
+                  ? obj_write(o, r, m)
+                  : ckptio__fail(m, -EBADF, "s3://%s/%s: not open for writing", o->bucket, o->key);
+    } else {
+        res = !o->write ? obj_read(o, r, m)
+                        : ckptio__fail(m, -EBADF, "s3://%s/%s: not open for reading", o->bucket,
+                                       o->key);
+    }
+    if (res < 0) keep_error(o, m, (int)res);
+    free(m);
+    r->done_ = res > 0 ? (uint64_t)res : 0;
+    r->res = res;
+}
+
+int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
+{
+    s3_obj *o = lookup(fd);
+    if (!o || !o->write || o->finished)
+        return ckptio__fail(msg, -EBADF, "finishing descriptor %d: not an object being written", fd);
+    uint64_t n = (len + o->part_size - 1) / o->part_size;
+    int rc = 0;
+    pthread_mutex_lock(&o->lock);
+    if (o->error[0]) rc = ckptio__fail(msg, -EIO, "%s", o->error);
+    for (uint64_t i = 0; rc == 0 && i < o->nparts; i++) {
+        uint64_t want = i + 1 < n ? o->part_size : i + 1 == n ? len - i * o->part_size : 0;
+        if (o->lens[i] != want)
+            rc = ckptio__fail(msg, CKPTIO_E_USAGE,
+                              "s3://%s/%s: part %llu holds %llu bytes, %llu expected for an "
+                              "object of %llu bytes", o->bucket, o->key, (unsigned long long)i + 1,
+                              (unsigned long long)o->lens[i], (unsigned long long)want,
+                              (unsigned long long)len);
+    }
+    if (rc == 0 && n > o->nparts)
+        rc = ckptio__fail(msg, CKPTIO_E_USAGE, "s3://%s/%s: parts %u to %llu never arrived",
+                          o->bucket, o->key, o->nparts + 1, (unsigned long long)n);
+    pthread_mutex_unlock(&o->lock);
+    if (rc < 0) return rc;
+    if (n == 0) { /* an upload needs at least one part: an empty object is a plain PUT */
+        ckptio__s3_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
+        rc = ckptio__s3_put(o->c, o->bucket, o->key, "", 0, NULL, NULL, msg);
+    } else {
+        rc = ckptio__s3_mpu_complete(o->c, o->bucket, o->key, o->upload_id, o->etags,
+                                     (unsigned)n, msg);
+    }
+    if (rc == 0) o->finished = true;
+    return rc;
+}
+
+void ckptio__obj_close(int fd)
+{
+    if (fd < 0) return;
+    pthread_mutex_lock(&reg_lock);
+    s3_obj *o = (size_t)fd < reg_cap ? reg[fd] : NULL;
+    if (o) {
+        reg[fd] = NULL;
+        atomic_fetch_sub_explicit(&open_count, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    if (!o) return;
+    if (o->write && !o->finished && o->upload_id)
+        ckptio__s3_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
+    close(fd);
+    obj_free(o);
+}
+
+const char *ckptio__obj_error(int fd)
+{
+    s3_obj *o = lookup(fd);
+    return o ? o->error : "";
+}

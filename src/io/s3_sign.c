@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* SigV4 request signing for the S3 client: canonical request, string to sign, HMAC chain. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include "s3_impl.h"
+
+/* A growing string; `bad` records a failed allocation so callers check once at the end. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool bad;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (b->bad) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->bad = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+static void sb_enc(sbuf *b, const char *s, bool keep_slash)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        unsigned char c = *p;
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+            c == '-' || c == '.' || c == '_' || c == '~' || (keep_slash && c == '/')) {
+            sb_add(b, (const char *)p, 1);
+        } else {
+            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
+            sb_add(b, e, 3);
+        }
+    }
+}
+
+char *ckptio__s3_uri_encode(const char *s, bool keep_slash)
+{
+    sbuf b = {0};
+    sb_add(&b, "", 0);
+    sb_enc(&b, s, keep_slash);
+    if (b.bad) free(b.p);
+    return b.bad ? NULL : b.p;
+}
+
+static void to_hex(const unsigned char *d, size_t n, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hex[d[i] >> 4];
+        out[2 * i + 1] = hex[d[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+void ckptio__s3_sha256_hex(const void *p, size_t len, char hex[65])
+{
+    unsigned char d[32];
+    unsigned int n = 0;
+    if (!EVP_Digest(p, len, d, &n, EVP_sha256(), NULL) || n != 32) memset(d, 0, sizeof d);
+    to_hex(d, 32, hex);
+}
+
+static void hmac(const void *key, size_t klen, const char *msg, unsigned char out[32])
+{
+    unsigned int n = 32;
+    if (!HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)msg, strlen(msg), out, &n))
+        memset(out, 0, 32);
+}
+
+typedef struct enc_kv {
+    char *name, *value;
+} enc_kv;
+
+static int cmp_enc(const void *a, const void *b)
+{
+    const enc_kv *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : strcmp(x->value, y->value);
+}
+
+char *ckptio__s3_query(const ckptio__s3_kv *query, unsigned nq)
+{
+    enc_kv *kv = calloc(nq ? nq : 1, sizeof *kv);
+    if (!kv) return NULL;
+    sbuf b = {0};
+    sb_add(&b, "", 0);
+    for (unsigned i = 0; i < nq; i++) {
+        kv[i].name = ckptio__s3_uri_encode(query[i].name, false);
+        kv[i].value = ckptio__s3_uri_encode(query[i].value ? query[i].value : "", false);
+        if (!kv[i].name || !kv[i].value) b.bad = true;
+    }
+    if (!b.bad) {
+        qsort(kv, nq, sizeof *kv, cmp_enc);
+        for (unsigned i = 0; i < nq; i++) {
+            if (i) sb_str(&b, "&");
+            sb_str(&b, kv[i].name);
+            sb_str(&b, "=");
+            sb_str(&b, kv[i].value);
+        }
+    }
+    for (unsigned i = 0; i < nq; i++) {
+        free(kv[i].name);
+        free(kv[i].value);
+    }
+    free(kv);
+    if (b.bad) free(b.p);
+    return b.bad ? NULL : b.p;
+}
+
+static int cmp_hdr(const void *a, const void *b)
+{
+    return strcmp(((const ckptio__s3_kv *)a)->name, ((const ckptio__s3_kv *)b)->name);
+}
+
+/* A header value as signed: leading and trailing blanks dropped, inner runs made one space. */
+static void sb_trimmed(sbuf *b, const char *v)
+{
+    while (*v == ' ' || *v == '\t') v++;
+    bool space = false;
+    for (; *v; v++) {
+        if (*v == ' ' || *v == '\t') {
+            space = true;
+            continue;
+        }
+        if (space) sb_add(b, " ", 1);
+        space = false;
+        sb_add(b, v, 1);
+    }
+}
+
+int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth)
+{
+    int rc = 0;
+    sbuf creq = {0}, signed_h = {0};
+    char *query = NULL;
+    ckptio__s3_kv *h = malloc((in->nh ? in->nh : 1) * sizeof *h);
+    CKPTIO__GOTO_IF(!h, -ENOMEM);
+    memcpy(h, in->headers, in->nh * sizeof *h);
+    qsort(h, in->nh, sizeof *h, cmp_hdr);
+    query = ckptio__s3_query(in->query, in->nq);
+    CKPTIO__GOTO_IF(!query, -ENOMEM);
+
+    sb_str(&creq, in->method);
+    sb_str(&creq, "\n");
+    sb_str(&creq, in->uri);
+    sb_str(&creq, "\n");
+    sb_str(&creq, query);
+    sb_str(&creq, "\n");
+    for (unsigned i = 0; i < in->nh; i++) {
+        sb_str(&creq, h[i].name);
+        sb_str(&creq, ":");
+        sb_trimmed(&creq, h[i].value);
+        sb_str(&creq, "\n");
+        if (i) sb_str(&signed_h, ";");
+        sb_str(&signed_h, h[i].name);
+    }
+    sb_str(&creq, "\n");
+    sb_str(&creq, signed_h.p ? signed_h.p : "");
+    sb_str(&creq, "\n");
+    sb_str(&creq, in->payload_hash);
+    CKPTIO__GOTO_IF(creq.bad || signed_h.bad || strlen(in->amz_date) != 16, -ENOMEM);
+
+    char day[9], creq_hex[65], scope[128], sts[512];
+    memcpy(day, in->amz_date, 8);
+    day[8] = 0;
+    ckptio__s3_sha256_hex(creq.p, creq.len, creq_hex);
+    int n = snprintf(scope, sizeof scope, "%s/%s/s3/aws4_request", day, in->region);
+    CKPTIO__GOTO_IF(n < 0 || (size_t)n >= sizeof scope, CKPTIO_E_LIMIT);
+    n = snprintf(sts, sizeof sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", in->amz_date, scope, creq_hex);
+    CKPTIO__GOTO_IF(n < 0 || (size_t)n >= sizeof sts, CKPTIO_E_LIMIT);
+
+    /* The signing key: the secret HMACed with the day, the region, the service, the word. */
+    char k0[256];
+    n = snprintf(k0, sizeof k0, "AWS4%s", in->secret_key);
+    CKPTIO__GOTO_IF(n < 0 || (size_t)n >= sizeof k0, CKPTIO_E_LIMIT);
+    unsigned char k1[32], k2[32], k3[32], k4[32], sig[32];
+    hmac(k0, (size_t)n, day, k1);
+    hmac(k1, 32, in->region, k2);
+    hmac(k2, 32, "s3", k3);
+    hmac(k3, 32, "aws4_request", k4);
+    hmac(k4, 32, sts, sig);
+    char sig_hex[65];
+    to_hex(sig, 32, sig_hex);
+    n = snprintf(auth, CKPTIO__S3_AUTH_MAX,
+                 "AWS4-HMAC-SHA256 Credential=%s/%s,SignedHeaders=%s,Signature=%s",
+                 in->access_key, scope, signed_h.p ? signed_h.p : "", sig_hex);
+    CKPTIO__GOTO_IF(n < 0 || n >= CKPTIO__S3_AUTH_MAX, CKPTIO_E_LIMIT);
+out:
+    free(h);
+    free(query);
+    free(creq.p);
+    free(signed_h.p);
+    return rc;
+}

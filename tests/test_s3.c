@@ -1,0 +1,753 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tests of the S3 client: SigV4 against AWS's published example, URLs, XML, times, and a live store. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/io/s3_impl.h"
+#include "test.h"
+
+#define MIB (1ull << 20)
+
+/* AWS's documented SigV4 examples for S3 (the "GET /test.txt" object with a Range, a ?lifecycle
+ * bucket request and a ListObjects with two parameters), all on 20130524 with the example keys. */
+static int test_sigv4(void)
+{
+    static const char *empty =
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    char auth[CKPTIO__S3_AUTH_MAX], hex[65];
+    ckptio__s3_sha256_hex("", 0, hex);
+    CHECK(!strcmp(hex, empty));
+
+    ckptio__s3_kv h[4] = {{"x-amz-date", "20130524T000000Z"},
+                          {"range", "bytes=0-9"},
+                          {"host", "examplebucket.s3.amazonaws.com"},
+                          {"x-amz-content-sha256", empty}};
+    ckptio__s3_sig_in in = {"GET", "/test.txt", NULL, 0, h, 4, empty, "20130524T000000Z",
+                            "us-east-1", "AKIAIOSFODNN7EXAMPLE",
+                            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"};
+    CHECK_OK(ckptio__s3_sign(&in, auth));
+    printf("%s\n", auth);
+    CHECK(!strcmp(auth, "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/"
+                        "aws4_request,SignedHeaders=host;range;x-amz-content-sha256;x-amz-date,"
+                        "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"));
+
+    ckptio__s3_kv h3[3] = {{"host", "examplebucket.s3.amazonaws.com"},
+                           {"x-amz-date", "20130524T000000Z"},
+                           {"x-amz-content-sha256", empty}};
+    ckptio__s3_kv lifecycle[1] = {{"lifecycle", ""}};
+    in = (ckptio__s3_sig_in){"GET", "/", lifecycle, 1, h3, 3, empty, "20130524T000000Z",
+                             "us-east-1", "AKIAIOSFODNN7EXAMPLE",
+                             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"};
+    CHECK_OK(ckptio__s3_sign(&in, auth));
+    CHECK(t_contains(auth, "Signature=fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543"));
+
+    ckptio__s3_kv list[2] = {{"prefix", "J"}, {"max-keys", "2"}}; /* sorted by the signer */
+    in.query = list;
+    in.nq = 2;
+    CHECK_OK(ckptio__s3_sign(&in, auth));
+    CHECK(t_contains(auth, "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"));
+
+    /* What curl's own signer gets wrong: a bare "?uploads" and a '/' inside a value. */
+    ckptio__s3_kv q[3] = {{"uploads", ""}, {"prefix", "a/b c"}, {"key-marker", "~x"}};
+    char *s = ckptio__s3_query(q, 3);
+    CHECK(s && !strcmp(s, "key-marker=~x&prefix=a%2Fb%20c&uploads="));
+    free(s);
+    s = ckptio__s3_uri_encode("dir/a+b=c&d é", true);
+    CHECK(s && !strcmp(s, "dir/a%2Bb%3Dc%26d%20%C3%A9"));
+    free(s);
+    return 0;
+}
+
+static int test_url(void)
+{
+    char *b, *k;
+    CHECK(ckptio__s3_is_url("s3://b/k") && !ckptio__s3_is_url("/tmp/x") && !ckptio__s3_is_url(NULL));
+    CHECK_OK(ckptio__s3_parse("s3://my-bucket.1/ckpt/step-10//", &b, &k, NULL));
+    CHECK(!strcmp(b, "my-bucket.1") && !strcmp(k, "ckpt/step-10"));
+    free(b);
+    free(k);
+    CHECK_OK(ckptio__s3_parse("s3://b/k", &b, &k, NULL));
+    CHECK(!strcmp(b, "b") && !strcmp(k, "k"));
+    free(b);
+    free(k);
+    static const char *bad[] = {"s3://", "s3://b", "s3://b/", "s3:///k", "s3://b//k", "s3://b/a//c",
+                                "s3://b@d/k", "s3://b c/k", "file:///x", "s3:/b/k"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_ERR(ckptio__s3_parse(bad[i], &b, &k, NULL), CKPTIO_E_USAGE);
+        CHECK(!b && !k);
+    }
+    return 0;
+}
+
+typedef struct seen {
+    char keys[8][64];
+    uint64_t sizes[8];
+    int64_t times[8];
+    unsigned n;
+} seen;
+
+static int on_key(void *ctx, const char *key, uint64_t size, int64_t mtime)
+{
+    seen *s = ctx;
+    if (s->n >= 8) return -1;
+    snprintf(s->keys[s->n], 64, "%s", key);
+    s->sizes[s->n] = size;
+    s->times[s->n++] = mtime;
+    return 0;
+}
+
+static int on_upload(void *ctx, const char *key, const char *id, int64_t initiated)
+{
+    seen *s = ctx;
+    if (s->n >= 8) return -1;
+    snprintf(s->keys[s->n], 64, "%s|%s", key, id);
+    s->times[s->n++] = initiated;
+    return 0;
+}
+
+static int stop_at_second(void *ctx, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)key, (void)size, (void)mtime;
+    return ++*(int *)ctx == 2 ? 42 : 0;
+}
+
+static const char page1[] =
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>b</Name>"
+    "<Prefix>ck/</Prefix><KeyCount>2</KeyCount><MaxKeys>2</MaxKeys>"
+    "<IsTruncated>true</IsTruncated>"
+    "<Contents><Key>ck/a&amp;b&lt;&#233;&#x41;</Key><LastModified>2009-10-12T17:50:30.000Z"
+    "</LastModified><ETag>&quot;fba9dede5f27731c9771645a39863328&quot;</ETag><Size>434234</Size>"
+    "<StorageClass>STANDARD</StorageClass></Contents>"
+    "<Contents><Key>ck/manifest</Key><LastModified>2026-01-01T00:00:00Z</LastModified>"
+    "<Size>0</Size></Contents>"
+    "<NextContinuationToken>1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=</NextContinuationToken>"
+    "</ListBucketResult>";
+static const char page2[] =
+    "<ListBucketResult><Name>b</Name><Prefix>ck/</Prefix><KeyCount>1</KeyCount>"
+    "<IsTruncated>false</IsTruncated><Contents><Key>ck/z</Key><Size>18446744073709551615</Size>"
+    "</Contents><ContinuationToken>x</ContinuationToken></ListBucketResult>";
+
+static int test_xml(void)
+{
+    seen s = {0};
+    bool more = false;
+    char token[256];
+    CHECK_OK(ckptio__s3_parse_list(page1, strlen(page1), on_key, &s, &more, token, sizeof token));
+    CHECK(more && !strcmp(token, "1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM="));
+    CHECK(s.n == 2 && !strcmp(s.keys[0], "ck/a&b<\xc3\xa9" "A") && s.sizes[0] == 434234);
+    CHECK(s.times[0] == 1255369830 && !strcmp(s.keys[1], "ck/manifest") && s.times[1] == 1767225600);
+    CHECK_OK(ckptio__s3_parse_list(page2, strlen(page2), on_key, &s, &more, token, sizeof token));
+    CHECK(!more && !token[0] && s.n == 3 && s.sizes[2] == UINT64_MAX);
+    int count = 0;
+    CHECK(ckptio__s3_parse_list(page1, strlen(page1), stop_at_second, &count, &more, token,
+                                sizeof token) == 42);
+    static const char empty[] = "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>";
+    s.n = 0;
+    CHECK_OK(ckptio__s3_parse_list(empty, strlen(empty), on_key, &s, &more, token, sizeof token));
+    CHECK(s.n == 0 && !more);
+    static const char broken[] = "<ListBucketResult><Contents><Size>1</Size></Contents>";
+    CHECK_ERR(ckptio__s3_parse_list(broken, strlen(broken), on_key, &s, &more, token, sizeof token),
+              CKPTIO_E_CORRUPT);
+
+    static const char uploads[] =
+        "<ListMultipartUploadsResult><Bucket>b</Bucket><KeyMarker></KeyMarker>"
+        "<UploadIdMarker/><NextKeyMarker>ck/d1</NextKeyMarker>"
+        "<NextUploadIdMarker>VXBsb2FkIElE</NextUploadIdMarker><MaxUploads>2</MaxUploads>"
+        "<IsTruncated>true</IsTruncated>"
+        "<Upload><Key>ck/d0</Key><UploadId>abc</UploadId><Initiator><ID>x</ID></Initiator>"
+        "<Initiated>2010-11-10T20:48:33.000Z</Initiated></Upload>"
+        "<Upload><Key>ck/d1</Key><UploadId>VXBsb2FkIElE</UploadId>"
+        "<Initiated>2010-11-10T20:49:33.000Z</Initiated></Upload></ListMultipartUploadsResult>";
+    char nk[128], ni[128];
+    s.n = 0;
+    CHECK_OK(ckptio__s3_parse_uploads(uploads, strlen(uploads), on_upload, &s, &more, nk, ni,
+                                      sizeof nk));
+    CHECK(s.n == 2 && !strcmp(s.keys[0], "ck/d0|abc") && !strcmp(s.keys[1], "ck/d1|VXBsb2FkIElE"));
+    CHECK(s.times[0] == 1289422113 && more && !strcmp(nk, "ck/d1") && !strcmp(ni, "VXBsb2FkIElE"));
+
+    static const char err[] =
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NoSuchBucket</Code>"
+        "<Message>The specified bucket does not exist</Message><BucketName>nb</BucketName>"
+        "</Error>";
+    char code[64];
+    ckptio__s3_parse_error(err, strlen(err), code, sizeof code);
+    CHECK(!strcmp(code, "NoSuchBucket"));
+    ckptio__s3_parse_error("<html>oops</html>", 17, code, sizeof code);
+    CHECK(!code[0]);
+    ckptio__s3_parse_error(err, 30, code, sizeof code); /* cut short */
+    CHECK(!code[0]);
+
+    char out[8];
+    CHECK(ckptio__xml_text("a&amp;b", "a&amp;b" + 7, out, sizeof out) == 3 && !strcmp(out, "a&b"));
+    CHECK(ckptio__xml_text("&bogus;", "&bogus;" + 7, out, sizeof out) == -1);
+    CHECK(ckptio__xml_text("&#0;", "&#0;" + 4, out, sizeof out) == -1);
+    CHECK(ckptio__xml_text("&amp", "&amp" + 4, out, sizeof out) == -1);
+    CHECK(ckptio__xml_text("12345678", "12345678" + 8, out, sizeof out) == -1);
+    return 0;
+}
+
+static int test_times(void)
+{
+    int64_t t = 0;
+    CHECK_OK(ckptio__s3_time_iso("2009-10-12T17:50:30.000Z", &t));
+    CHECK(t == 1255369830);
+    CHECK_OK(ckptio__s3_time_iso("1970-01-01T00:00:00Z", &t));
+    CHECK(t == 0);
+    CHECK_OK(ckptio__s3_time_http("Mon, 12 Oct 2009 17:50:30 GMT", &t));
+    CHECK(t == 1255369830);
+    CHECK_OK(ckptio__s3_time_http("Thu, 29 Feb 2024 23:59:59 GMT", &t));
+    CHECK(t == 1709251199);
+    static const char *bad_iso[] = {"", "2009-10-12", "2009-13-12T00:00:00Z", "x", "2009-10-12T17:50:30+02:00"};
+    for (size_t i = 0; i < sizeof bad_iso / sizeof bad_iso[0]; i++)
+        CHECK_ERR(ckptio__s3_time_iso(bad_iso[i], &t), CKPTIO_E_CORRUPT);
+    static const char *bad_http[] = {"", "Mon 12 Oct 2009 17:50:30 GMT", "Mon, 12 Foo 2009 17:50:30 GMT",
+                                     "Mon, 12 Oct 2009 17:50:30 PST", "Mon, 12 ctN 2009 17:50:30 GMT"};
+    for (size_t i = 0; i < sizeof bad_http / sizeof bad_http[0]; i++)
+        CHECK_ERR(ckptio__s3_time_http(bad_http[i], &t), CKPTIO_E_CORRUPT);
+    return 0;
+}
+
+
+/* ---- a scripted HTTP server on 127.0.0.1: each request takes the next reply ---- */
+
+enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL };
+typedef struct fake_reply {
+    int action;
+    int status;
+    const char *body; /* also the Content-Length */
+} fake_reply;
+
+typedef struct fake {
+    int lfd, port;
+    pthread_t th;
+    const fake_reply *script;
+    unsigned n, next;
+    char lines[16][600]; /* each request's first line */
+} fake;
+
+/* One request's head and body from fd; false when the peer closed. */
+static bool fake_read(int fd, char *line, size_t cap)
+{
+    char buf[16384];
+    size_t len = 0;
+    char *end = NULL;
+    while (!end) {
+        if (len + 1 >= sizeof buf) return false;
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0) return false;
+        len += (size_t)n;
+        buf[len] = 0;
+        end = strstr(buf, "\r\n\r\n");
+    }
+    char *cl = strcasestr(buf, "\r\ncontent-length:");
+    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0, have = len - (size_t)(end + 4 - buf);
+    for (char tmp[65536]; have < body;) {
+        ssize_t n = read(fd, tmp, CKPTIO__MIN(sizeof tmp, body - have));
+        if (n <= 0) return false;
+        have += (size_t)n;
+    }
+    snprintf(line, cap, "%.*s", (int)(strstr(buf, "\r\n") - buf), buf);
+    return true;
+}
+
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    int fd;
+    while ((fd = accept(f->lfd, NULL, NULL)) >= 0) {
+        char line[600];
+        while (fake_read(fd, line, sizeof line)) {
+            unsigned i = f->next < f->n ? f->next : f->n - 1;
+            if (f->next < 16) snprintf(f->lines[f->next], sizeof f->lines[0], "%s", line);
+            f->next++;
+            const fake_reply *r = &f->script[i];
+            if (r->action == FAKE_RESET) {
+                struct linger lg = {1, 0};
+                setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+                break;
+            }
+            char head[512];
+            const char *body = r->body ? r->body : "";
+            int hl = snprintf(head, sizeof head,
+                              "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: \"e%u\"\r\n"
+                              "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
+                              r->status, strlen(body) + (r->action == FAKE_STALL ? 100 : 0), i);
+            if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
+            if (r->action == FAKE_STALL) {
+                sleep(3);
+                break;
+            }
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* Start the server and point a fresh client at it (stall 1 s, deadline timeout_s). */
+static int fake_start(fake *f, const fake_reply *script, unsigned n, const char *timeout_s,
+                      ckptio__s3 **c)
+{
+    memset(f, 0, sizeof *f);
+    f->script = script;
+    f->n = n;
+    f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    CHECK(f->lfd >= 0 && bind(f->lfd, (struct sockaddr *)&a, sizeof a) == 0);
+    CHECK(listen(f->lfd, 16) == 0 && getsockname(f->lfd, (struct sockaddr *)&a, &al) == 0);
+    f->port = ntohs(a.sin_port);
+    CHECK(pthread_create(&f->th, NULL, fake_main, f) == 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", f->port);
+    setenv("AWS_ENDPOINT_URL", ep, 1);
+    setenv("AWS_ACCESS_KEY_ID", "ak", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "sk", 1);
+    setenv("CKPTIO_S3_STALL", "1", 1);
+    setenv("CKPTIO_S3_TIMEOUT", timeout_s, 1);
+    CHECK_OK(ckptio__s3_client(c, NULL));
+    return 0;
+}
+
+#define ERR_XML(code) "<?xml version=\"1.0\"?><Error><Code>" code "</Code></Error>"
+
+static int test_retries(void)
+{
+    static const fake_reply script[] = {
+        {FAKE_REPLY, 503, ERR_XML("SlowDown")}, {FAKE_REPLY, 500, ERR_XML("InternalError")},
+        {FAKE_RESET, 0, NULL},                  {FAKE_REPLY, 409, ERR_XML("ConditionalRequestConflict")},
+        {FAKE_REPLY, 400, ERR_XML("RequestTimeout")}, {FAKE_REPLY, 429, NULL},
+        {FAKE_REPLY, 200, NULL},
+        {FAKE_REPLY, 412, ERR_XML("PreconditionFailed")}, /* the next put: no retry */
+        {FAKE_REPLY, 403, ERR_XML("SignatureDoesNotMatch")},
+        {FAKE_REPLY, 404, ERR_XML("NoSuchBucket")},
+        {FAKE_REPLY, 400, ERR_XML("InvalidArgument")},
+    };
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, sizeof script / sizeof script[0], "30", &c)) return 1;
+    ckptio__s3_resp r;
+    CHECK_OK(ckptio__s3_put(c, "b", "k", "data", 4, NULL, &r, NULL));
+    CHECK(f.next == 7 && !strcmp(r.etag, "\"e6\"") && r.date == 1255369830);
+    CHECK(!strcmp(f.lines[0], "PUT /b/k HTTP/1.1"));
+    CHECK_ERR(ckptio__s3_put(c, "b", "k", "data", 4, "*", NULL, NULL), CKPTIO_E_EXISTS);
+    CHECK(f.next == 8 && t_contains(ckptio_last_error(), "s3://b/k"));
+    CHECK_ERR(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL), -EACCES);
+    CHECK(t_contains(ckptio_last_error(), "403 SignatureDoesNotMatch") &&
+          t_contains(ckptio_last_error(), "AWS_SECRET_ACCESS_KEY"));
+    CHECK_ERR(ckptio__s3_delete(c, "nb", "k", NULL), -ENOENT);
+    CHECK(t_contains(ckptio_last_error(), "s3://nb/k") && t_contains(ckptio_last_error(), "create it"));
+    CHECK_ERR(ckptio__s3_head(c, "b", "k", NULL, NULL), -EIO);
+    CHECK(f.next == 11);
+    return 0;
+}
+
+static int test_deadline(void)
+{
+    static const fake_reply script[] = {{FAKE_REPLY, 503, ERR_XML("SlowDown")}};
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 1, "1.5", &c)) return 1;
+    double t0 = ckptio__now();
+    CHECK_ERR(ckptio__s3_put(c, "b", "k", "data", 4, NULL, NULL, NULL), -ETIMEDOUT);
+    double dt = ckptio__now() - t0;
+    printf("%s after %.2f s and %u tries\n", ckptio_last_error(), dt, f.next);
+    CHECK(dt < 3 && f.next >= 3 && t_contains(ckptio_last_error(), "503 SlowDown") &&
+          t_contains(ckptio_last_error(), "CKPTIO_S3_TIMEOUT"));
+    return 0;
+}
+
+static int test_stall(void)
+{
+    static const fake_reply script[] = {{FAKE_STALL, 206, "0123456789"},
+                                        {FAKE_REPLY, 206, "0123456789"},
+                                        {FAKE_REPLY, 416, ERR_XML("InvalidRange")},
+                                        {FAKE_REPLY, 206, "0123456789abc"}};
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 4, "30", &c)) return 1;
+    char buf[10];
+    uint64_t got = 0;
+    double t0 = ckptio__now();
+    CHECK_OK(ckptio__s3_get_range(c, "b", "k/x y", 5, 10, buf, &got, NULL));
+    double dt = ckptio__now() - t0;
+    printf("a stalled GET retried after %.2f s\n", dt);
+    CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 2);
+    CHECK(!strcmp(f.lines[1], "GET /b/k/x%20y HTTP/1.1"));
+    CHECK_OK(ckptio__s3_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
+    CHECK(got == 0);
+    CHECK_ERR(ckptio__s3_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
+    return 0;
+}
+
+static const char list1[] =
+    "<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>p/a</Key><Size>1</Size>"
+    "</Contents><NextContinuationToken>t/1+2=</NextContinuationToken></ListBucketResult>";
+static const char list2[] =
+    "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/b</Key><Size>2</Size>"
+    "</Contents><Contents><Key>p/c</Key><Size>3</Size></Contents></ListBucketResult>";
+static const char up1[] =
+    "<ListMultipartUploadsResult><IsTruncated>true</IsTruncated><NextKeyMarker>p/a</NextKeyMarker>"
+    "<NextUploadIdMarker>u1</NextUploadIdMarker><Upload><Key>p/a</Key><UploadId>u1</UploadId>"
+    "</Upload></ListMultipartUploadsResult>";
+static const char up2[] =
+    "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated><Upload><Key>p/b</Key>"
+    "<UploadId>u2</UploadId></Upload></ListMultipartUploadsResult>";
+static const char created[] =
+    "<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key><UploadId>id&amp;1</UploadId>"
+    "</InitiateMultipartUploadResult>";
+
+static int test_pages(void)
+{
+    static const fake_reply script[] = {
+        {FAKE_REPLY, 200, list1}, {FAKE_REPLY, 200, list2}, {FAKE_REPLY, 200, up1},
+        {FAKE_REPLY, 200, up2},   {FAKE_REPLY, 200, created},
+        {FAKE_REPLY, 200, ERR_XML("InternalError")}, /* a complete that failed after its 200 */
+        {FAKE_REPLY, 200, "<CompleteMultipartUploadResult/>"},
+    };
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 7, "30", &c)) return 1;
+    seen s = {0};
+    CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
+    CHECK(s.n == 3 && !strcmp(s.keys[2], "p/c") && s.sizes[2] == 3);
+    CHECK(!strcmp(f.lines[0], "GET /b?list-type=2&prefix=p%2F HTTP/1.1"));
+    CHECK(!strcmp(f.lines[1], "GET /b?continuation-token=t%2F1%2B2%3D&list-type=2&prefix=p%2F HTTP/1.1"));
+    s.n = 0;
+    CHECK_OK(ckptio__s3_list_uploads(c, "b", "p/", on_upload, &s, NULL));
+    CHECK(s.n == 2 && !strcmp(s.keys[1], "p/b|u2"));
+    CHECK(!strcmp(f.lines[3], "GET /b?key-marker=p%2Fa&prefix=p%2F&upload-id-marker=u1&uploads= HTTP/1.1"));
+    char *id = NULL, etags[1][128] = {"\"e\""};
+    CHECK_OK(ckptio__s3_mpu_create(c, "b", "k", &id, NULL));
+    CHECK(!strcmp(id, "id&1") && !strcmp(f.lines[4], "POST /b/k?uploads= HTTP/1.1"));
+    CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
+    CHECK(f.next == 7 && !strcmp(f.lines[6], "POST /b/k?uploadId=id%261 HTTP/1.1"));
+    free(id);
+    return 0;
+}
+
+/* ---- against a live store: CKPTIO_TEST_S3_ENDPOINT (and CKPTIO_TEST_S3_BUCKET, default "ckpt";
+ * AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, default ak / sk) ---- */
+
+static const char *bucket(void)
+{
+    const char *b = getenv("CKPTIO_TEST_S3_BUCKET");
+    return b && *b ? b : "ckpt";
+}
+
+/* The client for the live store, or T_SKIP without one; keys go under a fresh prefix. */
+static int live_env(void)
+{
+    const char *ep = getenv("CKPTIO_TEST_S3_ENDPOINT");
+    if (!ep || !*ep) {
+        printf("CKPTIO_TEST_S3_ENDPOINT is not set: no live store to test against\n");
+        return T_SKIP;
+    }
+    setenv("AWS_ENDPOINT_URL", ep, 1);
+    setenv("AWS_ACCESS_KEY_ID", "ak", 0);
+    setenv("AWS_SECRET_ACCESS_KEY", "sk", 0);
+    return 0;
+}
+
+static int live(ckptio__s3 **c, char *prefix, size_t cap)
+{
+    if (live_env()) return T_SKIP;
+    snprintf(prefix, cap, "ckptio-test/%d-%lld", (int)getpid(), (long long)time(NULL));
+    return ckptio__s3_client(c, NULL);
+}
+
+/* A live test's start: the client c, a fresh prefix p, the bucket b; or skip. */
+#define LIVE(c, p, b)                                                                          \
+    ckptio__s3 *c;                                                                             \
+    char p[256];                                                                               \
+    int live_rc = live(&c, p, sizeof p);                                                       \
+    if (live_rc == T_SKIP) return T_SKIP;                                                      \
+    CHECK_OK(live_rc);                                                                         \
+    const char *b = bucket()
+
+/* "prefix/name" in a rotating buffer. */
+static const char *k(const char *prefix, const char *name)
+{
+    static char bufs[4][512];
+    static unsigned i;
+    char *b = bufs[i++ % 4];
+    snprintf(b, 512, "%s/%s", prefix, name);
+    return b;
+}
+
+static int test_client_env(void)
+{
+    ckptio__s3 *c;
+    unsetenv("AWS_ACCESS_KEY_ID");
+    setenv("AWS_SECRET_ACCESS_KEY", "x", 1);
+    CHECK_ERR(ckptio__s3_client(&c, NULL), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "AWS_ACCESS_KEY_ID"));
+    setenv("AWS_ACCESS_KEY_ID", "a", 1);
+    setenv("AWS_ENDPOINT_URL", "ftp://host", 1);
+    CHECK_ERR(ckptio__s3_client(&c, NULL), CKPTIO_E_USAGE);
+    setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9/", 1);
+    CHECK_OK(ckptio__s3_client(&c, NULL));
+    CHECK(!strcmp(ckptio__s3_endpoint(c), "http://127.0.0.1:9"));
+    ckptio__s3 *again;
+    CHECK_OK(ckptio__s3_client(&again, NULL));
+    CHECK(again == c);
+    return 0;
+}
+
+static int test_live_objects(void)
+{
+    LIVE(c, p, b);
+    uint8_t data[3000], *got = NULL;
+    t_fill(data, sizeof data, 1);
+    ckptio__s3_resp r;
+    CHECK_OK(ckptio__s3_put(c, b, k(p, "a b+c&d"), data, sizeof data, NULL, &r, NULL));
+    CHECK(r.status == 200 && r.etag[0] == '"');
+    uint64_t len = 0;
+    CHECK_OK(ckptio__s3_get_all(c, b, k(p, "a b+c&d"), 1 << 20, &got, &len, &r, NULL));
+    CHECK(len == sizeof data && !memcmp(got, data, len) && r.mtime > 0);
+    free(got);
+    CHECK_ERR(ckptio__s3_get_all(c, b, k(p, "a b+c&d"), 100, &got, &len, NULL, NULL), CKPTIO_E_LIMIT);
+    CHECK_OK(ckptio__s3_head(c, b, k(p, "a b+c&d"), &r, NULL));
+    CHECK(r.size == sizeof data && r.date > 1700000000 && r.mtime > 1700000000);
+    char etag[128];
+    memcpy(etag, r.etag, sizeof etag);
+
+    uint8_t part[1000];
+    uint64_t n = 0;
+    CHECK_OK(ckptio__s3_get_range(c, b, k(p, "a b+c&d"), 1000, 1000, part, &n, NULL));
+    CHECK(n == 1000 && !memcmp(part, data + 1000, 1000));
+    CHECK_OK(ckptio__s3_get_range(c, b, k(p, "a b+c&d"), 2500, 1000, part, &n, NULL));
+    CHECK(n == 500 && !memcmp(part, data + 2500, 500));
+    CHECK_OK(ckptio__s3_get_range(c, b, k(p, "a b+c&d"), 3000, 1000, part, &n, NULL));
+    CHECK(n == 0);
+
+    /* Conditional writes: what the commit relies on. */
+    int rc = ckptio__s3_put(c, b, k(p, "a b+c&d"), "x", 1, "*", NULL, NULL);
+    printf("If-None-Match: * on an existing object: %s\n", ckptio_errname(rc));
+    CHECK_ERR(rc, CKPTIO_E_EXISTS);
+    rc = ckptio__s3_put(c, b, k(p, "a b+c&d"), "x", 1, "\"0123456789abcdef0123456789abcdef\"",
+                        NULL, NULL);
+    printf("If-Match: <another ETag>: %s\n", ckptio_errname(rc));
+    CHECK_ERR(rc, CKPTIO_E_EXISTS);
+    CHECK(t_contains(ckptio_last_error(), "s3://") && t_contains(ckptio_last_error(), "412"));
+    CHECK_OK(ckptio__s3_put(c, b, k(p, "a b+c&d"), "xy", 2, etag, &r, NULL));
+    CHECK_OK(ckptio__s3_put(c, b, k(p, "new"), "", 0, "*", &r, NULL));
+    CHECK_OK(ckptio__s3_get_all(c, b, k(p, "new"), 10, &got, &len, NULL, NULL));
+    CHECK(len == 0 && got);
+    free(got);
+
+    seen s = {0};
+    CHECK_OK(ckptio__s3_put(c, b, k(p, "d/1"), "1", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__s3_list(c, b, k(p, ""), on_key, &s, NULL));
+    CHECK(s.n == 3 && !strcmp(s.keys[0] + strlen(p) + 1, "a b+c&d") && s.sizes[0] == 2);
+    CHECK(!strcmp(s.keys[1] + strlen(p) + 1, "d/1") && !strcmp(s.keys[2] + strlen(p) + 1, "new"));
+    CHECK(s.times[0] > 1700000000);
+    s.n = 0;
+    CHECK_OK(ckptio__s3_list(c, b, k(p, "d/"), on_key, &s, NULL));
+    CHECK(s.n == 1);
+
+    const char *names[] = {"a b+c&d", "new", "d/1"};
+    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__s3_delete(c, b, k(p, names[i]), NULL));
+    CHECK_OK(ckptio__s3_delete(c, b, k(p, "new"), NULL)); /* already gone: fine */
+    CHECK_ERR(ckptio__s3_head(c, b, k(p, "new"), &r, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK(r.status == 404 && r.date > 1700000000);
+    CHECK_ERR(ckptio__s3_get_all(c, b, k(p, "new"), 10, &got, &len, NULL, NULL), CKPTIO_E_NOT_FOUND);
+    s.n = 0;
+    CHECK_OK(ckptio__s3_list(c, b, k(p, ""), on_key, &s, NULL));
+    CHECK(s.n == 0);
+    return 0;
+}
+
+static int count_uploads(void *ctx, const char *key, const char *id, int64_t initiated)
+{
+    (void)key, (void)id, (void)initiated;
+    ++*(int *)ctx;
+    return 0;
+}
+
+static int test_live_multipart(void)
+{
+    LIVE(c, p, b);
+    size_t len = 6 * MIB + 123;
+    uint8_t *data = t_alloc(len), *got = NULL;
+    CHECK(data);
+    t_fill(data, len, 7);
+    char *id = NULL, etags[2][128];
+    CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "big"), &id, NULL));
+    int n = 0;
+    CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
+    CHECK(n == 1);
+    CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "big"), id, 2, data + 5 * MIB, len - 5 * MIB, etags[1], NULL));
+    CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "big"), id, 1, data, 5 * MIB, etags[0], NULL));
+    CHECK_OK(ckptio__s3_mpu_complete(c, b, k(p, "big"), id, etags, 2, NULL));
+    free(id);
+    uint64_t glen = 0;
+    CHECK_OK(ckptio__s3_get_all(c, b, k(p, "big"), 64 * MIB, &got, &glen, NULL, NULL));
+    CHECK(glen == len && !memcmp(got, data, len));
+    free(got);
+    CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "dropped"), &id, NULL));
+    CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "dropped"), id, 1, data, 5 * MIB, etags[0], NULL));
+    CHECK_OK(ckptio__s3_mpu_abort(c, b, k(p, "dropped"), id, NULL));
+    free(id);
+    n = 0;
+    CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
+    CHECK(n == 0);
+    CHECK_ERR(ckptio__s3_head(c, b, k(p, "dropped"), NULL, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_OK(ckptio__s3_delete(c, b, k(p, "big"), NULL));
+    t_free(data, len);
+    return 0;
+}
+
+/* Objects through the psync engine: parts uploaded in parallel, ranged reads, an abort. */
+static int test_live_engine(void)
+{
+    LIVE(c, p, b);
+    const uint64_t part = 5 * MIB, len = 2 * part + 777;
+    uint8_t *data = t_alloc(len), *back = t_alloc(len + 4096);
+    CHECK(data && back);
+    t_fill(data, len, 3);
+    ckptio__engine *e;
+    CHECK_OK(ckptio__engine_open(&e, CKPTIO_BACKEND_PSYNC, 8, 4));
+    int fd;
+    CHECK_OK(ckptio__obj_open_write(c, b, k(p, "obj"), part, &fd, NULL));
+    CHECK(ckptio__obj_is(fd) && !ckptio__obj_is(0));
+    ckptio__req rq[3], *done[3];
+    for (int i = 0; i < 3; i++) {
+        uint64_t off = (uint64_t)i * part;
+        rq[i] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = data + off, .off = off,
+                              .len = CKPTIO__MIN(part, len - off)};
+        CHECK_OK(ckptio__engine_submit(e, &rq[i]));
+    }
+    for (int got = 0; got < 3;) {
+        int r = ckptio__engine_reap(e, done, 3, 1);
+        CHECK_OK(r);
+        got += r;
+    }
+    for (int i = 0; i < 3; i++) CHECK(rq[i].res == (int64_t)rq[i].len);
+    CHECK_ERR(ckptio__obj_finish(fd, len + 1, NULL), CKPTIO_E_USAGE);
+    CHECK_OK(ckptio__obj_finish(fd, len, NULL));
+    ckptio__obj_close(fd);
+    CHECK(!ckptio__obj_is(fd));
+
+    uint64_t size = 0;
+    CHECK_OK(ckptio__obj_open_read(c, b, k(p, "obj"), &size, &fd, NULL));
+    CHECK(size == len);
+    uint64_t step = 4 * MIB;
+    for (int i = 0; i < 3; i++) {
+        rq[i] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_READ, .buf = back + i * step,
+                              .off = i * step, .len = step};
+        CHECK_OK(ckptio__engine_submit(e, &rq[i]));
+    }
+    for (int got = 0; got < 3;) {
+        int r = ckptio__engine_reap(e, done, 3, 1);
+        CHECK_OK(r);
+        got += r;
+    }
+    CHECK(rq[0].res == (int64_t)step && rq[1].res == (int64_t)step);
+    CHECK(rq[2].res == (int64_t)(len - 2 * step)); /* short at the end, like pread */
+    CHECK(!memcmp(back, data, len));
+    ckptio__obj_close(fd);
+
+    /* Closed unfinished: the upload is aborted, nothing appears. */
+    CHECK_OK(ckptio__obj_open_write(c, b, k(p, "half"), part, &fd, NULL));
+    rq[0] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = data, .off = 0, .len = part};
+    CHECK_OK(ckptio__engine_submit(e, &rq[0]));
+    CHECK(ckptio__engine_reap(e, done, 1, 1) == 1 && rq[0].res == (int64_t)part);
+    rq[0] = (ckptio__req){.fd = fd, .op = CKPTIO__OP_WRITE, .buf = data, .off = 3, .len = part};
+    CHECK_OK(ckptio__engine_submit(e, &rq[0]));
+    CHECK(ckptio__engine_reap(e, done, 1, 1) == 1 && rq[0].res == CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio__obj_error(fd), "not one part"));
+    ckptio__obj_close(fd);
+    int n = 0;
+    CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
+    CHECK(n == 0);
+    CHECK_ERR(ckptio__s3_head(c, b, k(p, "half"), NULL, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_OK(ckptio__s3_delete(c, b, k(p, "obj"), NULL));
+    ckptio__engine_close(e);
+    t_free(data, len);
+    t_free(back, len + 4096);
+    return 0;
+}
+
+/* In a child (the client is read once per process): rc and the message of a HEAD. */
+static int head_in_child(const char *bkt, char *text, size_t cap, double *secs)
+{
+    int pfd[2];
+    if (pipe(pfd) < 0) return 1;
+    double t0 = ckptio__now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pfd[0]);
+        ckptio__s3 *c;
+        int rc = ckptio__s3_client(&c, NULL);
+        if (rc == 0) rc = ckptio__s3_head(c, bkt, "ckptio-test/none", NULL, NULL);
+        char out[CKPTIO__MSG_LEN + 16];
+        int n = snprintf(out, sizeof out, "%d %s", rc, ckptio_last_error());
+        if (write(pfd[1], out, (size_t)n) < 0) _exit(2);
+        _exit(0);
+    }
+    close(pfd[1]);
+    ssize_t n = read(pfd[0], text, cap - 1);
+    close(pfd[0]);
+    waitpid(pid, NULL, 0);
+    *secs = ckptio__now() - t0;
+    text[n > 0 ? n : 0] = 0;
+    printf("%s (%.1f s)\n", text, *secs);
+    return atoi(text);
+}
+
+static int test_live_errors(void)
+{
+    char text[CKPTIO__MSG_LEN + 16];
+    double secs;
+    if (live_env()) return T_SKIP;
+    const char *secret = getenv("AWS_SECRET_ACCESS_KEY");
+    char saved[256];
+    snprintf(saved, sizeof saved, "%s", secret);
+    /* Children first: the client is made once per process, and a child inherits its parent's. */
+    setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret", 1);
+    int rc = head_in_child(bucket(), text, sizeof text, &secs);
+    if (rc == 0 || rc == CKPTIO_E_NOT_FOUND) printf("this store does not check signatures\n");
+    else CHECK(rc == -EACCES && t_contains(text, "AWS_SECRET_ACCESS_KEY"));
+    setenv("AWS_SECRET_ACCESS_KEY", saved, 1);
+
+    setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9", 1); /* discard: nothing listens */
+    setenv("CKPTIO_S3_TIMEOUT", "2", 1);
+    CHECK(head_in_child(bucket(), text, sizeof text, &secs) == -ECONNREFUSED);
+    CHECK(t_contains(text, "http://127.0.0.1:9") && t_contains(text, "AWS_ENDPOINT_URL"));
+    CHECK(t_contains(text, "tries") && secs < 6);
+    unsetenv("CKPTIO_S3_TIMEOUT");
+
+    LIVE(c, p, b);
+    uint8_t *buf;
+    uint64_t len;
+    CHECK_ERR(ckptio__s3_get_all(c, "ckptio-no-such-bucket", "k", 10, &buf, &len, NULL, NULL), -ENOENT);
+    CHECK(t_contains(ckptio_last_error(), "s3://ckptio-no-such-bucket/k") &&
+          t_contains(ckptio_last_error(), "create it"));
+    CHECK_ERR(ckptio__s3_get_all(c, b, k(p, "none"), 10, &buf, &len, NULL, NULL), CKPTIO_E_NOT_FOUND);
+    return 0;
+}
+
+const ckptio_test tests_s3[] = {
+    {"s3/sigv4", test_sigv4, 0, 0},
+    {"s3/url", test_url, 0, 0},
+    {"s3/xml", test_xml, 0, 0},
+    {"s3/times", test_times, 0, 0},
+    {"s3/client_env", test_client_env, 0, 0},
+    {"s3/retries", test_retries, 0, 0},
+    {"s3/deadline", test_deadline, 0, 0},
+    {"s3/stall", test_stall, 0, 0},
+    {"s3/pages", test_pages, 0, 0},
+    {"s3/live_objects", test_live_objects, 0, 300},
+    {"s3/live_multipart", test_live_multipart, 0, 300},
+    {"s3/live_engine", test_live_engine, 0, 300},
+    {"s3/live_errors", test_live_errors, 0, 120},
+    {0, 0, 0, 0},
+};
