@@ -350,7 +350,12 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
         if (rc < 0) return add_failed(w, rc, name); /* the tensor may be in the map: fatal */
     }
     uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
-    if (memory == CKPTIO_MEM_CUDA && nbytes && nbytes < CKPTIO__EXTENT_ALIGN) {
+    if (memory == CKPTIO_MEM_CUDA && w->object && nbytes >= CKPTIO__EXTENT_ALIGN) {
+        /* An object's windows are whole parts, ending on block boundaries, and can only be
+         * sent full: a device chunk starting on a block boundary lands in whole blocks of
+         * them (write_chunk_staged), at most a block of padding per chunk. */
+        off = ckptio__align_up(off, w->cfg.csum_block);
+    } else if (memory == CKPTIO_MEM_CUDA && nbytes && nbytes < CKPTIO__EXTENT_ALIGN) {
         /* A small device chunk never straddles two staging windows: it lands whole in one, to
          * be hashed there (write_chunk_staged). At most 4 KiB of padding per window. */
         uint64_t end = ckptio__sink_window_end(&w->sink);
