@@ -186,6 +186,8 @@ def _seaweedfs_args(exe: str, d: str, bucket: str) -> tuple[list[str], dict[str,
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     args = [exe, "mini", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
             f"-bucket={bucket}", "-master.telemetry=false",
+            # A PUT to a missing bucket is an error, as on AWS, not a new bucket.
+            "-s3.autoCreateBucket=false",
             # The Iceberg (8181) and Lance (9101) listeners are on fixed ports by default: off,
             # so that two servers never collide.
             "-s3.port.iceberg=0", "-s3.port.lance=0"]  # fmt: skip
