@@ -197,16 +197,17 @@ def _seaweedfs_args(exe: str, d: str, bucket: str) -> tuple[list[str], dict[str,
     return args, ports
 
 
-def start(kind: str, bucket: str = BUCKET, ready_s: float = READY_S) -> S3Server:
-    """Start a ``kind`` server ("seaweedfs" or "moto") on 127.0.0.1 in a fresh temp directory,
-    wait (at most ``ready_s``) until its bucket ``bucket`` answers, and return it. Raises
-    RuntimeError, with the server's log, when it does not come up. Call stop() when done."""
+def start(kind: str, bucket: str = BUCKET, ready_s: float = READY_S, parent: str | None = None) -> S3Server:
+    """Start a ``kind`` server ("seaweedfs" or "moto") on 127.0.0.1 in a fresh temp directory
+    (under ``parent``, default the system's), wait (at most ``ready_s``) until its bucket
+    ``bucket`` answers, and return it. Raises RuntimeError, with the server's log, when it
+    does not come up. Call stop() when done."""
     why = missing(kind)
     if why:
         raise FileNotFoundError(why)
     exe = binary(BINARIES[kind])
     assert exe is not None
-    d = tempfile.mkdtemp(prefix=f"ckptio-{kind}-")
+    d = tempfile.mkdtemp(prefix=f"ckptio-{kind}-", dir=parent)
     log = os.path.join(d, "server.log")
     if kind == "seaweedfs":
         data = os.path.join(d, "data")
@@ -256,9 +257,9 @@ def _wait_ready(srv: S3Server, ready_s: float) -> None:
 
 
 @contextlib.contextmanager
-def running(kind: str, bucket: str = BUCKET) -> Iterator[S3Server]:
+def running(kind: str, bucket: str = BUCKET, parent: str | None = None) -> Iterator[S3Server]:
     """A ``kind`` server for the duration of the block (see start)."""
-    srv = start(kind, bucket)
+    srv = start(kind, bucket, parent=parent)
     try:
         yield srv
     finally:
