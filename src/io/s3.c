@@ -567,14 +567,14 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
             rc = ckptio__fail(msg, trc, "s3://%s/%s: %s: cannot build the request", c->bucket,
                               c->key ? c->key : "", c->what);
         } else if (x->abort_rc) {
-            rc = x->abort_rc == CKPTIO_E_LIMIT
-                     ? ckptio__fail(msg, CKPTIO_E_LIMIT,
-                                    "s3://%s/%s: %s: the answer is larger than %llu bytes",
-                                    c->bucket, c->key ? c->key : "", c->what,
-                                    (unsigned long long)c->max)
-                     : ckptio__fail(msg, x->abort_rc,
-                                    "s3://%s/%s: %s: the store sent more bytes than asked for",
-                                    c->bucket, c->key ? c->key : "", c->what);
+            char text[160] = "the store sent more bytes than asked for";
+            if (x->abort_rc == CKPTIO_E_LIMIT)
+                snprintf(text, sizeof text, "the answer is larger than the bound of %llu bytes",
+                         (unsigned long long)c->max);
+            else if (x->abort_rc == -ENOMEM)
+                snprintf(text, sizeof text, "out of memory for the answer");
+            rc = ckptio__fail(msg, x->abort_rc, "s3://%s/%s: %s: %s", c->bucket,
+                              c->key ? c->key : "", c->what, text);
         } else if (cc != CURLE_OK) {
             rc = net_errno(cc);
             retry = rc != 0;
