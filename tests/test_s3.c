@@ -258,35 +258,55 @@ static bool fake_read(int fd, char *line, size_t cap)
     return true;
 }
 
+typedef struct fake_conn {
+    fake *f;
+    int fd;
+} fake_conn;
+
+/* One connection's requests, in order; connections are served in parallel. */
+static void *fake_serve(void *arg)
+{
+    fake_conn *fc = arg;
+    fake *f = fc->f;
+    int fd = fc->fd;
+    free(fc);
+    char line[600];
+    while (fake_read(fd, line, sizeof line)) {
+        unsigned k = __atomic_fetch_add(&f->next, 1, __ATOMIC_SEQ_CST);
+        unsigned i = k < f->n ? k : f->n - 1;
+        if (k < 16) snprintf(f->lines[k], sizeof f->lines[0], "%s", line);
+        const fake_reply *r = &f->script[i];
+        if (r->action == FAKE_RESET) {
+            struct linger lg = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+            break;
+        }
+        char head[512];
+        const char *body = r->body ? r->body : "";
+        int hl = snprintf(head, sizeof head,
+                          "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: \"e%u\"\r\n"
+                          "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
+                          r->status, strlen(body) + (r->action == FAKE_STALL ? 100 : 0), i);
+        if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
+        if (r->action == FAKE_STALL) {
+            sleep(3);
+            break;
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
 static void *fake_main(void *arg)
 {
     fake *f = arg;
     int fd;
     while ((fd = accept(f->lfd, NULL, NULL)) >= 0) {
-        char line[600];
-        while (fake_read(fd, line, sizeof line)) {
-            unsigned i = f->next < f->n ? f->next : f->n - 1;
-            if (f->next < 16) snprintf(f->lines[f->next], sizeof f->lines[0], "%s", line);
-            f->next++;
-            const fake_reply *r = &f->script[i];
-            if (r->action == FAKE_RESET) {
-                struct linger lg = {1, 0};
-                setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-                break;
-            }
-            char head[512];
-            const char *body = r->body ? r->body : "";
-            int hl = snprintf(head, sizeof head,
-                              "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: \"e%u\"\r\n"
-                              "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
-                              r->status, strlen(body) + (r->action == FAKE_STALL ? 100 : 0), i);
-            if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
-            if (r->action == FAKE_STALL) {
-                sleep(3);
-                break;
-            }
-        }
-        close(fd);
+        fake_conn *fc = malloc(sizeof *fc);
+        pthread_t th;
+        if (!fc) break;
+        *fc = (fake_conn){f, fd};
+        if (pthread_create(&th, NULL, fake_serve, fc) == 0) pthread_detach(th);
     }
     return NULL;
 }
@@ -384,6 +404,28 @@ static int test_stall(void)
     CHECK_OK(ckptio__s3_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
     CHECK(got == 0);
     CHECK_ERR(ckptio__s3_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
+    return 0;
+}
+
+/* A forked child does not reuse its parent's kept-alive connections, and the parent goes on. */
+static int test_fork(void)
+{
+    static const fake_reply script[] = {{FAKE_REPLY, 200, NULL}};
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 1, "5", &c)) return 1;
+    CHECK_OK(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL));
+    pid_t pid = fork();
+    if (pid == 0) {
+        ckptio__s3 *cc;
+        int ok = ckptio__s3_client(&cc, NULL) == 0 && cc == c;
+        for (int i = 0; ok && i < 3; i++) ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL));
+    CHECK(f.next == 7);
     return 0;
 }
 
@@ -745,6 +787,7 @@ const ckptio_test tests_s3[] = {
     {"s3/deadline", test_deadline, 0, 0},
     {"s3/stall", test_stall, 0, 0},
     {"s3/pages", test_pages, 0, 0},
+    {"s3/fork", test_fork, 0, 0},
     {"s3/live_objects", test_live_objects, 0, 300},
     {"s3/live_multipart", test_live_multipart, 0, 300},
     {"s3/live_engine", test_live_engine, 0, 300},

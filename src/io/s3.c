@@ -87,15 +87,27 @@ static double env_seconds(const char *name, double def)
     return v && *v && !*end && d > 0 && d < 1e6 ? d : def;
 }
 
+static pthread_mutex_t client_lock = PTHREAD_MUTEX_INITIALIZER;
+static ckptio__s3 *client;
+
+/* A forked child shares its parent's sockets: it forgets the idle connections (closing them
+ * could end the parent's TLS sessions) and the locks another thread may have held. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&client_lock, NULL);
+    if (!client) return;
+    pthread_mutex_init(&client->lock, NULL);
+    pthread_cond_init(&client->freed, NULL);
+    client->busy = client->nidle = 0;
+}
+
 static CURLcode global_rc = CURLE_FAILED_INIT;
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static void global_init(void)
 {
     global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    pthread_atfork(NULL, NULL, after_fork_child);
 }
-
-static pthread_mutex_t client_lock = PTHREAD_MUTEX_INITIALIZER;
-static ckptio__s3 *client;
 
 static char *env_dup(const char *a, const char *b)
 {
@@ -512,6 +524,8 @@ static int call_fail(ckptio__s3 *s, s3_call *c, ckptio__msg *msg, int rc, CURLco
         hint = ": the store refused the credentials or the access: check AWS_ACCESS_KEY_ID, "
                "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION and the bucket's policy";
     else if (rc == -ENOENT) hint = ": the bucket does not exist: create it or fix the URL";
+    else if (c->resp.status == 301 || !strcmp(c->resp.code, "AuthorizationHeaderMalformed"))
+        hint = ": the bucket is in another region: set AWS_REGION to it";
     else if (rc == CKPTIO_E_NOT_FOUND) hint = ": no such object";
     else if (rc == CKPTIO_E_EXISTS)
         hint = ": the conditional write was refused: another writer created or replaced the "
@@ -553,14 +567,14 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
             rc = ckptio__fail(msg, trc, "s3://%s/%s: %s: cannot build the request", c->bucket,
                               c->key ? c->key : "", c->what);
         } else if (x->abort_rc) {
-            rc = x->abort_rc == CKPTIO_E_LIMIT
-                     ? ckptio__fail(msg, CKPTIO_E_LIMIT,
-                                    "s3://%s/%s: %s: the answer is larger than %llu bytes",
-                                    c->bucket, c->key ? c->key : "", c->what,
-                                    (unsigned long long)c->max)
-                     : ckptio__fail(msg, x->abort_rc,
-                                    "s3://%s/%s: %s: the store sent more bytes than asked for",
-                                    c->bucket, c->key ? c->key : "", c->what);
+            char text[160] = "the store sent more bytes than asked for";
+            if (x->abort_rc == CKPTIO_E_LIMIT)
+                snprintf(text, sizeof text, "the answer is larger than the bound of %llu bytes",
+                         (unsigned long long)c->max);
+            else if (x->abort_rc == -ENOMEM)
+                snprintf(text, sizeof text, "out of memory for the answer");
+            rc = ckptio__fail(msg, x->abort_rc, "s3://%s/%s: %s: %s", c->bucket,
+                              c->key ? c->key : "", c->what, text);
         } else if (cc != CURLE_OK) {
             rc = net_errno(cc);
             retry = rc != 0;
