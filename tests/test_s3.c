@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Tests of the S3 client: SigV4 against AWS's published example, URLs, XML, times, and a live store. */
+/* Tests of the S3 client: AWS's SigV4 examples, URLs, XML, times, retries, and a live store. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -68,7 +68,8 @@ static int test_sigv4(void)
 static int test_url(void)
 {
     char *b, *k;
-    CHECK(ckptio__s3_is_url("s3://b/k") && !ckptio__s3_is_url("/tmp/x") && !ckptio__s3_is_url(NULL));
+    CHECK(ckptio__s3_is_url("s3://b/k") && !ckptio__s3_is_url("/tmp/x"));
+    CHECK(!ckptio__s3_is_url(NULL));
     CHECK_OK(ckptio__s3_parse("s3://my-bucket.1/ckpt/step-10//", &b, &k, NULL));
     CHECK(!strcmp(b, "my-bucket.1") && !strcmp(k, "ckpt/step-10"));
     free(b);
@@ -189,6 +190,9 @@ static int test_xml(void)
     CHECK(ckptio__xml_text("a&amp;b", "a&amp;b" + 7, out, sizeof out) == 3 && !strcmp(out, "a&b"));
     CHECK(ckptio__xml_text("&bogus;", "&bogus;" + 7, out, sizeof out) == -1);
     CHECK(ckptio__xml_text("&#0;", "&#0;" + 4, out, sizeof out) == -1);
+    CHECK(ckptio__xml_text("&#x1F600;&#x20AC;", "&#x1F600;&#x20AC;" + 17, out, sizeof out) == 7);
+    CHECK(!strcmp(out, "\xF0\x9F\x98\x80\xE2\x82\xAC"));
+    CHECK(ckptio__xml_text("&#xD800;", "&#xD800;" + 8, out, sizeof out) == -1);
     CHECK(ckptio__xml_text("&amp", "&amp" + 4, out, sizeof out) == -1);
     CHECK(ckptio__xml_text("12345678", "12345678" + 8, out, sizeof out) == -1);
     return 0;
@@ -205,11 +209,14 @@ static int test_times(void)
     CHECK(t == 1255369830);
     CHECK_OK(ckptio__s3_time_http("Thu, 29 Feb 2024 23:59:59 GMT", &t));
     CHECK(t == 1709251199);
-    static const char *bad_iso[] = {"", "2009-10-12", "2009-13-12T00:00:00Z", "x", "2009-10-12T17:50:30+02:00"};
+    static const char *bad_iso[] = {"", "2009-10-12", "2009-13-12T00:00:00Z", "x",
+                                    "2009-10-12T17:50:30+02:00"};
     for (size_t i = 0; i < sizeof bad_iso / sizeof bad_iso[0]; i++)
         CHECK_ERR(ckptio__s3_time_iso(bad_iso[i], &t), CKPTIO_E_CORRUPT);
-    static const char *bad_http[] = {"", "Mon 12 Oct 2009 17:50:30 GMT", "Mon, 12 Foo 2009 17:50:30 GMT",
-                                     "Mon, 12 Oct 2009 17:50:30 PST", "Mon, 12 ctN 2009 17:50:30 GMT"};
+    static const char *bad_http[] = {"", "Mon 12 Oct 2009 17:50:30 GMT",
+                                     "Mon, 12 Foo 2009 17:50:30 GMT",
+                                     "Mon, 12 Oct 2009 17:50:30 PST",
+                                     "Mon, 12 ctN 2009 17:50:30 GMT"};
     for (size_t i = 0; i < sizeof bad_http / sizeof bad_http[0]; i++)
         CHECK_ERR(ckptio__s3_time_http(bad_http[i], &t), CKPTIO_E_CORRUPT);
     return 0;
@@ -248,7 +255,8 @@ static bool fake_read(int fd, char *line, size_t cap)
         end = strstr(buf, "\r\n\r\n");
     }
     char *cl = strcasestr(buf, "\r\ncontent-length:");
-    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0, have = len - (size_t)(end + 4 - buf);
+    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0;
+    size_t have = len - (size_t)(end + 4 - buf);
     for (char tmp[65536]; have < body;) {
         ssize_t n = read(fd, tmp, CKPTIO__MIN(sizeof tmp, body - have));
         if (n <= 0) return false;
@@ -419,7 +427,8 @@ static int test_fork(void)
     if (pid == 0) {
         ckptio__s3 *cc;
         int ok = ckptio__s3_client(&cc, NULL) == 0 && cc == c;
-        for (int i = 0; ok && i < 3; i++) ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
+        for (int i = 0; ok && i < 3; i++)
+            ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
         _exit(ok ? 0 : 1);
     }
     int st = 0;

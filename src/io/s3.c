@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The S3 client: one process-wide client, a cache of kept-alive connections, signed and retried requests. */
+/* The S3 client: one per process, kept-alive connections, signed requests retried to a deadline. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -49,7 +49,8 @@ int ckptio__s3_parse(const char *url, char **bucket, char **key, ckptio__msg *ms
     const char *b = url + 5, *slash = strchr(b, '/');
     size_t bl = slash ? (size_t)(slash - b) : strlen(b);
     if (bl < 1 || bl > 255)
-        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' names no bucket: write s3://bucket/key", url);
+        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' names no bucket: write s3://bucket/key",
+                            url);
     for (size_t i = 0; i < bl; i++) {
         char c = b[i];
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -138,7 +139,9 @@ static int client_new(ckptio__s3 **out, ckptio__msg *msg)
     if (ep) {
         size_t n = strlen(ep);
         while (n && ep[n - 1] == '/') ep[--n] = 0;
-        const char *h = !strncmp(ep, "http://", 7) ? ep + 7 : !strncmp(ep, "https://", 8) ? ep + 8 : NULL;
+        const char *h = !strncmp(ep, "http://", 7)    ? ep + 7
+                        : !strncmp(ep, "https://", 8) ? ep + 8
+                                                      : NULL;
         if (!h || !*h || strchr(h, '/') || strlen(h) >= sizeof s->host) {
             rc = ckptio__fail(msg, CKPTIO_E_USAGE,
                               "AWS_ENDPOINT_URL '%s' is not of the form http[s]://host[:port]", ep);
@@ -180,7 +183,8 @@ int ckptio__s3_client(ckptio__s3 **out, ckptio__msg *msg)
 {
     pthread_once(&global_once, global_init);
     if (global_rc != CURLE_OK)
-        return ckptio__fail(msg, -EIO, "libcurl failed to initialize: %s", curl_easy_strerror(global_rc));
+        return ckptio__fail(msg, -EIO, "libcurl failed to initialize: %s",
+                            curl_easy_strerror(global_rc));
     int rc = 0;
     pthread_mutex_lock(&client_lock);
     if (!client) rc = client_new(&client, msg); /* a failure is tried again on the next call */
@@ -693,7 +697,8 @@ int ckptio__s3_list(ckptio__s3 *c, const char *bucket, const char *prefix, ckpti
 {
     char token[1024] = "";
     for (;;) {
-        ckptio__s3_kv q[3] = {{"list-type", "2"}, {"prefix", prefix}, {"continuation-token", token}};
+        ckptio__s3_kv q[3] = {
+            {"list-type", "2"}, {"prefix", prefix}, {"continuation-token", token}};
         s3_call call = {.what = "LIST", .method = "GET", .bucket = bucket, .query = q,
                         .nq = token[0] ? 3u : 2u, .max = S3_XML_MAX};
         CKPTIO__TRY(s3_do(c, &call, msg));

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Inside the S3 client: SigV4 signing, the XML scanner and time parsing, shared by s3*.c and tests. */
+/* Inside the S3 client: SigV4 signing, the XML scanner and the time parsers (s3*.c and tests). */
 #ifndef CKPTIO_IO_S3_IMPL_H
 #define CKPTIO_IO_S3_IMPL_H
 
