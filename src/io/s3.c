@@ -795,6 +795,14 @@ int ckptio__s3_mpu_complete(ckptio__s3 *c, const char *bucket, const char *key,
                     .key = key, .query = q, .nq = 1, .body = xml, .body_len = len,
                     .sign_body = true, .max = 1u << 20};
     int rc = s3_do(c, &call, msg);
+    /* A retry after an answer lost on the way finds the upload gone: it completed if the
+     * object now carries the ETag these parts make. */
+    char want[128];
+    ckptio__s3_resp head;
+    if (rc == CKPTIO_E_NOT_FOUND && !strcmp(call.resp.code, "NoSuchUpload") &&
+        ckptio__s3_mpu_etag(etags, n, want) && ckptio__s3_head(c, bucket, key, &head, NULL) == 0 &&
+        !strcmp(head.etag, want))
+        rc = 0;
     free(call.out);
     free(xml);
     return rc;
