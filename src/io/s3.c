@@ -438,6 +438,9 @@ static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url
     }
     cerr[0] = 0;
     *cc = curl_easy_perform(h);
+    /* The handle outlives this call in the cache: leave it no pointer into this frame. */
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
     curl_slist_free_all(hl);
     return 0;
 nomem:
