@@ -238,10 +238,12 @@ typedef struct fake {
     const fake_reply *script;
     unsigned n, next;
     char lines[16][600]; /* each request's first line */
+    unsigned with_token;  /* requests that carried and signed AWS_SESSION_TOKEN's "tok" */
 } fake;
 
-/* One request's head and body from fd; false when the peer closed. */
-static bool fake_read(int fd, char *line, size_t cap)
+/* One request's head and body from fd (its first line into line); false when the peer
+ * closed. */
+static bool fake_read(fake *f, int fd, char *line, size_t cap)
 {
     char buf[16384];
     size_t len = 0;
@@ -263,6 +265,9 @@ static bool fake_read(int fd, char *line, size_t cap)
         have += (size_t)n;
     }
     snprintf(line, cap, "%.*s", (int)(strstr(buf, "\r\n") - buf), buf);
+    if (strstr(buf, "\r\nx-amz-security-token: tok\r\n") &&
+        strstr(buf, "SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-security-token,"))
+        __atomic_fetch_add(&f->with_token, 1, __ATOMIC_SEQ_CST);
     return true;
 }
 
@@ -279,7 +284,7 @@ static void *fake_serve(void *arg)
     int fd = fc->fd;
     free(fc);
     char line[600];
-    while (fake_read(fd, line, sizeof line)) {
+    while (fake_read(f, fd, line, sizeof line)) {
         unsigned k = __atomic_fetch_add(&f->next, 1, __ATOMIC_SEQ_CST);
         unsigned i = k < f->n ? k : f->n - 1;
         if (k < 16) snprintf(f->lines[k], sizeof f->lines[0], "%s", line);
@@ -470,6 +475,7 @@ static int test_pages(void)
     };
     fake f;
     ckptio__s3 *c;
+    setenv("AWS_SESSION_TOKEN", "tok", 1);
     if (fake_start(&f, script, 7, "30", &c)) return 1;
     seen s = {0};
     CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
@@ -485,6 +491,7 @@ static int test_pages(void)
     CHECK(!strcmp(id, "id&1") && !strcmp(f.lines[4], "POST /b/k?uploads= HTTP/1.1"));
     CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
     CHECK(f.next == 7 && !strcmp(f.lines[6], "POST /b/k?uploadId=id%261 HTTP/1.1"));
+    CHECK(f.with_token == 7);
     free(id);
     return 0;
 }
