@@ -225,7 +225,9 @@ static int test_times(void)
 
 /* ---- a scripted HTTP server on 127.0.0.1: each request takes the next reply ---- */
 
-enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL, FAKE_ETAG /* 200, ETag: body, no body */ };
+/* FAKE_STALL and FAKE_CUT promise 100 bytes more than the body: the first then waits, the
+ * second closes the connection at once. FAKE_ETAG: 200, the body as the ETag, no body. */
+enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL, FAKE_CUT, FAKE_ETAG };
 typedef struct fake_reply {
     int action;
     int status;
@@ -304,12 +306,11 @@ static void *fake_serve(void *arg)
         int hl = snprintf(head, sizeof head,
                           "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: %s\r\n"
                           "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
-                          r->status, strlen(body) + (r->action == FAKE_STALL ? 100 : 0), etag);
+                          r->status, strlen(body) + (r->action == FAKE_STALL || r->action == FAKE_CUT ? 100 : 0),
+                          etag);
         if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
-        if (r->action == FAKE_STALL) {
-            sleep(3);
-            break;
-        }
+        if (r->action == FAKE_STALL) sleep(3);
+        if (r->action == FAKE_STALL || r->action == FAKE_CUT) break;
     }
     close(fd);
     return NULL;
@@ -405,20 +406,21 @@ static int test_deadline(void)
 static int test_stall(void)
 {
     static const fake_reply script[] = {{FAKE_STALL, 206, "0123456789"},
+                                        {FAKE_CUT, 206, "abcdefgh"},
                                         {FAKE_REPLY, 206, "0123456789"},
                                         {FAKE_REPLY, 416, ERR_XML("InvalidRange")},
                                         {FAKE_REPLY, 206, "0123456789abc"}};
     fake f;
     ckptio__s3 *c;
-    if (fake_start(&f, script, 4, "30", &c)) return 1;
+    if (fake_start(&f, script, 5, "30", &c)) return 1;
     char buf[10];
     uint64_t got = 0;
     double t0 = ckptio__now();
     CHECK_OK(ckptio__s3_get_range(c, "b", "k/x y", 5, 10, buf, &got, NULL));
     double dt = ckptio__now() - t0;
-    printf("a stalled GET retried after %.2f s\n", dt);
-    CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 2);
-    CHECK(!strcmp(f.lines[1], "GET /b/k/x%20y HTTP/1.1"));
+    printf("a stalled, then cut GET came whole after %.2f s\n", dt);
+    CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 3);
+    CHECK(!strcmp(f.lines[2], "GET /b/k/x%20y HTTP/1.1")); /* the cut one retried too */
     CHECK_OK(ckptio__s3_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
     CHECK(got == 0);
     CHECK_ERR(ckptio__s3_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
