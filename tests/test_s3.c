@@ -474,11 +474,12 @@ static int test_pages(void)
         {FAKE_REPLY, 200, up2},   {FAKE_REPLY, 200, created},
         {FAKE_REPLY, 200, ERR_XML("InternalError")}, /* a complete that failed after its 200 */
         {FAKE_REPLY, 200, "<CompleteMultipartUploadResult/>"},
+        {FAKE_REPLY, 200, ERR_XML("InvalidPart")}, /* after its 200, and final */
     };
     fake f;
     ckptio__s3 *c;
     setenv("AWS_SESSION_TOKEN", "tok", 1);
-    if (fake_start(&f, script, 7, "30", &c)) return 1;
+    if (fake_start(&f, script, 8, "30", &c)) return 1;
     seen s = {0};
     CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
     CHECK(s.n == 3 && !strcmp(s.keys[2], "p/c") && s.sizes[2] == 3);
@@ -494,6 +495,8 @@ static int test_pages(void)
     CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
     CHECK(f.next == 7 && !strcmp(f.lines[6], "POST /b/k?uploadId=id%261 HTTP/1.1"));
     CHECK(f.with_token == 7);
+    CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL), -EIO);
+    CHECK(f.next == 8 && t_contains(ckptio_last_error(), "InvalidPart"));
     free(id);
     return 0;
 }

@@ -592,7 +592,8 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
             if (c->resp.status == 200 && c->out && !strcmp(c->method, "POST"))
                 ckptio__s3_parse_error((char *)c->out, c->out_len, c->resp.code,
                                        sizeof c->resp.code);
-            if (c->resp.code[0] && c->resp.status == 200) c->resp.status = 500;
+            if (c->resp.code[0] && c->resp.status == 200)
+                c->resp.status = retry_code(c->resp.code) ? 500 : 400;
             rc = status_rc(c, &retry);
         }
         bool told = trc < 0 || x->abort_rc; /* those failures carry their message already */
