@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Tests of the S3 client: SigV4 against AWS's published example, URLs, XML, times, and a live store. */
+/* Tests of the S3 client: AWS's SigV4 examples, URLs, XML, times, retries, and a live store. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -68,7 +68,8 @@ static int test_sigv4(void)
 static int test_url(void)
 {
     char *b, *k;
-    CHECK(ckptio__s3_is_url("s3://b/k") && !ckptio__s3_is_url("/tmp/x") && !ckptio__s3_is_url(NULL));
+    CHECK(ckptio__s3_is_url("s3://b/k") && !ckptio__s3_is_url("/tmp/x"));
+    CHECK(!ckptio__s3_is_url(NULL));
     CHECK_OK(ckptio__s3_parse("s3://my-bucket.1/ckpt/step-10//", &b, &k, NULL));
     CHECK(!strcmp(b, "my-bucket.1") && !strcmp(k, "ckpt/step-10"));
     free(b);
@@ -189,6 +190,9 @@ static int test_xml(void)
     CHECK(ckptio__xml_text("a&amp;b", "a&amp;b" + 7, out, sizeof out) == 3 && !strcmp(out, "a&b"));
     CHECK(ckptio__xml_text("&bogus;", "&bogus;" + 7, out, sizeof out) == -1);
     CHECK(ckptio__xml_text("&#0;", "&#0;" + 4, out, sizeof out) == -1);
+    CHECK(ckptio__xml_text("&#x1F600;&#x20AC;", "&#x1F600;&#x20AC;" + 17, out, sizeof out) == 7);
+    CHECK(!strcmp(out, "\xF0\x9F\x98\x80\xE2\x82\xAC"));
+    CHECK(ckptio__xml_text("&#xD800;", "&#xD800;" + 8, out, sizeof out) == -1);
     CHECK(ckptio__xml_text("&amp", "&amp" + 4, out, sizeof out) == -1);
     CHECK(ckptio__xml_text("12345678", "12345678" + 8, out, sizeof out) == -1);
     return 0;
@@ -205,11 +209,14 @@ static int test_times(void)
     CHECK(t == 1255369830);
     CHECK_OK(ckptio__s3_time_http("Thu, 29 Feb 2024 23:59:59 GMT", &t));
     CHECK(t == 1709251199);
-    static const char *bad_iso[] = {"", "2009-10-12", "2009-13-12T00:00:00Z", "x", "2009-10-12T17:50:30+02:00"};
+    static const char *bad_iso[] = {"", "2009-10-12", "2009-13-12T00:00:00Z", "x",
+                                    "2009-10-12T17:50:30+02:00"};
     for (size_t i = 0; i < sizeof bad_iso / sizeof bad_iso[0]; i++)
         CHECK_ERR(ckptio__s3_time_iso(bad_iso[i], &t), CKPTIO_E_CORRUPT);
-    static const char *bad_http[] = {"", "Mon 12 Oct 2009 17:50:30 GMT", "Mon, 12 Foo 2009 17:50:30 GMT",
-                                     "Mon, 12 Oct 2009 17:50:30 PST", "Mon, 12 ctN 2009 17:50:30 GMT"};
+    static const char *bad_http[] = {"", "Mon 12 Oct 2009 17:50:30 GMT",
+                                     "Mon, 12 Foo 2009 17:50:30 GMT",
+                                     "Mon, 12 Oct 2009 17:50:30 PST",
+                                     "Mon, 12 ctN 2009 17:50:30 GMT"};
     for (size_t i = 0; i < sizeof bad_http / sizeof bad_http[0]; i++)
         CHECK_ERR(ckptio__s3_time_http(bad_http[i], &t), CKPTIO_E_CORRUPT);
     return 0;
@@ -218,7 +225,9 @@ static int test_times(void)
 
 /* ---- a scripted HTTP server on 127.0.0.1: each request takes the next reply ---- */
 
-enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL };
+/* FAKE_STALL and FAKE_CUT promise 100 bytes more than the body: the first then waits, the
+ * second closes the connection at once. FAKE_ETAG: 200, the body as the ETag, no body. */
+enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL, FAKE_CUT, FAKE_ETAG };
 typedef struct fake_reply {
     int action;
     int status;
@@ -231,10 +240,12 @@ typedef struct fake {
     const fake_reply *script;
     unsigned n, next;
     char lines[16][600]; /* each request's first line */
+    unsigned with_token;  /* requests that carried and signed AWS_SESSION_TOKEN's "tok" */
 } fake;
 
-/* One request's head and body from fd; false when the peer closed. */
-static bool fake_read(int fd, char *line, size_t cap)
+/* One request's head and body from fd (its first line into line); false when the peer
+ * closed. */
+static bool fake_read(fake *f, int fd, char *line, size_t cap)
 {
     char buf[16384];
     size_t len = 0;
@@ -248,13 +259,17 @@ static bool fake_read(int fd, char *line, size_t cap)
         end = strstr(buf, "\r\n\r\n");
     }
     char *cl = strcasestr(buf, "\r\ncontent-length:");
-    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0, have = len - (size_t)(end + 4 - buf);
+    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0;
+    size_t have = len - (size_t)(end + 4 - buf);
     for (char tmp[65536]; have < body;) {
         ssize_t n = read(fd, tmp, CKPTIO__MIN(sizeof tmp, body - have));
         if (n <= 0) return false;
         have += (size_t)n;
     }
     snprintf(line, cap, "%.*s", (int)(strstr(buf, "\r\n") - buf), buf);
+    if (strstr(buf, "\r\nx-amz-security-token: tok\r\n") &&
+        strstr(buf, "SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-security-token,"))
+        __atomic_fetch_add(&f->with_token, 1, __ATOMIC_SEQ_CST);
     return true;
 }
 
@@ -271,7 +286,7 @@ static void *fake_serve(void *arg)
     int fd = fc->fd;
     free(fc);
     char line[600];
-    while (fake_read(fd, line, sizeof line)) {
+    while (fake_read(f, fd, line, sizeof line)) {
         unsigned k = __atomic_fetch_add(&f->next, 1, __ATOMIC_SEQ_CST);
         unsigned i = k < f->n ? k : f->n - 1;
         if (k < 16) snprintf(f->lines[k], sizeof f->lines[0], "%s", line);
@@ -281,17 +296,21 @@ static void *fake_serve(void *arg)
             setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
             break;
         }
-        char head[512];
+        char head[512], etag[64];
         const char *body = r->body ? r->body : "";
-        int hl = snprintf(head, sizeof head,
-                          "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: \"e%u\"\r\n"
-                          "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
-                          r->status, strlen(body) + (r->action == FAKE_STALL ? 100 : 0), i);
-        if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
-        if (r->action == FAKE_STALL) {
-            sleep(3);
-            break;
+        snprintf(etag, sizeof etag, "\"e%u\"", i);
+        if (r->action == FAKE_ETAG) {
+            snprintf(etag, sizeof etag, "%s", body);
+            body = "";
         }
+        int hl = snprintf(head, sizeof head,
+                          "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: %s\r\n"
+                          "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
+                          r->status, strlen(body) + (r->action == FAKE_STALL || r->action == FAKE_CUT ? 100 : 0),
+                          etag);
+        if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
+        if (r->action == FAKE_STALL) sleep(3);
+        if (r->action == FAKE_STALL || r->action == FAKE_CUT) break;
     }
     close(fd);
     return NULL;
@@ -387,20 +406,21 @@ static int test_deadline(void)
 static int test_stall(void)
 {
     static const fake_reply script[] = {{FAKE_STALL, 206, "0123456789"},
+                                        {FAKE_CUT, 206, "abcdefgh"},
                                         {FAKE_REPLY, 206, "0123456789"},
                                         {FAKE_REPLY, 416, ERR_XML("InvalidRange")},
                                         {FAKE_REPLY, 206, "0123456789abc"}};
     fake f;
     ckptio__s3 *c;
-    if (fake_start(&f, script, 4, "30", &c)) return 1;
+    if (fake_start(&f, script, 5, "30", &c)) return 1;
     char buf[10];
     uint64_t got = 0;
     double t0 = ckptio__now();
     CHECK_OK(ckptio__s3_get_range(c, "b", "k/x y", 5, 10, buf, &got, NULL));
     double dt = ckptio__now() - t0;
-    printf("a stalled GET retried after %.2f s\n", dt);
-    CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 2);
-    CHECK(!strcmp(f.lines[1], "GET /b/k/x%20y HTTP/1.1"));
+    printf("a stalled, then cut GET came whole after %.2f s\n", dt);
+    CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 3);
+    CHECK(!strcmp(f.lines[2], "GET /b/k/x%20y HTTP/1.1")); /* the cut one retried too */
     CHECK_OK(ckptio__s3_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
     CHECK(got == 0);
     CHECK_ERR(ckptio__s3_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
@@ -419,7 +439,8 @@ static int test_fork(void)
     if (pid == 0) {
         ckptio__s3 *cc;
         int ok = ckptio__s3_client(&cc, NULL) == 0 && cc == c;
-        for (int i = 0; ok && i < 3; i++) ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
+        for (int i = 0; ok && i < 3; i++)
+            ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
         _exit(ok ? 0 : 1);
     }
     int st = 0;
@@ -453,10 +474,12 @@ static int test_pages(void)
         {FAKE_REPLY, 200, up2},   {FAKE_REPLY, 200, created},
         {FAKE_REPLY, 200, ERR_XML("InternalError")}, /* a complete that failed after its 200 */
         {FAKE_REPLY, 200, "<CompleteMultipartUploadResult/>"},
+        {FAKE_REPLY, 200, ERR_XML("InvalidPart")}, /* after its 200, and final */
     };
     fake f;
     ckptio__s3 *c;
-    if (fake_start(&f, script, 7, "30", &c)) return 1;
+    setenv("AWS_SESSION_TOKEN", "tok", 1);
+    if (fake_start(&f, script, 8, "30", &c)) return 1;
     seen s = {0};
     CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
     CHECK(s.n == 3 && !strcmp(s.keys[2], "p/c") && s.sizes[2] == 3);
@@ -471,7 +494,33 @@ static int test_pages(void)
     CHECK(!strcmp(id, "id&1") && !strcmp(f.lines[4], "POST /b/k?uploads= HTTP/1.1"));
     CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
     CHECK(f.next == 7 && !strcmp(f.lines[6], "POST /b/k?uploadId=id%261 HTTP/1.1"));
+    CHECK(f.with_token == 7);
+    CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL), -EIO);
+    CHECK(f.next == 8 && t_contains(ckptio_last_error(), "InvalidPart"));
     free(id);
+    return 0;
+}
+
+/* A complete whose answer was lost: the retry finds the upload gone and the object there. */
+static int test_complete_lost(void)
+{
+    static const fake_reply script[] = {
+        {FAKE_RESET, 0, NULL},
+        {FAKE_REPLY, 404, ERR_XML("NoSuchUpload")},
+        {FAKE_ETAG, 200, "\"68083ea43d0307eecfa2b4749f19df15-2\""},
+        {FAKE_RESET, 0, NULL},
+        {FAKE_REPLY, 404, ERR_XML("NoSuchUpload")},
+        {FAKE_ETAG, 200, "\"68083ea43d0307eecfa2b4749f19df15-3\""}, /* someone else's */
+    };
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 6, "30", &c)) return 1;
+    char etags[2][128] = {"\"d41d8cd98f00b204e9800998ecf8427e\"",
+                          "\"0cc175b9c0f1b6a831c399e269772661\""};
+    CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 2, NULL));
+    CHECK(f.next == 3 && !strcmp(f.lines[2], "HEAD /b/k HTTP/1.1"));
+    CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 2, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK(f.next == 6);
     return 0;
 }
 
@@ -630,6 +679,12 @@ static int test_live_multipart(void)
     CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "big"), id, 1, data, 5 * MIB, etags[0], NULL));
     CHECK_OK(ckptio__s3_mpu_complete(c, b, k(p, "big"), id, etags, 2, NULL));
     free(id);
+    char want[128];
+    ckptio__s3_resp r;
+    CHECK(ckptio__s3_mpu_etag(etags, 2, want));
+    CHECK_OK(ckptio__s3_head(c, b, k(p, "big"), &r, NULL));
+    printf("multipart ETag %s, from the parts' %s\n", r.etag, want);
+    CHECK(!strcmp(r.etag, want)); /* what a lost complete's retry relies on */
     uint64_t glen = 0;
     CHECK_OK(ckptio__s3_get_all(c, b, k(p, "big"), 64 * MIB, &got, &glen, NULL, NULL));
     CHECK(glen == len && !memcmp(got, data, len));
@@ -788,6 +843,7 @@ const ckptio_test tests_s3[] = {
     {"s3/stall", test_stall, 0, 0},
     {"s3/pages", test_pages, 0, 0},
     {"s3/fork", test_fork, 0, 0},
+    {"s3/complete_lost", test_complete_lost, 0, 0},
     {"s3/live_objects", test_live_objects, 0, 300},
     {"s3/live_multipart", test_live_multipart, 0, 300},
     {"s3/live_engine", test_live_engine, 0, 300},

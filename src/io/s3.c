@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The S3 client: one process-wide client, a cache of kept-alive connections, signed and retried requests. */
+/* The S3 client: one per process, kept-alive connections, signed requests retried to a deadline. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -49,7 +49,8 @@ int ckptio__s3_parse(const char *url, char **bucket, char **key, ckptio__msg *ms
     const char *b = url + 5, *slash = strchr(b, '/');
     size_t bl = slash ? (size_t)(slash - b) : strlen(b);
     if (bl < 1 || bl > 255)
-        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' names no bucket: write s3://bucket/key", url);
+        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' names no bucket: write s3://bucket/key",
+                            url);
     for (size_t i = 0; i < bl; i++) {
         char c = b[i];
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -138,7 +139,9 @@ static int client_new(ckptio__s3 **out, ckptio__msg *msg)
     if (ep) {
         size_t n = strlen(ep);
         while (n && ep[n - 1] == '/') ep[--n] = 0;
-        const char *h = !strncmp(ep, "http://", 7) ? ep + 7 : !strncmp(ep, "https://", 8) ? ep + 8 : NULL;
+        const char *h = !strncmp(ep, "http://", 7)    ? ep + 7
+                        : !strncmp(ep, "https://", 8) ? ep + 8
+                                                      : NULL;
         if (!h || !*h || strchr(h, '/') || strlen(h) >= sizeof s->host) {
             rc = ckptio__fail(msg, CKPTIO_E_USAGE,
                               "AWS_ENDPOINT_URL '%s' is not of the form http[s]://host[:port]", ep);
@@ -180,7 +183,8 @@ int ckptio__s3_client(ckptio__s3 **out, ckptio__msg *msg)
 {
     pthread_once(&global_once, global_init);
     if (global_rc != CURLE_OK)
-        return ckptio__fail(msg, -EIO, "libcurl failed to initialize: %s", curl_easy_strerror(global_rc));
+        return ckptio__fail(msg, -EIO, "libcurl failed to initialize: %s",
+                            curl_easy_strerror(global_rc));
     int rc = 0;
     pthread_mutex_lock(&client_lock);
     if (!client) rc = client_new(&client, msg); /* a failure is tried again on the next call */
@@ -434,6 +438,9 @@ static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url
     }
     cerr[0] = 0;
     *cc = curl_easy_perform(h);
+    /* The handle outlives this call in the cache: leave it no pointer into this frame. */
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
     curl_slist_free_all(hl);
     return 0;
 nomem:
@@ -585,7 +592,8 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
             if (c->resp.status == 200 && c->out && !strcmp(c->method, "POST"))
                 ckptio__s3_parse_error((char *)c->out, c->out_len, c->resp.code,
                                        sizeof c->resp.code);
-            if (c->resp.code[0] && c->resp.status == 200) c->resp.status = 500;
+            if (c->resp.code[0] && c->resp.status == 200)
+                c->resp.status = retry_code(c->resp.code) ? 500 : 400;
             rc = status_rc(c, &retry);
         }
         bool told = trc < 0 || x->abort_rc; /* those failures carry their message already */
@@ -693,7 +701,8 @@ int ckptio__s3_list(ckptio__s3 *c, const char *bucket, const char *prefix, ckpti
 {
     char token[1024] = "";
     for (;;) {
-        ckptio__s3_kv q[3] = {{"list-type", "2"}, {"prefix", prefix}, {"continuation-token", token}};
+        ckptio__s3_kv q[3] = {
+            {"list-type", "2"}, {"prefix", prefix}, {"continuation-token", token}};
         s3_call call = {.what = "LIST", .method = "GET", .bucket = bucket, .query = q,
                         .nq = token[0] ? 3u : 2u, .max = S3_XML_MAX};
         CKPTIO__TRY(s3_do(c, &call, msg));
@@ -790,6 +799,14 @@ int ckptio__s3_mpu_complete(ckptio__s3 *c, const char *bucket, const char *key,
                     .key = key, .query = q, .nq = 1, .body = xml, .body_len = len,
                     .sign_body = true, .max = 1u << 20};
     int rc = s3_do(c, &call, msg);
+    /* A retry after an answer lost on the way finds the upload gone: it completed if the
+     * object now carries the ETag these parts make. */
+    char want[128];
+    ckptio__s3_resp head;
+    if (rc == CKPTIO_E_NOT_FOUND && !strcmp(call.resp.code, "NoSuchUpload") &&
+        ckptio__s3_mpu_etag(etags, n, want) && ckptio__s3_head(c, bucket, key, &head, NULL) == 0 &&
+        !strcmp(head.etag, want))
+        rc = 0;
     free(call.out);
     free(xml);
     return rc;

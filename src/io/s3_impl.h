@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Inside the S3 client: SigV4 signing, the XML scanner and time parsing, shared by s3*.c and tests. */
+/* Inside the S3 client: SigV4 signing, the XML scanner and the time parsers (s3*.c and tests). */
 #ifndef CKPTIO_IO_S3_IMPL_H
 #define CKPTIO_IO_S3_IMPL_H
 
@@ -37,6 +37,9 @@ CKPTIO__HIDDEN int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth);
 CKPTIO__HIDDEN char *ckptio__s3_query(const ckptio__s3_kv *query, unsigned nq);
 /* RFC 3986 encoding of s, keeping '/' when keep_slash; malloc'd (NULL: no memory). */
 CKPTIO__HIDDEN char *ckptio__s3_uri_encode(const char *s, bool keep_slash);
+/* The ETag S3 gives an object completed from n parts with these ETags: the MD5 of their MD5s,
+ * "-n" ("\"<hex>-n\""). False when a part's ETag is not a quoted MD5. */
+CKPTIO__HIDDEN bool ckptio__s3_mpu_etag(char (*etags)[128], unsigned n, char out[128]);
 /* Lower-case hex SHA256 of a buffer into hex[65]. */
 CKPTIO__HIDDEN void ckptio__s3_sha256_hex(const void *p, size_t len, char hex[65]);
 

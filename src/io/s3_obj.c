@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Objects as the engine's files: an eventfd per open object, part uploads and ranged GETs per request. */
+/* Objects as the engine's files: an eventfd each; a request is one part upload or ranged GET. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -231,7 +231,8 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
 {
     s3_obj *o = lookup(fd);
     if (!o || !o->write || o->finished)
-        return ckptio__fail(msg, -EBADF, "finishing descriptor %d: not an object being written", fd);
+        return ckptio__fail(msg, -EBADF, "finishing descriptor %d: not an object being written",
+                            fd);
     uint64_t n = (len + o->part_size - 1) / o->part_size;
     int rc = 0;
     pthread_mutex_lock(&o->lock);

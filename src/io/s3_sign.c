@@ -83,6 +83,32 @@ void ckptio__s3_sha256_hex(const void *p, size_t len, char hex[65])
     to_hex(d, 32, hex);
 }
 
+bool ckptio__s3_mpu_etag(char (*etags)[128], unsigned n, char out[128])
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_md5(), NULL);
+    for (unsigned i = 0; ok && i < n; i++) {
+        const char *e = etags[i];
+        unsigned char d[16];
+        ok = strlen(e) == 34 && e[0] == '"' && e[33] == '"';
+        for (unsigned j = 0; ok && j < 16; j++) {
+            unsigned v;
+            ok = sscanf(e + 1 + 2 * j, "%2x", &v) == 1;
+            d[j] = (unsigned char)v;
+        }
+        ok = ok && EVP_DigestUpdate(ctx, d, 16);
+    }
+    unsigned char md[16];
+    unsigned int len = 0;
+    ok = ok && EVP_DigestFinal_ex(ctx, md, &len) && len == 16;
+    EVP_MD_CTX_free(ctx);
+    if (!ok) return false;
+    char hex[33];
+    to_hex(md, 16, hex);
+    snprintf(out, 128, "\"%s-%u\"", hex, n);
+    return true;
+}
+
 static void hmac(const void *key, size_t klen, const char *msg, unsigned char out[32])
 {
     unsigned int n = 32;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The few pieces of S3's XML the client reads (listings, uploads, errors) and its two time formats. */
+/* What the S3 client reads of S3's XML (listings, uploads, errors), and S3's two time formats. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,14 +49,11 @@ static int put_utf8(char *out, size_t cap, size_t *n, unsigned long cp)
     unsigned char b[4];
     size_t k;
     if (cp == 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
-    if (cp < 0x80) b[0] = (unsigned char)cp, k = 1;
-    else if (cp < 0x800) b[0] = (unsigned char)(0xC0 | cp >> 6), b[1] = (unsigned char)(0x80 | (cp & 63)), k = 2;
-    else if (cp < 0x10000)
-        b[0] = (unsigned char)(0xE0 | cp >> 12), b[1] = (unsigned char)(0x80 | (cp >> 6 & 63)),
-        b[2] = (unsigned char)(0x80 | (cp & 63)), k = 3;
-    else
-        b[0] = (unsigned char)(0xF0 | cp >> 18), b[1] = (unsigned char)(0x80 | (cp >> 12 & 63)),
-        b[2] = (unsigned char)(0x80 | (cp >> 6 & 63)), b[3] = (unsigned char)(0x80 | (cp & 63)), k = 4;
+    /* k bytes: a lead byte marking the length, then 6 bits per continuation byte. */
+    k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    static const unsigned char lead[5] = {0, 0x00, 0xC0, 0xE0, 0xF0};
+    for (size_t i = k; i-- > 1; cp >>= 6) b[i] = (unsigned char)(0x80 | (cp & 63));
+    b[0] = (unsigned char)(lead[k] | cp);
     if (*n + k >= cap) return -1;
     memcpy(out + *n, b, k);
     *n += k;
@@ -138,7 +135,8 @@ int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__s3_list_cb cb, vo
      * look for them outside the entries. */
     *truncated = is_true(xml, end);
     token[0] = 0;
-    if (*truncated && !field(xml, end, "NextContinuationToken", token, cap)) return CKPTIO_E_CORRUPT;
+    if (*truncated && !field(xml, end, "NextContinuationToken", token, cap))
+        return CKPTIO_E_CORRUPT;
     return 0;
 }
 
