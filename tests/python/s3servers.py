@@ -184,7 +184,11 @@ def _seaweedfs_args(exe: str, d: str, bucket: str) -> tuple[list[str], dict[str,
     names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
              "webdav", "admin", "admin.grpc"]  # fmt: skip
     ports = dict(zip(names, free_ports(len(names)), strict=True))
+    # Its unix sockets go into its own directory too (the default is /tmp/seaweedfs-*-<port>.sock,
+    # left behind after a stop).
+    sock = os.path.dirname(d)
     args = [exe, "mini", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
+            f"-filer.localSocket={sock}/filer.sock", f"-s3.localSocket={sock}/s3.sock",
             f"-bucket={bucket}", "-master.telemetry=false",
             # A PUT to a missing bucket is an error, as on AWS, not a new bucket.
             "-s3.autoCreateBucket=false",
@@ -223,6 +227,7 @@ def start(kind: str, bucket: str = BUCKET, ready_s: float = READY_S, parent: str
     env = client_env(endpoint)
     penv = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     penv.update(env)  # weed mini makes its admin identity from AWS_ACCESS_KEY_ID/SECRET
+    penv["TMPDIR"] = d  # where its other sockets go
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=d, env=penv, start_new_session=True)  # fmt: skip

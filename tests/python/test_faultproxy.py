@@ -81,6 +81,7 @@ def pass_through(proxy: FaultProxy, srv: S3Server) -> None:
     assert proxy.counts["POST complete"] == 1 and proxy.counts["GET range"] == 1
     assert proxy.counts["GET object"] == 1 and proxy.counts["HEAD"] == 1
     assert proxy.connections <= 2, "keep-alive: one connection carries the requests"
+    assert proxy.sizes["PUT part"] == [len(part), len(part), len(part) - 3]
     assert not proxy.injected
 
 
@@ -154,6 +155,16 @@ def test_stall_then_clear(proxy: FaultProxy, moto_server: S3Server) -> None:
         c.get_object(Bucket=b, Key=k)
     assert time.monotonic() - t0 < 10
     assert c.get_object(Bucket=b, Key=k)["Body"].read() == b"abc"  # count=1: the next passes
+
+
+def test_stall_then_resume(proxy: FaultProxy, moto_server: S3Server) -> None:
+    c = client(proxy, timeout=10.0)
+    b, k = moto_server.bucket, unique_prefix("resume") + "/obj"
+    c.put_object(Bucket=b, Key=k, Body=b"abc")
+    proxy.add(Rule("stall", "GET", stall_s=1.5, resume=True))
+    t0 = time.monotonic()
+    assert c.get_object(Bucket=b, Key=k)["Body"].read() == b"abc"
+    assert 1.4 < time.monotonic() - t0 < 8
 
 
 def test_stall_mid_body(proxy: FaultProxy, moto_server: S3Server) -> None:
