@@ -206,15 +206,15 @@ def _run(mech: str, op: str, model: str | None, client: Any, bucket: str, key: s
 def _check(model: str | None, got: Any, nbytes: int, seed: int) -> None:
     """The loaded bytes are the saved ones (a sample of them, untimed)."""
     if model:
-        want = _state(model)
-        for k in list(want)[:: max(1, len(want) // 8)]:
-            if not bool((got[k] == want[k]).all()):
+        state = _state(model)
+        for k in list(state)[:: max(1, len(state) // 8)]:
+            if not bool((got[k] == state[k]).all()):
                 raise RuntimeError(f"loaded tensor {k} differs")
         return
-    a = got["w"] if isinstance(got, dict) else got
+    a = np.asarray(got["w"] if isinstance(got, dict) else got)
     want = _tensor(nbytes, seed)
     idx = np.arange(0, want.size, max(1, want.size // 4096))
-    if not np.array_equal(np.asarray(a)[idx], want[idx]) or np.asarray(a)[-1] != want[-1]:
+    if not np.array_equal(a[idx], want[idx]) or a[-1] != want[-1]:
         raise RuntimeError("loaded tensor differs")
 
 

@@ -342,7 +342,7 @@ class FaultProxy:
         try:
             while not self._stop.is_set():
                 hard = True
-                head = _read_head(cf)  # type: ignore[arg-type]
+                head = _read_head(cf)
                 if head is None:
                     hard = False
                     return
@@ -364,7 +364,7 @@ class FaultProxy:
                     if expect:  # the body never comes: answer and close
                         close_after = True
                     else:
-                        _copy_body(head, cf, None)  # type: ignore[arg-type]
+                        _copy_body(head, cf, None)
                     code, msg = (("SlowDown", "Please reduce your request rate.") if act == "503"
                                  else ("InternalError", "We encountered an internal error. Please try again."))  # fmt: skip
                     body = _error_body(code, msg, target)
@@ -390,7 +390,7 @@ class FaultProxy:
                 if expect:
                     c.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 up.sendall(head.encode(drop=("expect",)))
-                _copy_body(head, cf, up)  # type: ignore[arg-type]
+                _copy_body(head, cf, up)
                 assert uf is not None
                 resp = _read_head(uf)
                 while resp is not None and resp.line.split(" ")[1].startswith("1"):

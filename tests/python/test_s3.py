@@ -304,7 +304,7 @@ def test_four_gloo_ranks(s3server: S3Server, key: str) -> None:
     pytest.importorskip("torch")
     url = s3server.url(key)
     port = free_ports(1)[0]
-    ranks = [([], {**s3server.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+    ranks: list[tuple[list[str], dict[str, str]]] = [([], {**s3server.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
                    "WORLD_SIZE": "4", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}) for r in range(4)]  # fmt: skip
     for r in py_all(ranks, RANK_SAVE.replace("URL", repr(url))):
         ok(r)
