@@ -194,6 +194,22 @@ def test_dead_server_and_close(moto_server: S3Server) -> None:
     assert time.monotonic() - t0 < 6, "close() ends stalls at once"
 
 
+def test_server_stops_by_process_group() -> None:
+    """A server started and stopped leaves no process of its group and no directory."""
+    import os
+
+    from s3servers import missing, running
+
+    if missing("moto"):
+        pytest.skip(missing("moto"))
+    with running("moto") as srv:
+        pid, d = srv.proc.pid, srv.dir
+        assert os.path.isdir(d)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    assert not os.path.exists(d)
+
+
 def test_env_points_at_proxy(proxy: FaultProxy, moto_server: S3Server) -> None:
     env = proxy.env(moto_server.env)
     assert env["AWS_ENDPOINT_URL"] == proxy.endpoint
