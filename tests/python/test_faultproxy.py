@@ -194,6 +194,34 @@ def test_dead_server_and_close(moto_server: S3Server) -> None:
     assert time.monotonic() - t0 < 6, "close() ends stalls at once"
 
 
+def test_libcurl_expect_and_chunked(s3server: S3Server, tmp_path: Any) -> None:
+    """What libcurl sends, through the proxy: a PUT with Expect: 100-continue, a chunked PUT
+    of unknown length, a ranged GET (the curl command, SigV4-signed by curl itself)."""
+    import shutil
+    import subprocess
+
+    from s3servers import ACCESS_KEY, SECRET_KEY
+
+    if shutil.which("curl") is None:
+        pytest.skip("no curl command")
+    data = blob(12 << 20, 3)
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    with FaultProxy(s3server.endpoint) as p:
+        curl = ["curl", "-sS", "--fail-with-body", "--max-time", "60", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                "--user", f"{ACCESS_KEY}:{SECRET_KEY}"]  # fmt: skip
+        u = f"{p.endpoint}/{s3server.bucket}/{unique_prefix('curl')}"
+        subprocess.run([*curl, "-T", str(src), u + "/a"], check=True, capture_output=True, timeout=90)
+        subprocess.run([*curl, "-T", "-", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", u + "/b"],
+                       input=data[: 3 << 20], check=True, capture_output=True, timeout=90)  # fmt: skip
+        got = subprocess.run([*curl, "-H", "Range: bytes=100-5000099", u + "/a"], check=True, capture_output=True,
+                             timeout=90).stdout  # fmt: skip
+        assert got == data[100:5000100]
+        got = subprocess.run([*curl, u + "/b"], check=True, capture_output=True, timeout=90).stdout
+        assert got == data[: 3 << 20]
+        assert p.counts["PUT object"] == 2 and p.counts["GET range"] == 1 and p.counts["GET object"] == 1
+
+
 def test_server_stops_by_process_group() -> None:
     """A server started and stopped leaves no process of its group and no directory."""
     import os
