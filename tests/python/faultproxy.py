@@ -20,8 +20,10 @@ from typing import Any, BinaryIO
 #   "500"        answer 500 InternalError
 #   "reset"      reset the client's connection (RST: SO_LINGER 0) as soon as the head is read
 #   "reset_body" forward, then reset after the response head and half of its body
-#   "stall"      send nothing for stall_s seconds after the head, then go on (math.inf: never)
-#   "stall_body" forward, send the response head and half the body, then stall_s seconds
+#   "stall"      send nothing for stall_s seconds after the head (math.inf: until clear() or
+#                close()), then reset, or with resume=True go on as if nothing happened; a stall
+#                that clear() ends always goes on
+#   "stall_body" forward, send the response head and half the body, stall stall_s seconds, reset
 ACTIONS = ("503", "500", "reset", "reset_body", "stall", "stall_body")
 COPY = 1 << 20  # bytes per streamed piece
 
@@ -41,6 +43,7 @@ class Rule:
     skip: int = 0
     count: int | None = None
     stall_s: float = 5.0
+    resume: bool = False
     seen: int = 0  # matching requests so far
     fired: int = 0  # times the fault was injected
 
@@ -214,6 +217,7 @@ class FaultProxy:
         self.counts: Counter[str] = Counter()
         self.injected: Counter[tuple[str, str]] = Counter()
         self.connections = 0  # client connections accepted (keep-alive shows as few)
+        self.sizes: dict[str, list[int]] = {}  # request body lengths (Content-Length) by kind
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._socks: set[socket.socket] = set()
@@ -240,6 +244,7 @@ class FaultProxy:
         with self._lock:
             self.counts.clear()
             self.injected.clear()
+            self.sizes.clear()
             self.connections = 0
 
     def total(self, prefix: str = "") -> int:
@@ -298,23 +303,25 @@ class FaultProxy:
                 self._threads.append(t)
             t.start()
 
-    def _fault(self, method: str, target: str, k: str) -> Rule | None:
+    def _fault(self, method: str, target: str, k: str, length: int) -> Rule | None:
         with self._lock:
             self.counts[k] += 1
+            self.sizes.setdefault(k, []).append(length)
             for r in self.rules:
                 if r.hit(method, target):
                     self.injected[(k, r.action)] += 1
                     return r
         return None
 
-    def _stall(self, seconds: float) -> None:
-        """Wait ``seconds`` (inf: until close() or clear())."""
+    def _stall(self, seconds: float) -> bool:
+        """Wait ``seconds`` (inf: until close() or clear()); True when clear() ended it."""
         end = time.monotonic() + seconds
         while not self._stop.is_set() and time.monotonic() < end:
             with self._lock:
                 if not self.rules:
-                    return
+                    return True
             self._stop.wait(min(0.1, max(0.0, end - time.monotonic())))
+        return False
 
     def _serve(self, c: socket.socket) -> None:
         cf = c.makefile("rb")
@@ -335,25 +342,29 @@ class FaultProxy:
         try:
             while not self._stop.is_set():
                 hard = True
-                head = _read_head(cf)  # type: ignore[arg-type]
+                head = _read_head(cf)
                 if head is None:
                     hard = False
                     return
                 method, target = head.line.split(" ")[0], head.line.split(" ")[1]
                 hdrs = {k.lower(): v for k, v in head.headers}
-                rule = self._fault(method, target, kind(method, target, hdrs))
+                length = int(hdrs.get("content-length") or 0)
+                rule = self._fault(method, target, kind(method, target, hdrs), length)
                 expect = (head.get("expect") or "").lower() == "100-continue"
                 close_after = (head.get("connection") or "").lower() == "close"
                 act = rule.action if rule else ""
                 if act == "reset":
                     raise _Dropped("reset injected")
-                if act == "stall":
-                    self._stall(rule.stall_s if rule else 0)
+                if act == "stall" and rule is not None:
+                    # A client that gave up may have left a whole small request in the socket:
+                    # unless asked to go on, it is cut, never sent late to the server.
+                    if not self._stall(rule.stall_s) and not rule.resume:
+                        raise _Dropped("stalled, then reset")
                 if act in ("503", "500"):
                     if expect:  # the body never comes: answer and close
                         close_after = True
                     else:
-                        _copy_body(head, cf, None)  # type: ignore[arg-type]
+                        _copy_body(head, cf, None)
                     code, msg = (("SlowDown", "Please reduce your request rate.") if act == "503"
                                  else ("InternalError", "We encountered an internal error. Please try again."))  # fmt: skip
                     body = _error_body(code, msg, target)
@@ -379,7 +390,7 @@ class FaultProxy:
                 if expect:
                     c.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 up.sendall(head.encode(drop=("expect",)))
-                _copy_body(head, cf, up)  # type: ignore[arg-type]
+                _copy_body(head, cf, up)
                 assert uf is not None
                 resp = _read_head(uf)
                 while resp is not None and resp.line.split(" ")[1].startswith("1"):

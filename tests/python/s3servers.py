@@ -29,6 +29,8 @@ REGION = "us-east-1"
 BUCKET = "ckpt"
 # A server that is not answering after this long failed to start.
 READY_S = 60.0
+# Starts of a server that exits at once (a port taken meanwhile) before giving up.
+STARTS = 3
 # SIGTERM, then SIGKILL after this long.
 STOP_GRACE_S = 5.0
 
@@ -184,7 +186,11 @@ def _seaweedfs_args(exe: str, d: str, bucket: str) -> tuple[list[str], dict[str,
     names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
              "webdav", "admin", "admin.grpc"]  # fmt: skip
     ports = dict(zip(names, free_ports(len(names)), strict=True))
+    # Its unix sockets go into its own directory too (the default is /tmp/seaweedfs-*-<port>.sock,
+    # left behind after a stop).
+    sock = os.path.dirname(d)
     args = [exe, "mini", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
+            f"-filer.localSocket={sock}/filer.sock", f"-s3.localSocket={sock}/s3.sock",
             f"-bucket={bucket}", "-master.telemetry=false",
             # A PUT to a missing bucket is an error, as on AWS, not a new bucket.
             "-s3.autoCreateBucket=false",
@@ -201,10 +207,26 @@ def start(kind: str, bucket: str = BUCKET, ready_s: float = READY_S, parent: str
     """Start a ``kind`` server ("seaweedfs" or "moto") on 127.0.0.1 in a fresh temp directory
     (under ``parent``, default the system's), wait (at most ``ready_s``) until its bucket
     ``bucket`` answers, and return it. Raises RuntimeError, with the server's log, when it
-    does not come up. Call stop() when done."""
+    does not come up. Call stop() when done. A server that exits while starting (another
+    program took one of its ports between the choice and the bind) is started again, on other
+    ports, up to STARTS times."""
     why = missing(kind)
     if why:
         raise FileNotFoundError(why)
+    for attempt in range(STARTS):
+        try:
+            return _start_once(kind, bucket, ready_s, parent)
+        except _Exited:
+            if attempt == STARTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _Exited(RuntimeError):
+    """The server process ended while starting."""
+
+
+def _start_once(kind: str, bucket: str, ready_s: float, parent: str | None) -> S3Server:
     exe = binary(BINARIES[kind])
     assert exe is not None
     d = tempfile.mkdtemp(prefix=f"ckptio-{kind}-", dir=parent)
@@ -223,6 +245,7 @@ def start(kind: str, bucket: str = BUCKET, ready_s: float = READY_S, parent: str
     env = client_env(endpoint)
     penv = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     penv.update(env)  # weed mini makes its admin identity from AWS_ACCESS_KEY_ID/SECRET
+    penv["TMPDIR"] = d  # where its other sockets go
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=d, env=penv, start_new_session=True)  # fmt: skip
@@ -243,7 +266,7 @@ def _wait_ready(srv: S3Server, ready_s: float) -> None:
     last = ""
     while time.monotonic() < deadline:
         if not srv.alive():
-            raise RuntimeError(f"{srv.kind} exited with {srv.proc.returncode} while starting:\n{srv.log_tail()}")
+            raise _Exited(f"{srv.kind} exited with {srv.proc.returncode} while starting:\n{srv.log_tail()}")
         try:
             if srv.kind == "moto":
                 with contextlib.suppress(ClientError):

@@ -81,6 +81,7 @@ def pass_through(proxy: FaultProxy, srv: S3Server) -> None:
     assert proxy.counts["POST complete"] == 1 and proxy.counts["GET range"] == 1
     assert proxy.counts["GET object"] == 1 and proxy.counts["HEAD"] == 1
     assert proxy.connections <= 2, "keep-alive: one connection carries the requests"
+    assert proxy.sizes["PUT part"] == [len(part), len(part), len(part) - 3]
     assert not proxy.injected
 
 
@@ -156,6 +157,16 @@ def test_stall_then_clear(proxy: FaultProxy, moto_server: S3Server) -> None:
     assert c.get_object(Bucket=b, Key=k)["Body"].read() == b"abc"  # count=1: the next passes
 
 
+def test_stall_then_resume(proxy: FaultProxy, moto_server: S3Server) -> None:
+    c = client(proxy, timeout=10.0)
+    b, k = moto_server.bucket, unique_prefix("resume") + "/obj"
+    c.put_object(Bucket=b, Key=k, Body=b"abc")
+    proxy.add(Rule("stall", "GET", stall_s=1.5, resume=True))
+    t0 = time.monotonic()
+    assert c.get_object(Bucket=b, Key=k)["Body"].read() == b"abc"
+    assert 1.4 < time.monotonic() - t0 < 8
+
+
 def test_stall_mid_body(proxy: FaultProxy, moto_server: S3Server) -> None:
     from botocore.exceptions import BotoCoreError
 
@@ -181,6 +192,50 @@ def test_dead_server_and_close(moto_server: S3Server) -> None:
         assert p.rules[0].stall_s == math.inf and p.counts["HEAD"] == 2
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 6, "close() ends stalls at once"
+
+
+def test_libcurl_expect_and_chunked(s3server: S3Server, tmp_path: Any) -> None:
+    """What libcurl sends, through the proxy: a PUT with Expect: 100-continue, a chunked PUT
+    of unknown length, a ranged GET (the curl command, SigV4-signed by curl itself)."""
+    import shutil
+    import subprocess
+
+    from s3servers import ACCESS_KEY, SECRET_KEY
+
+    if shutil.which("curl") is None:
+        pytest.skip("no curl command")
+    data = blob(12 << 20, 3)
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    with FaultProxy(s3server.endpoint) as p:
+        curl = ["curl", "-sS", "--fail-with-body", "--max-time", "60", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                "--user", f"{ACCESS_KEY}:{SECRET_KEY}"]  # fmt: skip
+        u = f"{p.endpoint}/{s3server.bucket}/{unique_prefix('curl')}"
+        subprocess.run([*curl, "-T", str(src), u + "/a"], check=True, capture_output=True, timeout=90)
+        subprocess.run([*curl, "-T", "-", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", u + "/b"],
+                       input=data[: 3 << 20], check=True, capture_output=True, timeout=90)  # fmt: skip
+        got = subprocess.run([*curl, "-H", "Range: bytes=100-5000099", u + "/a"], check=True, capture_output=True,
+                             timeout=90).stdout  # fmt: skip
+        assert got == data[100:5000100]
+        got = subprocess.run([*curl, u + "/b"], check=True, capture_output=True, timeout=90).stdout
+        assert got == data[: 3 << 20]
+        assert p.counts["PUT object"] == 2 and p.counts["GET range"] == 1 and p.counts["GET object"] == 1
+
+
+def test_server_stops_by_process_group() -> None:
+    """A server started and stopped leaves no process of its group and no directory."""
+    import os
+
+    from s3servers import missing, running
+
+    if missing("moto"):
+        pytest.skip(missing("moto"))
+    with running("moto") as srv:
+        pid, d = srv.proc.pid, srv.dir
+        assert os.path.isdir(d)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    assert not os.path.exists(d)
 
 
 def test_env_points_at_proxy(proxy: FaultProxy, moto_server: S3Server) -> None:
