@@ -204,6 +204,8 @@ def main() -> None:
     ap.add_argument("--train-loop", action="store_true", help="also the training-loop cell (bench/train_loop.py: checkpoint stalls of save_async, DCP async_save, Orbax async; a few minutes)")
     ap.add_argument("--multirank", action="store_true", help="also the multi-rank cell (bench/multirank.py: 4 local ranks save and cold-load 1 GiB, replicated and Shard(0), ckptio next to torch DCP; a few minutes)")
     ap.add_argument("--safetensors", action="store_true", help="also the safetensors cell (bench/safetensors_cell.py: ckptio.safetensors save_file/load_file next to stock safetensors and the raw device on the --model state, 1.3b with --model none; --runs rounds, about a minute each). Only this cell: --tensor-sizes '' --model none --mechanisms '' --safetensors --no-compress")
+    ap.add_argument("--s3", action=argparse.BooleanOptionalAction, default=True, help="the object-storage cell (bench/s3_cell.py), on by default: a SeaweedFS server on 127.0.0.1 started for it; the 1 GiB float32 tensor and the --model state (1.3b with --model none) saved and loaded by boto3's TransferManager, s3torchconnector and ckptio, each in a fresh process: wall, client CPU-s per GB, peak extra memory; --runs rounds (about 10 minutes on 2 cores, where the server is the bottleneck). Only this cell: --tensor-sizes '' --model none --mechanisms '' --no-compress")
+    ap.add_argument("--s3-ranks", action="store_true", help="also the four-rank object-storage cell (bench/s3_ranks.py: a Shard(0) state saved and loaded by 4 gloo ranks through SeaweedFS, ckptio(comm=) next to DCP with s3torchconnector; a few minutes)")
     ap.add_argument("--compress", action=argparse.BooleanOptionalAction, default=True, help="the compression cell (bench/compress_cell.py), on by default: about 2 minutes once its trained states are cached, and the first run trains them (a few minutes more). Ratio and one-thread speed of ZipNN, zstd -1/-3 with and without byte grouping and ckptio's codec against the exponent-entropy bound, on a small trained model's training state and the --model state (1.3b with --model none), then ckptio.save(compress=) next to the raw device. Only this cell: --tensor-sizes '' --model none --mechanisms ''")
     a = ap.parse_args()
     mechs = [m for m in a.mechanisms.split(",") if m]
@@ -283,6 +285,18 @@ def main() -> None:
         c_doc = compress_cell.run(compress_cell.parser().parse_args(c_args))
         print(compress_cell.summarize(c_doc))
         compress_cell.write(c_doc, a.out)
+    if a.s3:
+        import s3_cell
+
+        s3_args = ["--dir", os.path.join(a.dir, "s3"), "--out", a.out, "--runs", str(a.runs),
+                   "--state", a.model if a.model != "none" else "1.3b"] + (["--quiet"] if a.quiet else [])  # fmt: skip
+        s3_doc = s3_cell.run(s3_cell.parser().parse_args(s3_args))
+        print(s3_cell.summarize(s3_doc))
+        s3_cell.write(s3_doc, a.out)
+    if a.s3_ranks:
+        import s3_ranks
+
+        s3_ranks.main_from_run(os.path.join(a.dir, "s3-ranks"), a.out, a.runs, a.quiet)
     if made:  # the cells above put their files in folders of their own under it
         shutil.rmtree(a.dir, ignore_errors=True)
     elapsed = time.time() - t_start

@@ -111,14 +111,13 @@ int ckptio_convert_detect(const char *path, int is_dst, int sharded)
 {
     if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "convert: no path");
     if (!is_dst) return detect_src(path);
-    if (ckptio__s3_is_url(path)) return CKPTIO_CONVERT_CKPTIO; /* the one kind objects hold */
     if (ckptio__conv_ends_with(path, ".safetensors")) return CKPTIO_CONVERT_SAFETENSORS;
     if (torch_name(path)) return CKPTIO_CONVERT_TORCH;
     if (ckptio__conv_ends_with(path, ".dcp") || ckptio__conv_ends_with(path, ".dcp/"))
         return CKPTIO_CONVERT_DCP;
     if (sharded) return CKPTIO_CONVERT_HF;
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (!ckptio__s3_is_url(path) && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         if (exists_in(path, ".metadata")) return CKPTIO_CONVERT_DCP;
         char *idx = ckptio__conv_find_index(path);
         if (idx) return free(idx), CKPTIO_CONVERT_HF;
