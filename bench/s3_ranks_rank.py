@@ -121,6 +121,17 @@ def _s3tc_reader(url: str, endpoint: str) -> Any:
     return r
 
 
+def server_cpu() -> float:
+    """User + system seconds the S3 server (its pid in S3RANKS_SERVER_PID) has used so far,
+    -1 where unknown: on one machine its work competes with the clients' for the cores."""
+    try:
+        with open(f"/proc/{int(os.environ['S3RANKS_SERVER_PID'])}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+    except (KeyError, ValueError, OSError):
+        return -1.0
+
+
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -133,7 +144,7 @@ def save(mech: str, st: dict[str, DTensor], url: str, pg: Any, a: argparse.Names
     rss0 = _status_kib("VmRSS")
     hwm = _hwm_reset()
     dist.barrier(pg)
-    c0, t0 = _cpu(), time.perf_counter()
+    s0, c0, t0 = server_cpu(), _cpu(), time.perf_counter()
     if mech == "ckptio":
         ckptio.save(st, url, comm=pg)
     elif mech == "ckptio-dcp":
@@ -144,8 +155,8 @@ def save(mech: str, st: dict[str, DTensor], url: str, pg: Any, a: argparse.Names
         dcp.save(st, storage_writer=_s3tc_writer(url, a.endpoint, a.dcp_threads), process_group=pg)
     t1, c1 = time.perf_counter(), _cpu()
     dist.barrier(pg)
-    t2 = time.perf_counter()
-    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": c1 - c0,
+    t2, s2 = time.perf_counter(), server_cpu()
+    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": c1 - c0, "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
             "rss_before_kib": rss0, "peak_rss_kib": _status_kib("VmHWM") if hwm else -1}  # fmt: skip
 
 
@@ -159,7 +170,7 @@ def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: arg
     rss0 = _status_kib("VmRSS")
     hwm = _hwm_reset()
     dist.barrier(pg)
-    c0, t0 = _cpu(), time.perf_counter()
+    s0, c0, t0 = server_cpu(), _cpu(), time.perf_counter()
     if mech == "ckptio":
         out = ckptio.load(url, like=target, comm=pg)
     elif mech == "ckptio-dcp":
@@ -173,11 +184,11 @@ def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: arg
     t1, c1 = time.perf_counter(), _cpu()
     peak = _status_kib("VmHWM") if hwm else -1
     dist.barrier(pg)
-    t2 = time.perf_counter()
+    t2, s2 = time.perf_counter(), server_cpu()
     got = checksum(out) if isinstance(out, dict) and set(out) == set(st) else "keys differ"
     del out, target
     gc.collect()
-    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": c1 - c0,
+    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": c1 - c0, "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
             "rss_before_kib": rss0, "peak_rss_kib": peak, "checksum": got,
             "error": "" if got == want else f"rank checksum {got}, saved {want}"}  # fmt: skip
 
