@@ -32,8 +32,8 @@ NAMES = {"ckptio": ("ckptio.save(comm=)", "ckptio.load(like=)"),
 HOW = {
     "ckptio": "ckptio.save(state, 's3://...', comm=<gloo group>) / ckptio.load(url, like=<empty DTensors>, comm=)",
     "dcp-s3tc": "torch.distributed.checkpoint save/load with s3torchconnector.dcp.S3StorageWriter (thread_count "
-                "--dcp-threads) / S3StorageReader (its default dcp_optimized reader); their S3FileSystem given an "
-                "S3Client for the local endpoint, path-style, S3ClientConfig defaults otherwise (8 MiB parts)",
+                "--dcp-threads) / S3StorageReader (its default dcp_optimized reader); S3ClientConfig(force_path_style=True), "
+                "its defaults otherwise (8 MiB parts); the endpoint from AWS_ENDPOINT_URL",
     "ckptio-dcp": "torch.distributed.checkpoint save/load with ckptio.torch.dcp.StorageWriter/StorageReader at s3://",
 }  # fmt: skip
 # What issue 21 asks of this cell: ckptio >= 1.5x DCP with s3torchconnector, saving and loading.
@@ -120,6 +120,8 @@ def summarize(docs: list[dict[str, Any]], mechs: list[str]) -> list[dict[str, An
                     "server_cpu_s_per_gb": round(med([rr[0]["server_cpu_s"] / gb for rr in good]), 3)
                     if all(rr[0].get("server_cpu_s", -1) >= 0 for rr in good) else -1,
                     "cpu_s_per_rank": [round(med([rr[k]["cpu_s"] for rr in good]), 3) for k in range(len(docs))],
+                    # User and system (page faults, sockets) seconds, summed over ranks, per GB.
+                    "cpu_user_sys_s_per_gb": [round(med([sum(r[f] for r in rr) / gb for rr in good]), 3) for f in ("cpu_user_s", "cpu_sys_s")],
                     "call_s_per_rank": [round(med([rr[k]["call_s"] for rr in good]), 3) for k in range(len(docs))],
                     # Peak resident memory of each rank during the call (VmHWM reset just before
                     # it), and how much of it the call added to what the rank held before.

@@ -91,34 +91,24 @@ def _status_kib(field: str) -> int:
     return -1
 
 
-def s3tc_fs(kind: str, endpoint: str, reader_constructor: Any = None) -> Any:
-    """s3torchconnector's DCP file system pointed at ``endpoint``, path-style: its
-    S3StorageWriter/Reader build theirs from a region only, for AWS's own endpoints."""
+def _s3tc_config() -> Any:
+    """Path-style addressing, as a local server needs; the endpoint comes from
+    AWS_ENDPOINT_URL, which the connector's client reads from the environment."""
     from s3torchconnector import S3ClientConfig
-    from s3torchconnector._s3client import S3Client
-    from s3torchconnector.dcp import S3FileSystem
 
-    cfg = S3ClientConfig(force_path_style=True)
-    client = S3Client(S3.REGION, endpoint=endpoint, s3client_config=cfg)
-    if kind == "writer":
-        return S3FileSystem(S3.REGION, s3_client=client)
-    return S3FileSystem(S3.REGION, s3_client=client, reader_constructor=reader_constructor)
+    return S3ClientConfig(force_path_style=True)
 
 
-def _s3tc_writer(url: str, endpoint: str, threads: int) -> Any:
+def _s3tc_writer(url: str, threads: int) -> Any:
     from s3torchconnector.dcp import S3StorageWriter
 
-    w = S3StorageWriter(S3.REGION, url, thread_count=threads)
-    w.fs = s3tc_fs("writer", endpoint)
-    return w
+    return S3StorageWriter(S3.REGION, url, s3client_config=_s3tc_config(), thread_count=threads)
 
 
-def _s3tc_reader(url: str, endpoint: str) -> Any:
+def _s3tc_reader(url: str) -> Any:
     from s3torchconnector.dcp import S3StorageReader
 
-    r = S3StorageReader(S3.REGION, url)
-    r.fs = s3tc_fs("reader", endpoint, r._reader_constructor)
-    return r
+    return S3StorageReader(S3.REGION, url, s3client_config=_s3tc_config())
 
 
 def server_cpu() -> float:
@@ -132,9 +122,9 @@ def server_cpu() -> float:
         return -1.0
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
     t = os.times()
-    return t.user + t.system
+    return t.user, t.system
 
 
 def save(mech: str, st: dict[str, DTensor], url: str, pg: Any, a: argparse.Namespace) -> dict[str, Any]:
@@ -152,11 +142,12 @@ def save(mech: str, st: dict[str, DTensor], url: str, pg: Any, a: argparse.Names
 
         dcp.save(st, storage_writer=StorageWriter(url, process_group=pg), process_group=pg)
     else:
-        dcp.save(st, storage_writer=_s3tc_writer(url, a.endpoint, a.dcp_threads), process_group=pg)
+        dcp.save(st, storage_writer=_s3tc_writer(url, a.dcp_threads), process_group=pg)
     t1, c1 = time.perf_counter(), _cpu()
     dist.barrier(pg)
     t2, s2 = time.perf_counter(), server_cpu()
-    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": c1 - c0, "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
+    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": sum(c1) - sum(c0), "cpu_user_s": c1[0] - c0[0],
+            "cpu_sys_s": c1[1] - c0[1], "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
             "rss_before_kib": rss0, "peak_rss_kib": _status_kib("VmHWM") if hwm else -1}  # fmt: skip
 
 
@@ -179,7 +170,7 @@ def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: arg
         dcp.load(target, storage_reader=StorageReader(url), process_group=pg)
         out = target
     else:
-        dcp.load(target, storage_reader=_s3tc_reader(url, a.endpoint), process_group=pg)
+        dcp.load(target, storage_reader=_s3tc_reader(url), process_group=pg)
         out = target
     t1, c1 = time.perf_counter(), _cpu()
     peak = _status_kib("VmHWM") if hwm else -1
@@ -188,7 +179,8 @@ def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: arg
     got = checksum(out) if isinstance(out, dict) and set(out) == set(st) else "keys differ"
     del out, target
     gc.collect()
-    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": c1 - c0, "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
+    return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": sum(c1) - sum(c0), "cpu_user_s": c1[0] - c0[0],
+            "cpu_sys_s": c1[1] - c0[1], "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
             "rss_before_kib": rss0, "peak_rss_kib": peak, "checksum": got,
             "error": "" if got == want else f"rank checksum {got}, saved {want}"}  # fmt: skip
 
@@ -252,7 +244,6 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective waits")
     ap.add_argument("--out", required=True, help="JSON file this rank writes")
     a = ap.parse_args()
-    a.endpoint = os.environ["AWS_ENDPOINT_URL"]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
     pg = dist.group.WORLD

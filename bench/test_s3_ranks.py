@@ -35,7 +35,8 @@ def test_s3_ranks_cell(tmp_path: object) -> None:
     assert set(rows) == {(m, op) for m in ("ckptio", "dcp-s3tc", "ckptio-dcp") for op in ("save", "load")}
     for (m, op), x in rows.items():
         assert x["runs"] == 1 and not x["errors"], (m, op, x["errors"])
-        assert x["seconds"] > 0 and x["cpu_s_per_gb"] > 0 and x["server_cpu_s_per_gb"] >= 0 and len(x["peak_rss_mib_per_rank"]) == 4
+        # CPU times tick in 10 ms: at this size a call may take none.
+        assert x["seconds"] > 0 and x["cpu_s_per_gb"] >= 0 and x["server_cpu_s_per_gb"] >= 0 and len(x["peak_rss_mib_per_rank"]) == 4
         if op == "load":
             assert x["checksums_per_rank"] == doc["saved_checksums_per_rank"]
     assert len(set(doc["saved_checksums_per_rank"])) == 4  # each rank holds its own rows
