@@ -296,7 +296,13 @@ def main() -> None:
     if a.s3_ranks:
         import s3_ranks
 
-        s3_ranks.main_from_run(os.path.join(a.dir, "s3-ranks"), a.out, a.runs, a.quiet)
+        ra = s3_ranks.parser().parse_args(["--dir", os.path.join(a.dir, "s3-ranks"), "--runs", str(a.runs)]
+                                          + (["--quiet"] if a.quiet else []))  # fmt: skip
+        ra.size = parse_size(ra.size)
+        r_doc = s3_ranks.run(ra)
+        print(s3_ranks.table(r_doc))
+        if a.out:
+            print(f"results: {write_results(r_doc, os.path.join(a.out, 's3ranks'), 's3ranks-')}")
     if made:  # the cells above put their files in folders of their own under it
         shutil.rmtree(a.dir, ignore_errors=True)
     elapsed = time.time() - t_start
