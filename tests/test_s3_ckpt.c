@@ -327,16 +327,16 @@ static void *race_commit(void *arg)
     return NULL;
 }
 
-/* Two writers on one new path, both written, committing at once: one wins, the other gets
- * CKPTIO_E_EXISTS and removes its objects; the winner's checkpoint reads back. */
-static int test_race(void)
+/* Two writers on one path, both written, committing at once: one wins, the other gets
+ * CKPTIO_E_EXISTS and removes its objects; the winner's checkpoint reads back, and nothing
+ * else is left under the path (with overwrite, the replaced checkpoint's data neither). */
+static int race(ckptio__s3 *c, const char *p, bool overwrite, uint64_t seed)
 {
-    LIVE(c, p, b);
-    (void)b;
     model m[2];
-    if (model_make(&m[0], 500, 2 * MIB, 1) || model_make(&m[1], 500, 2 * MIB, 2)) return 1;
+    if (model_make(&m[0], 500, 2 * MIB, seed) || model_make(&m[1], 500, 2 * MIB, seed + 1)) return 1;
     ckptio_params prm;
     ckptio_params_init(&prm);
+    prm.overwrite = overwrite ? CKPTIO_ON : CKPTIO_OFF;
     racer x[2];
     pthread_barrier_t go;
     pthread_barrier_init(&go, NULL, 2);
@@ -364,6 +364,44 @@ static int test_race(void)
     CHECK(components(&k, comp, 4) == 1 && k.uploads == 0);
     model_free(&m[0]);
     model_free(&m[1]);
+    return 0;
+}
+
+static int test_race(void)
+{
+    LIVE(c, p, b);
+    (void)b;
+    return race(c, p, false, 1) || race(c, p, true, 3);
+}
+
+/* What an interrupted save left (an object and an open upload under a data component no
+ * manifest names) goes with the next save of the path that commits, as that save began after
+ * it; what a save begun later puts there stays (it may still commit). */
+static int test_sweep(void)
+{
+    LIVE(c, p, b);
+    char *id = NULL;
+    CHECK_OK(ckptio__s3_put(c, b, k(p, "ck/d-1-dead/000000.ckd"), "x", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "ck/d-1-dead/000001.ckd"), &id, NULL));
+    free(id);
+    sleep(3); /* the server's clock, in whole seconds, moves past them */
+    model m;
+    if (model_make(&m, 300, MIB, 1)) return 1;
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, url(p, "ck"), NULL));
+    if (model_add(w, &m)) return 1;
+    CHECK_OK(ckptio_writer_flush(w));
+    CHECK_OK(ckptio__s3_put(c, b, k(p, "ck/d-2-later/000000.ckd"), "y", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    keys kk;
+    char comp[4][64];
+    if (list_under(c, p, "ck", &kk)) return 1;
+    CHECK(components(&kk, comp, 4) == 2 && kk.uploads == 0);
+    CHECK(!strcmp(comp[0], "d-2-later") || !strcmp(comp[1], "d-2-later"));
+    for (unsigned i = 0; i < kk.n; i++) CHECK(!t_contains(kk.v[i], "d-1-dead"));
+    if (model_check(url(p, "ck"), &m)) return 1;
+    model_free(&m);
     return 0;
 }
 
@@ -581,6 +619,75 @@ static int test_catalog(void)
     return 0;
 }
 
+/* Shapes at the edges: a checkpoint of metadata alone, a zero-byte tensor, a data object that
+ * ends exactly on a part boundary, 16 MiB parts with staging for just two, and a key with a
+ * space and a plus in it. */
+static int test_edges(void)
+{
+    LIVE(c, p, b);
+    (void)c, (void)b;
+    ckptio_writer *w = NULL;
+    ckptio_reader *r = NULL;
+    CHECK_OK(ckptio_writer_open(&w, url(p, "empty"), NULL));
+    CHECK_OK(ckptio_writer_set_meta(w, "only", "meta", 4));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    CHECK_OK(ckptio_reader_open(&r, url(p, "empty"), NULL));
+    const void *v;
+    size_t len;
+    CHECK(ckptio_reader_num_tensors(r) == 0);
+    CHECK_OK(ckptio_reader_get_meta(r, "only", &v, &len));
+    CHECK(len == 4 && !memcmp(v, "meta", 4));
+    CHECK_OK(ckptio_reader_verify(r, NULL));
+    ckptio_reader_close(r);
+
+    const uint64_t n = 8 * MIB, zero[2] = {0, 5};
+    uint8_t *a = t_alloc(2 * n), *back = t_alloc(2 * n);
+    CHECK(a && back);
+    t_fill(a, 2 * n, 31);
+    CHECK_OK(ckptio_writer_open(&w, url(p, "edge"), NULL));
+    CHECK_OK(ckptio_writer_add(w, "none", CKPTIO_DT_F32, 2, zero, NULL, NULL, a, 0));
+    CHECK_OK(ckptio_writer_add(w, "part", CKPTIO_DT_U8, 1, &n, NULL, NULL, a, n));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    CHECK_OK(ckptio_reader_open(&r, url(p, "edge"), NULL));
+    CHECK_OK(ckptio_reader_read_tensor(r, "none", back, 0));
+    CHECK_OK(ckptio_reader_read_tensor(r, "part", back, n));
+    CHECK(!memcmp(back, a, n));
+    CHECK_OK(ckptio_reader_verify(r, NULL));
+    ckptio_reader_close(r);
+
+    ckptio_params prm;
+    ckptio_params_init(&prm);
+    prm.request_bytes = 16 * MIB;
+    prm.staging_bytes = 1 * MIB; /* raised to two parts */
+    const uint64_t n2 = 2 * n + 4097;
+    uint8_t *c2 = malloc(n2 + 1);
+    CHECK(c2);
+    t_fill(c2 + 1, n2, 32);
+    CHECK_OK(ckptio_writer_open(&w, url(p, "a b+c"), &prm));
+    CHECK_OK(ckptio_writer_add(w, "x y", CKPTIO_DT_U8, 1, &n2, NULL, NULL, c2 + 1, n2));
+    CHECK_OK(ckptio_writer_add(w, "z", CKPTIO_DT_U8, 1, &n, NULL, NULL, a + 1, n));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    CHECK(ckptio_is_checkpoint(url(p, "a b+c")) == 1);
+    uint8_t *b2 = malloc(n2);
+    CHECK(b2);
+    CHECK_OK(ckptio_reader_open(&r, url(p, "a b+c"), &prm));
+    CHECK_OK(ckptio_reader_read_tensor(r, "x y", b2, n2));
+    CHECK(!memcmp(b2, c2 + 1, n2));
+    CHECK_OK(ckptio_reader_read_tensor(r, "z", back, n));
+    CHECK(!memcmp(back, a + 1, n));
+    ckptio_reader_close(r);
+    CHECK_OK(ckptio_remove_checkpoint(url(p, "a b+c")));
+    CHECK(ckptio_is_checkpoint(url(p, "a b+c")) == 0);
+    free(b2);
+    free(c2);
+    t_free(a, 2 * n);
+    t_free(back, 2 * n);
+    return 0;
+}
+
 /* ---- several ranks (threads of one process, a local communicator) ---- */
 
 #define NR 3
@@ -774,9 +881,11 @@ const ckptio_test tests_s3ckpt[] = {
     {"s3ckpt/overwrite", test_overwrite, 0, 300},
     {"s3ckpt/uncommitted", test_uncommitted, 0, 300},
     {"s3ckpt/race", test_race, 0, 300},
+    {"s3ckpt/sweep", test_sweep, 0, 300},
     {"s3ckpt/corrupt", test_corrupt, 0, 300},
     {"s3ckpt/compressed", test_compressed, 0, 300},
     {"s3ckpt/catalog", test_catalog, 0, 300},
+    {"s3ckpt/edges", test_edges, 0, 300},
     {"s3ckpt/dist", test_dist, 0, 300},
     {"s3ckpt/gpu", test_gpu, 0, 300},
     {0, 0, 0, 0},
