@@ -124,11 +124,15 @@ static int model_add(ckptio_writer *w, const model *m)
 {
     uint64_t sb[2] = {m->rows, COLS}, sm[1] = {m->mid_len}, s0[1] = {10}, s1[1] = {3},
              s2[2] = {5, 7};
-    CHECK_OK(ckptio_writer_add(w, "big", CKPTIO_DT_F32, 2, sb, NULL, NULL, m->big, m->rows * COLS * 4));
+    CHECK_OK(ckptio_writer_add(w, "big", CKPTIO_DT_F32, 2, sb, NULL, NULL, m->big,
+                               m->rows * COLS * 4));
     CHECK_OK(ckptio_writer_add(w, "mid", CKPTIO_DT_U8, 1, sm, NULL, NULL, m->mid, m->mid_len));
-    CHECK_OK(ckptio_writer_add(w, "small/s0", CKPTIO_DT_F32, 1, s0, NULL, NULL, m->s0, sizeof m->s0));
-    CHECK_OK(ckptio_writer_add(w, "small/s1", CKPTIO_DT_U8, 1, s1, NULL, NULL, m->s1, sizeof m->s1));
-    CHECK_OK(ckptio_writer_add(w, "small/s2", CKPTIO_DT_I64, 2, s2, NULL, NULL, m->s2, sizeof m->s2));
+    CHECK_OK(ckptio_writer_add(w, "small/s0", CKPTIO_DT_F32, 1, s0, NULL, NULL, m->s0,
+                               sizeof m->s0));
+    CHECK_OK(ckptio_writer_add(w, "small/s1", CKPTIO_DT_U8, 1, s1, NULL, NULL, m->s1,
+                               sizeof m->s1));
+    CHECK_OK(ckptio_writer_add(w, "small/s2", CKPTIO_DT_I64, 2, s2, NULL, NULL, m->s2,
+                               sizeof m->s2));
     CHECK_OK(ckptio_writer_add(w, "step", CKPTIO_DT_I64, 0, NULL, NULL, NULL, &m->step, 8));
     CHECK_OK(ckptio_writer_set_meta(w, "framework", "c-test", 6));
     return 0;
@@ -333,7 +337,8 @@ static void *race_commit(void *arg)
 static int race(ckptio__s3 *c, const char *p, bool overwrite, uint64_t seed)
 {
     model m[2];
-    if (model_make(&m[0], 500, 2 * MIB, seed) || model_make(&m[1], 500, 2 * MIB, seed + 1)) return 1;
+    if (model_make(&m[0], 500, 2 * MIB, seed) || model_make(&m[1], 500, 2 * MIB, seed + 1))
+        return 1;
     ckptio_params prm;
     ckptio_params_init(&prm);
     prm.overwrite = overwrite ? CKPTIO_ON : CKPTIO_OFF;
@@ -384,7 +389,7 @@ static int test_sweep(void)
     CHECK_OK(ckptio__s3_put(c, b, k(p, "ck/d-1-dead/000000.ckd"), "x", 1, NULL, NULL, NULL));
     CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "ck/d-1-dead/000001.ckd"), &id, NULL));
     free(id);
-    sleep(3); /* the server's clock, in whole seconds, moves past them */
+    sleep(2); /* the server's clock, in whole seconds, moves a second past them */
     model m;
     if (model_make(&m, 300, MIB, 1)) return 1;
     ckptio_writer *w = NULL;
@@ -446,7 +451,8 @@ static int test_corrupt(void)
     CHECK_ERR(ckptio_reader_read_tensor(r, "layer/victim", back, n), CKPTIO_E_CHECKSUM);
     const char *msg = ckptio_reader_errmsg(r);
     printf("%s\n", msg);
-    CHECK(t_contains(msg, "layer/victim") && t_contains(msg, file) && t_contains(msg, url(p, "ck")));
+    CHECK(t_contains(msg, "layer/victim") && t_contains(msg, file) &&
+          t_contains(msg, url(p, "ck")));
     ckptio_error_info info = {.size = sizeof info};
     CHECK_OK(ckptio_reader_error_info(r, &info));
     printf("info: tensor %s, file %s, offset %llu\n", info.tensor, info.file,
@@ -808,7 +814,10 @@ static int test_gpu(void)
     setenv("CKPTIO_CUDA_LIBRARY", CKPTIO_GPU_STANDIN, 1);
     setenv("CKPTIO_CUFILE_LIBRARY", CKPTIO_GPU_STANDIN, 1);
     void *lib = dlopen(CKPTIO_GPU_STANDIN, RTLD_NOW);
-    CHECK(lib);
+    if (!lib) {
+        fprintf(stderr, "cannot load the stand-in: %s\n", dlerror());
+        return 1;
+    }
     void *(*dmalloc)(size_t);
     void (*dfree)(void *);
     *(void **)&dmalloc = dlsym(lib, "standin_malloc");
