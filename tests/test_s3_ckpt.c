@@ -705,6 +705,7 @@ typedef struct rank_job {
     const float *w;
     const int64_t *b;
     uint8_t rng[8];
+    const ckptio_params *prm;
     int rc;
     char msg[1024];
 } rank_job;
@@ -724,10 +725,31 @@ static void *rank_main(void *arg)
     const char *mkeys[1] = {"step"};
     const void *vals[1] = {"77"};
     size_t lens[1] = {2};
-    j->rc = ckptio_save_dist(j->url, j->comm, it, 3, mkeys, vals, lens, r == 0 ? 1 : 0, NULL, 60,
-                             NULL);
+    j->rc = ckptio_save_dist(j->url, j->comm, it, 3, mkeys, vals, lens, r == 0 ? 1 : 0, j->prm,
+                             20, NULL);
     snprintf(j->msg, sizeof j->msg, "%s", j->rc ? ckptio_last_error() : "");
     return NULL;
+}
+
+/* Every rank of NR saves its rows of w, b and its own rng at u; rank `dies` (-1: none) dies
+ * once it has written its objects (its fourth operation on the communicator). */
+static int dist_run(rank_job *J, const char *u, const float *w, const int64_t *bias,
+                    const ckptio_params *prm, int dies)
+{
+    ckptio__comm_local *g = NULL;
+    CHECK_OK(ckptio__comm_local_new(&g, NR));
+    if (dies >= 0) ckptio__comm_local_kill_at(g, dies, 3);
+    pthread_t th[NR];
+    for (int r = 0; r < NR; r++) {
+        J[r] = (rank_job){.comm = ckptio__comm_local_rank(g, r), .url = u, .w = w, .b = bias,
+                          .prm = prm};
+        t_fill(J[r].rng, 8, 100 + (uint64_t)r);
+        CHECK(pthread_create(&th[r], NULL, rank_main, &J[r]) == 0);
+    }
+    for (int r = 0; r < NR; r++) pthread_join(th[r], NULL);
+    ckptio__comm_local_free(g);
+    for (int r = 0; r < NR; r++) printf("rank %d: %d %s\n", r, J[r].rc, J[r].msg);
+    return 0;
 }
 
 /* Every rank uploads its rows and its own state; rank 0 commits; one process reads it all. */
@@ -741,22 +763,9 @@ static int test_dist(void)
     CHECK(w && back);
     t_fill(w, nw, 11);
     t_fill(bias, sizeof bias, 12);
-    ckptio__comm_local *g = NULL;
-    CHECK_OK(ckptio__comm_local_new(&g, NR));
     rank_job J[NR];
-    pthread_t th[NR];
-    for (int r = 0; r < NR; r++) {
-        J[r] = (rank_job){.comm = ckptio__comm_local_rank(g, r), .url = url(p, "ck"), .w = w,
-                          .b = bias};
-        t_fill(J[r].rng, 8, 100 + (uint64_t)r);
-        CHECK(pthread_create(&th[r], NULL, rank_main, &J[r]) == 0);
-    }
-    for (int r = 0; r < NR; r++) pthread_join(th[r], NULL);
-    ckptio__comm_local_free(g);
-    for (int r = 0; r < NR; r++) {
-        printf("rank %d: %d %s\n", r, J[r].rc, J[r].msg);
-        CHECK_OK(J[r].rc);
-    }
+    if (dist_run(J, url(p, "ck"), w, bias, NULL, -1)) return 1;
+    for (int r = 0; r < NR; r++) CHECK_OK(J[r].rc);
 
     ckptio_reader *rd = NULL;
     CHECK_OK(ckptio_reader_open(&rd, url(p, "ck"), NULL));
@@ -797,6 +806,46 @@ static int test_dist(void)
     }
     CHECK(ranks_seen == NR);
     t_free(w, nw);
+    t_free(back, nw);
+    return 0;
+}
+
+/* An overwrite in which a rank dies after uploading: every rank fails, the old checkpoint
+ * reads back whole, and none of the failed save's objects or uploads stay. */
+static int test_dist_dies(void)
+{
+    LIVE(c, p, b);
+    (void)b;
+    uint64_t nw = (uint64_t)W_ROWS * COLS * 4;
+    float *w = t_alloc(nw), *w2 = t_alloc(nw), *back = t_alloc(nw);
+    int64_t bias[16];
+    CHECK(w && w2 && back);
+    t_fill(w, nw, 11);
+    t_fill(w2, nw, 13);
+    t_fill(bias, sizeof bias, 12);
+    rank_job J[NR];
+    if (dist_run(J, url(p, "ck"), w, bias, NULL, -1)) return 1;
+    for (int r = 0; r < NR; r++) CHECK_OK(J[r].rc);
+    keys k;
+    char before[4][64], after[4][64];
+    if (list_under(c, p, "ck", &k)) return 1;
+    CHECK(components(&k, before, 4) == 1);
+
+    ckptio_params prm;
+    ckptio_params_init(&prm);
+    prm.overwrite = CKPTIO_ON;
+    if (dist_run(J, url(p, "ck"), w2, bias, &prm, 2)) return 1;
+    for (int r = 0; r < NR; r++) CHECK(J[r].rc < 0);
+    if (list_under(c, p, "ck", &k)) return 1;
+    CHECK(components(&k, after, 4) == 1 && !strcmp(after[0], before[0]) && k.uploads == 0);
+    ckptio_reader *rd = NULL;
+    CHECK_OK(ckptio_reader_open(&rd, url(p, "ck"), NULL));
+    CHECK_OK(ckptio_reader_read_tensor(rd, "w", back, nw));
+    CHECK(!memcmp(back, w, nw));
+    CHECK_OK(ckptio_reader_verify(rd, NULL));
+    ckptio_reader_close(rd);
+    t_free(w, nw);
+    t_free(w2, nw);
     t_free(back, nw);
     return 0;
 }
@@ -896,6 +945,7 @@ const ckptio_test tests_s3ckpt[] = {
     {"s3ckpt/catalog", test_catalog, 0, 300},
     {"s3ckpt/edges", test_edges, 0, 300},
     {"s3ckpt/dist", test_dist, 0, 300},
+    {"s3ckpt/dist_dies", test_dist_dies, 0, 300},
     {"s3ckpt/gpu", test_gpu, 0, 300},
     {0, 0, 0, 0},
 };
