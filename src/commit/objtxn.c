@@ -26,6 +26,7 @@ struct ckptio__objtxn {
     int64_t t0;          /* the server's clock when the save began (0: unknown) */
     char **old;          /* data components the replaced manifest names */
     size_t n_old;
+    char drop[16];       /* a joined rank's file prefix whose objects abort deletes, or "" */
 };
 
 /* Largest manifest read back from a store (the format's own limits are far below). */
@@ -249,13 +250,14 @@ static void free_doomed(sweep_ctx *s)
 }
 
 /* Delete the objects and abort the uploads that `doomed` allows under key/, or (own) every
- * one of this save's. Best effort: a failure leaves objects no manifest names, for the next
- * save to find. */
-static void sweep(struct ckptio__objtxn *o, bool own)
+ * one of this save's whose name starts with `sub` ("": all). Best effort: a failure leaves
+ * objects no manifest names, for the next save to find. */
+static void sweep(struct ckptio__objtxn *o, bool own, const char *sub)
 {
     ckptio__msg m = {0};
     char *prefix;
-    int n = own ? asprintf(&prefix, "%s/%s/", o->key, o->save) : asprintf(&prefix, "%s/", o->key);
+    int n = own ? asprintf(&prefix, "%s/%s/%s", o->key, o->save, sub)
+                : asprintf(&prefix, "%s/", o->key);
     if (n < 0) return;
     sweep_ctx s = {.o = o, .own = own, .prefix_len = strlen(o->key) + 1};
     ckptio__s3_list(o->s3, o->bucket, prefix, on_object, &s, &m);
@@ -292,15 +294,26 @@ int ckptio__objtxn_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckp
                             t->path);
     CKPTIO__TRY(rc);
     t->published = true;
-    sweep(o, false); /* the replaced checkpoint's data, and what dead saves left */
+    sweep(o, false, ""); /* the replaced checkpoint's data, and what dead saves left */
     return 0;
 }
 
 void ckptio__objtxn_abort(ckptio__txn *t)
 {
+    struct ckptio__objtxn *o = t->obj;
+    if (!t->owner && o->drop[0]) {
+        sweep(o, true, o->drop);
+        o->drop[0] = 0;
+    }
     if (!t->owner || t->published) return;
-    sweep(t->obj, true);
+    sweep(o, true, "");
     t->owner = false;
+}
+
+void ckptio__objtxn_drop(ckptio__txn *t, const char *prefix)
+{
+    if (t->obj && !t->owner && prefix && *prefix)
+        snprintf(t->obj->drop, sizeof t->obj->drop, "%s", prefix);
 }
 
 void ckptio__objtxn_fini(ckptio__txn *t)

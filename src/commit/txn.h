@@ -116,6 +116,10 @@ CKPTIO__HIDDEN int ckptio__objtxn_open_data(ckptio__txn *t, const char *name, ui
 CKPTIO__HIDDEN int ckptio__objtxn_publish(ckptio__txn *t, const uint8_t *man, uint64_t len,
                                           ckptio__msg *msg);
 CKPTIO__HIDDEN void ckptio__objtxn_abort(ckptio__txn *t);
+/* A joined rank's objects no manifest can name (its part never reached the coordinator): its
+ * abort deletes those of this save whose names start with `prefix` ("r00003-"). A rank that
+ * fails after the coordinator's own sweep would otherwise leave them behind. */
+CKPTIO__HIDDEN void ckptio__objtxn_drop(ckptio__txn *t, const char *prefix);
 CKPTIO__HIDDEN void ckptio__objtxn_fini(ckptio__txn *t);
 
 /* ---- path helpers, shared with the readers ---- */

@@ -593,6 +593,7 @@ static int save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
     uint32_t rank = (uint32_t)comm->rank, nranks = (uint32_t)comm->nranks;
     char why[CKPTIO__MSG_LEN] = "";
     int rc = 0, local = 0;
+    bool handed = false;
     ckptio_bytes mine = CKPTIO_BYTES_INIT, all = CKPTIO_BYTES_INIT, planb = CKPTIO_BYTES_INIT,
                  tmpb = CKPTIO_BYTES_INIT;
     uint64_t *lens = rank == 0 ? calloc(nranks, sizeof *lens) : NULL;
@@ -712,6 +713,7 @@ static int save_dist(const char *path, const ckptio_comm *comm, const ckptio_dis
         snprintf(why, sizeof why, "out of memory packing the partial manifest");
     }
     rc = ckptio_comm_agree(comm, local, why, timeout);
+    handed = rc == 0; /* from here the coordinator may hold this rank's part and publish it */
     if (rc == 0) rc = ckptio_comm_gather(comm, 0, packed.data, packed.len, &all, lens, timeout);
     ckptio_bytes_free(&part);
     ckptio_bytes_free(&packed);
@@ -734,6 +736,7 @@ out:
     }
     /* The coordinator's close removes the temporary directory unless it published; joined
      * writers leave it to the coordinator. */
+    if (w && rank != 0 && !handed) ckptio__writer_drop_part(w);
     if (w) {
         ckptio__msg *keep = malloc(sizeof *keep); /* the text and its values (~9 KiB) */
         if (keep) ckptio__msg_last(keep);

@@ -21,6 +21,11 @@ CKPTIO__HIDDEN const char *ckptio__writer_tmp_path(const ckptio_writer *w);
 /* Flush and fsync this rank's data file and its directory entry, and put its partial manifest
  * (every chunk it wrote, its file, its metadata) into `part`. Nothing is published. */
 CKPTIO__HIDDEN int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part);
+/* This joined rank's part will never be handed to the coordinator (it failed before sending
+ * it): in an object store, close deletes this rank's data objects, which no manifest can name
+ * and which may have appeared after the coordinator's own clean-up. A no-op elsewhere (the
+ * coordinator removes the temporary directory with every rank's files). */
+CKPTIO__HIDDEN void ckptio__writer_drop_part(ckptio_writer *w);
 /* Device bytes [src, src + n) through the writer's GPU staging ring (started as for a
  * CKPTIO_MEM_CUDA add), after the work queued on `stream`: fn gets each piece as it lands, at
  * offsets that are multiples of `block` (which must divide the writer's checksum block). Used

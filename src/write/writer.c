@@ -166,6 +166,11 @@ const char *ckptio__writer_tmp_path(const ckptio_writer *w)
     return w->tmp_abs ? w->tmp_abs : w->txn.tmp_path;
 }
 
+void ckptio__writer_drop_part(ckptio_writer *w)
+{
+    if (w && w->object && w->file_prefix) ckptio__objtxn_drop(&w->txn, w->file_prefix);
+}
+
 /* ---- commit ---- */
 
 /* The manifest of everything written (format/build.c sorts, validates and encodes it). */
