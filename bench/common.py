@@ -95,3 +95,23 @@ def write_results(doc: dict[str, Any], out: str, prefix: str = "") -> str:
         with open(p, "w") as f:
             f.write(text + "\n")
     return latest
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (Linux: 5 into /proc/self/clear_refs), so
+    that status_kib("VmHWM") afterwards is the peak of what follows; False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def status_kib(field: str) -> int:
+    """A KiB field of /proc/self/status ("VmRSS", "VmHWM"), or -1."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import platform
-import resource
 import shlex
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))  # s3servers.py
 
 import s3servers as S3  # noqa: E402
-from common import ROOT, machine, med, parse_size, version, write_results  # noqa: E402
+from common import ROOT, machine, med, parse_size, reset_peak_rss, status_kib, version, write_results  # noqa: E402
 
 MECHANISMS = ("boto3", "s3torchconnector", "ckptio")
 # How each mechanism moves the bytes, for the result file.
@@ -41,31 +40,6 @@ CHILD_TIMEOUT = 1800
 # ------------------------------------------------------------------------------------------------
 # One operation in a fresh process (--child)
 # ------------------------------------------------------------------------------------------------
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> bool:
-    """Reset the process's peak RSS (VmHWM, what ru_maxrss reports) to its current RSS, so the
-    peak seen later is the timed section's own, not the preparation's; False where refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak() -> int:
-    """The peak RSS since _reset_peak (or since the start), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _tensor(nbytes: int, seed: int) -> np.ndarray:
@@ -144,12 +118,12 @@ def _op(spec: dict[str, Any]) -> dict[str, Any]:
         import ckptio._dtypes
 
         ckptio._dtypes.ml_dtypes()
-    reset = _reset_peak()
-    base_rss = _rss()
+    reset = reset_peak_rss()
+    base_rss = status_kib("VmRSS") * 1024
     t0, w0 = os.times(), time.perf_counter()
     got = _run(mech, op, model, client, bucket, key, url, data)
     w1, t1 = time.perf_counter(), os.times()
-    peak = _peak()
+    peak = status_kib("VmHWM") * 1024
     if op == "load":
         _check(model, got, nbytes, spec["seed"])
     return {"wall_s": w1 - w0, "cpu_s": (t1.user - t0.user) + (t1.system - t0.system),

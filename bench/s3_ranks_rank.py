@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor, Shard, init_device_mesh  # noqa: E
 
 import mechanisms as M  # noqa: E402
 import s3servers as S3  # noqa: E402
+from common import reset_peak_rss, status_kib  # noqa: E402
 
 MECHS = ("ckptio", "dcp-s3tc", "ckptio-dcp")
 DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32}
@@ -72,25 +73,6 @@ def checksum(st: dict[str, Any]) -> str:
     return f"{c:08x}"
 
 
-def _hwm_reset() -> bool:
-    """Reset this process's peak resident set size (Linux: 5 into /proc/self/clear_refs), so
-    that VmHWM afterwards is the peak of one operation. False where the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return -1
-
-
 def _s3tc_config() -> Any:
     """Path-style addressing, as a local server needs; the endpoint comes from
     AWS_ENDPOINT_URL, which the connector's client reads from the environment."""
@@ -131,8 +113,8 @@ def save(mech: str, st: dict[str, DTensor], url: str, pg: Any, a: argparse.Names
     """One save, timed from a barrier before the call to a barrier after it."""
     import ckptio
 
-    rss0 = _status_kib("VmRSS")
-    hwm = _hwm_reset()
+    rss0 = status_kib("VmRSS")
+    hwm = reset_peak_rss()
     dist.barrier(pg)
     s0, c0, t0 = server_cpu(), _cpu(), time.perf_counter()
     if mech == "ckptio":
@@ -148,7 +130,7 @@ def save(mech: str, st: dict[str, DTensor], url: str, pg: Any, a: argparse.Names
     t2, s2 = time.perf_counter(), server_cpu()
     return {"seconds": t2 - t0, "call_s": t1 - t0, "wait_s": t2 - t1, "cpu_s": sum(c1) - sum(c0), "cpu_user_s": c1[0] - c0[0],
             "cpu_sys_s": c1[1] - c0[1], "server_cpu_s": s2 - s0 if s0 >= 0 else -1,
-            "rss_before_kib": rss0, "peak_rss_kib": _status_kib("VmHWM") if hwm else -1}  # fmt: skip
+            "rss_before_kib": rss0, "peak_rss_kib": status_kib("VmHWM") if hwm else -1}  # fmt: skip
 
 
 def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: argparse.Namespace) -> dict[str, Any]:
@@ -158,8 +140,8 @@ def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: arg
 
     target = empty_like_state(st)
     gc.collect()
-    rss0 = _status_kib("VmRSS")
-    hwm = _hwm_reset()
+    rss0 = status_kib("VmRSS")
+    hwm = reset_peak_rss()
     dist.barrier(pg)
     s0, c0, t0 = server_cpu(), _cpu(), time.perf_counter()
     if mech == "ckptio":
@@ -173,7 +155,7 @@ def load(mech: str, st: dict[str, DTensor], want: str, url: str, pg: Any, a: arg
         dcp.load(target, storage_reader=_s3tc_reader(url), process_group=pg)
         out = target
     t1, c1 = time.perf_counter(), _cpu()
-    peak = _status_kib("VmHWM") if hwm else -1
+    peak = status_kib("VmHWM") if hwm else -1
     dist.barrier(pg)
     t2, s2 = time.perf_counter(), server_cpu()
     got = checksum(out) if isinstance(out, dict) and set(out) == set(st) else "keys differ"

@@ -301,42 +301,41 @@ static PyObject *mod_list_checkpoints(PyObject *mod, PyObject *args)
     return ret;
 }
 
-/* remove_checkpoint(path): remove a committed checkpoint (a directory or an s3:// URL). */
-static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
+/* Call fn(path) without the GIL; its result (>= 0), or the library's error raised, naming path. */
+static int path_call(PyObject *args, const char *format, int (*fn)(const char *))
 {
-    (void)mod;
     PyObject *path_obj = NULL;
-    if (!PyArg_ParseTuple(args, "O&:remove_checkpoint", PyUnicode_FSConverter, &path_obj))
-        return NULL;
+    if (!PyArg_ParseTuple(args, format, PyUnicode_FSConverter, &path_obj)) return -1;
     const char *path = PyBytes_AS_STRING(path_obj);
     int rc;
     char msg[1024] = "";
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_remove_checkpoint(path);
+    rc = fn(path);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
-    PyObject *ret = rc < 0 ? raise_for(rc, msg, path) : Py_NewRef(Py_None);
+    if (rc < 0) {
+        raise_for(rc, msg, path);
+        rc = -1;
+    }
     Py_DECREF(path_obj);
-    return ret;
+    return rc;
+}
+
+/* remove_checkpoint(path): remove a committed checkpoint (a directory or an s3:// URL). */
+static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    return path_call(args, "O&:remove_checkpoint", ckptio_remove_checkpoint) < 0
+               ? NULL
+               : Py_NewRef(Py_None);
 }
 
 /* is_checkpoint(path) -> bool: whether a directory or s3:// URL holds a manifest. */
 static PyObject *mod_is_checkpoint(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    PyObject *path_obj = NULL;
-    if (!PyArg_ParseTuple(args, "O&:is_checkpoint", PyUnicode_FSConverter, &path_obj))
-        return NULL;
-    const char *path = PyBytes_AS_STRING(path_obj);
-    int rc;
-    char msg[1024] = "";
-    Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_is_checkpoint(path);
-    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
-    Py_END_ALLOW_THREADS
-    PyObject *ret = rc < 0 ? raise_for(rc, msg, path) : PyBool_FromLong(rc);
-    Py_DECREF(path_obj);
-    return ret;
+    int rc = path_call(args, "O&:is_checkpoint", ckptio_is_checkpoint);
+    return rc < 0 ? NULL : PyBool_FromLong(rc);
 }
 
 static PyMethodDef dist_functions[] = {

@@ -198,6 +198,11 @@ const char *ckptio__s3_endpoint(const ckptio__s3 *c)
     return c ? c->endpoint : "";
 }
 
+unsigned ckptio__s3_connections(const ckptio__s3 *c)
+{
+    return c->conns;
+}
+
 /* A connection: waits while CKPTIO_S3_CONNECTIONS requests are in flight. NULL: no memory. */
 static CURL *conn_take(ckptio__s3 *s)
 {

@@ -3,8 +3,6 @@
 #ifndef CKPTIO_IO_S3_H
 #define CKPTIO_IO_S3_H
 
-#include <stdlib.h>
-
 #include "../common/common.h"
 #include "engine.h"
 
@@ -38,15 +36,6 @@
 
 typedef struct ckptio__s3 ckptio__s3;
 
-/* Requests in flight per writer or reader (connections): CKPTIO_S3_CONNECTIONS, default 16,
- * 1..256. */
-static inline unsigned ckptio__s3_connections(void)
-{
-    const char *v = getenv("CKPTIO_S3_CONNECTIONS");
-    long n = v && *v ? strtol(v, NULL, 10) : 0;
-    return n >= 1 && n <= 256 ? (unsigned)n : 16u;
-}
-
 /* Whether `path` starts with "s3://". */
 CKPTIO__HIDDEN bool ckptio__s3_is_url(const char *path);
 
@@ -63,6 +52,9 @@ CKPTIO__HIDDEN int ckptio__s3_client(ckptio__s3 **out, ckptio__msg *msg);
 /* The endpoint requests go to ("http://127.0.0.1:8333", "https://s3.us-east-1.amazonaws.com"),
  * for messages and stats. */
 CKPTIO__HIDDEN const char *ckptio__s3_endpoint(const ckptio__s3 *c);
+/* Requests the client lets be in flight at once (CKPTIO_S3_CONNECTIONS, default 16): what a
+ * writer's or reader's thread pool is sized to. */
+CKPTIO__HIDDEN unsigned ckptio__s3_connections(const ckptio__s3 *c);
 
 /* What one request learned. */
 typedef struct ckptio__s3_resp {

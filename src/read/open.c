@@ -114,7 +114,7 @@ int ckptio__read_object_setup(ckptio_reader *r, const char *url)
 {
     CKPTIO__TRY(ckptio__s3_parse(url, &r->bucket, &r->key, &r->msg));
     CKPTIO__TRY(ckptio__s3_client(&r->s3, &r->msg));
-    unsigned conns = ckptio__s3_connections();
+    unsigned conns = ckptio__s3_connections(r->s3);
     r->cfg.backend = CKPTIO_BACKEND_PSYNC;
     r->cfg.threads = conns;
     r->cfg.depth = 2 * conns;

@@ -66,7 +66,9 @@ static int make_data(ckptio_writer *w)
                                  w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
                                  &w->msg);
     /* One staging buffer is one part; the psync threads are the connections uploading them. */
-    unsigned conns = ckptio__s3_connections();
+    ckptio__s3 *s3;
+    CKPTIO__TRY(ckptio__s3_client(&s3, &w->msg)); /* made by the transaction's begin */
+    unsigned conns = ckptio__s3_connections(s3);
     CKPTIO__TRY(ckptio__sink_init(&w->sink, w->fd, 0, CKPTIO_BACKEND_PSYNC, conns, conns,
                                   CKPTIO__MAX(w->cfg.staging, 2 * w->part), w->part,
                                   w->data_label, &w->msg));

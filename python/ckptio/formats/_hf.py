@@ -22,6 +22,7 @@ from typing import Any
 from .. import _core, _dtypes, _load
 from .._errors import DTYPE, error
 from .._load import PathLike, Reader, TensorInfo
+from .._stage import is_url
 from .._tree import Node
 from ..safetensors import DTYPES
 
@@ -42,7 +43,7 @@ def handles(path: Any) -> bool:
         return False
     if isinstance(p, bytes):
         return False
-    if p.startswith("s3://"):  # an object store: a file by its name, else a prefix
+    if is_url(p):  # an object store: a file by its name, else a prefix
         if p.endswith(".safetensors") or p.endswith(_INDEX_SUFFIX):
             return True
         return not _core.is_checkpoint(p)
