@@ -153,7 +153,21 @@ def print_table(rows: list[dict[str, Any]], raw_w: float, raw_r: float) -> None:
             mm = f"{r['gbps_min']:.2f} - {r['gbps_max']:.2f}"
             print(f"{b:22s} {r['mechanism']:27s} {r['op']:4s} {r['gbps']:6.2f} {mm:>13s} "
                   f"{x:7.2f}x {r['gbps'] / raw if raw else 0:7.2f}   {nof}")  # fmt: skip
+        for op, (a, b) in dropin_ratios(brows).items():
+            print(f"{'':22s} drop-in: ckptio.torch.{op} = {a / b if b else 0:.2f}x ckptio.{op} ({a:.2f} / {b:.2f} GB/s)")
         print()
+
+
+def dropin_ratios(brows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """The torch.save/torch.load drop-ins against ckptio's own save and load (durable saves,
+    cold loads) of one benchmark: {op: (drop-in GB/s, ckptio GB/s)}, where both ran."""
+    out = {}
+    for op, mine, own in (("save", "ckptio.torch.save", "ckptio.save"), ("load", "ckptio.torch.load", "ckptio.load")):
+        a = next((r["gbps"] for r in brows if r["mechanism"] == mine and r["op"] == op and r["durable"]), None)
+        b = next((r["gbps"] for r in brows if r["mechanism"] == own and r["op"] == op and r["durable"]), None)
+        if a is not None and b is not None:
+            out[op] = (a, b)
+    return out
 
 
 def plot(rows: list[dict[str, Any]], raw_w: float, raw_r: float, path: str) -> None:
@@ -318,6 +332,8 @@ def main() -> None:
             "raw_write_gbps": round(raw_w, 4), "raw_read_gbps": round(raw_r, 4),
             "raw_write_runs": [round(x, 4) for x in raw["write"]], "raw_read_runs": [round(x, 4) for x in raw["read"]],
             "rows": rows, "train_loop": loop_rows,
+            "dropin": {b: {op: round(x / y, 4) if y else 0 for op, (x, y) in dropin_ratios([r for r in rows if r["benchmark"] == b]).items()}
+                       for b in dict.fromkeys(r["benchmark"] for r in rows)},
         }  # fmt: skip
         for r in rows:
             r["raw_write_gbps"], r["raw_read_gbps"] = doc["raw_write_gbps"], doc["raw_read_gbps"]

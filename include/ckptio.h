@@ -485,6 +485,41 @@ CKPTIO_API void ckptio_file_writer_close(ckptio_file_writer *f);
 CKPTIO_API int ckptio_file_writer_stats(const ckptio_file_writer *f, ckptio_stats *out);
 CKPTIO_API const char *ckptio_file_writer_errmsg(const ckptio_file_writer *f);
 
+/* A zip archive in the layout torch.save writes (PyTorch's reader, Python's zipfile and zip
+ * tools read it), written through a file writer (same staging, O_DIRECT, atomic commit and
+ * errors as ckptio_file_writer): records stored uncompressed, each record's data at a multiple
+ * of its alignment, its CRC-32 and sizes in a data descriptor after the data, zip64 records where
+ * sizes or offsets pass 4 GiB. The CRC-32s are computed while the data is written, on CRC threads
+ * (a quarter of the CPUs, 1 to 4; carry-less multiply folding where the CPU has it), so a
+ * record costs its write. Used by one thread at a time. Since 0.3. */
+typedef struct ckptio_zip_writer ckptio_zip_writer;
+
+/* Leave a record's CRC-32 zero (torch.save's crc32 option off): torch.load still reads it. */
+#define CKPTIO_ZIP_NO_CRC 1u
+
+/* As ckptio_file_writer_open. */
+CKPTIO_API int ckptio_zip_writer_open(ckptio_zip_writer **out, const char *path,
+                                      const ckptio_params *p);
+/* Append the record `name` (1 to 65535 bytes of UTF-8) holding `len` bytes of `data`, which
+ * starts in the file at a multiple of `align` (a power of two up to 32768; 0 = 1). `data` is
+ * not used after the call returns. `flags`: CKPTIO_ZIP_NO_CRC or 0. Names are not checked for
+ * repeats. */
+CKPTIO_API int ckptio_zip_writer_add(ckptio_zip_writer *z, const char *name, const void *data,
+                                     uint64_t len, uint32_t align, unsigned flags);
+/* The same record in pieces: begin names it and its length, then appends give its bytes in
+ * order (`data` not used after each returns); the record ends with its last byte. */
+CKPTIO_API int ckptio_zip_writer_begin(ckptio_zip_writer *z, const char *name, uint64_t len,
+                                       uint32_t align, unsigned flags);
+CKPTIO_API int ckptio_zip_writer_append(ckptio_zip_writer *z, const void *data, size_t n);
+/* Bytes written so far. */
+CKPTIO_API uint64_t ckptio_zip_writer_tell(const ckptio_zip_writer *z);
+/* Write the central directory and the end records, then commit as ckptio_file_writer_commit. */
+CKPTIO_API int ckptio_zip_writer_commit(ckptio_zip_writer *z);
+/* Release; without a commit the temporary file is removed. Accepts NULL. */
+CKPTIO_API void ckptio_zip_writer_close(ckptio_zip_writer *z);
+CKPTIO_API int ckptio_zip_writer_stats(const ckptio_zip_writer *z, ckptio_stats *out);
+CKPTIO_API const char *ckptio_zip_writer_errmsg(const ckptio_zip_writer *z);
+
 /* One byte range of a file to read into dst (dst must hold `len` bytes; as with regions, pass
  * dst aligned to ckptio_alignment() for reads with no copy). `size` = sizeof(ckptio_range), as
  * for ckptio_region; since 0.2. */

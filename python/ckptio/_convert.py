@@ -563,84 +563,39 @@ class _Rebuilt:
         return self.t
 
 
-def _zinfo(name: str, offset: int, size: int) -> zipfile.ZipInfo:
-    """A stored entry whose data starts at a multiple of 64 (torch.load(mmap=True) needs it),
-    by padding the local header's extra field."""
-    zi = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-    zi.compress_type = zipfile.ZIP_STORED
-    zi.file_size = size
-    zi.compress_size = zi.CRC = 0
-    base = len(zi.FileHeader(True))  # every entry is opened with force_zip64
-    pad = (-(offset + base + 4)) % 64
-    zi.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
-    return zi
-
-
-class _Appender:
-    """What zipfile sees of a FileWriter: write and tell, no seek, so it writes each entry's
-    sizes and CRC after its data (data descriptors) instead of going back. Once `dropped` (an
-    aborted archive), writes go nowhere: zipfile may still try to close what it had open."""
-
-    def __init__(self, fw: Any) -> None:
-        self.fw, self.dropped = fw, False
-
-    def write(self, b: Any) -> int:
-        if self.dropped:
-            return len(b)
-        return int(self.fw.write(b))
-
-    def tell(self) -> int:
-        return 0 if self.dropped else int(self.fw.tell())
-
-    def flush(self) -> None:
-        pass
-
-
 class TorchSink:
-    """A torch.save zip archive written into the engine's temporary file: data.pkl first (the
-    tree, storages data/<i>), then one stored record per tensor as its bytes arrive."""
+    """A torch.save zip archive written into the engine's temporary file by ckptio's zip writer:
+    data.pkl first (the tree, storages data/<i>), then one stored record per tensor as its bytes
+    arrive, each at a multiple of 64 (torch.load(mmap=True) needs it), CRCs computed in C."""
 
     is_dir = False
 
     def __init__(self, dst: str) -> None:
         self.archive = os.path.splitext(os.path.basename(dst))[0] or "archive"
-        self.fw: Any = None
+        self.zw: Any = None
 
     def begin(self, tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, bytes], tmp: str) -> None:  # fmt: skip
         tree, metas = _sink_tree(tensors, meta)
         self.sizes = [_nbytes(m) for m in metas]
         pkl = _data_pkl(tree, {id(m): i for i, m in enumerate(metas)})
-        self.fw = _core.FileWriter(tmp, {"staging_bytes": 16 << 20})
-        self.out = _Appender(self.fw)
-        self.z = zipfile.ZipFile(self.out, "w", zipfile.ZIP_STORED, allowZip64=True)  # type: ignore[arg-type]
-        self._entry("data.pkl", pkl)
-        self._entry("byteorder", b"little")
-        self.cur: Any = None
-
-    def _entry(self, name: str, data: bytes) -> None:
-        with self.z.open(_zinfo(f"{self.archive}/{name}", self.fw.tell(), len(data)), "w", force_zip64=True) as e:  # fmt: skip
-            e.write(data)
+        self.zw = _core.ZipWriter(tmp, {"staging_bytes": 16 << 20})
+        self.zw.add(f"{self.archive}/data.pkl", pkl)
+        self.zw.add(f"{self.archive}/byteorder", b"little")
 
     def write(self, index: int, offset: int, data: memoryview) -> None:
         if offset == 0:
-            name = f"{self.archive}/data/{index}"
-            self.cur = self.z.open(_zinfo(name, self.fw.tell(), self.sizes[index]), "w", force_zip64=True)  # fmt: skip
-        self.cur.write(data)
-        if offset + len(data) == self.sizes[index]:
-            self.cur.close()
-            self.cur = None
+            self.zw.begin(f"{self.archive}/data/{index}", self.sizes[index])
+        if len(data):  # an empty tensor's record ends at its begin
+            self.zw.append(data)
 
     def end(self) -> None:
-        self._entry("version", b"3\n")
-        self.z.close()
-        self.fw.commit()
-        self.fw.close()
+        self.zw.add(f"{self.archive}/version", b"3\n")
+        self.zw.commit()
+        self.zw.close()
 
     def abort(self) -> None:
-        if self.fw is not None:
-            self.out.dropped = True
-            self.z.fp = None  # so that zipfile writes no directory when it is collected
-            self.fw.close()  # uncommitted: its file goes
+        if self.zw is not None:
+            self.zw.close()  # uncommitted: its file goes
 
 
 def _box(shape: tuple[int, ...], itemsize: int, first: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip

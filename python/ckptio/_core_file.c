@@ -1,29 +1,43 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ckptio._core.FileWriter, a file written and committed atomically, and file_read, its reader. */
+/* ckptio._core.FileWriter and ZipWriter, files written and committed atomically, and file_read. */
 #include "_core.h"
 
 #include <limits.h>
 #include <string.h>
 
-static PyObject *FileWriter_write(PyObject *self, PyObject *arg)
+/* fn(handle, bytes of `arg`) with the GIL released (even a small write may wait for a staging
+ * buffer to come back from the device); a large one checks for Ctrl-C after. Returns the byte
+ * count, or -1 with an exception set. */
+static Py_ssize_t buffer_call(PyObject *self, PyObject *arg,
+                              int (*fn)(void *h, const void *data, size_t n))
 {
     Py_buffer v;
-    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    ckptio_file_writer *f = ckptio__pyhandle_enter(self);
-    if (!f) {
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    void *h = ckptio__pyhandle_enter(self);
+    if (!h) {
         PyBuffer_Release(&v);
-        return NULL;
+        return -1;
     }
     int rc;
-    /* Even a small write may wait for a staging buffer to come back from the device. */
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_file_writer_write(f, v.buf, (size_t)v.len);
+    rc = fn(h, v.buf, (size_t)v.len);
     Py_END_ALLOW_THREADS
     Py_ssize_t len = v.len;
     PyBuffer_Release(&v);
-    if (ckptio__pyhandle_leave(self, rc, NULL) < 0) return NULL;
-    if (len >= (64 << 20) && PyErr_CheckSignals() < 0) return NULL;
-    return PyLong_FromSsize_t(len);
+    if (ckptio__pyhandle_leave(self, rc, NULL) < 0) return -1;
+    if (len >= (64 << 20) && PyErr_CheckSignals() < 0) return -1;
+    return len;
+}
+
+static int file_write_fn(void *h, const void *data, size_t n)
+{
+    return ckptio_file_writer_write(h, data, n);
+}
+
+static PyObject *FileWriter_write(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t len = buffer_call(self, arg, file_write_fn);
+    return len < 0 ? NULL : PyLong_FromSsize_t(len);
 }
 
 static PyObject *FileWriter_tell(PyObject *self, PyObject *unused)
@@ -119,26 +133,102 @@ static PyGetSetDef FileWriter_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-CKPTIO_PYHANDLE_OPS(file_writer)
+/* The handle type of a single-file writer ckptio_<p>_*: open, close, errmsg, stats, commit. */
+#define FILE_HANDLE_TYPE(p, var, name, doc, methods, noun_, closed)                                \
+    CKPTIO_PYHANDLE_OPS(p)                                                                     \
+    static int p##_commit_any(void *h) { return ckptio_##p##_commit(h); }                     \
+    static ckptio__pyhandle_type var = {                                                       \
+        .type = CKPTIO_PYHANDLE_TYPE(name, sizeof(ckptio__pyhandle), doc, methods,             \
+                                     FileWriter_getset),                                       \
+        .noun = noun_, .closed_msg = closed, .open = p##_open_any, .close = p##_close_any,     \
+        .errmsg = p##_errmsg_any, .stats = p##_stats_any, .commit = p##_commit_any,            \
+    };
 
-static int file_writer_commit(void *f)
+FILE_HANDLE_TYPE(file_writer, FileWriter_Type, "ckptio._core.FileWriter",
+                 "FileWriter(path, params=None): a write-only binary file committed atomically.",
+                 FileWriter_methods, "this file", "I/O operation on closed file")
+
+/* ZipWriter.add(name, data, align=64, crc=True): one record, written before returning. */
+static PyObject *ZipWriter_add(PyObject *self, PyObject *args, PyObject *kw)
 {
-    return ckptio_file_writer_commit(f);
+    static char *kwlist[] = {"name", "data", "align", "crc", NULL};
+    const char *name;
+    Py_buffer v;
+    unsigned int align = 64;
+    int crc = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*|Ip:add", kwlist, &name, &v, &align, &crc))
+        return NULL;
+    ckptio_zip_writer *z = ckptio__pyhandle_enter(self);
+    if (!z) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_zip_writer_add(z, name, v.buf, (uint64_t)v.len, align, crc ? 0 : CKPTIO_ZIP_NO_CRC);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t len = v.len;
+    PyBuffer_Release(&v);
+    if (ckptio__pyhandle_leave(self, rc, NULL) < 0) return NULL;
+    if (len >= (64 << 20) && PyErr_CheckSignals() < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
-static ckptio__pyhandle_type FileWriter_Type = {
-    .type = CKPTIO_PYHANDLE_TYPE("ckptio._core.FileWriter", sizeof(ckptio__pyhandle),
-                                 "FileWriter(path, params=None): a write-only binary file "
-                                 "committed atomically.",
-                                 FileWriter_methods, FileWriter_getset),
-    .noun = "this file",
-    .closed_msg = "I/O operation on closed file",
-    .open = file_writer_open_any,
-    .close = file_writer_close_any,
-    .errmsg = file_writer_errmsg_any,
-    .stats = file_writer_stats_any,
-    .commit = file_writer_commit,
+/* ZipWriter.begin(name, length, align=64, crc=True): a record whose bytes append() gives. */
+static PyObject *ZipWriter_begin(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "length", "align", "crc", NULL};
+    const char *name;
+    unsigned long long len;
+    unsigned int align = 64;
+    int crc = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sK|Ip:begin", kwlist, &name, &len, &align, &crc))
+        return NULL;
+    ckptio_zip_writer *z = ckptio__pyhandle_enter(self);
+    if (!z) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_zip_writer_begin(z, name, len, align, crc ? 0 : CKPTIO_ZIP_NO_CRC);
+    Py_END_ALLOW_THREADS
+    if (ckptio__pyhandle_leave(self, rc, NULL) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int zip_append_fn(void *h, const void *data, size_t n)
+{
+    return ckptio_zip_writer_append(h, data, n);
+}
+
+static PyObject *ZipWriter_append(PyObject *self, PyObject *arg)
+{
+    if (buffer_call(self, arg, zip_append_fn) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ZipWriter_tell(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ckptio_zip_writer *z = ckptio__pyhandle_get(self);
+    return z ? PyLong_FromUnsignedLongLong(ckptio_zip_writer_tell(z)) : NULL;
+}
+
+static PyMethodDef ZipWriter_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))ZipWriter_add, METH_VARARGS | METH_KEYWORDS,
+     "add(name, data, align=64, crc=True): append a record (data is not kept)"},
+    {"begin", (PyCFunction)(void (*)(void))ZipWriter_begin, METH_VARARGS | METH_KEYWORDS,
+     "begin(name, length, align=64, crc=True): a record whose bytes append() gives in order"},
+    {"append", ZipWriter_append, METH_O, "append(data): the next bytes of the open record"},
+    {"tell", ZipWriter_tell, METH_NOARGS, "bytes written so far"},
+    {"commit", ckptio__pyhandle_commit, METH_NOARGS,
+     "write the central directory; make the archive durable and visible at its path; stats tuple"},
+    CKPTIO_PYHANDLE_METHODS("release; without commit, discard"),
+    {NULL, NULL, 0, NULL},
 };
+
+FILE_HANDLE_TYPE(zip_writer, ZipWriter_Type, "ckptio._core.ZipWriter",
+                 "ZipWriter(path, params=None): a zip archive in torch.save's layout, committed "
+                 "atomically.",
+                 ZipWriter_methods, "this archive", "I/O operation on closed zip writer")
 
 /* file_read(path, [(file_offset, length, dst, dst_offset)], params) -> stats tuple */
 static PyObject *mod_file_read(PyObject *mod, PyObject *args)
@@ -216,7 +306,9 @@ static PyMethodDef file_functions[] = {
 int ckptio__pyfile_register(PyObject *m)
 {
     if (PyType_Ready(&FileWriter_Type.type) < 0 ||
-        PyModule_AddObjectRef(m, "FileWriter", (PyObject *)&FileWriter_Type.type) < 0)
+        PyModule_AddObjectRef(m, "FileWriter", (PyObject *)&FileWriter_Type.type) < 0 ||
+        PyType_Ready(&ZipWriter_Type.type) < 0 ||
+        PyModule_AddObjectRef(m, "ZipWriter", (PyObject *)&ZipWriter_Type.type) < 0)
         return -1;
     return PyModule_AddFunctions(m, file_functions);
 }

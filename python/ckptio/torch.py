@@ -2,9 +2,10 @@
 """ckptio.torch.save / ckptio.torch.load: drop-ins for torch.save / torch.load at ckptio's speed.
 
 The file is the standard torch zip archive (stock ``torch.load`` opens it, with
-``weights_only=True`` too), with storage records aligned to 4096 bytes. It is written through
-ckptio's file writer (staging ring, O_DIRECT where the file system allows it, several writes
-in flight) and appears at its path only when complete and durable. Loading reads every
+``weights_only=True`` too), with storage records aligned to 4096 bytes. It is written by
+ckptio's zip writer (C: staging ring, O_DIRECT where the file system allows it, several writes
+in flight, each record's CRC-32 computed on other threads while it is written) and appears at
+its path only when complete and durable. Loading reads every
 storage with one batched read, each into its own page-aligned buffer that its tensors use with
 no second copy (and free with them). Both take torch's arguments; ckptio's own options go in
 ``io_options``.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+import sys
 import time
 from typing import IO, Any
 
@@ -120,9 +122,10 @@ def save(
     ``io_options``: a dict of ckptio's own options, kept apart from torch's keywords:
     ckptio.save's I/O options (backend, direct, fsync, ...), ``overwrite`` (default True;
     False refuses an existing file with CheckpointExists) and ``crc32``: None follows torch
-    (``torch.serialization.set_crc32_options``, on by default). torch computes the zip CRC32s
-    on one core at about 1.5 GB/s, which then bounds the save; ``crc32=False`` skips them:
-    torch.load still opens the file, zip tools report bad CRCs. (The same options given as
+    (``torch.serialization.set_crc32_options``, on by default). The CRC-32s are computed in C
+    while each record is written, so they cost no time at device speed; ``crc32=False`` leaves
+    them zero as torch's option does: torch.load still opens the file, zip tools report bad
+    CRCs. (The same options given as
     keywords, as older versions took them, still work.)
 
     Errors: what torch.save raises; a ckptio I/O error (no such directory, a directory at
@@ -148,34 +151,100 @@ def save(
     p = params(opts, overwrite=overwrite)
     from torch.utils.serialization import config
 
+    if crc32 is None:
+        crc32 = config.save.compute_crc32  # type: ignore[attr-defined]
+    ser = _torch.serialization
+    skip = getattr(getattr(ser, "_serialization_tls", None), "skip_data", False)
+    direct = hasattr(ser, "_save") and not skip
     try:
-        with _core.FileWriter(os.fspath(f), p) as fw:  # type: ignore[arg-type]
-            try:
-                patch: dict[str, Any] = {"save.storage_alignment": STORAGE_ALIGNMENT}
-                if crc32 is not None:
-                    patch["save.compute_crc32"] = bool(crc32)
-                with config.patch(patch):  # type: ignore[attr-defined]
-                    _torch.save(
-                        obj,
-                        fw,  # type: ignore[arg-type]
-                        pickle_module,
-                        pickle_protocol,
-                        True,
-                        _disable_byteorder_record,
-                    )
-            except BaseException as e:
-                # After Ctrl-C in write(), torch's own cleanup fails too and hides the
-                # KeyboardInterrupt behind a RuntimeError: raise the interrupt itself.
-                cause: BaseException | None = e
-                while cause is not None and not isinstance(cause, KeyboardInterrupt):
-                    cause = cause.__context__
-                if cause is not None and cause is not e:
-                    raise cause from None
-                raise
-            st = fw.commit()
+        try:
+            if direct:
+                st = _save_zip(obj, os.fspath(f), p, bool(crc32), pickle_module,  # type: ignore[arg-type]
+                               pickle_protocol, _disable_byteorder_record)  # fmt: skip
+            else:
+                st = _save_through_torch(obj, os.fspath(f), p, crc32, pickle_module,  # type: ignore[arg-type]
+                                         pickle_protocol, _disable_byteorder_record)  # fmt: skip
+        except BaseException as e:
+            # After Ctrl-C in a write, torch's own cleanup may fail too and hide the
+            # KeyboardInterrupt behind a RuntimeError: raise the interrupt itself.
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, KeyboardInterrupt):
+                cause = cause.__context__
+            if cause is not None and cause is not e:
+                raise cause from None
+            raise
     except CheckpointError as e:
         raise _as_runtime_error(e) from None
     return Stats._from_core(st, time.perf_counter() - t0)
+
+
+def _archive_name(path: str) -> str:
+    """The records' common prefix torch.save gives a file: its name up to the last dot."""
+    stem = os.path.basename(path).rpartition(".")
+    return (stem[0] if stem[1] else stem[2]) or "archive"
+
+
+class _ZipRecords:
+    """The archive torch's ``_save`` writes its records into: each goes to ckptio's zip writer
+    (C: CRC-32 computed while the bytes are written) as it comes, so a storage torch copied off
+    an accelerator is freed after its record, as with torch's own writer."""
+
+    def __init__(self, zw: Any, prefix: str, crc: bool) -> None:
+        self._zw = zw
+        self._prefix = prefix
+        self._crc = crc
+        self.names: set[str] = set()
+
+    def write_record(self, name: str, data: Any, size: int) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        elif not isinstance(data, (bytes, bytearray, memoryview)):
+            # an untyped CPU storage: its bytes, without a copy
+            data = _torch.empty(0, dtype=_torch.uint8).set_(data).numpy()
+        if len(data) != size:
+            raise RuntimeError(f"record {name!r}: {len(data)} bytes given for {size}")
+        self._zw.add(f"{self._prefix}/{name}", data, STORAGE_ALIGNMENT, self._crc)
+        self.names.add(name)
+
+
+def _serialization_id() -> str:
+    """Forty digits, as torch's writer gives each archive (torch.load logs it)."""
+    import secrets
+
+    return f"{secrets.randbits(64):020d}{secrets.randbits(64):020d}"
+
+
+def _save_zip(obj: object, path: str, p: Any, crc: bool, pickle_module: Any, pickle_protocol: int,
+              disable_byteorder: bool) -> Any:  # fmt: skip
+    """torch's own ``_save`` (pickling, storage sharing, dtype checks, accelerator copies) into
+    ckptio's zip writer; then the records torch's archive writer adds at its end (the byte
+    order too, when ``_save`` left it out)."""
+    ser = _torch.serialization
+    if hasattr(ser, "_check_dill_version"):
+        ser._check_dill_version(pickle_module)
+    with _core.ZipWriter(path, p) as zw:
+        zf = _ZipRecords(zw, _archive_name(path), crc)
+        ser._save(obj, zf, pickle_module, pickle_protocol, disable_byteorder)
+        zf.write_record("version", "3\n", 2)
+        if "byteorder" not in zf.names:
+            zf.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+        sid = _serialization_id()
+        zf.write_record(".data/serialization_id", sid, len(sid))
+        return zw.commit()
+
+
+def _save_through_torch(obj: object, path: str, p: Any, crc32: Any, pickle_module: Any,
+                        pickle_protocol: int, disable_byteorder: bool) -> Any:  # fmt: skip
+    """torch.save's own archive writer into ckptio's file writer: for what the zip writer does
+    not take (torch.serialization.skip_data(), which writes no storage bytes)."""
+    from torch.utils.serialization import config
+
+    with _core.FileWriter(path, p) as fw:
+        patch: dict[str, Any] = {"save.storage_alignment": STORAGE_ALIGNMENT,
+                                 "save.compute_crc32": bool(crc32)}  # fmt: skip
+        with config.patch(patch):  # type: ignore[attr-defined]
+            _torch.save(obj, fw, pickle_module, pickle_protocol, True, disable_byteorder)  # type: ignore[arg-type]
+        return fw.commit()
 
 
 def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> tuple[bool, Any]:

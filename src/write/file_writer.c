@@ -3,20 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "../io/params.h"
-#include "../io/engine.h"
-#include "../commit/txn.h"
-#include "../io/sink.h"
-
-struct ckptio_file_writer {
-    ckptio__msg msg;
-    ckptio__cfg cfg;
-    ckptio__handle_state hs;
-    ckptio__txn txn; /* the temporary file (txn.fd) and its publish */
-    ckptio__sink sink;
-    double t_open;
-    ckptio_stats stats;
-};
+#include "file_writer.h"
 
 int ckptio_file_writer_open(ckptio_file_writer **out, const char *path, const ckptio_params *p)
 {
@@ -27,6 +14,18 @@ int ckptio_file_writer_open(ckptio_file_writer **out, const char *path, const ck
     *out = NULL;
     ckptio_file_writer *f = calloc(1, sizeof *f);
     if (!f) return ckptio__fail(NULL, -ENOMEM, "out of memory");
+    int rc = ckptio__file_writer_init(f, path, p);
+    if (rc < 0) {
+        ckptio__msg keep = f->msg;
+        ckptio_file_writer_close(f);
+        return ckptio__refail(NULL, &keep, rc, "cannot open file writer", NULL);
+    }
+    *out = f;
+    return 0;
+}
+
+int ckptio__file_writer_init(ckptio_file_writer *f, const char *path, const ckptio_params *p)
+{
     f->t_open = ckptio__now();
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &f->cfg, &f->msg));
@@ -41,13 +40,10 @@ int ckptio_file_writer_open(ckptio_file_writer **out, const char *path, const ck
     ckptio__stats_backend(f->stats.backend, f->cfg.backend, ckptio__engine_name(f->sink.eng));
     f->stats.direct = f->txn.direct;
     f->stats.alignment = f->sink.off_align;
-    *out = f;
     return 0;
 out:
     if (rc == -ENOMEM && !f->msg.text[0]) ckptio__fail(&f->msg, rc, "out of memory");
-    ckptio__msg keep = f->msg;
-    ckptio_file_writer_close(f);
-    return ckptio__refail(NULL, &keep, rc, "cannot open file writer", NULL);
+    return rc;
 }
 
 /* A large aligned source at an aligned offset goes to the device from the caller's memory (no
@@ -102,11 +98,16 @@ out:
     return rc;
 }
 
+void ckptio__file_writer_fini(ckptio_file_writer *f)
+{
+    ckptio__sink_fini(&f->sink);
+    ckptio__txn_fini(&f->txn); /* closes the file; removes it unless published */
+}
+
 void ckptio_file_writer_close(ckptio_file_writer *f)
 {
     if (!f) return;
-    ckptio__sink_fini(&f->sink);
-    ckptio__txn_fini(&f->txn); /* closes the file; removes it unless published */
+    ckptio__file_writer_fini(f);
     free(f);
 }
 

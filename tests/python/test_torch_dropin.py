@@ -289,3 +289,91 @@ def test_force_no_weights_only_env_warns_like_torch(
     monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
     with pytest.raises(RuntimeError, match="but both were set"):
         ct.load(path)
+
+
+# ---- the archive ckptio's zip writer makes (C: CRC-32s computed while the data is written) ----
+
+
+def _records_check(path: pathlib.Path) -> list[zipfile.ZipInfo]:
+    """Every record's CRC-32 is zlib's of its data, and zipfile's own check passes."""
+    import zlib
+
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+        for info in z.infolist():
+            crc = 0
+            with z.open(info) as f:
+                while chunk := f.read(64 << 20):
+                    crc = zlib.crc32(chunk, crc)
+            assert info.CRC == crc, info.filename
+            assert info.compress_type == zipfile.ZIP_STORED
+        return z.infolist()
+
+
+def test_one_gib_archive_stock_load_and_crcs(tmp_path: pathlib.Path) -> None:
+    g = torch.Generator().manual_seed(5)
+    obj = {"big": torch.randn(1 << 28, generator=g), "small": torch.arange(7), "step": 3}
+    path = tmp_path / "one_gib.pt"
+    ct.save(obj, path)
+    infos = _records_check(path)
+    names = [i.filename for i in infos]
+    # torch's records in torch's order, under torch's archive name for this file
+    assert names == [f"one_gib/{n}" for n in ("data.pkl", ".format_version", ".storage_alignment",
+                     "byteorder", "data/0", "data/1", "version", ".data/serialization_id")]  # fmt: skip
+    with open(path, "rb") as f:  # every record's data at a multiple of the storage alignment
+        for i in infos:
+            f.seek(i.header_offset + 26)
+            n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+            assert (i.header_offset + 30 + n + m) % ct.STORAGE_ALIGNMENT == 0
+    got = torch.load(path, weights_only=True)
+    assert equal({k: got[k] for k in ("big", "small")}, {k: obj[k] for k in ("big", "small")})
+    assert got["step"] == 3
+    del got
+    assert torch.equal(ct.load(path)["big"], obj["big"])
+
+
+def test_crc32_off_leaves_zeros_torch_still_loads(tmp_path: pathlib.Path) -> None:
+    obj = sd()
+    path = tmp_path / "nocrc.pt"
+    ct.save(obj, path, io_options={"crc32": False})
+    with zipfile.ZipFile(path) as z:
+        assert all(i.CRC == 0 for i in z.infolist() if i.file_size)
+    assert equal(torch.load(path, weights_only=True), obj)
+    from torch.utils.serialization import config
+
+    with config.patch({"save.compute_crc32": False}):  # torch's own switch is followed too
+        ct.save(obj, path)
+    with zipfile.ZipFile(path) as z:
+        assert all(i.CRC == 0 for i in z.infolist() if i.file_size)
+    ct.save(obj, path)
+    _records_check(path)
+
+
+def test_archive_names_follow_torch(tmp_path: pathlib.Path) -> None:
+    for name, stem in (("a.b.pt", "a.b"), ("noext", "noext"), (".hidden", "archive")):
+        ct.save(sd(), tmp_path / name)
+        with zipfile.ZipFile(tmp_path / name) as z:
+            assert z.namelist()[0] == f"{stem}/data.pkl"
+
+
+def test_past_four_gib_zip64(tmp_path: pathlib.Path) -> None:
+    """A storage of 4 GiB + 4099 bytes (zero pages of an anonymous map: no memory used), and a
+    record after it at an offset past 32 bits: torch's reader finds both."""
+    import mmap
+
+    import numpy as np
+
+    n = (4 << 30) + 4099
+    m = mmap.mmap(-1, n)
+    big = torch.from_numpy(np.frombuffer(m, dtype=np.uint8))
+    big[-1] = 7
+    path = tmp_path / "z64.pt"
+    ct.save({"big": big, "after": torch.arange(5)}, path, io_options={"fsync": False})
+    del big
+    m.close()
+    got = torch.load(path, mmap=True, weights_only=True)
+    assert got["big"].shape == (n,) and int(got["big"][-1]) == 7 and int(got["big"][4096]) == 0
+    assert torch.equal(got["after"], torch.arange(5))
+    with zipfile.ZipFile(path) as z:
+        sizes = {i.filename: (i.file_size, i.header_offset) for i in z.infolist()}
+    assert sizes["z64/data/0"][0] == n and sizes["z64/data/1"][1] > 1 << 32
