@@ -7,6 +7,7 @@ import argparse
 import doctest
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -238,3 +239,14 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(
 def test_docstring_example() -> None:
     result = doctest.testmod(ckptio.lightning, optionflags=doctest.ELLIPSIS)
     assert result.attempted and result.failed == 0
+
+
+def test_doc_example_runs(tmp_path: pathlib.Path) -> None:
+    doc = pathlib.Path(__file__).resolve().parents[2] / "doc" / "lightning.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert len(blocks) == 2
+    for code in blocks:
+        exec(compile(code.replace("/tmp/ckptio-lightning", str(tmp_path)), str(doc), "exec"), {})
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        "epoch=2-step=12.ckpt", "epoch=3-step=16.ckpt", "epoch=4-step=20.ckpt"
+    ]
