@@ -135,9 +135,8 @@ class CheckpointIO(_Base):  # type: ignore[misc]
         out = dict(opts or {})
         unknown = sorted(set(out) - set(IO_OPTION_KEYS))
         if unknown:
-            raise TypeError(
-                f"unknown io_options key(s) {', '.join(unknown)}; known: {', '.join(IO_OPTION_KEYS)}"
-            )
+            known = ", ".join(IO_OPTION_KEYS)
+            raise TypeError(f"unknown io_options key(s) {', '.join(unknown)}; known: {known}")
         return out
 
     # ---- Lightning's interface ----
@@ -205,7 +204,8 @@ class CheckpointIO(_Base):  # type: ignore[misc]
             return out
         if not os.path.exists(p):
             raise FileNotFoundError(f"Checkpoint file not found: {p}")
-        return ckptio.torch.load(p, map_location=map_location, weights_only=weights_only)  # type: ignore[no-any-return]
+        out = ckptio.torch.load(p, map_location=map_location, weights_only=weights_only)
+        return out  # type: ignore[no-any-return]
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove the checkpoint at ``path`` (a torch file or a ckptio checkpoint; nothing if

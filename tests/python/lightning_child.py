@@ -18,14 +18,22 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import ckptio.lightning
 
 STEPS_PER_EPOCH = 8
+#: The size of the model's extra buffer in the child, and how much of a torch file it writes
+#: before it dies.
+PAD_MIB = 32
+KILL_AFTER = 16 << 20
 
 
 class Tiny(L.LightningModule):
-    """A linear regression with SGD and momentum (optimizer state a resume must restore)."""
+    """A small regression with SGD and momentum (optimizer state a resume must restore);
+    ``pad_mib`` adds a buffer of that size, so that a save spans many of the writer's writes."""
 
-    def __init__(self) -> None:
+    def __init__(self, pad_mib: int = 0) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        if pad_mib:
+            self.register_buffer("pad", torch.arange(pad_mib << 18, dtype=torch.float32))
+        layers = (torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.net = torch.nn.Sequential(*layers)
         self.losses: dict[int, float] = {}  # global step -> loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -45,9 +53,9 @@ def data() -> torch.utils.data.DataLoader[Any]:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
 
 
-def model() -> Tiny:
+def model(pad_mib: int = 0) -> Tiny:
     L.seed_everything(0, verbose=False)
-    return Tiny()
+    return Tiny(pad_mib)
 
 
 def trainer(epochs: int, plugins: list[Any] | None = None, ckpt_dir: str | None = None,
@@ -72,7 +80,7 @@ def _kill_in_write(mode: str) -> None:
 
         real = ct._core.FileWriter
 
-        class Dying:  # the file writer, killed at its first write after 8 KiB
+        class Dying:  # the file writer, killed at its first write after KILL_AFTER bytes
             def __init__(self, *args: Any) -> None:
                 self._w = real(*args)
                 self._n = 0
@@ -85,7 +93,7 @@ def _kill_in_write(mode: str) -> None:
                 return self._w.__exit__(*exc)
 
             def write(self, b: Any) -> Any:
-                if self._n >= 8 << 10:
+                if self._n >= KILL_AFTER:
                     self._w.flush()
                     os.kill(os.getpid(), signal.SIGKILL)
                 self._n += len(memoryview(b).cast("B"))
@@ -121,7 +129,7 @@ def main() -> None:
         real_save(*args, **kwargs)
 
     io.save_checkpoint = save  # type: ignore[method-assign]
-    trainer(epochs, [io], root, save_last=True).fit(model(), data())
+    trainer(epochs, [io], root, save_last=True).fit(model(PAD_MIB), data())
 
 
 if __name__ == "__main__":
