@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -184,6 +185,33 @@ def test_removal_waits_for_the_save_in_flight(
     threading.Timer(0.3, gate.set).start()
     io.remove_checkpoint(new)
     assert not new.exists() and leftovers(tmp_path) == []
+
+
+def test_exit_finishes_the_save_and_its_removals(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate = threading.Event()
+    hold(monkeypatch, gate, "_start_commit")
+    io = CheckpointIO(async_save=True)
+    old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
+    CheckpointIO().save_checkpoint(state(1), old)
+    io.save_checkpoint(state(2), new)
+    io.remove_checkpoint(old)
+    threading.Timer(0.3, gate.set).start()
+    ckptio.lightning._finish_at_exit(weakref.ref(io))  # what interpreter exit runs
+    assert not old.exists() and io.load_checkpoint(new)["global_step"] == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_exit_prints_an_error_no_call_took(
+    tmp_path: pathlib.Path, failing: threading.Event, capsys: pytest.CaptureFixture[str]
+) -> None:
+    io = CheckpointIO(async_save=True)
+    io.save_checkpoint(state(1), tmp_path / "a.ckpt")
+    failing.set()
+    ckptio.lightning._finish_at_exit(weakref.ref(io))
+    assert "save FAILED: disk on fire" in capsys.readouterr().err
+    io.teardown()  # reported once
 
 
 def test_one_path_changes_kind_atomically(tmp_path: pathlib.Path) -> None:
