@@ -106,6 +106,30 @@ def test_inside_lightnings_async_checkpoint_io(tmp_path: pathlib.Path, mode: str
         assert torch.equal(ck["state_dict"][k], v), k
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_fabric_save_and_load(tmp_path: pathlib.Path, mode: str) -> None:
+    from lightning.fabric import Fabric
+
+    io = CheckpointIO(async_save=mode == "async")
+    fabric = Fabric(accelerator="cpu", devices=1, plugins=[io])
+    torch.manual_seed(0)
+    m, opt = fabric.setup(*model_and_optimizer())
+    m(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    fabric.save(tmp_path / "s.ckpt", {"model": m, "optim": opt, "step": 7})
+    m2, opt2 = fabric.setup(*model_and_optimizer())
+    into = {"model": m2, "optim": opt2, "step": 0}
+    assert fabric.load(tmp_path / "s.ckpt", into) == {}
+    assert into["step"] == 7 and torch.equal(m2.weight, m.weight)
+    saved, loaded = opt.state_dict()["state"][0], opt2.state_dict()["state"][0]
+    assert torch.equal(loaded["exp_avg"], saved["exp_avg"])
+
+
+def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    m = torch.nn.Linear(4, 2)
+    return m, torch.optim.Adam(m.parameters())
+
+
 def state(v: float) -> dict[str, Any]:
     return {"state_dict": {"w": torch.full((1024,), v)}, "global_step": int(v)}
 
