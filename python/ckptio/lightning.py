@@ -81,6 +81,11 @@ def _device(map_location: Any) -> Any:
     return "cpu"
 
 
+def _on_cpu(storage: Any, location: str) -> Any:
+    """torch.load's map_location that keeps every storage on the CPU (Lightning's default)."""
+    return storage
+
+
 class CheckpointIO(_Base):  # type: ignore[misc]
     """Lightning's CheckpointIO through ckptio: ``Trainer(plugins=[CheckpointIO()])``.
 
@@ -189,12 +194,13 @@ class CheckpointIO(_Base):  # type: ignore[misc]
                 self._cv.notify_all()
 
     def load_checkpoint(
-        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+        self, path: Any, map_location: Any | None = _on_cpu, weights_only: bool | None = None
     ) -> dict[str, Any]:
         """The checkpoint at ``path``: a torch file through ``ckptio.torch.load`` (torch.load's
         ``map_location`` and ``weights_only`` rules), or a ckptio checkpoint through
         ``ckptio.load`` (never unpickled; tensors on the CPU, or on ``map_location`` when that
-        is a device)."""
+        is a device). Without ``map_location``, tensors load on the CPU, as with Lightning's
+        own plugin (the Trainer passes none)."""
         p = os.fspath(path)
         with self._cv:
             self._cv.wait_for(lambda: self._writing is None)

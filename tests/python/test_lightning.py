@@ -260,7 +260,9 @@ def test_what_ckptio_cannot_store_is_saved_as_a_torch_file(tmp_path: pathlib.Pat
     assert back["hyper_parameters"]["args"].lr == 0.1
 
 
-def test_options_and_missing_files(tmp_path: pathlib.Path) -> None:
+def test_options_and_missing_files(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(TypeError, match="unknown io_options"):
         CheckpointIO(io_options={"bogus": 1})
     io = CheckpointIO(io_options={"crc32": False, "fsync": True})
@@ -268,6 +270,14 @@ def test_options_and_missing_files(tmp_path: pathlib.Path) -> None:
     assert io.load_checkpoint(tmp_path / "sub" / "y.ckpt", map_location="cpu")["global_step"] == 5
     with pytest.raises(FileNotFoundError):
         io.load_checkpoint(tmp_path / "nothing.ckpt")
+    # Without map_location (the Trainer passes none), storages stay on the CPU, as with
+    # Lightning's own plugin: a checkpoint saved on a GPU loads on a machine without one.
+    seen: dict[str, Any] = {}
+    real = ckptio.torch.load
+    monkeypatch.setattr(ckptio.torch, "load", lambda p, **kw: seen.update(kw) or real(p, **kw))
+    io.load_checkpoint(tmp_path / "sub" / "y.ckpt")
+    storage = torch.UntypedStorage(4)
+    assert seen["map_location"](storage, "cuda:0") is storage
     io.remove_checkpoint(tmp_path / "nothing.ckpt")  # nothing there: no error, as Lightning's
 
 
