@@ -71,9 +71,8 @@ def is_async_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 def _device(map_location: Any) -> Any:
     """The ``device=`` of ckptio.load for a torch.load ``map_location``: a device or its name
-    maps to itself; anything else (None, a function, a dict of storage locations) to the CPU,
-    where the tensors were when they were saved (the engine copies GPU tensors through host
-    memory)."""
+    maps to itself; anything else (None, a function, a dict of storage locations: torch's
+    remapping of storages, which a ckptio checkpoint does not record) to the CPU."""
     import torch
 
     if isinstance(map_location, (str, torch.device)):
