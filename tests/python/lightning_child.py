@@ -78,9 +78,9 @@ def _kill_in_write(mode: str) -> None:
     if mode == "sync":
         from ckptio import torch as ct
 
-        real = ct._core.FileWriter
+        real = ct._core.ZipWriter
 
-        class Dying:  # the file writer, killed at its first write after KILL_AFTER bytes
+        class Dying:  # the zip writer, killed at its first record after KILL_AFTER bytes
             def __init__(self, *args: Any) -> None:
                 self._w = real(*args)
                 self._n = 0
@@ -92,17 +92,16 @@ def _kill_in_write(mode: str) -> None:
             def __exit__(self, *exc: Any) -> Any:
                 return self._w.__exit__(*exc)
 
-            def write(self, b: Any) -> Any:
+            def add(self, name: str, data: Any, *args: Any) -> Any:
                 if self._n >= KILL_AFTER:
-                    self._w.flush()
                     os.kill(os.getpid(), signal.SIGKILL)
-                self._n += len(memoryview(b).cast("B"))
-                return self._w.write(b)
+                self._n += len(memoryview(data).cast("B"))
+                return self._w.add(name, data, *args)
 
             def __getattr__(self, name: str) -> Any:
                 return getattr(self._w, name)
 
-        ct._core.FileWriter = Dying  # type: ignore[misc]
+        ct._core.ZipWriter = Dying  # type: ignore[misc]
     else:
         from ckptio import _async
 
