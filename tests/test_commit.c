@@ -267,6 +267,35 @@ static int test_stale_cleanup(void)
     return 0;
 }
 
+/* The same for a single file's temporaries (a killed ckptio.torch.save): a dead process's is
+ * removed, a live one's, one locked by a live writer, a directory or another name's are kept. */
+static int test_stale_file_cleanup(void)
+{
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) _exit(0);
+    CHECK(waitpid(child, NULL, 0) == child);
+    char dead[64], live[64], dir[64];
+    snprintf(dead, sizeof dead, "m.pt.tmp-%d.3", (int)child);
+    snprintf(live, sizeof live, "m.pt.tmp-%d.3", (int)getppid());
+    snprintf(dir, sizeof dir, "m.pt.tmp-%d.4", (int)child);
+    CHECK(t_write_file(dead, "x", 1) == 0 && t_write_file(live, "x", 1) == 0);
+    CHECK(mkdir(dir, 0755) == 0);
+    ckptio__txn t, u;
+    ckptio__msg msg = {0};
+    CHECK_OK(ckptio__txn_begin(&t, "m.pt", CKPTIO__TXN_FILE, 0, 0, &msg));
+    CHECK(access(dead, F_OK) < 0 && access(live, F_OK) == 0 && access(dir, F_OK) == 0);
+    /* a second writer of the same name (here: the same process) keeps t's temporary */
+    char mine[256];
+    snprintf(mine, sizeof mine, "%s", t.tmp_path);
+    CHECK_OK(ckptio__txn_begin(&u, "m.pt", CKPTIO__TXN_FILE, 0, 0, &msg));
+    CHECK(access(mine, F_OK) == 0);
+    ckptio__txn_fini(&u);
+    ckptio__txn_fini(&t);
+    CHECK(access(mine, F_OK) < 0); /* unpublished: removed at fini */
+    return 0;
+}
+
 /* ---- an fsync failure after the rename ---- */
 
 static ino_t fail_ino;
@@ -376,6 +405,7 @@ const ckptio_test tests_commit[] = {
     {"commit/file_mode_and_link", test_file_mode_and_link, 0, 0},
     {"commit/join", test_join, 0, 0},
     {"commit/stale_cleanup", test_stale_cleanup, 0, 0},
+    {"commit/stale_file_cleanup", test_stale_file_cleanup, 0, 0},
     {"commit/not_durable", test_not_durable, 0, 0},
     {"commit/handle_helpers", test_handle_helpers, 0, 0},
     {0},

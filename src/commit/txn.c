@@ -214,17 +214,20 @@ static bool stale_name(const char *ent, const char *base, size_t blen, long *pid
     return v > 0 && v <= INT_MAX;
 }
 
-/* Remove the temporary directories that killed saves of this same name left behind. One is
- * removed only if all hold: its name is exactly <name>.tmp-<pid>.<n>; it is a directory, not a
- * symlink; <pid> is not ours and no such process exists (kill(pid, 0) gives ESRCH); and no
- * one holds its lock (a live writer keeps flock(LOCK_EX) on its temp dir, which also covers a
- * writer in another pid namespace on the same machine). Where the lock cannot be taken for any
- * reason (NFS), it stays. Best effort: failures are ignored, the save goes on. */
+/* Remove the temporaries that killed saves of this same name left behind: directories for a
+ * checkpoint, files for a single file (ckptio.torch.save). One is removed only if all hold: its
+ * name is exactly <name>.tmp-<pid>.<n>; it is of the transaction's kind (a directory, or a
+ * regular file), not a symlink; <pid> is not ours and no such process exists (kill(pid, 0)
+ * gives ESRCH); and no one holds its lock (a live writer keeps flock(LOCK_EX) on its temporary,
+ * which also covers a writer in another pid namespace on the same machine). Where the lock
+ * cannot be taken for any reason (NFS), it stays. Best effort: failures are ignored, the save
+ * goes on. */
 static void clean_stale(const ckptio__txn *t)
 {
     const char *slash = strrchr(t->path, '/');
     const char *base = slash ? slash + 1 : t->path;
     size_t blen = strlen(base);
+    bool dir = t->kind == CKPTIO__TXN_DIR;
     int pfd = open(t->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (pfd < 0) return;
     DIR *d = fdopendir(pfd);
@@ -237,16 +240,20 @@ static void clean_stale(const ckptio__txn *t)
     while ((de = readdir(d))) {
         if (!stale_name(de->d_name, base, blen, &pid) || pid == (long)getpid()) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = openat(dirfd(d), de->d_name,
+                        O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (dir ? O_DIRECTORY : O_NONBLOCK));
         if (fd < 0) continue;
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0) {
             char *full = NULL;
-            if (asprintf(&full, "%s/%s", t->parent, de->d_name) >= 0) {
+            if (!dir)
+                (void)unlinkat(dirfd(d), de->d_name, 0);
+            else if (asprintf(&full, "%s/%s", t->parent, de->d_name) >= 0)
                 ckptio__remove_tree(full);
-                free(full);
-            }
+            free(full);
         }
-        close(fd); /* drops the lock, after the directory is gone */
+        close(fd); /* drops the lock, after the temporary is gone */
     }
     closedir(d);
 }
@@ -290,6 +297,8 @@ static int make_tmp_file(ckptio__txn *t, int direct, ckptio__msg *msg)
         return ckptio__fail(msg, rc, "cannot create a temporary file next to '%s'", t->path);
     }
     t->owner = true;
+    /* Held until the file is closed: tells clean_stale() in other processes it is alive. */
+    (void)flock(t->fd, LOCK_EX | LOCK_NB);
     return 0;
 }
 
@@ -312,6 +321,7 @@ int ckptio__txn_begin(ckptio__txn *t, const char *path, int kind, unsigned flags
     CKPTIO__TRY(resolve(t, path, msg));
     if (kind == CKPTIO__TXN_FILE) {
         CKPTIO__TRY(inspect_file(t, path, msg));
+        clean_stale(t);
         return make_tmp_file(t, direct, msg);
     }
     CKPTIO__TRY(inspect_dir(t, msg));
