@@ -34,7 +34,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("formats", ["ckptio.formats", "ckptio.safetensors", "ckptio.formats._hf",
                  "ckptio.orbax", "ckptio.formats._torch_state", "ckptio.formats._torch_dcp",
                  "ckptio._convert"]),
-    ("public", ["ckptio", "ckptio.torch", "ckptio.__main__"]),
+    ("public", ["ckptio", "ckptio.torch", "ckptio.__main__", "ckptio.hf"]),
 ]  # fmt: skip
 
 

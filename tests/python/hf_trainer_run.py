@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A tiny Hugging Face Trainer run for test_hf_trainer.py; as a script, a run killed mid-save.
+
+A 2-layer GPT-2 built from a config and 24 fixed token sequences (no hub, no datasets), on the
+CPU. ``python hf_trainer_run.py OUT --kill-at N`` trains with ckptio.hf installed and SIGKILLs
+itself inside the checkpoint save of step N, after the model and optimizer files are written
+and before the RNG state and trainer state are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from typing import Any
+
+import torch
+import transformers
+
+import ckptio.hf
+
+MAX_STEPS = 6
+SAVE_STEPS = 2
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """24 fixed sequences of 8 tokens, each its own label (causal LM)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.ids = torch.randint(0, 64, (24, 8), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_model() -> Any:
+    transformers.set_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def make_trainer(out: str, *, install: bool = True, **args: Any) -> Any:
+    """A Trainer on the tiny model, saving every SAVE_STEPS steps (dropout on, so resuming
+    exactly needs the RNG state back)."""
+    kw: dict[str, Any] = {
+        "output_dir": out,
+        "max_steps": MAX_STEPS,
+        "save_strategy": "steps",
+        "save_steps": SAVE_STEPS,
+        "per_device_train_batch_size": 2,
+        "learning_rate": 1e-3,
+        "warmup_steps": 1,
+        "logging_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "seed": 0,
+        "dataloader_num_workers": 0,
+    }
+    kw.update(args)
+    trainer = transformers.Trainer(
+        model=tiny_model(), args=transformers.TrainingArguments(**kw), train_dataset=Tokens()
+    )
+    return ckptio.hf.install(trainer) if install else trainer
+
+
+def losses(trainer: Any) -> dict[int, float]:
+    """The training loss logged at each step."""
+    return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+
+
+def kill_at(trainer: Any, step: int) -> None:
+    """SIGKILL this process in the checkpoint save of ``step``, once the model and optimizer
+    files are written (the RNG state is written next)."""
+    inner = trainer._save_rng_state
+
+    def save_rng_state(output_dir: str) -> None:
+        if trainer.state.global_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        inner(output_dir)
+
+    trainer._save_rng_state = save_rng_state
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--kill-at", type=int, required=True)
+    a = ap.parse_args()
+    trainer = make_trainer(a.out)
+    kill_at(trainer, a.kill_at)
+    trainer.train()
+    raise SystemExit("the run was not killed")
+
+
+if __name__ == "__main__":
+    main()

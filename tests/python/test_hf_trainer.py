@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ckptio.hf: Trainer checkpoints and resume through ckptio, killed saves, accelerate state."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import zipfile
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+accelerate = pytest.importorskip("accelerate")
+
+import safetensors.torch  # noqa: E402
+from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
+
+import ckptio.hf  # noqa: E402
+import ckptio.safetensors as cst  # noqa: E402
+import ckptio.torch as ct  # noqa: E402
+
+HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import hf_trainer_run as run  # noqa: E402
+
+STEPS = [2, 4, 6]
+
+
+def weights(trainer: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def written_by_ckptio_safetensors(path: pathlib.Path) -> bool:
+    """ckptio's safetensors writer pads the header so that the data starts on 4096 bytes."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+    return (8 + n) % 4096 == 0
+
+
+def written_by_ckptio_torch(path: pathlib.Path) -> bool:
+    """ckptio.torch.save aligns every storage record of the zip archive to 4096 bytes."""
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        starts = []
+        for info in z.infolist():
+            if "/data/" not in info.filename:
+                continue
+            f.seek(info.header_offset + 26)
+            name_len, extra_len = (int.from_bytes(f.read(2), "little") for _ in range(2))
+            starts.append(info.header_offset + 30 + name_len + extra_len)
+    return bool(starts) and all(s % 4096 == 0 for s in starts)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An uninterrupted run of MAX_STEPS with ckptio installed: its checkpoints, final weights
+    and losses."""
+    out = tmp_path_factory.mktemp("hf-ref")
+    trainer = run.make_trainer(str(out), save_total_limit=2)
+    trainer.train()
+    return {"out": out, "weights": weights(trainer), "losses": run.losses(trainer)}
+
+
+def test_checkpoints_through_ckptio(reference: dict[str, Any]) -> None:
+    out: pathlib.Path = reference["out"]
+    # save_total_limit=2 kept the two newest; nothing hidden is left over.
+    assert sorted(os.listdir(out)) == ["checkpoint-4", "checkpoint-6"]
+    ck = out / "checkpoint-4"
+    names = set(os.listdir(ck))
+    assert {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+            "trainer_state.json", "training_args.bin"} <= names  # fmt: skip
+    assert written_by_ckptio_safetensors(ck / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
+        assert zipfile.ZipFile(ck / name).testzip() is None, name
+    assert written_by_ckptio_torch(ck / "optimizer.pt")
+    # Stock readers: safetensors, torch.load, from_pretrained.
+    stock = safetensors.torch.load_file(ck / "model.safetensors")
+    model = transformers.GPT2LMHeadModel.from_pretrained(ck)
+    got = model.state_dict()
+    for k, v in stock.items():
+        assert torch.equal(got[k], v), k
+    opt = torch.load(ck / "optimizer.pt", weights_only=True)
+    assert opt["state"] and all("exp_avg" in s for s in opt["state"].values())
+    state = json.loads((ck / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    assert ckptio.load(ck / "model.safetensors", keys=["transformer.h.0"])  # and ckptio reads it
+
+
+def test_resume_is_exact_and_reads_through_ckptio(
+    reference: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    for mod, name in ((ct, "load"), (cst, "load_file")):
+        real = getattr(mod, name)
+
+        def spy(f: Any, *a: Any, _real: Any = real, **k: Any) -> Any:
+            calls.append(os.path.basename(os.fspath(f)))
+            return _real(f, *a, **k)
+
+        monkeypatch.setattr(mod, name, spy)
+    trainer = run.make_trainer(str(tmp_path))
+    trainer.train(resume_from_checkpoint=str(reference["out"] / "checkpoint-4"))
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(calls)
+    assert_same(weights(trainer), reference["weights"])
+    want = reference["losses"]
+    assert {s: run.losses(trainer)[s] for s in (5, 6)} == {s: want[s] for s in (5, 6)}
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-6"]
+
+
+def test_stock_trainer_resumes_from_ckptio_checkpoint(
+    reference: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    trainer = run.make_trainer(str(tmp_path), install=False)
+    trainer.train(resume_from_checkpoint=str(reference["out"] / "checkpoint-4"))
+    assert_same(weights(trainer), reference["weights"])
+
+
+def test_killed_save_leaves_previous_checkpoint_resumable(
+    reference: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    script = HERE / "hf_trainer_run.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, str(script), str(tmp_path), "--kill-at", "4"],
+                       env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
+    # The save of step 4 was under way: its files sit in the hidden temporary directory only.
+    assert sorted(os.listdir(tmp_path)) == [".checkpoint-4" + ckptio.hf.TEMP_SUFFIX, "checkpoint-2"]
+    partial = set(os.listdir(tmp_path / (".checkpoint-4" + ckptio.hf.TEMP_SUFFIX)))
+    assert "model.safetensors" in partial and "trainer_state.json" not in partial
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    # A fresh run resumes from the newest complete checkpoint and ends where the
+    # uninterrupted run ended; the leftover is swept by its first save.
+    trainer = run.make_trainer(str(tmp_path))
+    trainer.train(resume_from_checkpoint=True)
+    assert_same(weights(trainer), reference["weights"])
+    assert sorted(os.listdir(tmp_path)) == [f"checkpoint-{s}" for s in STEPS]
+
+
+def test_routing_is_scoped(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the methods install() wraps, torch.save and safetensors are the originals."""
+    run.make_trainer(str(tmp_path))  # installs the routes
+    called: list[str] = []
+    monkeypatch.setattr(ct, "save", lambda *a, **k: called.append("ckptio"))
+    torch.save({"x": torch.ones(3)}, tmp_path / "plain.pt")
+    safetensors.torch.save_file({"x": torch.ones(3)}, tmp_path / "plain.safetensors")
+    assert called == []
+    assert not written_by_ckptio_safetensors(tmp_path / "plain.safetensors")
+    assert torch.equal(torch.load(tmp_path / "plain.pt")["x"], torch.ones(3))
+
+
+def test_install_refuses_what_is_not_a_trainer() -> None:
+    with pytest.raises(TypeError, match="not a transformers 5.x Trainer"):
+        ckptio.hf.install(object())
+    with pytest.raises(TypeError, match="not an Accelerator"):
+        ckptio.hf.install_accelerate(object())
+
+
+# ---- accelerate ----------------------------------------------------------------------
+
+
+def accel_setup() -> tuple[Any, Any, Any, Any, Any]:
+    from accelerate import Accelerator
+
+    acc = ckptio.hf.install_accelerate(Accelerator(cpu=True))
+    model = run.tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=10)
+    loader = torch.utils.data.DataLoader(run.Tokens(), batch_size=2, shuffle=False)
+    model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+    return acc, model, opt, sched, loader
+
+
+def accel_steps(acc: Any, model: Any, opt: Any, sched: Any, batches: list[Any]) -> list[float]:
+    out = []
+    model.train()  # dropout on: the RNG state matters
+    for b in batches:
+        loss = model(**b).loss
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def test_accelerate_save_and_load_state(tmp_path: pathlib.Path) -> None:
+    acc, model, opt, sched, loader = accel_setup()
+    batches = list(loader)
+    accel_steps(acc, model, opt, sched, batches[:2])
+    where = tmp_path / "state"
+    assert acc.save_state(str(where)) == where
+    names = set(os.listdir(where))
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"} <= names
+    assert sorted(os.listdir(tmp_path)) == ["state"]  # no temporary left
+    assert written_by_ckptio_safetensors(where / "model.safetensors")
+    assert written_by_ckptio_torch(where / "optimizer.bin")
+    stock = safetensors.torch.load_file(where / "model.safetensors")
+    assert_same(stock, {k: v for k, v in acc.unwrap_model(model).state_dict().items() if k in stock})
+    assert torch.load(where / "optimizer.bin", weights_only=True)["state"]
+
+    after_save = weights_of(model)
+    first = accel_steps(acc, model, opt, sched, batches[2:4])
+    acc.load_state(str(where))
+    assert_same(weights_of(model), after_save)
+    again = accel_steps(acc, model, opt, sched, batches[2:4])
+    assert first == again  # optimizer, scheduler and RNG state came back too
+
+    # Saving again replaces the directory, once the new one is complete.
+    acc.save_state(str(where))
+    assert_same(cst.load_file(where / "model.safetensors"), weights_of(model))
+    assert sorted(os.listdir(tmp_path)) == ["state"]
+
+
+def weights_of(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
