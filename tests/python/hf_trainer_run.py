@@ -2,9 +2,11 @@
 """A tiny Hugging Face Trainer run for test_hf_trainer.py; as a script, a run killed mid-save.
 
 A 2-layer GPT-2 built from a config and 24 fixed token sequences (no hub, no datasets), on the
-CPU. ``python hf_trainer_run.py OUT --kill-at N`` trains with ckptio.hf installed and SIGKILLs
-itself inside the checkpoint save of step N, after the model and optimizer files are written
-and before the RNG state and trainer state are.
+CPU. ``python hf_trainer_run.py OUT --kill-at N [--kill-in WHERE] [--resume]`` trains with
+ckptio.hf installed (resuming from OUT's last checkpoint with --resume) and SIGKILLs itself
+inside the checkpoint save of step N: WHERE "files" kills it once the model and optimizer files
+are written, before the RNG state and trainer state; "publish" once every file is written and
+durable, before the directory is renamed into place.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ def tiny_model() -> Any:
     return transformers.GPT2LMHeadModel(cfg)
 
 
-def make_trainer(out: str, *, install: bool = True, **args: Any) -> Any:
+def make_trainer(out: str, *, install: bool = True, evaluate: bool = False, **args: Any) -> Any:
     """A Trainer on the tiny model, saving every SAVE_STEPS steps (dropout on, so resuming
-    exactly needs the RNG state back)."""
+    exactly needs the RNG state back); ``evaluate``: with an evaluation set (the same data)."""
     kw: dict[str, Any] = {
         "output_dir": out,
         "max_steps": MAX_STEPS,
@@ -63,7 +65,10 @@ def make_trainer(out: str, *, install: bool = True, **args: Any) -> Any:
     }
     kw.update(args)
     trainer = transformers.Trainer(
-        model=tiny_model(), args=transformers.TrainingArguments(**kw), train_dataset=Tokens()
+        model=tiny_model(),
+        args=transformers.TrainingArguments(**kw),
+        train_dataset=Tokens(),
+        eval_dataset=Tokens() if evaluate else None,
     )
     return ckptio.hf.install(trainer) if install else trainer
 
@@ -73,27 +78,41 @@ def losses(trainer: Any) -> dict[int, float]:
     return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
 
 
-def kill_at(trainer: Any, step: int) -> None:
-    """SIGKILL this process in the checkpoint save of ``step``, once the model and optimizer
-    files are written (the RNG state is written next)."""
-    inner = trainer._save_rng_state
+def kill_at(trainer: Any, step: int, where: str) -> None:
+    """SIGKILL this process in the checkpoint save of ``step``, at ``where`` (see the module)."""
 
-    def save_rng_state(output_dir: str) -> None:
+    def die() -> None:
         if trainer.state.global_step == step:
             os.kill(os.getpid(), signal.SIGKILL)
-        inner(output_dir)
 
-    trainer._save_rng_state = save_rng_state
+    if where == "files":
+        inner = trainer._save_rng_state
+
+        def save_rng_state(output_dir: str) -> None:
+            die()
+            inner(output_dir)
+
+        trainer._save_rng_state = save_rng_state
+    else:
+        fsync_tree = ckptio.hf._fsync_tree
+
+        def fsync_then_die(path: str) -> None:
+            fsync_tree(path)
+            die()
+
+        ckptio.hf._fsync_tree = fsync_then_die  # type: ignore[attr-defined]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--kill-at", type=int, required=True)
+    ap.add_argument("--kill-in", choices=["files", "publish"], default="files")
+    ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
     trainer = make_trainer(a.out)
-    kill_at(trainer, a.kill_at)
-    trainer.train()
+    kill_at(trainer, a.kill_at, a.kill_in)
+    trainer.train(resume_from_checkpoint=True if a.resume else None)
     raise SystemExit("the run was not killed")
 
 

@@ -126,25 +126,58 @@ def test_stock_trainer_resumes_from_ckptio_checkpoint(
     assert_same(weights(trainer), reference["weights"])
 
 
-def test_killed_save_leaves_previous_checkpoint_resumable(
-    reference: dict[str, Any], tmp_path: pathlib.Path
-) -> None:
-    script = HERE / "hf_trainer_run.py"
+def killed_run(out: pathlib.Path, *args: str) -> None:
+    """Run hf_trainer_run.py in a child process that must die of SIGKILL."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(script), str(tmp_path), "--kill-at", "4"],
+    p = subprocess.run([sys.executable, str(HERE / "hf_trainer_run.py"), str(out), *args],
                        env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
     assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
-    # The save of step 4 was under way: its files sit in the hidden temporary directory only.
-    assert sorted(os.listdir(tmp_path)) == [".checkpoint-4" + ckptio.hf.TEMP_SUFFIX, "checkpoint-2"]
-    partial = set(os.listdir(tmp_path / (".checkpoint-4" + ckptio.hf.TEMP_SUFFIX)))
+
+
+def test_killed_saves_leave_previous_checkpoint_resumable(
+    reference: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    tmp4, tmp6 = (f".checkpoint-{s}{ckptio.hf.TEMP_SUFFIX}" for s in (4, 6))
+    # Killed in the save of step 4 with some files written: they sit in the hidden temporary
+    # directory only, and the last checkpoint is still checkpoint-2.
+    killed_run(tmp_path, "--kill-at", "4", "--kill-in", "files")
+    assert sorted(os.listdir(tmp_path)) == [tmp4, "checkpoint-2"]
+    partial = set(os.listdir(tmp_path / tmp4))
     assert "model.safetensors" in partial and "trainer_state.json" not in partial
     assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    # Resumed from it and killed again in the save of step 6, every file written and durable
+    # but not yet renamed into place: checkpoint-4 is the last one (the leftover of step 4
+    # was swept by the save of step 4).
+    killed_run(tmp_path, "--kill-at", "6", "--kill-in", "publish", "--resume")
+    assert sorted(os.listdir(tmp_path)) == [tmp6, "checkpoint-2", "checkpoint-4"]
+    assert "trainer_state.json" in os.listdir(tmp_path / tmp6)
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-4")
     # A fresh run resumes from the newest complete checkpoint and ends where the
-    # uninterrupted run ended; the leftover is swept by its first save.
+    # uninterrupted run ended.
     trainer = run.make_trainer(str(tmp_path))
     trainer.train(resume_from_checkpoint=True)
     assert_same(weights(trainer), reference["weights"])
     assert sorted(os.listdir(tmp_path)) == [f"checkpoint-{s}" for s in STEPS]
+
+
+def test_best_checkpoint_and_final_save(tmp_path: pathlib.Path) -> None:
+    """load_best_model_at_end: the best checkpoint is recorded under its final name, kept by
+    the rotation and loaded at the end through ckptio; save_model() writes through ckptio."""
+    trainer = run.make_trainer(
+        str(tmp_path), evaluate=True, eval_strategy="steps", eval_steps=2, save_total_limit=2,
+        load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=True,
+    )  # fmt: skip
+    trainer.train()
+    # greater_is_better on the loss: the first evaluation's (the highest loss) stays best.
+    best = str(tmp_path / "checkpoint-2")
+    assert trainer.state.best_model_checkpoint == best
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-6"]
+    saved = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert saved["best_model_checkpoint"] == best
+    assert_same(weights(trainer), cst.load_file(tmp_path / "checkpoint-2" / "model.safetensors")
+                | {"lm_head.weight": weights(trainer)["lm_head.weight"]})  # fmt: skip
+    trainer.save_model(str(tmp_path / "final"))
+    assert written_by_ckptio_safetensors(tmp_path / "final" / "model.safetensors")
 
 
 def test_routing_is_scoped(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
