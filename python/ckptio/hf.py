@@ -102,7 +102,9 @@ def _dispatch(
     return call
 
 
-def _route(module: Any, name: str, ours: Callable[[], Callable[..., Any]], at: tuple[int, str]) -> None:
+def _route(
+    module: Any, name: str, ours: Callable[[], Callable[..., Any]], at: tuple[int, str]
+) -> None:
     current = getattr(module, name, None)
     if current is not None and not hasattr(current, "__ckptio_original__"):
         setattr(module, name, _dispatch(current, ours, at))
@@ -148,7 +150,7 @@ def _in_scope(method: Callable[..., T], io_options: dict[str, Any] | None) -> Ca
 def _fsync_tree(path: str) -> None:
     """fsync every file and directory under ``path`` (files ckptio wrote are durable already;
     the JSON files and configs the Trainer writes itself are not)."""
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         for name in files:
             p = os.path.join(root, name)
             if os.path.islink(p):
@@ -193,9 +195,9 @@ def _temp_for(final: str) -> str:
     return os.path.join(parent, f".{name}{TEMP_SUFFIX}")
 
 
-def _redirecting(method: Callable[..., T], at: tuple[int, str], final: str, tmp: str) -> Callable[..., T]:
-    """``method`` with its directory argument ``final`` (or a file in it) replaced by ``tmp``."""
-    i, name = at
+def _redirecting(method: Callable[..., T], name: str, final: str, tmp: str) -> Callable[..., T]:
+    """``method`` with its first argument (``name`` by keyword), when it is the directory
+    ``final`` or a file in it, moved into ``tmp``."""
 
     def swap(p: Any) -> Any:
         if not _is_path(p):
@@ -209,8 +211,8 @@ def _redirecting(method: Callable[..., T], at: tuple[int, str], final: str, tmp:
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> T:
-        if len(args) > i:
-            args = (*args[:i], swap(args[i]), *args[i + 1 :])
+        if args:
+            args = (swap(args[0]), *args[1:])
         elif name in kwargs:
             kwargs[name] = swap(kwargs[name])
         return method(*args, **kwargs)
@@ -239,7 +241,12 @@ def _patched(obj: Any, replacements: dict[str, Callable[..., Any]]) -> Iterator[
 
 # The Trainer methods install() needs (transformers 5.x): the checkpoint save, its parts,
 # and the loads resume runs.
-_TRAINER_SAVE_PARTS = ("save_model", "_save_optimizer_and_scheduler", "_save_scaler", "_save_rng_state")
+_TRAINER_SAVE_PARTS = (
+    "save_model",
+    "_save_optimizer_and_scheduler",
+    "_save_scaler",
+    "_save_rng_state",
+)
 _TRAINER_LOADS = (
     "_load_from_checkpoint",
     "_load_optimizer_and_scheduler",
@@ -261,8 +268,8 @@ def install(trainer: T, *, io_options: dict[str, Any] | None = None) -> T:
     Resume (``train(resume_from_checkpoint=...)``) and ``load_best_model_at_end`` read
     through ckptio. ``io_options``: ckptio's I/O options for every file (doc/python.md).
     """
-    missing = [n for n in ("_save_checkpoint", "_get_output_dir", *_TRAINER_SAVE_PARTS, *_TRAINER_LOADS)
-               if not callable(getattr(trainer, n, None))]  # fmt: skip
+    needed = ("_save_checkpoint", "_get_output_dir", *_TRAINER_SAVE_PARTS, *_TRAINER_LOADS)
+    missing = [n for n in needed if not callable(getattr(trainer, n, None))]
     if missing:
         raise TypeError(
             f"ckptio.hf.install: {type(trainer).__name__} lacks {', '.join(missing)}: not a "
@@ -295,7 +302,8 @@ def _save_checkpoint(
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
     run_dir = t._get_output_dir(trial=trial)
-    final = os.path.normpath(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{t.state.global_step}"))
+    name = f"{PREFIX_CHECKPOINT_DIR}-{t.state.global_step}"
+    final = os.path.normpath(os.path.join(run_dir, name))
     tmp = _temp_for(final)
     main = bool(t.args.should_save)
     many = t.args.world_size > 1
@@ -307,10 +315,12 @@ def _save_checkpoint(
     # saved exists only after the rename, so name it now, as the stock save would.
     if t.state.best_global_step and t.state.best_global_step == t.state.global_step:
         t.state.best_model_checkpoint = final
-    parts = {n: _redirecting(getattr(t, n), (0, "output_dir"), final, tmp) for n in _TRAINER_SAVE_PARTS}
-    parts["_push_from_checkpoint"] = _redirecting(t._push_from_checkpoint, (0, "checkpoint_folder"), final, tmp)
+    parts = {n: _redirecting(getattr(t, n), "output_dir", final, tmp) for n in _TRAINER_SAVE_PARTS}
+    push = t._push_from_checkpoint
+    parts["_push_from_checkpoint"] = _redirecting(push, "checkpoint_folder", final, tmp)
     state = t.state
-    with _patched(t, parts), _patched(state, {"save_to_json": _redirecting(state.save_to_json, (0, "json_path"), final, tmp)}), _scope(opts):  # fmt: skip
+    to_json = {"save_to_json": _redirecting(state.save_to_json, "json_path", final, tmp)}
+    with _patched(t, parts), _patched(state, to_json), _scope(opts):
         stock(model, trial)
     if many:
         t.accelerator.wait_for_everyone()
@@ -343,9 +353,14 @@ def install_accelerate(accelerator: T, *, io_options: dict[str, Any] | None = No
     files are written in it directly (each file still atomic).
     """
     a: Any = accelerator
-    for n in ("save_state", "load_state", "register_save_state_pre_hook", "register_load_state_pre_hook"):
-        if not callable(getattr(a, n, None)):
-            raise TypeError(f"ckptio.hf.install_accelerate: {type(a).__name__} lacks {n}: not an Accelerator")
+    hooks = ("register_save_state_pre_hook", "register_load_state_pre_hook")
+    needed = ("save_state", "load_state", *hooks)
+    missing = [n for n in needed if not callable(getattr(a, n, None))]
+    if missing:
+        raise TypeError(
+            f"ckptio.hf.install_accelerate: {type(a).__name__} lacks {', '.join(missing)}: not an "
+            "Accelerator"
+        )
     if getattr(a, "_ckptio_installed", False):
         return accelerator
     _install_routes()
@@ -353,7 +368,7 @@ def install_accelerate(accelerator: T, *, io_options: dict[str, Any] | None = No
     from . import safetensors as cst
 
     def names(models: list[Any]) -> list[str]:
-        return ["model.safetensors" if i == 0 else f"model_{i}.safetensors" for i in range(len(models))]
+        return [f"model{f'_{i}' if i else ''}.safetensors" for i in range(len(models))]
 
     def save_hook(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
         if a.is_main_process or a.project_configuration.save_on_each_node:

@@ -7,11 +7,16 @@ ckptio.hf installed (resuming from OUT's last checkpoint with --resume) and SIGK
 inside the checkpoint save of step N: WHERE "files" kills it once the model and optimizer files
 are written, before the RNG state and trainer state; "publish" once every file is written and
 durable, before the directory is renamed into place.
+
+Under ``torchrun --nproc-per-node 2``, ``hf_trainer_run.py OUT --ranks`` trains on two gloo ranks
+(saving), then resumes a second Trainer from checkpoint-4, and prints on rank 0 a JSON line:
+whether the resumed run ended with the first one's weights, and the checkpoint's files.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 from typing import Any
@@ -103,13 +108,29 @@ def kill_at(trainer: Any, step: int, where: str) -> None:
         ckptio.hf._fsync_tree = fsync_then_die  # type: ignore[attr-defined]
 
 
+def ranks(out: str) -> None:
+    first = make_trainer(os.path.join(out, "a"), ddp_backend="gloo")
+    first.train()
+    again = make_trainer(os.path.join(out, "b"), ddp_backend="gloo")
+    again.train(resume_from_checkpoint=os.path.join(out, "a", "checkpoint-4"))
+    a, b = first.model.state_dict(), again.model.state_dict()
+    if first.args.process_index == 0:
+        same = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+        dirs = sorted(os.listdir(os.path.join(out, "a")))
+        files = sorted(os.listdir(os.path.join(out, "a", "checkpoint-4")))
+        print("RESULT " + json.dumps({"same": same, "dirs": dirs, "files": files}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--kill-at", type=int, required=True)
+    ap.add_argument("--ranks", action="store_true")
+    ap.add_argument("--kill-at", type=int)
     ap.add_argument("--kill-in", choices=["files", "publish"], default="files")
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
+    if a.ranks:
+        return ranks(a.out)
     trainer = make_trainer(a.out)
     kill_at(trainer, a.kill_at, a.kill_in)
     trainer.train(resume_from_checkpoint=True if a.resume else None)

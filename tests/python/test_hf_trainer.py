@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import zipfile
@@ -126,11 +127,15 @@ def test_stock_trainer_resumes_from_ckptio_checkpoint(
     assert_same(weights(trainer), reference["weights"])
 
 
+def child_env() -> dict[str, str]:
+    path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path)
+
+
 def killed_run(out: pathlib.Path, *args: str) -> None:
     """Run hf_trainer_run.py in a child process that must die of SIGKILL."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, str(HERE / "hf_trainer_run.py"), str(out), *args],
-                       env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+                       env=child_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
     assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
 
 
@@ -158,6 +163,25 @@ def test_killed_saves_leave_previous_checkpoint_resumable(
     trainer.train(resume_from_checkpoint=True)
     assert_same(weights(trainer), reference["weights"])
     assert sorted(os.listdir(tmp_path)) == [f"checkpoint-{s}" for s in STEPS]
+
+
+def test_two_ranks_save_and_resume(tmp_path: pathlib.Path) -> None:
+    """Two gloo ranks: each writes its RNG state into the checkpoint being written, which is
+    published once all have; a resume on two ranks continues exactly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port),
+           str(HERE / "hf_trainer_run.py"), str(tmp_path), "--ranks"]  # fmt: skip
+    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("RESULT "))
+    got = json.loads(line[len("RESULT ") :])
+    assert got["same"]
+    assert got["dirs"] == [f"checkpoint-{s}" for s in STEPS]
+    want = {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"}
+    assert want <= set(got["files"])
 
 
 def test_best_checkpoint_and_final_save(tmp_path: pathlib.Path) -> None:
@@ -239,7 +263,8 @@ def test_accelerate_save_and_load_state(tmp_path: pathlib.Path) -> None:
     assert written_by_ckptio_safetensors(where / "model.safetensors")
     assert written_by_ckptio_torch(where / "optimizer.bin")
     stock = safetensors.torch.load_file(where / "model.safetensors")
-    assert_same(stock, {k: v for k, v in acc.unwrap_model(model).state_dict().items() if k in stock})
+    now = acc.unwrap_model(model).state_dict()
+    assert_same(stock, {k: v for k, v in now.items() if k in stock})
     assert torch.load(where / "optimizer.bin", weights_only=True)["state"]
 
     after_save = weights_of(model)
