@@ -260,7 +260,10 @@ def install(trainer: T, *, io_options: dict[str, Any] | None = None) -> T:
     """Route ``trainer``'s checkpoints through ckptio; returns ``trainer``.
 
     Call it once, after building the Trainer and before ``train()``:
-    ``trainer = ckptio.hf.install(Trainer(...))``. Only this instance changes. Its
+    ``trainer = ckptio.hf.install(Trainer(...))``. Only this instance's methods change (the
+    first call also puts dispatchers in place of ``torch.save``, ``torch.load`` and
+    safetensors' ``save_file``/``load_file``, which call the originals except inside the
+    methods wrapped here, on their thread: see doc/hf.md). Its
     checkpoints keep the stock layout and file names (``model.safetensors``, ``optimizer.pt``,
     ...), written by ckptio; each ``checkpoint-N`` is written as ``.checkpoint-N.ckptio-tmp``
     and renamed into place once complete and durable, so an interrupted save leaves the

@@ -119,12 +119,19 @@ def test_resume_is_exact_and_reads_through_ckptio(
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-6"]
 
 
-def test_stock_trainer_resumes_from_ckptio_checkpoint(
+def test_stock_and_ckptio_checkpoints_interchange(
     reference: dict[str, Any], tmp_path: pathlib.Path
 ) -> None:
-    trainer = run.make_trainer(str(tmp_path), install=False)
-    trainer.train(resume_from_checkpoint=str(reference["out"] / "checkpoint-4"))
-    assert_same(weights(trainer), reference["weights"])
+    """A stock Trainer resumes from ckptio's checkpoint, an installed one from a stock one;
+    a stock run ends with the weights of an installed run."""
+    stock = run.make_trainer(str(tmp_path / "stock"), install=False)
+    stock.train()
+    assert_same(weights(stock), reference["weights"])
+    assert not written_by_ckptio_safetensors(tmp_path / "stock/checkpoint-4/model.safetensors")
+    for src, install in ((reference["out"], False), (tmp_path / "stock", True)):
+        trainer = run.make_trainer(str(tmp_path / f"from-{install}"), install=install)
+        trainer.train(resume_from_checkpoint=str(src / "checkpoint-4"))
+        assert_same(weights(trainer), reference["weights"])
 
 
 def child_env() -> dict[str, str]:
