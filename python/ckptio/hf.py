@@ -319,8 +319,10 @@ def _save_checkpoint(
     if t.state.best_global_step and t.state.best_global_step == t.state.global_step:
         t.state.best_model_checkpoint = final
     parts = {n: _redirecting(getattr(t, n), "output_dir", final, tmp) for n in _TRAINER_SAVE_PARTS}
-    push = t._push_from_checkpoint
-    parts["_push_from_checkpoint"] = _redirecting(push, "checkpoint_folder", final, tmp)
+    # A Hub push uploads the folder in the background, under its name: it runs after the
+    # rename, on checkpoint-N.
+    pushes: list[object] = []
+    parts["_push_from_checkpoint"] = lambda *a, **k: pushes.append(a or k)
     state = t.state
     to_json = {"save_to_json": _redirecting(state.save_to_json, "json_path", final, tmp)}
     with _patched(t, parts), _patched(state, to_json), _scope(opts):
@@ -329,6 +331,9 @@ def _save_checkpoint(
         t.accelerator.wait_for_everyone()
     if main:
         _publish(tmp, final)
+    if pushes:
+        t._push_from_checkpoint(final)
+    if main:
         # The stock rotation ran before the new checkpoint existed (it kept one more): again.
         rotate_checkpoints(
             output_dir=run_dir,

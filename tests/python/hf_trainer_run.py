@@ -2,11 +2,9 @@
 """A tiny Hugging Face Trainer run for test_hf_trainer.py; as a script, a run killed mid-save.
 
 A 2-layer GPT-2 built from a config and 24 fixed token sequences (no hub, no datasets), on the
-CPU. ``python hf_trainer_run.py OUT --kill-at N [--kill-in WHERE] [--resume]`` trains with
-ckptio.hf installed (resuming from OUT's last checkpoint with --resume) and SIGKILLs itself
-inside the checkpoint save of step N: WHERE "files" kills it once the model and optimizer files
-are written, before the RNG state and trainer state; "publish" once every file is written and
-durable, before the directory is renamed into place.
+CPU. ``python hf_trainer_run.py OUT --kill-at N`` trains with ckptio.hf installed and SIGKILLs
+itself inside the checkpoint save of step N, once the model and optimizer files are written,
+before the RNG state and the trainer state are.
 
 Under ``torchrun --nproc-per-node 2``, ``hf_trainer_run.py OUT --ranks`` trains on two gloo ranks
 (saving), then resumes a second Trainer from checkpoint-4, and prints on rank 0 a JSON line:
@@ -83,29 +81,16 @@ def losses(trainer: Any) -> dict[int, float]:
     return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
 
 
-def kill_at(trainer: Any, step: int, where: str) -> None:
-    """SIGKILL this process in the checkpoint save of ``step``, at ``where`` (see the module)."""
+def kill_at(trainer: Any, step: int) -> None:
+    """SIGKILL this process in the checkpoint save of ``step`` (see the module)."""
+    inner = trainer._save_rng_state
 
-    def die() -> None:
+    def save_rng_state(output_dir: str) -> None:
         if trainer.state.global_step == step:
             os.kill(os.getpid(), signal.SIGKILL)
+        inner(output_dir)
 
-    if where == "files":
-        inner = trainer._save_rng_state
-
-        def save_rng_state(output_dir: str) -> None:
-            die()
-            inner(output_dir)
-
-        trainer._save_rng_state = save_rng_state
-    else:
-        fsync_tree = ckptio.hf._fsync_tree
-
-        def fsync_then_die(path: str) -> None:
-            fsync_tree(path)
-            die()
-
-        ckptio.hf._fsync_tree = fsync_then_die  # type: ignore[attr-defined]
+    trainer._save_rng_state = save_rng_state
 
 
 def ranks(out: str) -> None:
@@ -126,14 +111,12 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--ranks", action="store_true")
     ap.add_argument("--kill-at", type=int)
-    ap.add_argument("--kill-in", choices=["files", "publish"], default="files")
-    ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
     if a.ranks:
         return ranks(a.out)
     trainer = make_trainer(a.out)
-    kill_at(trainer, a.kill_at, a.kill_in)
-    trainer.train(resume_from_checkpoint=True if a.resume else None)
+    kill_at(trainer, a.kill_at)
+    trainer.train()
     raise SystemExit("the run was not killed")
 
 

@@ -147,20 +147,30 @@ def killed_run(out: pathlib.Path, *args: str) -> None:
 
 
 def test_killed_saves_leave_previous_checkpoint_resumable(
-    reference: dict[str, Any], tmp_path: pathlib.Path
+    reference: dict[str, Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tmp4, tmp6 = (f".checkpoint-{s}{ckptio.hf.TEMP_SUFFIX}" for s in (4, 6))
     # Killed in the save of step 4 with some files written: they sit in the hidden temporary
     # directory only, and the last checkpoint is still checkpoint-2.
-    killed_run(tmp_path, "--kill-at", "4", "--kill-in", "files")
+    killed_run(tmp_path, "--kill-at", "4")
     assert sorted(os.listdir(tmp_path)) == [tmp4, "checkpoint-2"]
     partial = set(os.listdir(tmp_path / tmp4))
     assert "model.safetensors" in partial and "trainer_state.json" not in partial
     assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
-    # Resumed from it and killed again in the save of step 6, every file written and durable
-    # but not yet renamed into place: checkpoint-4 is the last one (the leftover of step 4
-    # was swept by the save of step 4).
-    killed_run(tmp_path, "--kill-at", "6", "--kill-in", "publish", "--resume")
+    # Resumed from it, and the save of step 6 fails once every file is written and durable,
+    # before the rename: checkpoint-4 is the last one (the leftover of step 4 was swept by
+    # the save of step 4).
+    fsync_tree = ckptio.hf._fsync_tree
+
+    def fsync_then_fail(path: str) -> None:
+        fsync_tree(path)
+        if path.endswith(tmp6):
+            raise OSError("injected: the save dies before its rename")
+
+    monkeypatch.setattr(ckptio.hf, "_fsync_tree", fsync_then_fail)
+    with pytest.raises(OSError, match="injected"):
+        run.make_trainer(str(tmp_path)).train(resume_from_checkpoint=True)
+    monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == [tmp6, "checkpoint-2", "checkpoint-4"]
     assert "trainer_state.json" in os.listdir(tmp_path / tmp6)
     assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-4")
@@ -189,6 +199,20 @@ def test_two_ranks_save_and_resume(tmp_path: pathlib.Path) -> None:
     assert got["dirs"] == [f"checkpoint-{s}" for s in STEPS]
     want = {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"}
     assert want <= set(got["files"])
+
+
+def test_hub_push_sees_the_published_checkpoint(tmp_path: pathlib.Path) -> None:
+    """The checkpoint's Hub push (a background upload of the folder, by its name) runs once
+    the folder is checkpoint-N and complete."""
+    trainer = run.make_trainer(str(tmp_path), max_steps=2)
+    trainer.args.push_to_hub = True  # after __init__: no repository is created
+    seen: list[tuple[str, bool]] = []
+    trainer._push_from_checkpoint = lambda folder: seen.append(
+        (folder, os.path.isfile(os.path.join(folder, "trainer_state.json")))
+    )
+    trainer.train()
+    trainer.args.push_to_hub = False
+    assert seen == [(str(tmp_path / "checkpoint-2"), True)]
 
 
 def test_best_checkpoint_and_final_save(tmp_path: pathlib.Path) -> None:
