@@ -389,18 +389,28 @@ def install_accelerate(accelerator: T, *, io_options: dict[str, Any] | None = No
                 )
         weights.clear()  # written: accelerate's own save skips them
 
+    # load_state's keywords for the models' load_state_dict (strict=...), for the load hook.
+    model_kwargs: dict[str, Any] = {}
+
     def load_hook(models: list[Any], input_dir: str) -> None:
         files = [os.path.join(input_dir, n) for n in names(models)]
         if not all(os.path.isfile(f) for f in files):
             return  # not saved this way (a .bin save): accelerate loads them
+        strict = model_kwargs.get("strict", True)
         for model, f in zip(models, files):
-            model.load_state_dict(cst.load_file(f, io_options=opts or None))
+            model.load_state_dict(cst.load_file(f, io_options=opts or None), strict=strict)
         models.clear()  # loaded: accelerate's own load skips them
 
     a.register_save_state_pre_hook(save_hook)
     a.register_load_state_pre_hook(load_hook)
-    stock_save = a.save_state
-    a.load_state = _in_scope(a.load_state, opts)
+    stock_save, stock_load = a.save_state, a.load_state
+
+    @functools.wraps(stock_load)
+    def load_state(input_dir: Any = None, *args: Any, **kwargs: Any) -> Any:
+        model_kwargs.clear()
+        model_kwargs.update(kwargs)
+        with _scope(opts):
+            return stock_load(input_dir, *args, **kwargs)
 
     @functools.wraps(stock_save)
     def save_state(output_dir: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -420,6 +430,6 @@ def install_accelerate(accelerator: T, *, io_options: dict[str, Any] | None = No
         a.wait_for_everyone()
         return Path(final)  # as accelerate returns it
 
-    a.save_state = save_state
+    a.save_state, a.load_state = save_state, load_state
     a._ckptio_installed = True
     return accelerator

@@ -305,6 +305,13 @@ def test_accelerate_save_and_load_state(tmp_path: pathlib.Path) -> None:
     again = accel_steps(acc, model, opt, sched, batches[2:4])
     assert first == again  # optimizer, scheduler and RNG state came back too
 
+    # load_state's keywords reach the models' load_state_dict.
+    model.register_buffer("extra", torch.zeros(1))
+    with pytest.raises(RuntimeError, match="extra"):
+        acc.load_state(str(where))
+    acc.load_state(str(where), strict=False)
+    del model.extra
+
     # Saving again replaces the directory, once the new one is complete.
     acc.save_state(str(where))
     assert_same(cst.load_file(where / "model.safetensors"), weights_of(model))
