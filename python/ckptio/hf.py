@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import re
 import shutil
@@ -79,27 +80,41 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> An
     return args[i] if len(args) > i else kwargs.get(name)
 
 
-def _dispatch(
-    original: Callable[..., Any],
-    ours: Callable[[], Callable[..., Any]],
-    path_at: tuple[int, str],
-) -> Callable[..., Any]:
-    """``original`` in place, calling ``ours()`` instead inside a scope when the call names a
-    file by path (file objects keep the original). ``ours`` is looked up at each call."""
+class _Dispatch:
+    """Stands in for ``module.name`` (``original``), calling ``ours()`` instead inside a scope
+    when the call names a file by path (file objects keep the original). ``ours`` is looked
+    up at each call. It pickles as a reference to ``module.name``, as the function did."""
 
-    @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def __init__(
+        self,
+        module: str,
+        name: str,
+        original: Callable[..., Any],
+        ours: Callable[[], Callable[..., Any]],
+        path_at: tuple[int, str],
+    ) -> None:
+        functools.update_wrapper(self, original)
+        self.__ckptio_original__ = original
+        self._where = (module, name)
+        self._ours = ours
+        self._path_at = path_at
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         opts = _active()
-        if opts is None or not _is_path(_arg(args, kwargs, *path_at)):
-            return original(*args, **kwargs)
+        if opts is None or not _is_path(_arg(args, kwargs, *self._path_at)):
+            return self.__ckptio_original__(*args, **kwargs)
         _local.inside = True
         try:
-            return ours()(*args, io_options=opts or None, **kwargs)
+            return self._ours()(*args, io_options=opts or None, **kwargs)
         finally:
             _local.inside = False
 
-    call.__ckptio_original__ = original  # type: ignore[attr-defined]
-    return call
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return _lookup, self._where
+
+
+def _lookup(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
 
 
 def _route(
@@ -107,7 +122,7 @@ def _route(
 ) -> None:
     current = getattr(module, name, None)
     if current is not None and not hasattr(current, "__ckptio_original__"):
-        setattr(module, name, _dispatch(current, ours, at))
+        setattr(module, name, _Dispatch(module.__name__, name, current, ours, at))
 
 
 def _install_routes() -> None:

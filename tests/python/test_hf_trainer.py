@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pathlib
+import pickle
 import signal
 import socket
 import subprocess
@@ -245,6 +247,10 @@ def test_routing_is_scoped(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPat
     assert called == []
     assert not written_by_ckptio_safetensors(tmp_path / "plain.safetensors")
     assert torch.equal(torch.load(tmp_path / "plain.pt")["x"], torch.ones(3))
+    # The stand-ins keep the originals' signatures and pickle as references to the names.
+    assert inspect.signature(torch.save) == inspect.signature(torch.save.__ckptio_original__)
+    assert pickle.loads(pickle.dumps(torch.save)) is torch.save
+    assert pickle.loads(pickle.dumps(safetensors.torch.load_file)) is safetensors.torch.load_file
 
 
 def test_install_refuses_what_is_not_a_trainer() -> None:
