@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A tiny Hugging Face Trainer run for test_hf_trainer.py; as a script, killed mid-save or on 2 ranks.
+"""A tiny Hugging Face Trainer run for test_hf_trainer.py; as a script: killed mid-save, or 2 ranks.
 
 A 2-layer GPT-2 built from a config and 24 fixed token sequences (no hub, no datasets), on the
 CPU. ``python hf_trainer_run.py OUT --kill-at N`` trains with ckptio.hf installed and SIGKILLs
