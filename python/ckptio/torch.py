@@ -44,6 +44,11 @@ STORAGE_ALIGNMENT = 4096
 SAVE_OPTIONS = (*IO_OPTIONS, "overwrite", "crc32")
 
 _ZIP_MAGIC = b"PK\x03\x04"
+# torch's own save and load, for what the drop-ins hand back to torch: taken from
+# torch.serialization at import, so that a program that replaced torch.save/torch.load with
+# the drop-ins (torch.save = ckptio.torch.save) does not send them back to themselves.
+_TORCH_SAVE = _torch.serialization.save
+_TORCH_LOAD = _torch.serialization.load
 # Storage records smaller than this are loaded into torch-allocated memory, larger ones into
 # page-aligned buffers the reads land in with no copy.
 _SMALL_RECORD = 64 << 10
@@ -138,7 +143,7 @@ def save(
         if _is_path(f) and not overwrite and os.path.lexists(f):  # type: ignore[arg-type]
             msg = f"{os.fspath(f)!r} already exists and overwrite is off"  # type: ignore[arg-type]
             raise _as_runtime_error(CheckpointExists(msg, -4007, "CKPTIO_E_EXISTS"))
-        _torch.save(
+        _TORCH_SAVE(
             obj,
             f,  # type: ignore[arg-type]
             pickle_module,
@@ -243,7 +248,7 @@ def _save_through_torch(obj: object, path: str, p: Any, crc32: Any, pickle_modul
         patch: dict[str, Any] = {"save.storage_alignment": STORAGE_ALIGNMENT,
                                  "save.compute_crc32": bool(crc32)}  # fmt: skip
         with config.patch(patch):  # type: ignore[attr-defined]
-            _torch.save(obj, fw, pickle_module, pickle_protocol, True, disable_byteorder)  # type: ignore[arg-type]
+            _TORCH_SAVE(obj, fw, pickle_module, pickle_protocol, True, disable_byteorder)  # type: ignore[arg-type]
         return fw.commit()
 
 
@@ -388,7 +393,7 @@ def load(
     passthrough: dict[str, Any] = dict(pickle_load_args)
 
     def defer(target: Any) -> Any:
-        return _torch.load(
+        return _TORCH_LOAD(
             target,
             map_location=map_location,
             pickle_module=pickle_module,

@@ -377,3 +377,20 @@ def test_past_four_gib_zip64(tmp_path: pathlib.Path) -> None:
     with zipfile.ZipFile(path) as z:
         sizes = {i.filename: (i.file_size, i.header_offset) for i in z.infolist()}
     assert sizes["z64/data/0"][0] == n and sizes["z64/data/1"][1] > 1 << 32
+
+
+def test_drop_ins_installed_over_torch_save_and_load(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``torch.save = ckptio.torch.save`` (and load): what the drop-ins hand back to torch (file
+    objects, the legacy format, mmap loads) reaches torch's own functions, not themselves."""
+    monkeypatch.setattr(torch, "save", ct.save)
+    monkeypatch.setattr(torch, "load", ct.load)
+    obj = sd()
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    assert equal(torch.load(buf), obj)
+    path = tmp_path / "p.pt"
+    torch.save(obj, path)
+    assert equal(torch.load(path, mmap=True), obj)
+    torch.save(obj, path, _use_new_zipfile_serialization=False)
+    assert equal(torch.load(path), obj)
