@@ -109,12 +109,15 @@ class _Snapshot:
 
     Tensors are copied storage by storage, so views of one storage still share its copy (what
     torch.save then writes once), and graph tensors (views of DeepSpeed's flat buffers) copy
-    too, which ``copy.deepcopy`` refuses; other objects are deep-copied (same memo).
+    too, which ``copy.deepcopy`` refuses; other objects are deep-copied (same memo). A copy
+    goes into a storage of the same size kept from the previous checkpoint where there is one:
+    fresh memory costs page faults, about as long as the copy itself.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spare: dict[tuple[str, int], list[torch.UntypedStorage]]) -> None:
         self.memo: dict[int, Any] = {}
         self.storages: dict[tuple[Any, int, int], torch.UntypedStorage] = {}
+        self.spare = spare
 
     def copy(self, obj: Any) -> Any:
         done = self.memo.get(id(obj))
@@ -140,7 +143,8 @@ class _Snapshot:
         key = (t.device, s.data_ptr(), s.nbytes())
         c = self.storages.get(key) if s.nbytes() else None
         if c is None:
-            c = s.clone()
+            kept = self.spare.get((str(t.device), s.nbytes()))
+            c = kept.pop().copy_(s) if kept else s.clone()
             self.storages[key] = c
         out = torch.empty(0, dtype=t.dtype, device=t.device)
         out.set_(c, t.storage_offset(), t.size(), t.stride())
@@ -152,11 +156,12 @@ class _Snapshot:
 class _Pending:
     """One background save: a snapshot of the state being written to ``path``."""
 
-    __slots__ = ("path", "state", "done", "error")
+    __slots__ = ("path", "state", "storages", "done", "error")
 
-    def __init__(self, path: str, state: Any) -> None:
+    def __init__(self, path: str, snap: _Snapshot, state: Any) -> None:
         self.path = path
         self.state: Any = state
+        self.storages = list(snap.storages.values())
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -193,6 +198,10 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
         self._info: CheckpointCommitInfo | None = None
         self._save_latest = False
         self._pending: list[_Pending] = []
+        # Snapshot storages kept for the next checkpoint's copies: those of the last one.
+        self._spare: dict[tuple[str, int], list[torch.UntypedStorage]] = {}
+        self._written: list[torch.UntypedStorage] = []
+        self._written_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._group: Any = None
@@ -221,7 +230,8 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
             _ctorch.save(state_dict, path, io_options=self.io_options)
             return
         with torch.no_grad():
-            p = _Pending(path, _Snapshot().copy(state_dict))
+            snap = _Snapshot(self._spare)
+            p = _Pending(path, snap, snap.copy(state_dict))
         self._pending.append(p)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
@@ -253,6 +263,7 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
             self._drain()
         except BaseException as e:  # reported to the other ranks before it is raised
             error = e
+        self._keep_written()
         failed = self._any_rank(error is not None)
         if error is not None:
             raise error
@@ -276,7 +287,7 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
         """Commit a decoupled checkpoint still pending (DeepSpeed calls this at destroy())."""
         if self._info is not None:
             self.commit(self._info)
-        self._drain()
+        self.release_buffers()
 
     def preserves_storage_sharing(self) -> bool:
         return True
@@ -300,8 +311,26 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
             except BaseException as e:
                 p.error = e
             finally:
-                p.state = None  # the snapshot's memory goes as soon as it is written
+                p.state = None
+                with self._written_lock:
+                    self._written += p.storages
+                p.storages = []
                 p.done.set()
+
+    def _keep_written(self) -> None:
+        """The storages of the checkpoint just written become the spares (older ones go)."""
+        with self._written_lock:
+            written, self._written = self._written, []
+        self._spare = {}
+        for c in written:
+            self._spare.setdefault((str(c.device), c.nbytes()), []).append(c)
+
+    def release_buffers(self) -> None:
+        """Free the snapshot memory kept for the next decoupled save."""
+        self._drain()
+        with self._written_lock:
+            self._written = []
+        self._spare = {}
 
     def _drain(self) -> None:
         """Wait for this rank's background saves; raise the first one's error."""

@@ -99,7 +99,9 @@ def _check_files(save_dir: Path, tags: list[str]) -> None:
 
 def _resume_jobs(root: Path, stage: int, **extra: Any) -> list[dict[str, Any]]:
     d = str(root / f"z{stage}{'d' if extra.get('decoupled') else ''}")
-    return [{"stage": stage, "dir": d, "steps": 6, "save_at": [3], **extra},
+    # Decoupled: step 3's snapshot reuses the memory of step 1's.
+    save_at = [1, 3] if extra.get("decoupled") else [3]
+    return [{"stage": stage, "dir": d, "steps": 6, "save_at": save_at, **extra},
             {"stage": stage, "dir": d, "steps": 6, "resume": True}]
 
 
@@ -128,7 +130,7 @@ def test_one_rank_every_stage_resumes_exactly(tmp_path: Path) -> None:
     assert universal["losses"] == _tail(res[2]["losses"], 3)
     for stage in STAGES:
         _check_files(tmp_path / f"z{stage}", ["global_step3"])
-    _check_files(tmp_path / "z2d", ["global_step3"])
+    _check_files(tmp_path / "z2d", ["global_step1", "global_step3"])
 
 
 def test_two_ranks_every_stage_resumes_exactly(tmp_path: Path) -> None:
@@ -143,6 +145,7 @@ def test_two_ranks_every_stage_resumes_exactly(tmp_path: Path) -> None:
             assert "global_step3" in resumed["loaded"], (rank, stage)
             assert resumed["losses"] == _tail(full["losses"], 3), f"rank {rank}, ZeRO {stage}"
             assert list(resumed["losses"]) == ["4", "5", "6"]
+    _check_files(tmp_path / "z3d", ["global_step1", "global_step3"])
     for stage in STAGES:
         d = tmp_path / f"z{stage}"
         _check_files(d, ["global_step3"])
