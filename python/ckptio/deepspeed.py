@@ -285,8 +285,7 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
 
     def cleanup(self) -> None:
         """Commit a decoupled checkpoint still pending (DeepSpeed calls this at destroy())."""
-        if self._info is not None:
-            self.commit(self._info)
+        self.wait()
         self.release_buffers()
 
     def preserves_storage_sharing(self) -> bool:
@@ -295,8 +294,11 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
     # ckptio's additions
 
     def wait(self) -> None:
-        """Commit the decoupled checkpoint still pending, if any (collective, like commit)."""
-        if self._info is not None:
+        """Commit the decoupled checkpoint still pending, if any (collective, like commit).
+
+        A synchronous checkpoint whose save raised is never committed here.
+        """
+        if self._info is not None and self.decoupled:
             self.commit(self._info)
 
     # internals

@@ -186,3 +186,46 @@ def test_install_refuses_what_it_does_not_know() -> None:
         cds.install(object())
     with pytest.raises(TypeError, match="unknown io_options"):
         cds.CheckpointEngine(io_options={"nope": 1})
+
+
+def test_decoupled_snapshot_and_failed_saves(tmp_path: Path) -> None:
+    """In one process, no DeepSpeed engine: the decoupled copy is independent of the caller's
+    tensors (views still share one storage), and a failed save never moves ``latest``."""
+    import ckptio.deepspeed as cds
+    from deepspeed.runtime.checkpoint_engine import CheckpointCommitInfo
+
+    base = torch.arange(12, dtype=torch.float32)
+    state = {"a": base[:6], "b": base[6:].view(2, 3), "opt": {"step": 3}}
+    ce = cds.CheckpointEngine(decoupled=True)
+    (tmp_path / "t1").mkdir()
+    for tag in ("t1", "t2"):  # t2's copy goes into the storage kept from t1
+        info = CheckpointCommitInfo(tag=tag, save_dir=str(tmp_path), save_latest=True)
+        ce.create(info)
+        (tmp_path / tag).mkdir(exist_ok=True)
+        ce.save(state, str(tmp_path / tag / "s.pt"))
+        base.add_(100)  # changed at once; the checkpoint keeps the values at save()
+        state["opt"]["step"] += 1
+        assert ce.get_commit_info() is info
+        ce.commit(info)
+        assert (tmp_path / "latest").read_text() == tag
+        back = torch.load(tmp_path / tag / "s.pt", weights_only=False)
+        first = torch.arange(12, dtype=torch.float32) + (0 if tag == "t1" else 100)
+        assert torch.equal(back["a"], first[:6]) and torch.equal(back["b"].flatten(), first[6:])
+        assert back["a"].untyped_storage().data_ptr() == back["b"].untyped_storage().data_ptr()
+        assert back["opt"]["step"] == (3 if tag == "t1" else 4)
+
+    bad = CheckpointCommitInfo(tag="t3", save_dir=str(tmp_path), save_latest=True)
+    ce.create(bad)
+    ce.save(state, str(tmp_path / "t3" / "s.pt"))  # no such directory: fails in the background
+    with pytest.raises(RuntimeError):
+        ce.commit(bad)
+    assert (tmp_path / "latest").read_text() == "t2"
+    ce.cleanup()
+
+    sync = cds.CheckpointEngine()
+    sync.create(bad)
+    with pytest.raises(RuntimeError):
+        sync.save(state, str(tmp_path / "t3" / "s.pt"))
+    sync.cleanup()  # the failed checkpoint is not committed
+    assert (tmp_path / "latest").read_text() == "t2"
+    assert not [p.name for p in tmp_path.rglob("*.tmp-*")]
