@@ -328,8 +328,11 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
             self._spare.setdefault((str(c.device), c.nbytes()), []).append(c)
 
     def release_buffers(self) -> None:
-        """Free the snapshot memory kept for the next decoupled save."""
+        """Free the snapshot memory kept for the next decoupled save, and stop its thread."""
         self._drain()
+        if self._thread is not None:
+            self._queue.put(None)  # the thread holds this engine: let both go
+            self._thread = None
         with self._written_lock:
             self._written = []
         self._spare = {}
