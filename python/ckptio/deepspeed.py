@@ -124,6 +124,7 @@ class _Snapshot:
         if done is not None:
             return done
         t = type(obj)
+        out: Any
         if t is torch.Tensor or t is torch.nn.Parameter:
             out = self._tensor(obj)
         elif t is dict or t is OrderedDict:

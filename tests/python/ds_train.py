@@ -120,7 +120,7 @@ def run(job: dict[str, Any], rank: int) -> dict[str, Any]:
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
-        out["losses"][str(step)] = loss.item().hex()
+        out["losses"][str(step)] = float(loss.item()).hex()
         if step in job.get("save_at", ()):
             if kill and kill["step"] == step:
                 _arm_kill(f"global_step{step}", kill["after_bytes"])
