@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, list[str]]] = [
                  "ckptio.orbax", "ckptio.formats._torch_state", "ckptio.formats._torch_dcp",
                  "ckptio._convert"]),
     ("public", ["ckptio", "ckptio.torch", "ckptio.__main__",
-                "ckptio.lightning", "ckptio.hf"]),
+                "ckptio.lightning", "ckptio.hf", "ckptio.deepspeed"]),
 ]  # fmt: skip
 
 
