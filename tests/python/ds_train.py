@@ -30,20 +30,22 @@ import ckptio.deepspeed
 
 
 class _KillingWriter:
-    """ckptio's file writer that SIGKILLs the process once ``after`` bytes went through it."""
+    """ckptio's zip writer that SIGKILLs the process once ``after`` bytes went through it (in
+    the middle of a record)."""
 
     def __init__(self, real: Any, after: int) -> None:
         self._real = real
         self._left = after
 
-    def write(self, data: Any) -> int:
+    def add(self, name: str, data: Any, *args: Any) -> None:
         n = memoryview(data).nbytes
         if n >= self._left:
-            self._real.write(memoryview(data).cast("B")[: self._left])
-            self._real.flush()
+            self._real.begin(name, n, *args)
+            if self._left:
+                self._real.append(memoryview(data).cast("B")[: self._left])
             os.kill(os.getpid(), signal.SIGKILL)
         self._left -= n
-        return self._real.write(data)
+        self._real.add(name, data, *args)
 
     def __enter__(self) -> _KillingWriter:
         self._real.__enter__()
@@ -57,13 +59,13 @@ class _KillingWriter:
 
 
 def _arm_kill(tag: str, after: int) -> None:
-    real = ckptio._core.FileWriter
+    real = ckptio._core.ZipWriter
 
     def writer(path: Any, p: Any = None) -> Any:
         fw = real(path, p)
         return _KillingWriter(fw, after) if f"{os.sep}{tag}{os.sep}" in os.fspath(path) else fw
 
-    ckptio._core.FileWriter = writer  # type: ignore[misc,assignment]
+    ckptio._core.ZipWriter = writer  # type: ignore[misc,assignment]
 
 
 def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
