@@ -7,6 +7,10 @@ BENCH_ARGS ?=
 VENV ?= .venv
 PYBUILD ?= build-py
 VENV_STAMP := $(VENV)/.ckptio-installed
+# DeepSpeed's ops (FastPersist's async_io, which the bench compares with) are compiled on first
+# use into this folder: one per .venv, so that two checkouts never share (and overwrite, or
+# lock) each other's builds.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: all build deps venv test test-c test-install test-mpi test-python test-sanitize test-gpu bench clean
 
@@ -80,7 +84,7 @@ fuzz: deps
 	done
 
 test-python: venv
-	$(VENV)/bin/python -m pytest -q tests/python bench/test_compress_cell.py bench/test_s3_cell.py bench/test_s3_ranks.py
+	$(VENV)/bin/python -m pytest -q tests/python bench/test_compress_cell.py bench/test_s3_cell.py bench/test_s3_ranks.py bench/test_fastpersist_cell.py
 
 # On a machine with an NVIDIA GPU: build with what is there (no installs), run the GPU tests
 # against the real driver and the GPU bench, write one JSON summary (tests/gpu/run.sh). Says
