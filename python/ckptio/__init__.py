@@ -27,7 +27,9 @@ module level or inside a function; tests/python/test_structure.py checks it from
 - formats: the front ends of other layouts: safetensors, formats/_hf (which adds its reader
   to _load's), orbax, formats/_torch_state, formats/_torch_dcp, _convert (the ckptio
   command's `python -m ckptio._convert`).
-- public: this module, ckptio.torch and __main__.
+- public: this module, ckptio.torch and __main__, and the training frameworks' hooks, each
+  imported only by name: ckptio.deepspeed (DeepSpeed's checkpoint engine), ckptio.lightning
+  (Lightning's CheckpointIO), ckptio.hf (the Hugging Face Trainer and accelerate).
 """
 
 from __future__ import annotations
