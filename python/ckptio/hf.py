@@ -271,6 +271,13 @@ _TRAINER_LOADS = (
 )
 
 
+def _require(obj: Any, names: tuple[str, ...], fn: str, what: str) -> None:
+    """TypeError naming the methods ``obj`` lacks, when it is not the object ``fn`` wraps."""
+    missing = [n for n in names if not callable(getattr(obj, n, None))]
+    if missing:
+        raise TypeError(f"ckptio.hf.{fn}: {type(obj).__name__} lacks {', '.join(missing)}: not {what}")
+
+
 def install(trainer: T, *, io_options: dict[str, Any] | None = None) -> T:
     """Route ``trainer``'s checkpoints through ckptio; returns ``trainer``.
 
@@ -287,12 +294,7 @@ def install(trainer: T, *, io_options: dict[str, Any] | None = None) -> T:
     through ckptio. ``io_options``: ckptio's I/O options for every file (doc/python.md).
     """
     needed = ("_save_checkpoint", "_get_output_dir", *_TRAINER_SAVE_PARTS, *_TRAINER_LOADS)
-    missing = [n for n in needed if not callable(getattr(trainer, n, None))]
-    if missing:
-        raise TypeError(
-            f"ckptio.hf.install: {type(trainer).__name__} lacks {', '.join(missing)}: not a "
-            "transformers 5.x Trainer"
-        )
+    _require(trainer, needed, "install", "a transformers 5.x Trainer")
     if getattr(trainer, "_ckptio_installed", False):
         return trainer
     _install_routes()
@@ -377,13 +379,7 @@ def install_accelerate(accelerator: T, *, io_options: dict[str, Any] | None = No
     """
     a: Any = accelerator
     hooks = ("register_save_state_pre_hook", "register_load_state_pre_hook")
-    needed = ("save_state", "load_state", *hooks)
-    missing = [n for n in needed if not callable(getattr(a, n, None))]
-    if missing:
-        raise TypeError(
-            f"ckptio.hf.install_accelerate: {type(a).__name__} lacks {', '.join(missing)}: not an "
-            "Accelerator"
-        )
+    _require(a, ("save_state", "load_state", *hooks), "install_accelerate", "an Accelerator")
     if getattr(a, "_ckptio_installed", False):
         return accelerator
     _install_routes()
