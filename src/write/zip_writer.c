@@ -283,12 +283,16 @@ int ckptio_zip_writer_append(ckptio_zip_writer *z, const void *data, size_t n)
 {
     if (!z) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_zip_writer_append: writer is NULL");
     CKPTIO__TRY(ckptio__handle_usable(&z->fw.hs, &z->fw.msg, z->fw.txn.path));
-    zip_entry *e = &z->ents[z->n];
-    if (!z->open || n > e->len - z->got)
+    if (!z->open)
         return ckptio__fail(&z->fw.msg, CKPTIO_E_STATE,
-                            "ckptio_zip_writer_append: %zu bytes given where %s '%s' expects %llu",
-                            n, z->open ? "record" : "no record is open in", z->open ? e->name : z->fw.txn.path,
-                            z->open ? (unsigned long long)(e->len - z->got) : 0ull);
+                            "ckptio_zip_writer_append: %zu bytes given where no record is open "
+                            "in '%s' (begin one first)", n, z->fw.txn.path);
+    zip_entry *e = &z->ents[z->n];
+    if (n > e->len - z->got)
+        return ckptio__fail(&z->fw.msg, CKPTIO_E_STATE,
+                            "ckptio_zip_writer_append: %zu bytes given where record '%s' of '%s' "
+                            "expects %llu", n, e->name, z->fw.txn.path,
+                            (unsigned long long)(e->len - z->got));
     if (n && !data)
         return ckptio__fail(&z->fw.msg, CKPTIO_E_USAGE, "ckptio_zip_writer_append: data is NULL");
     int posted = z->crc && crc_post(z, data, n);
@@ -310,7 +314,6 @@ int ckptio_zip_writer_add(ckptio_zip_writer *z, const char *name, const void *da
     if (len && !data)
         return ckptio__fail(z ? &z->fw.msg : NULL, CKPTIO_E_USAGE,
                             "ckptio_zip_writer_add: record '%s' has no data", name ? name : "");
-    if (len > SIZE_MAX) return ckptio__fail(z ? &z->fw.msg : NULL, -EOVERFLOW, "record too large");
     CKPTIO__TRY(ckptio_zip_writer_begin(z, name, len, align, flags));
     return len ? ckptio_zip_writer_append(z, data, (size_t)len) : 0;
 }
