@@ -220,6 +220,7 @@ def main() -> None:
     ap.add_argument("--safetensors", action="store_true", help="also the safetensors cell (bench/safetensors_cell.py: ckptio.safetensors save_file/load_file next to stock safetensors and the raw device on the --model state, 1.3b with --model none; --runs rounds, about a minute each). Only this cell: --tensor-sizes '' --model none --mechanisms '' --safetensors --no-compress")
     ap.add_argument("--s3", action=argparse.BooleanOptionalAction, default=True, help="the object-storage cell (bench/s3_cell.py), on by default: a SeaweedFS server on 127.0.0.1 started for it; the 1 GiB float32 tensor and the --model state (1.3b with --model none) saved and loaded by boto3's TransferManager, s3torchconnector and ckptio, each in a fresh process: wall, client CPU-s per GB, peak extra memory; --runs rounds (about 10 minutes on 2 cores, where the server is the bottleneck). Only this cell: --tensor-sizes '' --model none --mechanisms '' --no-compress")
     ap.add_argument("--fastpersist", action=argparse.BooleanOptionalAction, default=True, help="the FastPersist cell (bench/fastpersist_cell.py), on by default: a 1 GiB tensor and a 0.37B Phi-3 model saved durably by torch.save, DeepSpeed's FastFileWriter (zip and legacy), ckptio.torch.save and ckptio.save, then the model through DeepSpeed's engine (default writer, fast writer, ckptio.deepspeed); --runs rounds (about 2-3 minutes once DeepSpeed's ops are built). --fastpersist-model phi3-mini for FastPersist's 3.8B model")
+    ap.add_argument("--tier", action=argparse.BooleanOptionalAction, default=True, help="the peer-tier cell (bench/tier_cell.py), on by default: 4 gloo ranks as 2 simulated nodes save 1 GiB of float32 through Manager(local=/dev/shm/..., replicas=1, persist_every=1) with the persistent tier under --dir; the save stall next to save_async's, the replication rate, and a lost node's restore from its peer against every rank's from the persistent tier (page cache dropped), with the breakdown; --runs rounds (about a minute each)")
     ap.add_argument("--fastpersist-model", default="phi3-0.4b", help="the FastPersist cell's Hugging Face model (phi3-0.4b, phi3-mini)")
     ap.add_argument("--s3-ranks", action="store_true", help="also the four-rank object-storage cell (bench/s3_ranks.py: a Shard(0) state saved and loaded by 4 gloo ranks through SeaweedFS, ckptio(comm=) next to DCP with s3torchconnector; a few minutes)")
     ap.add_argument("--compress", action=argparse.BooleanOptionalAction, default=True, help="the compression cell (bench/compress_cell.py), on by default: about 2 minutes once its trained states are cached, and the first run trains them (a few minutes more). Ratio and one-thread speed of ZipNN, zstd -1/-3 with and without byte grouping and ckptio's codec against the exponent-entropy bound, on a small trained model's training state and the --model state (1.3b with --model none), then ckptio.save(compress=) next to the raw device. Only this cell: --tensor-sizes '' --model none --mechanisms ''")
@@ -310,6 +311,15 @@ def main() -> None:
         fp_doc = fastpersist_cell.run(fastpersist_cell.parser().parse_args(fp_args))
         print(fastpersist_cell.summarize(fp_doc))
         fastpersist_cell.write(fp_doc, fp_out)
+    if a.tier:
+        import tier_cell
+
+        t_out = os.path.join(a.out, "tier-" + time.strftime("%Y%m%d")) if a.out else ""
+        t_args = ["--dir", os.path.join(a.dir, "tier"), "--rounds", str(a.runs), "--raw-size", str(a.raw_size),
+                  "--out", t_out] + (["--quiet"] if a.quiet else [])  # fmt: skip
+        t_doc = tier_cell.run(tier_cell.parser().parse_args(t_args))
+        print(tier_cell.summarize(t_doc))
+        tier_cell.write(t_doc, t_out)
     if a.s3:
         import s3_cell
 
