@@ -161,7 +161,11 @@ def node_of(rank: int, a: argparse.Namespace) -> str:
     return f"n{rank * a.nodes // a.ranks}"
 
 
-def launch(phase: str, a: argparse.Namespace, roots: dict[str, str], work: str, extra: list[str]) -> list[dict[str, Any]]:
+class LaunchFailed(Exception):
+    """A rank of a launch failed or the launch ran out of time; the message has every rank's log tail."""
+
+
+def launch(phase: str, label: str, a: argparse.Namespace, roots: dict[str, str], work: str, extra: list[str]) -> list[dict[str, Any]]:
     """Start ``a.ranks`` ranks of ``phase``, each with its simulated node's id and local root;
     every rank is killed once one fails or ``a.timeout`` seconds pass. Each rank's JSON."""
     port = free_port()
@@ -197,7 +201,7 @@ def launch(phase: str, a: argparse.Namespace, roots: dict[str, str], work: str, 
         p.wait()
     why = why or next((f"rank {i} exited with {p.returncode}" for i, (p, _o, _l) in enumerate(procs) if p.returncode), "")
     if why:
-        raise SystemExit(f"tier cell, {phase}: {why}\n" + "\n".join(
+        raise LaunchFailed(f"tier cell, {label}: {why}\n" + "\n".join(
             f"--- rank {i} ({node_of(i, a)}) ---\n{tail(log, 3000)}" for i, (_p, _o, log) in enumerate(procs)))
     docs = []
     for _p, out, log in procs:
@@ -277,7 +281,7 @@ def one_round(r: int, a: argparse.Namespace, roots: dict[str, str], work: str) -
     order = ("manager", "async") if r % 2 == 0 else ("async", "manager")
     rec["order"] = list(order)
     t = time.perf_counter()
-    rec["save"] = launch("save", a, roots, work, ["--order", ",".join(order)])
+    rec["save"] = launch("save", "save", a, roots, work, ["--order", ",".join(order)])
     rec["save_launch_s"] = time.perf_counter() - t
     crcs = [d["crc"] for d in rec["save"]]
     shutil.rmtree(roots["async"], ignore_errors=True)
@@ -285,15 +289,26 @@ def one_round(r: int, a: argparse.Namespace, roots: dict[str, str], work: str) -
     lost = nodes(a)[-1]
     shutil.rmtree(roots[lost])
     rec["lost_node"] = lost
-    rec["peer"] = launch("restore", a, roots, work, [])
+    restore(rec, "peer", f"restore after losing {lost}'s local tier", a, roots, work, crcs)
     for n in nodes(a):
         shutil.rmtree(roots[n], ignore_errors=True)
     rec["persistent_cache"] = drop_cache(a.persistent)
-    rec["persistent"] = launch("restore", a, roots, work, [])
-    for kind in ("peer", "persistent"):
-        for d in rec[kind]:
-            d["crc_ok"] = d["crc"] == crcs[d["rank"]]
+    restore(rec, "persistent", "restore after losing every local tier", a, roots, work, crcs)
     return rec
+
+
+def restore(rec: dict[str, Any], kind: str, label: str, a: argparse.Namespace, roots: dict[str, str], work: str,
+            crcs: list[str]) -> None:  # fmt: skip
+    """One restore launch into rec[kind] (each rank's JSON, its bytes checked against the
+    save's), or its failure into rec[kind + "_error"]: the other figures still count."""
+    try:
+        rec[kind] = launch("restore", label, a, roots, work, [])
+    except LaunchFailed as e:
+        rec[kind], rec[kind + "_error"] = [], str(e)
+        if not a.quiet:
+            print(str(e)[:3000], file=sys.stderr, flush=True)
+    for d in rec[kind]:
+        d["crc_ok"] = d["crc"] == crcs[d["rank"]]
 
 
 def nodes(a: argparse.Namespace) -> list[str]:
@@ -377,31 +392,16 @@ def summarize_rounds(rounds: list[dict[str, Any]], a: argparse.Namespace) -> dic
     s["stall_target"] = f"<= {TARGET_STALL_X_ASYNC}x save_async"
     s["stall_met"] = s["stall_x_async"] <= TARGET_STALL_X_ASYNC
     for kind in ("peer", "persistent"):
-        lost_s = [max(d["restore_s"] for d in rr[kind] if d["node"] == lost) for rr in rounds]
-        s[f"{kind}_lost_node_s"] = round(med(lost_s), 4)
-        s[f"{kind}_lost_node_s_rounds"] = [round(x, 4) for x in lost_s]
-        job = []
-        for rr in rounds:
-            slow = max(rr[kind], key=lambda d: d["restore_s"])
-            job.append((slow["restore_s"], slow["rank"], (slow["last_restore"] or {}).get("seconds", {})))
-        s[f"{kind}_job_s"] = round(med([j[0] for j in job]), 4)
-        s[f"{kind}_job_s_rounds"] = [round(j[0], 4) for j in job]
-        s[f"{kind}_job_breakdown"] = {k: round(med([float(j[2].get(k, 0.0)) for j in job]), 4) for k in (*BREAKDOWN, "total")}
-        s[f"{kind}_slowest_rank_rounds"] = [j[1] for j in job]
-        s[f"{kind}_lost_node_breakdown"] = {
-            k: round(med([float(max(((d["last_restore"] or {}).get("seconds", {}).get(k, 0.0) for d in rr[kind]
-                                     if d["node"] == lost), default=0.0)) for rr in rounds]), 4)
-            for k in (*BREAKDOWN, "total")}  # fmt: skip
-        s[f"{kind}_sources"] = sorted({f"{d['node']}/rank{d['rank']}: {(d['last_restore'] or {}).get('source')}"
-                                       for rr in rounds for d in rr[kind]})  # fmt: skip
-        s[f"{kind}_failed"] = [f for rr in rounds for d in rr[kind] for f in (d["last_restore"] or {}).get("failed", [])]
-        s[f"{kind}_exact"] = all(d["crc_ok"] for rr in rounds for d in rr[kind])
-        s[f"{kind}_steps"] = sorted({(d["last_restore"] or {}).get("step") for rr in rounds for d in rr[kind]}, key=str)
-    s["persistent_x_peer"] = round(s["persistent_lost_node_s"] / s["peer_lost_node_s"], 3) if s["peer_lost_node_s"] else 0.0
-    s["persistent_x_peer_rounds"] = [round(p / q, 3) if q else 0.0 for p, q in
-                                     zip(s["persistent_lost_node_s_rounds"], s["peer_lost_node_s_rounds"], strict=True)]  # fmt: skip
+        s[kind] = restore_summary([rr for rr in rounds if rr[kind]], kind, lost)
+        s[kind]["errors"] = [rr[kind + "_error"].splitlines()[0] for rr in rounds if rr.get(kind + "_error")]
+    pl, ql = s["persistent"].get("lost_node_s_rounds"), s["peer"].get("lost_node_s_rounds")
+    if pl and ql and len(pl) == len(ql) == len(rounds):
+        s["persistent_x_peer"] = round(s["persistent"]["lost_node_s"] / s["peer"]["lost_node_s"], 3)
+        s["persistent_x_peer_rounds"] = [round(p / q, 3) for p, q in zip(pl, ql, strict=True)]
+    else:
+        s["persistent_x_peer"], s["persistent_x_peer_rounds"] = None, []
     s["restore_target"] = f"persistent_s / peer_s >= {TARGET_PERSISTENT_X_PEER} for the ranks of {lost}"
-    s["restore_met"] = s["persistent_x_peer"] >= TARGET_PERSISTENT_X_PEER
+    s["restore_met"] = s["persistent_x_peer"] is not None and s["persistent_x_peer"] >= TARGET_PERSISTENT_X_PEER
     fr = [rr["persistent_cache"]["resident_fraction"] for rr in rounds]
     s["persistent_cache"] = f"dropped (posix_fadvise DONTNEED): {max(fr):.1%} of the persistent files' pages resident at most"
     if a.raw_size:
@@ -410,12 +410,45 @@ def summarize_rounds(rounds: list[dict[str, Any]], a: argparse.Namespace) -> dic
     return s
 
 
+def restore_summary(rounds: list[dict[str, Any]], kind: str, lost: str) -> dict[str, Any]:
+    """One kind of restore ("peer", "persistent") over the rounds where it ran: the lost node's
+    ranks' time (the slowest of them) and breakdown, the job's (the slowest rank's), sources,
+    copies that failed, and whether every byte came back as saved."""
+    if not rounds:
+        return {"rounds": 0}
+    out: dict[str, Any] = {"rounds": len(rounds)}
+
+    def secs(d: dict[str, Any]) -> dict[str, float]:
+        return {k: float(v) for k, v in ((d["last_restore"] or {}).get("seconds") or {}).items()}
+
+    lost_s = [max(d["restore_s"] for d in rr[kind] if d["node"] == lost) for rr in rounds]
+    out["lost_node_s"], out["lost_node_s_rounds"] = round(med(lost_s), 4), [round(x, 4) for x in lost_s]
+    out["lost_node_breakdown"] = {k: round(med([max(secs(d).get(k, 0.0) for d in rr[kind] if d["node"] == lost)
+                                                for rr in rounds]), 4) for k in (*BREAKDOWN, "total")}  # fmt: skip
+    slow = [max(rr[kind], key=lambda d: d["restore_s"]) for rr in rounds]
+    out["job_s"], out["job_s_rounds"] = round(med([d["restore_s"] for d in slow]), 4), [round(d["restore_s"], 4) for d in slow]
+    out["job_breakdown"] = {k: round(med([secs(d).get(k, 0.0) for d in slow]), 4) for k in (*BREAKDOWN, "total")}
+    out["slowest_rank_rounds"] = [d["rank"] for d in slow]
+    srcs: dict[str, dict[str, int]] = {}
+    for rr in rounds:
+        for d in rr[kind]:
+            src = str((d["last_restore"] or {}).get("source"))
+            srcs.setdefault(d["node"], {})[src] = srcs.get(d["node"], {}).get(src, 0) + 1
+    out["sources"] = srcs
+    out["bytes_per_rank"] = med([float((d["last_restore"] or {}).get("bytes", 0)) for rr in rounds for d in rr[kind]])
+    out["failed"] = [f for rr in rounds for d in rr[kind] for f in (d["last_restore"] or {}).get("failed", [])]
+    out["exact"] = all(d["crc_ok"] for rr in rounds for d in rr[kind])
+    out["steps"] = sorted({(d["last_restore"] or {}).get("step") for rr in rounds for d in rr[kind]}, key=str)
+    return out
+
+
 def round_line(rec: dict[str, Any], a: argparse.Namespace) -> str:
     lost = rec["lost_node"]
     st = {k: max(d[k]["stall_s"] for d in rec["save"]) for k in ("manager", "async")}
-    res = {k: max(d["restore_s"] for d in rec[k] if d["node"] == lost) for k in ("peer", "persistent")}
+    res = {k: f"{max(d['restore_s'] for d in rec[k] if d['node'] == lost):.2f} s" if rec[k] else "FAILED"
+           for k in ("peer", "persistent")}  # fmt: skip
     return (f"tier round {rec['round']}: stall Manager {st['manager']:.3f} s, save_async {st['async']:.3f} s; "
-            f"{lost}'s restore from peer {res['peer']:.2f} s, from persistent {res['persistent']:.2f} s")  # fmt: skip
+            f"{lost}'s restore from peer {res['peer']}, from persistent {res['persistent']}")  # fmt: skip
 
 
 def bd(x: dict[str, float]) -> str:
@@ -438,26 +471,32 @@ def summarize(doc: dict[str, Any]) -> str:
         f"{fmt(s['last_save_replicate_s'])}, persistent copy {fmt(s['last_save_persist_s'])}",
         f"  {'replication rate per byte':42s} {s['replicate_gbps']:.3f} GB/s (replicate_bytes / replicate_s, "
         f"{human(int(s['replicate_bytes_per_rank']))} per rank)",
-        f"  {lost + ' lost: its ranks restore from the peer':42s} {s['peer_lost_node_s']:.3f} s: {bd(s['peer_lost_node_breakdown'])}",
-        f"  {'every local tier lost: from persistent':42s} {s['persistent_lost_node_s']:.3f} s: "
-        f"{bd(s['persistent_lost_node_breakdown'])}; page cache {s['persistent_cache']}",
-        f"  {'persistent / peer for ' + lost + ' ranks':42s} {s['persistent_x_peer']:.2f}x (rounds "
-        f"{' '.join(f'{x:.2f}' for x in s['persistent_x_peer_rounds'])}; target >= {TARGET_PERSISTENT_X_PEER}: "
-        f"{'met' if s['restore_met'] else 'MISSED'})",
-        f"  {'job restore, peer (slowest rank)':42s} {s['peer_job_s']:.3f} s: {bd(s['peer_job_breakdown'])}",
-        f"  {'job restore, persistent (slowest rank)':42s} {s['persistent_job_s']:.3f} s: {bd(s['persistent_job_breakdown'])}",
-        f"  every byte restored exact: peer {s['peer_exact']}, persistent {s['persistent_exact']}; sources "
-        f"{', '.join(s['peer_sources'])} | {', '.join(s['persistent_sources'])}",
     ]  # fmt: skip
-    if s["save_errors"] or s["peer_failed"] or s["persistent_failed"]:
-        lines.append(f"  errors: save {s['save_errors'][:3]}, restore {(s['peer_failed'] + s['persistent_failed'])[:3]}")
+    p, q = s["peer"], s["persistent"]
+    for what, x in ((f"{lost} lost: its ranks restore from the peer", p), ("every local tier lost: from persistent", q)):
+        lines.append(f"  {what:42s} " + (f"{x['lost_node_s']:.3f} s: {bd(x['lost_node_breakdown'])}" if x["rounds"] else "FAILED")
+                     + (f"; {len(x['errors'])} failed launches: {x['errors'][0]}" if x["errors"] else ""))  # fmt: skip
+    lines.append(f"  {'page cache of the persistent files':42s} {s['persistent_cache']}")
+    if s["persistent_x_peer"] is not None:
+        lines.append(f"  {'persistent / peer for ' + lost + ' ranks':42s} {s['persistent_x_peer']:.2f}x (rounds "
+                     f"{' '.join(f'{v:.2f}' for v in s['persistent_x_peer_rounds'])}; target >= {TARGET_PERSISTENT_X_PEER}: "
+                     f"{'met' if s['restore_met'] else 'MISSED'})")  # fmt: skip
+    else:
+        lines.append(f"  {'persistent / peer for ' + lost + ' ranks':42s} not measured: a restore failed (target MISSED)")
+    for what, x in (("job restore, peer (slowest rank)", p), ("job restore, persistent (slowest rank)", q)):
+        if x["rounds"]:
+            srcs = "; ".join(f"{n}: " + ", ".join(f"{k} x{c}" for k, c in v.items()) for n, v in x["sources"].items())
+            lines.append(f"  {what:42s} {x['job_s']:.3f} s: {bd(x['job_breakdown'])}; sources {srcs}; "
+                         f"every byte as saved: {x['exact']}")  # fmt: skip
+    if s["save_errors"] or p.get("failed") or q.get("failed"):
+        lines.append(f"  errors: save {s['save_errors'][:2]}, restore {(p.get('failed', []) + q.get('failed', []))[:2]}")
     if not s["stall_met"]:
         lines.append(f"  stall MISSED: Manager.save's own stall_s {fmt(s['last_save_stall_s'])} of {s['manager_stall_s']:.3f} s "
                      f"(rounds {s['manager_stall_s_rounds']} vs save_async {s['async_stall_s_rounds']})")  # fmt: skip
-    if not s["restore_met"]:
-        p, q = s["peer_lost_node_breakdown"], s["persistent_lost_node_breakdown"]
+    if not s["restore_met"] and p["rounds"] and q["rounds"]:
+        pb, qb = p["lost_node_breakdown"], q["lost_node_breakdown"]
         lines.append("  restore MISSED: where the seconds go, peer vs persistent: "
-                     + ", ".join(f"{k} {p.get(k, 0):.2f} vs {q.get(k, 0):.2f}" for k in BREAKDOWN))  # fmt: skip
+                     + ", ".join(f"{k} {pb.get(k, 0):.2f} vs {qb.get(k, 0):.2f}" for k in BREAKDOWN))  # fmt: skip
     return "\n".join(lines)
 
 
