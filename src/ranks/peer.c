@@ -326,7 +326,49 @@ static void pace(pacer *p, uint64_t n)
     }
 }
 
+/* sendfile(2) has no MSG_NOSIGNAL: while it runs, SIGPIPE is blocked in this thread, and one it
+ * raised is taken off the thread's pending set before the mask is restored, so that a peer that
+ * goes away fails the call (-EPIPE) instead of killing the process. */
+typedef struct nopipe {
+    sigset_t old;
+    bool was_pending;
+} nopipe;
+
+static void nopipe_begin(nopipe *np)
+{
+    sigset_t pipe_set, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    np->was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &np->old);
+}
+
+static void nopipe_end(nopipe *np)
+{
+    sigset_t pipe_set, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    if (!np->was_pending && sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR) {}
+    }
+    pthread_sigmask(SIG_SETMASK, &np->old, NULL);
+}
+
+static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m);
+
 static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
+{
+    nopipe np;
+    nopipe_begin(&np);
+    int rc = send_each_file(sock, dir, pc, bytes, m);
+    nopipe_end(&np);
+    return rc;
+}
+
+static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
 {
     files f = {0};
     int rc = list_files(dir, "", &f, m);
