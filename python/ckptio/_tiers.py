@@ -201,8 +201,12 @@ class Tiers:
         os.makedirs(self.directory, exist_ok=True)
         addr = _default_addr()
         bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
-        self.server = _core.PeerServer(self.local, bind, int(os.environ.get("CKPTIO_PEER_PORT", "0")))
-        me = {"rank": self.rank, "node": self.node, "addr": addr, "port": self.server.port}
+        self.server: Any = None  # a job of one process has no peers to serve
+        if self.size > 1:
+            self.server = _core.PeerServer(self.local, bind,
+                                           int(os.environ.get("CKPTIO_PEER_PORT", "0")))
+        me = {"rank": self.rank, "node": self.node, "addr": addr,
+              "port": self.server.port if self.server else 0}  # fmt: skip
         self.peers: list[dict[str, Any]] = self._allgather(me)
         self.nodes = sorted({p["node"] for p in self.peers})
         self.node_ranks = {n: sorted(p["rank"] for p in self.peers if p["node"] == n)
@@ -262,7 +266,13 @@ class Tiers:
     def save(self, step: int, tree: Any, metadata: Mapping[str, str] | None,
              max_host_bytes: int | None, options: dict[str, Any]) -> None:  # fmt: skip
         t0 = time.perf_counter()
-        self.finish()
+        try:
+            self.finish()
+        except BaseException:
+            # The previous save failed here: the other ranks still take part in the agreement
+            # (which counts that step incomplete) before the error is raised on this rank.
+            self._agree_saved()
+            raise
         self._agree_saved()
         meta = dict(metadata or {})
         meta.update({"ckptio_tier.world": str(self.size), "ckptio_tier.rank": str(self.rank),
@@ -381,7 +391,10 @@ class Tiers:
     # ---- restore ----
     def restore(self, step: int | None, like: Any, load_options: dict[str, Any]) -> Any:
         t_all = time.perf_counter()
-        self.finish()
+        try:
+            self.finish()
+        except (OSError, CheckpointError) as e:  # that step is incomplete: restore says why
+            print(f"ckptio.Manager: rank {self.rank}: the last save failed: {e}", file=sys.stderr)
         secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
         t = time.perf_counter()
         mine = {"rank": self.rank, "node": self.node, "held": _steps_in(self.local)}
@@ -485,7 +498,8 @@ class Tiers:
         try:
             self.finish()
         finally:
-            self.server.close()
+            if self.server is not None:
+                self.server.close()
 
 
 _MISSING = object()
