@@ -6,6 +6,7 @@ published only once complete and verified) is the C engine's (ckptio_peer_*)."""
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -254,6 +256,7 @@ class Tiers:
         self.job: _Job | None = None
         self.last_save: dict[str, Any] | None = None
         self.last_restore: dict[str, Any] | None = None
+        _LIVE.add(self)
         if self.leader:
             _sweep(self.local)
         if self.rank == 0:
@@ -548,6 +551,32 @@ class Tiers:
 
 
 _MISSING = object()
+
+# Every Tiers of this process: at exit their background work is waited for (a save() just
+# before the end of a script is still written, replicated and persisted); a forked child has
+# none of it.
+_LIVE: weakref.WeakSet[Tiers] = weakref.WeakSet()
+
+
+def _at_exit() -> None:
+    for t in list(_LIVE):
+        job = t.job
+        if job is not None and job.thread is not None and job.thread.is_alive():
+            print(f"ckptio.Manager: waiting for the background part of the save of step "
+                  f"{job.step} (local write, replication, persistent copy)...", file=sys.stderr)
+            job.thread.join()
+
+
+def _after_fork_in_child() -> None:
+    """The child inherits neither the job threads nor the server's threads: it forgets both
+    (closing the parent's server from here would wait for threads that do not exist)."""
+    for t in list(_LIVE):
+        t.job = None
+        t.server = None
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _remove_part(path: str) -> None:
