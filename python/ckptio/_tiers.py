@@ -6,6 +6,7 @@ published only once complete and verified) is the C engine's (ckptio_peer_*)."""
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
@@ -15,13 +16,15 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from . import _core
-from ._async import AsyncSave, _save_async
+from ._async import AsyncSave, _background_comm, _save_async
 from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
 from ._load import load
+from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
 __all__ = ["Tiers"]
@@ -108,6 +111,14 @@ def _sweep(root: str) -> None:
                     shutil.rmtree(os.path.join(p, q), ignore_errors=True)
 
 
+def _bg_comm(c: Communicator) -> Any:
+    """The background counterpart of ``c`` that async saves use, or None (MPI below
+    MPI_THREAD_MULTIPLE: the agreement then runs in the next save() call)."""
+    if isinstance(c, _comm.MPICommunicator) and c._MPI.Query_thread() < c._MPI.THREAD_MULTIPLE:
+        return None
+    return _background_comm(c)
+
+
 # ---- DTensors: the local tier holds each rank's own shards ----
 
 
@@ -117,9 +128,12 @@ def _is_dtensor(x: Any) -> bool:
 
 
 def _localize(tree: Any) -> Any:
-    """``tree`` with each DTensor replaced by its local shard (this rank's part)."""
+    """``tree`` with each DTensor replaced by its local shard and each jax array spanning
+    processes by the list of this process's shards (this rank's part)."""
     if _is_dtensor(tree):
         return tree.to_local()
+    if _dist._is_global_jax(tree):
+        return [s.data for s in tree.addressable_shards]
     if isinstance(tree, Mapping):
         return type(tree)((k, _localize(v)) for k, v in tree.items()) if type(tree) is not dict \
             else {k: _localize(v) for k, v in tree.items()}  # fmt: skip
@@ -135,11 +149,30 @@ def _globalize(got: Any, like: Any) -> Any:
 
         return DTensor.from_local(got, like.device_mesh, like.placements, run_check=False,
                                   shape=like.shape, stride=like.stride())  # fmt: skip
+    if _dist._is_global_jax(like):
+        import jax
+
+        shards = like.addressable_shards
+        return jax.make_array_from_single_device_arrays(like.shape, like.sharding,
+            [jax.device_put(g, s.device) for g, s in zip(got, shards)])  # fmt: skip
     if isinstance(like, Mapping) and isinstance(got, Mapping):
         return type(got)({k: _globalize(v, like[k]) if k in like else v for k, v in got.items()})
     if isinstance(like, (list, tuple)) and isinstance(got, (list, tuple)) and len(like) == len(got):
         return type(got)(_globalize(g, l) for g, l in zip(got, like))
     return got
+
+
+def _decide_saved(all_: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's verdict on the ranks' reports of a save: the step if it is complete for the
+    whole job (every rank wrote and replicated its part), and if complete in the persistent
+    tier."""
+    steps = {a["step"] for a in all_}
+    if len(steps) != 1 or None in steps:
+        return {"complete": None, "persisted": None}
+    s = all_[0]["step"]
+    whole = all(a["local"] and a["replicated"] for a in all_)
+    pers = all(a["persisted"] for a in all_)
+    return {"complete": s if whole else None, "persisted": s if pers else None}
 
 
 class _Job:
@@ -156,6 +189,7 @@ class _Job:
         self.replicated_ok = False
         self.persisted_ok: bool | None = None  # None: not a persisted save
         self.error: BaseException | None = None  # the local save's: raised by wait
+        self.agreed: dict[str, Any] | None = None  # the ranks' verdict, from the job's thread
         self.thread: threading.Thread | None = None
 
 
@@ -201,9 +235,16 @@ class Tiers:
         os.makedirs(self.directory, exist_ok=True)
         addr = _default_addr()
         bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
-        self.server = _core.PeerServer(self.local, bind, int(os.environ.get("CKPTIO_PEER_PORT", "0")))
-        me = {"rank": self.rank, "node": self.node, "addr": addr, "port": self.server.port}
+        self.server: Any = None  # a job of one process has no peers to serve
+        if self.size > 1:
+            self.server = _core.PeerServer(self.local, bind,
+                                           int(os.environ.get("CKPTIO_PEER_PORT", "0")))
+        me = {"rank": self.rank, "node": self.node, "addr": addr,
+              "port": self.server.port if self.server else 0}  # fmt: skip
         self.peers: list[dict[str, Any]] = self._allgather(me)
+        # The communicator of the background jobs' agreement (made now: collective the first
+        # time), or None where the runtime allows no collectives off the caller's thread.
+        self.bg: Any = _bg_comm(comm) if comm is not None and self.size > 1 else None
         self.nodes = sorted({p["node"] for p in self.peers})
         self.node_ranks = {n: sorted(p["rank"] for p in self.peers if p["node"] == n)
                            for n in self.nodes}  # fmt: skip
@@ -215,6 +256,7 @@ class Tiers:
         self.job: _Job | None = None
         self.last_save: dict[str, Any] | None = None
         self.last_restore: dict[str, Any] | None = None
+        _LIVE.add(self)
         if self.leader:
             _sweep(self.local)
         if self.rank == 0:
@@ -228,13 +270,15 @@ class Tiers:
         data = json.dumps([json.loads(g) for g in got]).encode() if got is not None else None
         return json.loads(self.comm.broadcast(0, data, self.timeout))
 
-    def _decide(self, obj: Any, fn: Any) -> Any:
-        """Gather ``obj`` from every rank to rank 0, which computes fn(list); all get the result."""
-        if self.comm is None or self.size == 1:  # the same JSON round trip as several ranks
+    def _decide(self, obj: Any, fn: Any, comm: Any = None) -> Any:
+        """Gather ``obj`` from every rank to rank 0 (over ``comm``, default the Manager's),
+        which computes fn(list); every rank gets the result."""
+        c = comm if comm is not None else self.comm
+        if c is None or self.size == 1:  # the same JSON round trip as several ranks
             return json.loads(json.dumps(fn(json.loads(json.dumps([obj])))))
-        got = self.comm.gather(0, json.dumps(obj).encode(), self.timeout)
+        got = c.gather(0, json.dumps(obj).encode(), self.timeout)
         data = json.dumps(fn([json.loads(g) for g in got])).encode() if got is not None else None
-        return json.loads(self.comm.broadcast(0, data, self.timeout))
+        return json.loads(c.broadcast(0, data, self.timeout))
 
     def _targets(self) -> list[dict[str, Any]]:
         """The ranks this rank's part is pushed to: on the next ``replicas`` nodes, the rank at
@@ -262,8 +306,13 @@ class Tiers:
     def save(self, step: int, tree: Any, metadata: Mapping[str, str] | None,
              max_host_bytes: int | None, options: dict[str, Any]) -> None:  # fmt: skip
         t0 = time.perf_counter()
-        self.finish()
-        self._agree_saved()
+        try:
+            self.finish()
+        finally:
+            # Where the background job could not agree (no background communicator), the ranks
+            # agree here, a failed rank too (its step counts incomplete) before it raises.
+            if self.bg is None:
+                self._apply(self._decide(self._mine(self.job), _decide_saved))
         meta = dict(metadata or {})
         meta.update({"ckptio_tier.world": str(self.size), "ckptio_tier.rank": str(self.rank),
                      "ckptio_tier.step": str(step), "ckptio_tier.node": self.node})  # fmt: skip
@@ -283,6 +332,17 @@ class Tiers:
         job.thread.start()
 
     def _run(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
+        try:
+            self._work(job, prune)
+        finally:
+            if self.bg is not None:  # every rank's job takes part, a failed one too
+                try:
+                    job.agreed = self._decide(self._mine(job), _decide_saved, self.bg)
+                except Exception as e:
+                    job.report["errors"].append(f"the ranks could not agree whether step "
+                                                f"{job.step} is complete: {e}")  # fmt: skip
+
+    def _work(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
         r = job.report
         t = time.perf_counter()
         try:
@@ -330,30 +390,21 @@ class Tiers:
         job.thread.join()
         job.thread = None
         self.last_save = job.report
+        if job.agreed is not None:
+            self._apply(job.agreed)
         if job.report["errors"]:
             print("ckptio.Manager: " + "; ".join(job.report["errors"]), file=sys.stderr)
         if job.error is not None:
             err, job.error = job.error, None
             raise err
 
-    def _agree_saved(self) -> None:
-        """Collective: whether the last save is complete for the whole job (every rank wrote
-        its part and replicated it) and complete in the persistent tier."""
-        job = self.job
-        mine = {"step": job.step if job else None, "local": bool(job and job.local_ok),
+    @staticmethod
+    def _mine(job: _Job | None) -> dict[str, Any]:
+        return {"step": job.step if job else None, "local": bool(job and job.local_ok),
                 "replicated": bool(job and job.replicated_ok),
                 "persisted": None if job is None else job.persisted_ok}  # fmt: skip
 
-        def decide(all_: list[dict[str, Any]]) -> dict[str, Any]:
-            steps = {a["step"] for a in all_}
-            if len(steps) != 1 or None in steps:
-                return {"complete": None, "persisted": None}
-            s = all_[0]["step"]
-            whole = all(a["local"] and a["replicated"] for a in all_)
-            pers = all(a["persisted"] for a in all_)
-            return {"complete": s if whole else None, "persisted": s if pers else None}
-
-        got = self._decide(mine, decide)
+    def _apply(self, got: dict[str, Any]) -> None:
         if got["complete"] is not None:
             self.complete = max(got["complete"], self.complete or -1)
         if got["persisted"] is not None:
@@ -381,34 +432,43 @@ class Tiers:
     # ---- restore ----
     def restore(self, step: int | None, like: Any, load_options: dict[str, Any]) -> Any:
         t_all = time.perf_counter()
-        self.finish()
+        try:
+            self.finish()
+        except (OSError, CheckpointError) as e:  # that step is incomplete: restore says why
+            print(f"ckptio.Manager: rank {self.rank}: the last save failed: {e}", file=sys.stderr)
         secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
         t = time.perf_counter()
-        mine = {"rank": self.rank, "node": self.node, "held": _steps_in(self.local)}
+        mine = {"rank": self.rank, "node": self.node, "root": self.local,
+                "held": _steps_in(self.local)}  # fmt: skip
         size = self.size
         directory = self.directory
+        order = self.nodes
 
         def plan(all_: list[dict[str, Any]]) -> dict[str, Any]:
-            pers = _steps_in(directory)
-            holders: dict[int, dict[int, list[str]]] = {}
-            for a in sorted(all_, key=lambda a: (self.nodes.index(a["node"]), a["rank"])):
-                for s, rs in a["held"].items():
+            # A place is a local root of a node, named by the lowest rank using it; places in
+            # node order. holders[step][rank]: the places holding that rank's part.
+            places: dict[tuple[str, str], int] = {}
+            for a in sorted(all_, key=lambda a: (order.index(a["node"]), a["rank"])):
+                places.setdefault((a["node"], a["root"]), a["rank"])
+            holders: dict[int, dict[int, list[int]]] = {}
+            for a in all_:
+                if places[(a["node"], a["root"])] != a["rank"]:
+                    continue  # the same root as a lower rank reported
+                for st, rs in a["held"].items():
                     for r in rs:
-                        nodes = holders.setdefault(int(s), {}).setdefault(r, [])
-                        if a["node"] not in nodes:
-                            nodes.append(a["node"])
-            steps = set(holders) | set(pers)
+                        holders.setdefault(int(st), {}).setdefault(int(r), []).append(a["rank"])
+            pers = _steps_in(directory)
             cands = []
-            for s in sorted(steps, reverse=True):
-                if step is not None and s != step:
+            for st in sorted(set(holders) | set(pers), reverse=True):
+                if step is not None and st != step:
                     continue
-                per = {}
-                for r in range(size):
-                    nodes = holders.get(s, {}).get(r, [])
-                    per[r] = {"nodes": nodes, "persistent": r in pers.get(s, [])}
-                if all(v["nodes"] or v["persistent"] for v in per.values()):
-                    cands.append({"step": s, "ranks": per})
-            return {"candidates": cands}
+                per = {r: {"holders": sorted(holders.get(st, {}).get(r, []),
+                                             key=lambda h: (order.index(all_[h]["node"]), h)),
+                           "persistent": r in pers.get(st, [])} for r in range(size)}
+                if all(v["holders"] or v["persistent"] for v in per.values()):
+                    cands.append({"step": st, "ranks": per})
+            return {"candidates": cands,
+                    "place": {str(a["rank"]): places[(a["node"], a["root"])] for a in all_}}
 
         decided = self._decide(mine, plan)
         secs["plan"] = time.perf_counter() - t
@@ -416,6 +476,7 @@ class Tiers:
         for cand in decided["candidates"]:
             s = cand["step"]
             v = cand["ranks"][str(self.rank)]
+            v["place"] = decided["place"][str(self.rank)]
             out, source, path, nbytes, f_s, l_s = self._restore_part(s, v, like, load_options, failed)
             secs["fetch"] += f_s
             secs["load"] += l_s
@@ -442,11 +503,11 @@ class Tiers:
         fetch_s = load_s = 0.0
         local = self.part(self.local, step)
         sources: list[tuple[str, Any]] = []
-        if self.node in v["nodes"]:
-            sources.append(("local", local))
-        for n in v["nodes"]:
-            if n != self.node:
-                sources.append(("peer", self.peers[self.node_ranks[n][0]]))
+        for h in v["holders"]:  # this rank's own root first, then the peers' in node order
+            if h == v["place"]:
+                sources.insert(0, ("local", local))
+            else:
+                sources.append(("peer", self.peers[h]))
         if v["persistent"]:
             sources.append(("persistent", self.part(self.directory, step)))
         for kind, where in sources:
@@ -485,10 +546,37 @@ class Tiers:
         try:
             self.finish()
         finally:
-            self.server.close()
+            if self.server is not None:
+                self.server.close()
 
 
 _MISSING = object()
+
+# Every Tiers of this process: at exit their background work is waited for (a save() just
+# before the end of a script is still written, replicated and persisted); a forked child has
+# none of it.
+_LIVE: weakref.WeakSet[Tiers] = weakref.WeakSet()
+
+
+def _at_exit() -> None:
+    for t in list(_LIVE):
+        job = t.job
+        if job is not None and job.thread is not None and job.thread.is_alive():
+            print(f"ckptio.Manager: waiting for the background part of the save of step "
+                  f"{job.step} (local write, replication, persistent copy)...", file=sys.stderr)
+            job.thread.join()
+
+
+def _after_fork_in_child() -> None:
+    """The child inherits neither the job threads nor the server's threads: it forgets both
+    (closing the parent's server from here would wait for threads that do not exist)."""
+    for t in list(_LIVE):
+        t.job = None
+        t.server = None
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _remove_part(path: str) -> None:
