@@ -15,7 +15,7 @@ def test_tier_cell(tmp_path: object) -> None:
     # The cell's own layout: local roots in /dev/shm (tmpfs), the persistent tier on the disk.
     out = os.path.join(str(tmp_path), "results")
     cmd = [sys.executable, os.path.join(HERE, "tier_cell.py"), "--size", "16M", "--tensors", "2", "--rounds", "1",
-           "--raw-size", "16M", "--dir", os.path.join(str(tmp_path), "data"), "--timeout", "240",
+           "--saves", "2", "--raw-size", "16M", "--dir", os.path.join(str(tmp_path), "data"), "--timeout", "240",
            "--collective-timeout", "120", "--out", out, "--quiet"]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = p.communicate(timeout=300)
@@ -26,17 +26,19 @@ def test_tier_cell(tmp_path: object) -> None:
         doc = json.load(f)
     s = doc["summary"]
     (rnd,) = doc["rounds"]
-    for d in rnd["save"]:
-        ls = d["manager"]["last_save"]
-        assert ls["step"] == 2 and ls["replicate_bytes"] >= d["bytes"] and not ls["errors"], ls
-        assert d["manager"]["stall_s"] > 0 and d["async"]["stall_s"] > 0
+    for d in rnd["save"]:  # steps 2 and 3 timed (step 1: the untimed first save)
+        assert [x["last_save"]["step"] for x in d["manager"]] == [2, 3] and len(d["async"]) == 2, d
+        for x in d["manager"]:
+            ls = x["last_save"]
+            assert ls["replicate_bytes"] >= d["bytes"] and not ls["errors"] and x["stall_s"] > 0, ls
+        assert all(x["stall_s"] > 0 for x in d["async"])
     assert not rnd.get("peer_error") and not rnd.get("persistent_error"), stdout[-3000:]
     assert len(rnd["save"]) == len(rnd["peer"]) == len(rnd["persistent"]) == 4
     for d in rnd["peer"]:
         want = "peer" if d["node"] == "n1" else "local"
-        assert d["last_restore"]["source"] == want and d["last_restore"]["step"] == 2 and d["crc_ok"], d
+        assert d["last_restore"]["source"] == want and d["last_restore"]["step"] == 3 and d["crc_ok"], d
     for d in rnd["persistent"]:
-        assert d["last_restore"]["source"] == "persistent" and d["last_restore"]["step"] == 2 and d["crc_ok"], d
+        assert d["last_restore"]["source"] == "persistent" and d["last_restore"]["step"] == 3 and d["crc_ok"], d
     assert rnd["persistent_cache"]["files"] > 0
     for k in ("manager_stall_s", "async_stall_s", "replicate_gbps", "persistent_x_peer"):
         assert s[k] > 0, (k, s)
