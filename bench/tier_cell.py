@@ -58,7 +58,7 @@ def crc(tree: dict[str, Any]) -> str:
         v = tree[k]
         a = v.detach().contiguous().numpy() if hasattr(v, "detach") else np.ascontiguousarray(v)
         c = zlib.crc32(f"{k}{tuple(a.shape)}{a.dtype}".encode(), c)
-        c = zlib.crc32(memoryview(a.reshape(-1).view(np.uint8)), c)
+        c = zlib.crc32(a.reshape(-1).view(np.uint8).data, c)
     return f"{c:08x}"
 
 
@@ -173,15 +173,15 @@ def launch(phase: str, label: str, a: argparse.Namespace, roots: dict[str, str],
     """Start ``a.ranks`` ranks of ``phase``, each with its simulated node's id and local root;
     every rank is killed once one fails or ``a.timeout`` seconds pass. Each rank's JSON."""
     port = free_port()
-    procs = []
+    procs: list[tuple[subprocess.Popen[bytes], str, str]] = []
     for r in range(a.ranks):
         node = node_of(r, a)
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(a.ranks),
                    GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CKPTIO_NODE=node, CKPTIO_PEER_ADDR="127.0.0.1")  # fmt: skip
         out, log = os.path.join(work, f"{phase}-rank{r}.json"), os.path.join(work, f"{phase}-rank{r}.log")
-        for p in (out, log):
-            if os.path.exists(p):
-                os.remove(p)
+        for f in (out, log):
+            if os.path.exists(f):
+                os.remove(f)
         cmd = [sys.executable, os.path.abspath(__file__), "rank", "--phase", phase, "--persistent", a.persistent,
                "--local", roots[node], "--rank-bytes", str(a.size // a.ranks), "--tensors", str(a.tensors),
                "--replicas", str(a.replicas), "--timeout", str(a.collective_timeout), "--out", out, *extra]  # fmt: skip
@@ -209,8 +209,8 @@ def launch(phase: str, label: str, a: argparse.Namespace, roots: dict[str, str],
             f"--- rank {i} ({node_of(i, a)}) ---\n{tail(log, 3000)}" for i, (_p, _o, log) in enumerate(procs)))
     docs = []
     for _p, out, log in procs:
-        with open(out) as f:
-            d = json.load(f)
+        with open(out) as fo:
+            d = json.load(fo)
         d["log"] = tail(log, 2000)  # warnings (a failed replication is one)
         docs.append(d)
     return docs
@@ -414,7 +414,8 @@ def summarize_rounds(rounds: list[dict[str, Any]], a: argparse.Namespace) -> dic
     s["restore_target"] = f"persistent_s / peer_s >= {TARGET_PERSISTENT_X_PEER} for the ranks of {lost}"
     s["restore_met"] = s["persistent_x_peer"] is not None and s["persistent_x_peer"] >= TARGET_PERSISTENT_X_PEER
     fr = [rr["persistent_cache"]["resident_fraction"] for rr in rounds]
-    s["persistent_cache"] = f"dropped (posix_fadvise DONTNEED): {max(fr):.1%} of the persistent files' pages resident at most"
+    s["persistent_cache"] = (f"cold for this machine: fsync + posix_fadvise DONTNEED per file, then {max(fr):.1%} of their pages "
+                             "resident at most (mincore); a cache below a virtual disk, on its host, is beyond reach")
     if a.raw_size:
         s["raw_write_gbps"] = round(med([rr["raw_write_gbps"] for rr in rounds]), 4)
         s["raw_read_gbps"] = round(med([rr["raw_read_gbps"] for rr in rounds]), 4)
@@ -476,13 +477,13 @@ def summarize(doc: dict[str, Any]) -> str:
         f"({human(a['size'] // a['ranks'])} per rank, {a['tensors']} tensors), replicas={a['replicas']}, local roots "
         f"in {doc['machine']['local_base']}, persistent tier in {doc['machine']['dir']}; medians of {a['rounds']} rounds"
         + (f"; raw device write {s['raw_write_gbps']:.2f} / read {s['raw_read_gbps']:.2f} GB/s" if "raw_write_gbps" in s else ""),
-        f"  {'save stall (slowest rank)':42s} Manager(local=).save {s['manager_stall_s']:.3f} s, save_async "
-        f"{s['async_stall_s']:.3f} s: {s['stall_x_async']:.2f}x (target {s['stall_target']}: {'met' if s['stall_met'] else 'MISSED'}; "
-        f"each pair {' '.join(f'{x:.2f}' for x in s['stall_x_async_pairs'])})",
-        f"  {'after the stall (per rank, medians)':42s} local write {fmt(s['last_save_local_s'])}, replication "
-        f"{fmt(s['last_save_replicate_s'])}, persistent copy {fmt(s['last_save_persist_s'])}",
-        f"  {'replication rate per byte':42s} {s['replicate_gbps']:.3f} GB/s (replicate_bytes / replicate_s, "
-        f"{human(int(s['replicate_bytes_per_rank']))} per rank)",
+        (f"  {'save stall (slowest rank)':42s} Manager(local=).save {s['manager_stall_s']:.3f} s, save_async "
+         f"{s['async_stall_s']:.3f} s: {s['stall_x_async']:.2f}x (target {s['stall_target']}: {'met' if s['stall_met'] else 'MISSED'}; "
+         f"each pair {' '.join(f'{x:.2f}' for x in s['stall_x_async_pairs'])})"),
+        (f"  {'after the stall (per rank, medians)':42s} local write {fmt(s['last_save_local_s'])}, replication "
+         f"{fmt(s['last_save_replicate_s'])}, persistent copy {fmt(s['last_save_persist_s'])}"),
+        (f"  {'replication rate per byte':42s} {s['replicate_gbps']:.3f} GB/s (replicate_bytes / replicate_s, "
+         f"{human(int(s['replicate_bytes_per_rank']))} per rank)"),
     ]  # fmt: skip
     p, q = s["peer"], s["persistent"]
     for what, x in ((f"{lost} lost: its ranks restore from the peer", p), ("every local tier lost: from persistent", q)):
