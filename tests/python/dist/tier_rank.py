@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One rank of the peer-tier tests on torch.distributed (gloo, CPU): argv is a JSON object
+(the run), MASTER_ADDR/PORT, RANK, WORLD_SIZE, CKPTIO_NODE and CKPTIO_PEER_ADDR come from the
+environment.
+
+The run's keys: "mode" ("save" or "restore"), "persist" (the Manager's directory), "local"
+(this rank's node root), "kw" (more Manager arguments: replicas, persist_every, local_keep,
+keep, timeout), "steps" (saved in order), "sizes" (bytes of "w" per step and rank, see
+tier_parts.size_of), "kill" ({"rank", "step", "when": "before" | "after"}: that rank SIGKILLs
+itself before save(step) is called, or as soon as it returns), "steps_to_restore" (restore
+these steps by number as well as the newest one). Each rank writes what happened as
+TAG-RANK.json (TAG: the mode) in $CKPTIO_TEST_OUT."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _report import emit  # noqa: E402
+from tier_parts import part, same, size_of  # noqa: E402
+
+import ckptio  # noqa: E402
+
+run: dict[str, Any] = json.loads(sys.argv[1])
+mode = run["mode"]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, n = dist.get_rank(), dist.get_world_size()
+sizes = run.get("sizes", {})
+kill = run.get("kill") or {}
+
+
+def plain(v: Any) -> Any:
+    """A JSON-able copy of ``v`` (last_save and last_restore hold only plain values, but a
+    float('inf') or a path object must not lose the whole report)."""
+    return json.loads(json.dumps(v, default=str))
+
+
+def torch_part(step: int) -> dict[str, Any]:
+    t = part(rank, step, size_of(sizes, rank, step))
+    return {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in t.items()}
+
+
+def manager() -> ckptio.Manager:
+    kw = dict(run.get("kw", {}))
+    kw.setdefault("timeout", 20)
+    return ckptio.Manager(run["persist"], comm="torch", local=run["local"], **kw)
+
+
+def failure(e: BaseException) -> dict[str, Any]:
+    return {"error": type(e).__name__, "message": str(e),
+            "notes": getattr(e, "__notes__", []), "trace": traceback.format_exc()}
+
+
+def die_if(step: int, when: str) -> None:
+    if kill.get("rank") == rank and kill.get("step") == step and kill.get("when") == when:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save() -> dict[str, Any]:
+    m = manager()
+    saved = []
+    res: dict[str, Any] = {}
+    try:
+        for s in run["steps"]:
+            die_if(s, "before")
+            m.save(s, torch_part(s))
+            die_if(s, "after")
+            saved.append(s)
+        m.wait_until_finished()
+    except Exception as e:
+        res = failure(e)
+    res.update(saved=saved, last_save=plain(m.last_save))
+    if not kill:
+        # Every rank's pushes have ended before any rank stops serving its peers.
+        dist.barrier()
+    try:
+        m.close()
+    except Exception as e:
+        res.setdefault("close_error", f"{type(e).__name__}: {e}")
+    return res
+
+
+def restore() -> dict[str, Any]:
+    m = manager()
+    t0 = time.monotonic()
+    out = m.restore()
+    res: dict[str, Any] = {"wall_s": time.monotonic() - t0, "last_restore": plain(m.last_restore)}
+    step = out.get("step") if isinstance(out, dict) else None
+    res["step"] = step
+    res["ok"] = isinstance(step, int) and same(out, rank, step, size_of(sizes, rank, step))
+    by_number = {}
+    for s in run.get("steps_to_restore", []):
+        got = m.restore(step=s)
+        by_number[str(s)] = {"ok": same(got, rank, s, size_of(sizes, rank, s)),
+                             "last_restore": plain(m.last_restore)}
+    res["by_number"] = by_number
+    dist.barrier()  # every rank has fetched what it needed before peers stop serving
+    m.close()
+    return res
+
+
+try:
+    result = save() if mode == "save" else restore()
+except Exception as e:
+    result = failure(e)
+emit(mode, dict(rank=rank, pid=os.getpid(), node=os.environ.get("CKPTIO_NODE"), **result))
+sys.stdout.flush()
+os._exit(0)  # a rank may be gone (the kill tests): leave without the group's teardown
