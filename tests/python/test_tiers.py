@@ -303,10 +303,12 @@ def test_peer_killed_mid_replication(tmp_path: pathlib.Path, victim: str) -> Non
     job = Job(tmp_path)
     kw = dict(replicas=1, persist_every=None, local_keep=2, timeout=5)
     with torch_ranks(job, "save", TWO_NODES, env={"CKPTIO_PEER_MAX_RATE": str(RATE)},
-                     steps=[1, 2], sizes={"2": [BIG, SMALL, SMALL, SMALL]}, kw=kw) as launch:
+                     steps=[1, 2], sizes={"2": [BIG, SMALL, SMALL, SMALL]}, kw=kw,
+                     barrier=False) as launch:
         step2 = job.roots[1] / "2"
         wait_for("rank 0's copy in flight to n1",
-                 lambda: list(step2.glob("rank0.tmp-*")) if step2.is_dir() else [], 60, launch)
+                 lambda: list(step2.glob("rank0.tmp-*")) if step2.is_dir() else [],
+                 LAUNCH_TIMEOUT, launch)
         killed = launch.procs[2 if victim == "receiver" else 0]
         killed.send_signal(signal.SIGKILL)
         killed.wait()

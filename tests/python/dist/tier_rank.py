@@ -8,7 +8,8 @@ The run's keys: "mode" ("save" or "restore"), "persist" (the Manager's directory
 keep, timeout), "steps" (saved in order), "sizes" (bytes of "w" per step and rank, see
 tier_parts.size_of), "kill" ({"rank", "step", "when": "before" | "after"}: that rank SIGKILLs
 itself before save(step) is called, or as soon as it returns), "steps_to_restore" (restore
-these steps by number as well as the newest one). Each rank writes what happened as
+these steps by number as well as the newest one), "barrier" (false: a rank of the job will
+be killed from outside, so no barrier after the saves). Each rank writes what happened as
 TAG-RANK.json (TAG: the mode) in $CKPTIO_TEST_OUT."""
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def save() -> dict[str, Any]:
     except Exception as e:
         res = failure(e)
     res.update(saved=saved, last_save=plain(m.last_save))
-    if not kill:
+    if not kill and run.get("barrier", True):
         # Every rank's pushes have ended before any rank stops serving its peers.
         dist.barrier()
     try:
