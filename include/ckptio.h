@@ -520,6 +520,45 @@ CKPTIO_API void ckptio_zip_writer_close(ckptio_zip_writer *z);
 CKPTIO_API int ckptio_zip_writer_stats(const ckptio_zip_writer *z, ckptio_stats *out);
 CKPTIO_API const char *ckptio_zip_writer_errmsg(const ckptio_zip_writer *z);
 
+/* ---- the peer tier's transport (doc/tiers.md). Since 0.3. ----
+ * A "part" is one rank's committed checkpoint directory under a node's local root, named
+ * relative to that root ("<step>/rank<R>"). Parts travel between ranks over TCP and are
+ * published by the receiver only once complete (a "<name>.tmp-<pid>.<n>" directory renamed into
+ * place, as every ckptio commit): a sender or receiver killed halfway leaves no part. */
+typedef struct ckptio_peer ckptio_peer;
+
+#define CKPTIO_PEER_VERIFY 1u /* verify every block's checksum before publishing a part */
+
+typedef struct ckptio_peer_opts {
+    double timeout;    /* seconds any one send or receive may wait (<= 0: no limit) */
+    uint64_t max_rate; /* push: bytes per second at most (0: no limit) */
+    unsigned flags;    /* fetch, copy: CKPTIO_PEER_VERIFY (a push is always verified) */
+} ckptio_peer_opts;
+
+/* Serve the parts under `root` and receive the parts other ranks push: listen on `addr`
+ * (an address or host name; NULL or "": every interface) and `port` (0: any free one), on a
+ * thread of ckptio's, one more per connection. A pushed part is verified (every block against
+ * its checksum) before it is published; a part that fails is not kept, and the pusher is told
+ * why. */
+CKPTIO_API int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port);
+/* The port the server listens on. */
+CKPTIO_API int ckptio_peer_port(const ckptio_peer *p);
+/* Stop listening, break off transfers in progress (their parts are not kept), free. NULL ok. */
+CKPTIO_API void ckptio_peer_close(ckptio_peer *p);
+/* Send the committed checkpoint `src` to the server at host:port, to be kept as part `name`
+ * under its root. Returns 0 once the peer has verified and published it; on failure the
+ * peer's reason, or the transfer's. *bytes (may be NULL): bytes sent. */
+CKPTIO_API int ckptio_peer_push(const char *src, const char *host, int port, const char *name,
+                                const ckptio_peer_opts *o, uint64_t *bytes);
+/* Fetch part `name` from the server at host:port into directory `dst` (created, or replaced
+ * only once the new one is complete). -ENOENT: the peer holds no such committed part. */
+CKPTIO_API int ckptio_peer_fetch(const char *host, int port, const char *name, const char *dst,
+                                 const ckptio_peer_opts *o, uint64_t *bytes);
+/* Copy the committed checkpoint `src` to directory `dst` on a file system (copy_file_range,
+ * each file fsynced), published as a fetch is. */
+CKPTIO_API int ckptio_part_copy(const char *src, const char *dst, const ckptio_peer_opts *o,
+                                uint64_t *bytes);
+
 /* One byte range of a file to read into dst (dst must hold `len` bytes; as with regions, pass
  * dst aligned to ckptio_alignment() for reads with no copy). `size` = sizeof(ckptio_range), as
  * for ckptio_region; since 0.2. */

@@ -60,7 +60,7 @@ PyMODINIT_FUNC PyInit__core(void)
         ckptio__pyvalues_register, ckptio__pybuffer_register, ckptio__pywriter_register,
         ckptio__pyreader_register, ckptio__pyfile_register,   ckptio__pydist_register,
         ckptio__pygpu_register,    ckptio__pyasync_register, ckptio__pycomm_register,   ckptio__pyst_register,
-        ckptio__pylazy_register,   ckptio__pyconvert_register,
+        ckptio__pylazy_register,   ckptio__pyconvert_register, ckptio__pypeer_register,
     };
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;

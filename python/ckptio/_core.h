@@ -206,6 +206,7 @@ int ckptio__pydist_register(PyObject *m);   /* _core_dist.c: save_dist, remove_s
 int ckptio__pygpu_register(PyObject *m);    /* _core_gpu.c: gpu_add, gpu_read, ... */
 int ckptio__pyasync_register(PyObject *m);  /* _core_async.c: Pool, take, commit_async... */
 int ckptio__pyconvert_register(PyObject *m); /* _core_convert.c: convert, convert_detect */
+int ckptio__pypeer_register(PyObject *m);    /* _core_peer.c: PeerServer, peer_push, ... */
 
 /* Set by their files' register functions; gpu_* take a Writer or a Reader. */
 extern ckptio__pyhandle_type ckptio__pyWriter_Type, ckptio__pyReader_Type;

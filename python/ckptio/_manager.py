@@ -20,6 +20,7 @@ from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
 from ._save import PathLike, save
 from ._stage import is_url
+from ._tiers import Tiers, _pid_alive
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
@@ -29,16 +30,6 @@ _STEP = re.compile(r"0|[1-9][0-9]*")
 # A step being deleted is first renamed to "<step>.deleting-<pid>": it stops being listed at
 # once, and a crash halfway through its removal leaves only this name.
 _DELETING = re.compile(r"(?:0|[1-9][0-9]*)\.deleting-([0-9]+)")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_dir(path: str) -> None:
@@ -95,6 +86,11 @@ class Manager:
         comm: Any = None,
         timeout: float | None = None,
         full_every: int | None = None,
+        local: PathLike | None = None,
+        replicas: int = 1,
+        persist_every: int | None = 1,
+        local_keep: int = 2,
+        node: str | None = None,
         **save_options: Any,
     ) -> None:
         if "base" in save_options:
@@ -122,6 +118,15 @@ class Manager:
         self._lock = threading.Lock()
         self._closed = False
         _LIVE.add(self)
+        self._tiers: Tiers | None = None
+        if local is not None:
+            if full_every not in (None, 1):
+                raise error(USAGE, "full_every (deltas) is not available with local= tiers: "
+                            "each tier holds full parts", InvalidType)  # fmt: skip
+            self._tiers = Tiers(self.directory, local, self.comm, replicas=replicas,
+                persist_every=persist_every, local_keep=local_keep, keep=keep, node=node,
+                timeout=self.timeout)  # fmt: skip
+            return
         if not self._url:
             os.makedirs(self.directory, exist_ok=True)
         if not self._url and (self.comm is None or self.comm.rank == 0):
@@ -129,7 +134,10 @@ class Manager:
 
     # ---- listing ----
     def all_steps(self) -> list[int]:
-        """The committed steps, ascending."""
+        """The committed steps, ascending (with local=: the steps complete in the persistent
+        tier, every rank's part there)."""
+        if self._tiers is not None:
+            return self._tiers.persistent_steps()
         names = _core.list_checkpoints(self.directory)
         return sorted(int(n) for n in names if _STEP.fullmatch(n))
 
@@ -156,6 +164,10 @@ class Manager:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise error(USAGE, f"step must be an int >= 0, got {step!r}", InvalidType)
         self._check_open()
+        if self._tiers is not None:
+            with self._lock:
+                self._tiers.save(step, tree, metadata, self.max_host_bytes, self.save_options)
+            return True
         with self._lock:
             self._wait_pending()
             latest = self.latest_step()
@@ -190,6 +202,9 @@ class Manager:
         like=like, **load_options) does (``comm=`` too: pass it to load on the ranks of a
         job). A save in flight is waited for first. Listing and restoring work after close()
         too."""
+        if self._tiers is not None:
+            with self._lock:
+                return self._tiers.restore(step, like, load_options)
         self.wait_until_finished()
         if step is None:
             step = self.latest_step()
@@ -200,9 +215,12 @@ class Manager:
         return load(self.step_path(step), like=like, **load_options)
 
     def wait_until_finished(self) -> None:
-        """Wait for the save in flight, raising its error."""
+        """Wait for the save in flight, raising its error (with local=: its local write's; its
+        replication's and persistent copy's errors are in last_save["errors"])."""
         with self._lock:
             self._wait_pending()
+            if self._tiers is not None:
+                self._tiers.finish()
 
     def close(self) -> None:
         """Wait for the save in flight (raising its error); the manager saves no more."""
@@ -211,6 +229,24 @@ class Manager:
         self._closed = True
         with self._lock:
             self._wait_pending()
+            if self._tiers is not None:
+                self._tiers.close()
+
+    @property
+    def last_save(self) -> dict[str, Any] | None:
+        """With local=: what the newest finished save did (see doc/tiers.md)."""
+        return None if self._tiers is None else self._tiers.last_save
+
+    @property
+    def last_restore(self) -> dict[str, Any] | None:
+        """With local=: where the last restore took this rank's part from (doc/tiers.md)."""
+        return None if self._tiers is None else self._tiers.last_restore
+
+    def local_steps(self) -> list[int]:
+        """With local=: the steps of which this node's local tier holds this rank's part."""
+        if self._tiers is None:
+            return []
+        return self._tiers.local_steps()
 
     def __enter__(self) -> Manager:
         return self

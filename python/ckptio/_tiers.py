@@ -1,0 +1,500 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Manager's tiers: each rank's part in its node's local tier (host memory or local NVMe),
+copies on peer nodes, every k-th step in the persistent directory; restore from the nearest
+verified copy, the same step on every rank. The transport (servers, pushes, fetches, copies
+published only once complete and verified) is the C engine's (ckptio_peer_*)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import _core
+from ._async import AsyncSave, _save_async
+from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
+from ._load import load
+from .ranks._comm import Communicator
+
+__all__ = ["Tiers"]
+
+_STEP = re.compile(r"0|[1-9][0-9]*")
+_PART = re.compile(r"rank(0|[1-9][0-9]*)")
+_TMP = re.compile(r".*\.tmp-([0-9]+)\.[0-9]+")
+_DELETING = re.compile(r".*\.deleting-([0-9]+)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _default_addr() -> str:
+    """The address the other nodes reach this one at: CKPTIO_PEER_ADDR, else the host name's."""
+    a = os.environ.get("CKPTIO_PEER_ADDR")
+    if a:
+        return a
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _steps_in(root: str) -> dict[int, list[int]]:
+    """{step: [ranks whose committed part is under root/<step>/]}."""
+    out: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return out
+    for s in names:
+        if not _STEP.fullmatch(s):
+            continue
+        try:
+            parts = os.listdir(os.path.join(root, s))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        ranks = sorted(int(m.group(1)) for p in parts if (m := _PART.fullmatch(p))
+                       and _core.is_checkpoint(os.path.join(root, s, p)))  # fmt: skip
+        if ranks:
+            out[int(s)] = ranks
+    return out
+
+
+def _remove_step(root: str, step: int) -> None:
+    """Rename root/<step> out of the listing (durably), then remove it."""
+    src = os.path.join(root, str(step))
+    dst = f"{src}.deleting-{os.getpid()}"
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        return
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    shutil.rmtree(dst, ignore_errors=True)
+
+
+def _sweep(root: str) -> None:
+    """Remove what dead processes left under root: step directories being deleted, and
+    unfinished parts (<step>/rank<R>.tmp-<pid>.<n>)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for n in names:
+        p = os.path.join(root, n)
+        if (m := _DELETING.fullmatch(n)) and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+        elif _STEP.fullmatch(n) and os.path.isdir(p):
+            for q in os.listdir(p):
+                m = _TMP.fullmatch(q) or _DELETING.fullmatch(q)
+                if m and not _pid_alive(int(m.group(1))):
+                    shutil.rmtree(os.path.join(p, q), ignore_errors=True)
+
+
+# ---- DTensors: the local tier holds each rank's own shards ----
+
+
+def _is_dtensor(x: Any) -> bool:
+    t = type(x)
+    return t.__name__ == "DTensor" and t.__module__.startswith("torch.distributed")
+
+
+def _localize(tree: Any) -> Any:
+    """``tree`` with each DTensor replaced by its local shard (this rank's part)."""
+    if _is_dtensor(tree):
+        return tree.to_local()
+    if isinstance(tree, Mapping):
+        return type(tree)((k, _localize(v)) for k, v in tree.items()) if type(tree) is not dict \
+            else {k: _localize(v) for k, v in tree.items()}  # fmt: skip
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_localize(v) for v in tree)
+    return tree
+
+
+def _globalize(got: Any, like: Any) -> Any:
+    """``got`` (loaded with _localize(like)) with like's DTensors rebuilt around their shards."""
+    if _is_dtensor(like):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(got, like.device_mesh, like.placements, run_check=False,
+                                  shape=like.shape, stride=like.stride())  # fmt: skip
+    if isinstance(like, Mapping) and isinstance(got, Mapping):
+        return type(got)({k: _globalize(v, like[k]) if k in like else v for k, v in got.items()})
+    if isinstance(like, (list, tuple)) and isinstance(got, (list, tuple)) and len(like) == len(got):
+        return type(got)(_globalize(g, l) for g, l in zip(got, like))
+    return got
+
+
+class _Job:
+    """The background part of one save on this rank: the local write's commit, the pushes to
+    the peers, the persistent copy. One Python thread sequences these C calls."""
+
+    def __init__(self, step: int, handle: AsyncSave, stall: float) -> None:
+        self.step = step
+        self.handle = handle
+        self.report: dict[str, Any] = {"step": step, "stall_s": stall, "local_s": None,
+            "replicate_s": 0.0, "replicate_bytes": 0, "replicated_to": [], "persist_s": None,
+            "errors": []}  # fmt: skip
+        self.local_ok = False
+        self.replicated_ok = False
+        self.persisted_ok: bool | None = None  # None: not a persisted save
+        self.error: BaseException | None = None  # the local save's: raised by wait
+        self.thread: threading.Thread | None = None
+
+
+class Tiers:
+    """One rank's view of the tiers of a Manager (see Manager's ``local=``)."""
+
+    def __init__(
+        self,
+        directory: str,
+        local: Any,
+        comm: Communicator | None,
+        *,
+        replicas: int,
+        persist_every: int | None,
+        local_keep: int,
+        keep: int | None,
+        node: str | None,
+        timeout: float,
+    ) -> None:
+        for name, v, lo in (("replicas", replicas, 0), ("local_keep", local_keep, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise error(USAGE, f"{name} must be an int >= {lo}, got {v!r}", InvalidType)
+        if persist_every is not None and (not isinstance(persist_every, int)
+                                          or isinstance(persist_every, bool) or persist_every < 1):
+            raise error(USAGE, f"persist_every must be None or an int >= 1, got {persist_every!r}",
+                        InvalidType)  # fmt: skip
+        if "://" in directory:
+            raise error(USAGE, f"the persistent tier of a Manager with local= is a directory on "
+                        f"a file system, not '{directory}'")  # fmt: skip
+        self.directory = directory
+        self.local = os.path.abspath(os.fspath(local))
+        self.comm = comm
+        self.rank = comm.rank if comm is not None else 0
+        self.size = comm.size if comm is not None else 1
+        self.replicas = replicas
+        self.persist_every = persist_every
+        self.local_keep = local_keep
+        self.keep = keep
+        self.timeout = timeout
+        self.node = node or os.environ.get("CKPTIO_NODE") or socket.gethostname()
+        self.max_rate = int(os.environ.get("CKPTIO_PEER_MAX_RATE", "0") or 0)
+        os.makedirs(self.local, exist_ok=True)
+        os.makedirs(self.directory, exist_ok=True)
+        addr = _default_addr()
+        bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
+        self.server = _core.PeerServer(self.local, bind, int(os.environ.get("CKPTIO_PEER_PORT", "0")))
+        me = {"rank": self.rank, "node": self.node, "addr": addr, "port": self.server.port}
+        self.peers: list[dict[str, Any]] = self._allgather(me)
+        self.nodes = sorted({p["node"] for p in self.peers})
+        self.node_ranks = {n: sorted(p["rank"] for p in self.peers if p["node"] == n)
+                           for n in self.nodes}  # fmt: skip
+        self.leader = self.node_ranks[self.node][0] == self.rank  # tends the node's root
+        self.targets = self._targets()
+        self.saves = 0
+        self.complete: int | None = None  # newest step known complete for the whole job
+        self.persisted: int | None = None  # newest step known complete in the persistent tier
+        self.job: _Job | None = None
+        self.last_save: dict[str, Any] | None = None
+        self.last_restore: dict[str, Any] | None = None
+        if self.leader:
+            _sweep(self.local)
+        if self.rank == 0:
+            _sweep(self.directory)
+
+    # ---- collectives (the caller's thread) ----
+    def _allgather(self, obj: Any) -> Any:
+        if self.comm is None or self.size == 1:
+            return json.loads(json.dumps([obj]))
+        got = self.comm.gather(0, json.dumps(obj).encode(), self.timeout)
+        data = json.dumps([json.loads(g) for g in got]).encode() if got is not None else None
+        return json.loads(self.comm.broadcast(0, data, self.timeout))
+
+    def _decide(self, obj: Any, fn: Any) -> Any:
+        """Gather ``obj`` from every rank to rank 0, which computes fn(list); all get the result."""
+        if self.comm is None or self.size == 1:  # the same JSON round trip as several ranks
+            return json.loads(json.dumps(fn(json.loads(json.dumps([obj])))))
+        got = self.comm.gather(0, json.dumps(obj).encode(), self.timeout)
+        data = json.dumps(fn([json.loads(g) for g in got])).encode() if got is not None else None
+        return json.loads(self.comm.broadcast(0, data, self.timeout))
+
+    def _targets(self) -> list[dict[str, Any]]:
+        """The ranks this rank's part is pushed to: on the next ``replicas`` nodes, the rank at
+        this rank's position among its node's ranks (modulo that node's count)."""
+        i = self.nodes.index(self.node)
+        pos = self.node_ranks[self.node].index(self.rank)
+        out = []
+        for k in range(1, min(self.replicas, len(self.nodes) - 1) + 1):
+            ranks = self.node_ranks[self.nodes[(i + k) % len(self.nodes)]]
+            out.append(self.peers[ranks[pos % len(ranks)]])
+        return out
+
+    # ---- listing ----
+    def persistent_steps(self) -> list[int]:
+        return sorted(s for s, rs in _steps_in(self.directory).items() if len(rs) >= self.size)
+
+    def local_steps(self) -> list[int]:
+        return sorted(s for s, rs in _steps_in(self.local).items() if self.rank in rs)
+
+    # ---- paths ----
+    def part(self, root: str, step: int, rank: int | None = None) -> str:
+        return os.path.join(root, str(step), f"rank{self.rank if rank is None else rank}")
+
+    # ---- save ----
+    def save(self, step: int, tree: Any, metadata: Mapping[str, str] | None,
+             max_host_bytes: int | None, options: dict[str, Any]) -> None:  # fmt: skip
+        t0 = time.perf_counter()
+        self.finish()
+        self._agree_saved()
+        meta = dict(metadata or {})
+        meta.update({"ckptio_tier.world": str(self.size), "ckptio_tier.rank": str(self.rank),
+                     "ckptio_tier.step": str(step), "ckptio_tier.node": self.node})  # fmt: skip
+        persist = self.persist_every is not None and self.saves % self.persist_every == 0
+        self.saves += 1
+        path = self.part(self.local, step)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        h = _save_async(_localize(tree), path, max_host_bytes=max_host_bytes, overwrite=True,
+                        metadata=meta, io_options=options)  # fmt: skip
+        job = _Job(step, h, 0.0)
+        job.persisted_ok = False if persist else None
+        prune = self._prune_plan(step)
+        job.thread = threading.Thread(target=self._run, args=(job, prune),
+                                      name=f"ckptio-tiers-{step}", daemon=True)  # fmt: skip
+        job.report["stall_s"] = time.perf_counter() - t0
+        self.job = job
+        job.thread.start()
+
+    def _run(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
+        r = job.report
+        t = time.perf_counter()
+        try:
+            job.handle.wait()
+        except BaseException as e:
+            job.error = e
+            return
+        job.local_ok = True
+        r["local_s"] = time.perf_counter() - t
+        src = self.part(self.local, job.step)
+        t = time.perf_counter()
+        ok = True
+        for p in self.targets:
+            try:
+                r["replicate_bytes"] += _core.peer_push(src, p["addr"], int(p["port"]),
+                    f"{job.step}/rank{self.rank}", self.timeout, self.max_rate)  # fmt: skip
+                r["replicated_to"].append(p["node"])
+            except (OSError, CheckpointError) as e:
+                ok = False
+                r["errors"].append(f"replicating step {job.step} of rank {self.rank} to node "
+                                   f"{p['node']} (rank {p['rank']}) failed: {e}")  # fmt: skip
+        r["replicate_s"] = time.perf_counter() - t
+        job.replicated_ok = ok
+        if job.persisted_ok is not None:
+            t = time.perf_counter()
+            try:
+                _core.part_copy(src, self.part(self.directory, job.step), False)
+                job.persisted_ok = True
+            except (OSError, CheckpointError) as e:
+                r["errors"].append(f"copying step {job.step} of rank {self.rank} to the "
+                                   f"persistent tier failed: {e}")  # fmt: skip
+            r["persist_s"] = time.perf_counter() - t
+        local_doomed, persistent_doomed = prune
+        for s in local_doomed:
+            _remove_step(self.local, s)
+        for s in persistent_doomed:
+            _remove_step(self.directory, s)
+
+    def finish(self) -> None:
+        """Wait for the background part of the last save; raise its local save's error (the
+        replication's and persistent copy's are listed in last_save and warned of)."""
+        job = self.job
+        if job is None or job.thread is None:
+            return
+        job.thread.join()
+        job.thread = None
+        self.last_save = job.report
+        if job.report["errors"]:
+            print("ckptio.Manager: " + "; ".join(job.report["errors"]), file=sys.stderr)
+        if job.error is not None:
+            err, job.error = job.error, None
+            raise err
+
+    def _agree_saved(self) -> None:
+        """Collective: whether the last save is complete for the whole job (every rank wrote
+        its part and replicated it) and complete in the persistent tier."""
+        job = self.job
+        mine = {"step": job.step if job else None, "local": bool(job and job.local_ok),
+                "replicated": bool(job and job.replicated_ok),
+                "persisted": None if job is None else job.persisted_ok}  # fmt: skip
+
+        def decide(all_: list[dict[str, Any]]) -> dict[str, Any]:
+            steps = {a["step"] for a in all_}
+            if len(steps) != 1 or None in steps:
+                return {"complete": None, "persisted": None}
+            s = all_[0]["step"]
+            whole = all(a["local"] and a["replicated"] for a in all_)
+            pers = all(a["persisted"] for a in all_)
+            return {"complete": s if whole else None, "persisted": s if pers else None}
+
+        got = self._decide(mine, decide)
+        if got["complete"] is not None:
+            self.complete = max(got["complete"], self.complete or -1)
+        if got["persisted"] is not None:
+            self.persisted = max(got["persisted"], self.persisted or -1)
+
+    def _prune_plan(self, step: int) -> tuple[list[int], list[int]]:
+        """Steps to delete before ``step`` is saved: of the node's local root (its leader
+        deletes), keeping the newest local_keep (``step`` among them) and the newest complete step, never a step newer than it; of the persistent
+        tier (rank 0), keeping the newest ``keep`` complete ones and never an unfinished step
+        newer than the newest complete one."""
+        local: list[int] = []
+        if self.leader and self.complete is not None:
+            held = sorted(set(_steps_in(self.local)) | {step})
+            keep = set(held[-self.local_keep:]) | {self.complete}
+            local = [s for s in held if s < self.complete and s not in keep]
+        pers: list[int] = []
+        if self.rank == 0 and self.persisted is not None and self.keep is not None:
+            have = _steps_in(self.directory)
+            complete = sorted(s for s, rs in have.items() if len(rs) >= self.size
+                              and s <= self.persisted)  # fmt: skip
+            keep = set(complete[-self.keep:]) | {self.persisted}
+            pers = [s for s in have if s < self.persisted and s not in keep]
+        return local, pers
+
+    # ---- restore ----
+    def restore(self, step: int | None, like: Any, load_options: dict[str, Any]) -> Any:
+        t_all = time.perf_counter()
+        self.finish()
+        secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
+        t = time.perf_counter()
+        mine = {"rank": self.rank, "node": self.node, "held": _steps_in(self.local)}
+        size = self.size
+        directory = self.directory
+
+        def plan(all_: list[dict[str, Any]]) -> dict[str, Any]:
+            pers = _steps_in(directory)
+            holders: dict[int, dict[int, list[str]]] = {}
+            for a in sorted(all_, key=lambda a: (self.nodes.index(a["node"]), a["rank"])):
+                for s, rs in a["held"].items():
+                    for r in rs:
+                        nodes = holders.setdefault(int(s), {}).setdefault(r, [])
+                        if a["node"] not in nodes:
+                            nodes.append(a["node"])
+            steps = set(holders) | set(pers)
+            cands = []
+            for s in sorted(steps, reverse=True):
+                if step is not None and s != step:
+                    continue
+                per = {}
+                for r in range(size):
+                    nodes = holders.get(s, {}).get(r, [])
+                    per[r] = {"nodes": nodes, "persistent": r in pers.get(s, [])}
+                if all(v["nodes"] or v["persistent"] for v in per.values()):
+                    cands.append({"step": s, "ranks": per})
+            return {"candidates": cands}
+
+        decided = self._decide(mine, plan)
+        secs["plan"] = time.perf_counter() - t
+        failed: list[dict[str, Any]] = []
+        for cand in decided["candidates"]:
+            s = cand["step"]
+            v = cand["ranks"][str(self.rank)]
+            out, source, path, nbytes, f_s, l_s = self._restore_part(s, v, like, load_options, failed)
+            secs["fetch"] += f_s
+            secs["load"] += l_s
+            t = time.perf_counter()
+            ok = self._decide(out is not _MISSING, lambda all_: all(all_))
+            secs["agree"] += time.perf_counter() - t
+            if ok:
+                self.complete = max(s, self.complete or -1)
+                secs["total"] = time.perf_counter() - t_all
+                self.last_restore = {"step": s, "source": source, "path": path,
+                    "failed": failed, "seconds": secs, "bytes": nbytes}  # fmt: skip
+                return out
+        what = f"step {step}" if step is not None else "any step"
+        raise _from_code(-errno.ENOENT, "ENOENT",
+            f"rank {self.rank}: no complete copy of {what} for all {size} ranks in the local "
+            f"tiers ('{self.local}' on node {self.node} and its peers) or the persistent tier "
+            f"('{directory}')" + (f"; copies that failed: {failed}" if failed else ""),
+        )  # fmt: skip
+
+    def _restore_part(self, step: int, v: dict[str, Any], like: Any,
+                      load_options: dict[str, Any], failed: list[dict[str, Any]]) -> Any:  # fmt: skip
+        """This rank's part of ``step`` from its sources in order: (tree or _MISSING, source,
+        path, bytes, fetch seconds, load seconds)."""
+        fetch_s = load_s = 0.0
+        local = self.part(self.local, step)
+        sources: list[tuple[str, Any]] = []
+        if self.node in v["nodes"]:
+            sources.append(("local", local))
+        for n in v["nodes"]:
+            if n != self.node:
+                sources.append(("peer", self.peers[self.node_ranks[n][0]]))
+        if v["persistent"]:
+            sources.append(("persistent", self.part(self.directory, step)))
+        for kind, where in sources:
+            path = local if kind == "peer" else where
+            nbytes = 0
+            try:
+                if kind == "peer":
+                    t = time.perf_counter()
+                    try:
+                        nbytes = _core.peer_fetch(where["addr"], int(where["port"]),
+                            f"{step}/rank{self.rank}", local, self.timeout, False)  # fmt: skip
+                    finally:
+                        fetch_s += time.perf_counter() - t
+                t = time.perf_counter()
+                try:
+                    out = self._load(path, like, load_options)
+                finally:
+                    load_s += time.perf_counter() - t
+                return out, kind, path, nbytes, fetch_s, load_s
+            except (OSError, CheckpointError) as e:
+                rec = {"step": step, "source": kind, "error": f"{type(e).__name__}: {e}"}
+                rec["peer" if kind == "peer" else "path"] = (
+                    f"{where['node']} ({where['addr']}:{where['port']})" if kind == "peer" else path)
+                failed.append(rec)
+                print(f"ckptio.Manager: rank {self.rank}: the {kind} copy of step {step} is "
+                      f"unusable, trying the next source: {rec['error']}", file=sys.stderr)  # fmt: skip
+                if kind != "persistent" and os.path.isdir(path):
+                    _remove_part(path)  # a damaged copy is neither served nor listed again
+        return _MISSING, None, None, 0, fetch_s, load_s
+
+    def _load(self, path: str, like: Any, load_options: dict[str, Any]) -> Any:
+        out = load(path, like=None if like is None else _localize(like), **load_options)
+        return out if like is None else _globalize(out, like)
+
+    def close(self) -> None:
+        try:
+            self.finish()
+        finally:
+            self.server.close()
+
+
+_MISSING = object()
+
+
+def _remove_part(path: str) -> None:
+    dst = f"{path}.deleting-{os.getpid()}"
+    try:
+        os.rename(path, dst)
+    except OSError:
+        return
+    shutil.rmtree(dst, ignore_errors=True)

@@ -1,0 +1,786 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The peer tier's transport: a rank's server for its node's checkpoint parts, pushes, fetches and copies that publish only verified parts. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../commit/txn.h"
+#include "../io/params.h"
+
+/* The wire, little-endian, one request per connection:
+ *   request  "CKPR" u32 version u32 op u32 name_len name
+ *   PUT      request, then the part's files, then the server's reply
+ *   GET      request; the server replies, then (status 0) sends the part's files
+ *   files    per file: u32 path_len path u64 size bytes; a path_len of 0 ends them
+ *   reply    i32 status u32 msg_len msg
+ * Paths are relative to the part ("manifest", "data/000000.ckd"). What arrives goes into a
+ * commit transaction of the target (a "<name>.tmp-<pid>.<n>" directory), is verified and only
+ * then renamed into place: a sender or receiver that dies halfway leaves no part behind. */
+#define PEER_MAGIC 0x52504b43u /* "CKPR" */
+#define PEER_VERSION 1u
+#define PEER_PUT 1u
+#define PEER_GET 2u
+#define PEER_MAX_NAME 4096u
+#define PEER_CHUNK (1u << 20)
+#define PEER_SERVE_TIMEOUT 120.0 /* seconds a server waits on a silent connection */
+
+struct ckptio_peer {
+    char *root;
+    int lfd;
+    int port;
+    int wake[2]; /* closing writes here: the accept loop wakes and ends */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int active;  /* connection threads still running (under lock) */
+    int *conns;  /* their sockets, shut down by close (under lock) */
+    int nconns;
+    bool stopping;
+};
+
+/* ---- bytes on a socket ---- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static int set_timeout(int fd, double seconds)
+{
+    if (seconds <= 0) return 0;
+    struct timeval tv = {.tv_sec = (time_t)seconds,
+                         .tv_usec = (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1000;
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+        return -errno;
+    return 0;
+}
+
+static int send_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* -EPIPE when the other side closed before `len` bytes came. */
+static int recv_all(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+        if (n == 0) return -EPIPE;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int send_reply(int fd, int status, const char *msg)
+{
+    size_t len = msg ? strlen(msg) : 0;
+    uint8_t h[8];
+    put32(h, (uint32_t)status);
+    put32(h + 4, (uint32_t)len);
+    int rc = send_all(fd, h, sizeof h);
+    return rc < 0 || !len ? rc : send_all(fd, msg, len);
+}
+
+/* The other side's reply: its status, its message into m when it failed. */
+static int recv_reply(int fd, const char *who, ckptio__msg *m)
+{
+    uint8_t h[8];
+    int rc = recv_all(fd, h, sizeof h);
+    if (rc < 0) return ckptio__fail(m, rc, "%s sent no reply (%s)", who, strerror(-rc));
+    int status = (int)get32(h);
+    uint32_t len = get32(h + 4);
+    char text[CKPTIO__MSG_LEN];
+    size_t keep = CKPTIO__MIN((size_t)len, sizeof text - 1);
+    if ((rc = recv_all(fd, text, keep)) < 0) return ckptio__fail(m, rc, "%s: reply cut short", who);
+    text[keep] = '\0';
+    for (uint32_t left = len - (uint32_t)keep; left;) { /* drain what did not fit */
+        char sink[256];
+        uint32_t n = CKPTIO__MIN(left, (uint32_t)sizeof sink);
+        if (recv_all(fd, sink, n) < 0) break;
+        left -= n;
+    }
+    if (status >= 0) return 0;
+    return ckptio__fail(m, status, "%s: %s", who, text);
+}
+
+/* ---- the files of a part ---- */
+
+typedef struct files {
+    char **rel; /* paths relative to the part */
+    uint64_t *size;
+    size_t n, cap;
+} files;
+
+static void files_free(files *f)
+{
+    for (size_t i = 0; i < f->n; i++) free(f->rel[i]);
+    free(f->rel);
+    free(f->size);
+    memset(f, 0, sizeof *f);
+}
+
+static int files_add(files *f, const char *rel, uint64_t size)
+{
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 16;
+        char **r = realloc(f->rel, cap * sizeof *r);
+        if (!r) return -ENOMEM;
+        f->rel = r;
+        uint64_t *s = realloc(f->size, cap * sizeof *s);
+        if (!s) return -ENOMEM;
+        f->size = s;
+        f->cap = cap;
+    }
+    if (!(f->rel[f->n] = strdup(rel))) return -ENOMEM;
+    f->size[f->n++] = size;
+    return 0;
+}
+
+/* The regular files under `dir`/`sub`, recursively. */
+static int list_files(const char *dir, const char *sub, files *f, ckptio__msg *m)
+{
+    char *path = NULL;
+    if (asprintf(&path, "%s%s%s", dir, *sub ? "/" : "", sub) < 0) return -ENOMEM;
+    DIR *d = opendir(path);
+    if (!d) {
+        int rc = ckptio__fail(m, -errno, "cannot list '%s': %s", path, strerror(errno));
+        free(path);
+        return rc;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char *rel = NULL;
+        if (asprintf(&rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) < 0) {
+            rc = -ENOMEM;
+            break;
+        }
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            rc = ckptio__fail(m, -errno, "cannot stat '%s/%s': %s", dir, rel, strerror(errno));
+        else if (S_ISDIR(st.st_mode))
+            rc = list_files(dir, rel, f, m);
+        else if (S_ISREG(st.st_mode))
+            rc = files_add(f, rel, (uint64_t)st.st_size);
+        free(rel);
+    }
+    closedir(d);
+    free(path);
+    return rc;
+}
+
+/* A relative path a part may hold: components of ordinary names, no "." or "..". */
+static bool safe_rel(const char *rel)
+{
+    if (!*rel || *rel == '/') return false;
+    for (const char *p = rel; *p;) {
+        const char *q = strchr(p, '/');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == 0 || (len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+            return false;
+        p += len + (q != NULL);
+        if (q && !*p) return false;
+    }
+    return true;
+}
+
+/* Create `rel` for writing in the transaction's directory, making its directories. */
+static int create_in(int dirfd, const char *rel, ckptio__msg *m, const char *where)
+{
+    char buf[PATH_MAX];
+    if (strlen(rel) >= sizeof buf) return ckptio__fail(m, CKPTIO_E_CORRUPT, "%s: path too long", where);
+    strcpy(buf, rel);
+    for (char *s = strchr(buf, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        if (mkdirat(dirfd, buf, 0755) < 0 && errno != EEXIST)
+            return ckptio__fail(m, -errno, "%s: cannot create '%s': %s", where, buf, strerror(errno));
+        *s = '/';
+    }
+    int fd = openat(dirfd, rel, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return ckptio__fail(m, -errno, "%s: cannot create '%s': %s", where, rel, strerror(errno));
+    return fd;
+}
+
+/* Every block of the part at `path` against its checksum: 0, or CKPTIO_E_CHECKSUM naming how
+ * many failed. */
+static int verify_part(const char *path, const char *what, ckptio__msg *m)
+{
+    ckptio_reader *r = NULL;
+    int rc = ckptio_reader_open(&r, path, NULL);
+    if (rc < 0) {
+        ckptio__msg last;
+        ckptio__msg_last(&last);
+        return ckptio__fail(m, rc, "%s is not a readable checkpoint: %s", what, last.text);
+    }
+    uint64_t bad = 0;
+    rc = ckptio_reader_verify(r, &bad);
+    if (rc < 0 && bad)
+        rc = ckptio__fail(m, CKPTIO_E_CHECKSUM, "%s: %llu block(s) fail their checksums", what,
+                          (unsigned long long)bad);
+    else if (rc < 0)
+        rc = ckptio__fail(m, rc, "%s: %s", what, ckptio_reader_errmsg(r));
+    ckptio_reader_close(r);
+    return rc;
+}
+
+/* `dir` and the directories above it, as mkdir -p. */
+static int make_dirs(const char *dir, ckptio__msg *m)
+{
+    char buf[PATH_MAX];
+    if (strlen(dir) >= sizeof buf) return ckptio__fail(m, -ENAMETOOLONG, "'%s': path too long", dir);
+    strcpy(buf, dir);
+    for (char *s = buf + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+            return ckptio__fail(m, -errno, "cannot create '%s': %s", buf, strerror(errno));
+        if (!c) return 0;
+        *s = c;
+    }
+}
+
+/* Begin the transaction of part `dst` (its parent directories made), replacing what is there
+ * only once the new part is published. */
+static int begin_part(ckptio__txn *t, const char *dst, ckptio__msg *m)
+{
+    char *parent = ckptio__parent_dir(dst);
+    if (!parent) return -ENOMEM;
+    int rc = make_dirs(parent, m);
+    free(parent);
+    if (rc < 0) return rc;
+    return ckptio__txn_begin(t, dst, CKPTIO__TXN_DIR, CKPTIO__TXN_OVERWRITE | CKPTIO__TXN_FSYNC,
+                             CKPTIO_OFF, m);
+}
+
+/* Verify (when asked) what the transaction's directory holds, then publish it. */
+static int finish_part(ckptio__txn *t, unsigned flags, const char *what, ckptio__msg *m)
+{
+    if (flags & CKPTIO_PEER_VERIFY) CKPTIO__TRY(verify_part(t->tmp_path, what, m));
+    return ckptio__txn_publish(t, m);
+}
+
+/* ---- sending and receiving a part's files ---- */
+
+typedef struct pacer {
+    uint64_t rate; /* bytes per second; 0: no limit */
+    uint64_t sent;
+    double t0;
+} pacer;
+
+static void pace(pacer *p, uint64_t n)
+{
+    p->sent += n;
+    if (!p->rate) return;
+    double ahead = (double)p->sent / (double)p->rate - (ckptio__now() - p->t0);
+    if (ahead > 0) {
+        struct timespec ts = {.tv_sec = (time_t)ahead,
+                              .tv_nsec = (long)((ahead - (double)(time_t)ahead) * 1e9)};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+    }
+}
+
+static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
+{
+    files f = {0};
+    int rc = list_files(dir, "", &f, m);
+    for (size_t i = 0; rc == 0 && i < f.n; i++) {
+        size_t len = strlen(f.rel[i]);
+        uint8_t h[12];
+        put32(h, (uint32_t)len);
+        if ((rc = send_all(sock, h, 4)) < 0 || (rc = send_all(sock, f.rel[i], len)) < 0) break;
+        put64(h, f.size[i]);
+        if ((rc = send_all(sock, h, 8)) < 0) break;
+        char *path = NULL;
+        if (asprintf(&path, "%s/%s", dir, f.rel[i]) < 0) {
+            rc = -ENOMEM;
+            break;
+        }
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) rc = ckptio__fail(m, -errno, "cannot open '%s': %s", path, strerror(errno));
+        for (uint64_t left = f.size[i]; rc == 0 && left;) {
+            size_t want = (size_t)CKPTIO__MIN(left, (uint64_t)(pc->rate ? 64u << 10 : 64u << 20));
+            ssize_t n = sendfile(sock, fd, NULL, want);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
+            else if (n == 0) rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "'%s' shrank while it was sent", path);
+            else {
+                left -= (uint64_t)n;
+                *bytes += (uint64_t)n;
+                pace(pc, (uint64_t)n);
+            }
+        }
+        if (fd >= 0) close(fd);
+        free(path);
+    }
+    if (rc == 0) {
+        uint8_t end[4] = {0};
+        rc = send_all(sock, end, 4);
+    }
+    files_free(&f);
+    return rc;
+}
+
+/* Receive file records into the transaction's directory until the end record. */
+static int recv_files(int sock, ckptio__txn *t, const char *who, uint64_t *bytes, ckptio__msg *m)
+{
+    uint8_t *buf = malloc(PEER_CHUNK);
+    if (!buf) return -ENOMEM;
+    int rc = 0;
+    for (;;) {
+        uint8_t h[8];
+        if ((rc = recv_all(sock, h, 4)) < 0) break;
+        uint32_t len = get32(h);
+        if (len == 0) break;
+        char rel[PATH_MAX];
+        if (len >= sizeof rel) {
+            rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "%s sent a file name of %u bytes", who, len);
+            break;
+        }
+        if ((rc = recv_all(sock, rel, len)) < 0 || (rc = recv_all(sock, h, 8)) < 0) break;
+        rel[len] = '\0';
+        if (!safe_rel(rel) || strlen(rel) != len) {
+            rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "%s sent a file name that is not a plain relative path", who);
+            break;
+        }
+        uint64_t size = get64(h);
+        int fd = create_in(t->tmp_fd, rel, m, t->tmp_path);
+        if (fd < 0) {
+            rc = fd;
+            break;
+        }
+        for (uint64_t left = size; rc == 0 && left;) {
+            size_t n = (size_t)CKPTIO__MIN(left, (uint64_t)PEER_CHUNK);
+            if ((rc = recv_all(sock, buf, n)) < 0) break;
+            for (size_t off = 0; off < n && rc == 0;) {
+                ssize_t w = write(fd, buf + off, n - off);
+                if (w < 0 && errno == EINTR) continue;
+                if (w < 0) rc = ckptio__fail(m, -errno, "cannot write '%s/%s': %s", t->tmp_path, rel, strerror(errno));
+                else off += (size_t)w;
+            }
+            left -= n;
+            *bytes += n;
+        }
+        if (rc == 0 && fdatasync(fd) < 0)
+            rc = ckptio__fail(m, -errno, "cannot fsync '%s/%s': %s", t->tmp_path, rel, strerror(errno));
+        close(fd);
+        if (rc < 0) break;
+    }
+    free(buf);
+    if (rc < 0 && !m->text[0])
+        ckptio__fail(m, rc, "%s: the transfer broke off (%s); nothing of it was kept", who,
+                     rc == -EPIPE ? "connection closed" : strerror(-rc));
+    return rc;
+}
+
+static int send_request(int sock, uint32_t op, const char *name)
+{
+    size_t len = strlen(name);
+    uint8_t h[16];
+    put32(h, PEER_MAGIC);
+    put32(h + 4, PEER_VERSION);
+    put32(h + 8, op);
+    put32(h + 12, (uint32_t)len);
+    int rc = send_all(sock, h, sizeof h);
+    return rc < 0 ? rc : send_all(sock, name, len);
+}
+
+/* The part `name` under root, after checking it is a relative name of the root's. */
+static int part_path(const char *root, const char *name, char **out)
+{
+    if (!safe_rel(name)) return CKPTIO_E_USAGE;
+    return asprintf(out, "%s/%s", root, name) < 0 ? -ENOMEM : 0;
+}
+
+/* ---- the server ---- */
+
+typedef struct conn {
+    ckptio_peer *p;
+    int fd;
+} conn;
+
+static void serve_put(int fd, const char *name, const char *path)
+{
+    ckptio__msg m = {0};
+    ckptio__txn t = {0};
+    uint64_t bytes = 0;
+    char who[64];
+    snprintf(who, sizeof who, "the sending rank");
+    int rc = begin_part(&t, path, &m);
+    if (rc == 0) rc = recv_files(fd, &t, who, &bytes, &m);
+    if (rc == 0) rc = finish_part(&t, CKPTIO_PEER_VERIFY, path, &m);
+    ckptio__txn_fini(&t); /* not published: its directory goes */
+    if (rc < 0 && !m.text[0]) snprintf(m.text, sizeof m.text, "%s", strerror(-rc));
+    if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET) {
+        char text[CKPTIO__MSG_LEN + 64];
+        snprintf(text, sizeof text, "part '%s' not kept: %s", name, m.text);
+        send_reply(fd, rc, text);
+        return;
+    }
+    if (rc == 0) send_reply(fd, 0, "");
+}
+
+static void serve_get(int fd, const char *path)
+{
+    ckptio__msg m = {0};
+    if (ckptio_is_checkpoint(path) != 1) {
+        char text[PATH_MAX + 64];
+        snprintf(text, sizeof text, "no committed part at '%s'", path);
+        send_reply(fd, -ENOENT, text);
+        return;
+    }
+    if (send_reply(fd, 0, "") < 0) return;
+    pacer pc = {0, 0, ckptio__now()};
+    uint64_t bytes = 0;
+    send_files(fd, path, &pc, &bytes, &m); /* a failure shows as a short stream there */
+}
+
+static void *conn_thread(void *arg)
+{
+    conn *c = arg;
+    ckptio_peer *p = c->p;
+    int fd = c->fd;
+    free(c);
+    set_timeout(fd, PEER_SERVE_TIMEOUT);
+    uint8_t h[16];
+    if (recv_all(fd, h, sizeof h) == 0 && get32(h) == PEER_MAGIC && get32(h + 4) == PEER_VERSION &&
+        get32(h + 12) < PEER_MAX_NAME) {
+        uint32_t op = get32(h + 8), len = get32(h + 12);
+        char *name = calloc(1, (size_t)len + 1);
+        char *path = NULL;
+        if (name && recv_all(fd, name, len) == 0) {
+            int rc = part_path(p->root, name, &path);
+            if (rc < 0) send_reply(fd, rc, "not a part name of this root");
+            else if (op == PEER_PUT) serve_put(fd, name, path);
+            else if (op == PEER_GET) serve_get(fd, path);
+            else send_reply(fd, CKPTIO_E_USAGE, "unknown request");
+        }
+        free(path);
+        free(name);
+    }
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->nconns; i++)
+        if (p->conns[i] == fd) p->conns[i] = p->conns[--p->nconns];
+    close(fd);
+    p->active--;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+static void *accept_thread(void *arg)
+{
+    ckptio_peer *p = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (;;) {
+        struct pollfd pf[2] = {{.fd = p->lfd, .events = POLLIN}, {.fd = p->wake[0], .events = POLLIN}};
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (pf[1].revents) break;
+        int fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn *c = malloc(sizeof *c);
+        pthread_mutex_lock(&p->lock);
+        int *grown = c ? realloc(p->conns, (size_t)(p->nconns + 1) * sizeof *grown) : NULL;
+        if (grown) p->conns = grown;
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (grown && !p->stopping) {
+            c->p = p;
+            c->fd = fd;
+            p->conns[p->nconns++] = fd;
+            p->active++;
+            if (pthread_create(&t, &at, conn_thread, c) != 0) {
+                p->nconns--;
+                p->active--;
+                grown = NULL;
+            }
+        } else {
+            grown = NULL;
+        }
+        pthread_attr_destroy(&at);
+        pthread_mutex_unlock(&p->lock);
+        if (!grown) {
+            free(c);
+            close(fd);
+        }
+    }
+    return NULL;
+}
+
+/* Resolve host:port into an IPv4/IPv6 address. */
+static int resolve(const char *host, int port, int passive, struct addrinfo **out, ckptio__msg *m)
+{
+    char svc[16];
+    snprintf(svc, sizeof svc, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
+    int e = getaddrinfo(host && *host ? host : NULL, svc, &hints, out);
+    if (e != 0)
+        return ckptio__fail(m, -EHOSTUNREACH, "cannot resolve '%s': %s", host ? host : "", gai_strerror(e));
+    return 0;
+}
+
+int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port)
+{
+    if (!out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_open: out is required");
+    *out = NULL;
+    if (!root || !*root || port < 0 || port > 65535)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_open: a root and a port in 0..65535 are required");
+    ckptio__msg m = {0};
+    struct addrinfo *ai = NULL;
+    int rc = resolve(addr, port, 1, &ai, &m);
+    if (rc < 0) return ckptio__refail(NULL, &m, rc, "ckptio_peer_open", NULL);
+    ckptio_peer *p = calloc(1, sizeof *p);
+    if (!p || !(p->root = strdup(root))) {
+        freeaddrinfo(ai);
+        free(p);
+        return ckptio__fail(NULL, -ENOMEM, "out of memory");
+    }
+    p->lfd = p->wake[0] = p->wake[1] = -1;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cond, NULL);
+    p->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (p->lfd < 0 || setsockopt(p->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(p->lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(p->lfd, 64) < 0) {
+        rc = ckptio__fail(&m, -errno, "cannot listen on %s:%d: %s", addr && *addr ? addr : "*",
+                          port, strerror(errno));
+        goto out;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(p->lfd, (struct sockaddr *)&ss, &sl);
+    p->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    if (pipe2(p->wake, O_CLOEXEC) < 0) {
+        rc = ckptio__fail(&m, -errno, "pipe: %s", strerror(errno));
+        goto out;
+    }
+    if (pthread_create(&p->thread, NULL, accept_thread, p) != 0) {
+        rc = ckptio__fail(&m, -EAGAIN, "cannot start the peer server's thread");
+        goto out;
+    }
+    freeaddrinfo(ai);
+    *out = p;
+    return 0;
+out:
+    freeaddrinfo(ai);
+    if (p->lfd >= 0) close(p->lfd);
+    if (p->wake[0] >= 0) close(p->wake[0]);
+    if (p->wake[1] >= 0) close(p->wake[1]);
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cond);
+    free(p->root);
+    free(p);
+    return ckptio__refail(NULL, &m, rc, "ckptio_peer_open", NULL);
+}
+
+int ckptio_peer_port(const ckptio_peer *p)
+{
+    return p ? p->port : CKPTIO_E_USAGE;
+}
+
+void ckptio_peer_close(ckptio_peer *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->lock);
+    p->stopping = true;
+    pthread_mutex_unlock(&p->lock);
+    ssize_t w;
+    do w = write(p->wake[1], "x", 1);
+    while (w < 0 && errno == EINTR);
+    pthread_join(p->thread, NULL);
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->nconns; i++) shutdown(p->conns[i], SHUT_RDWR);
+    while (p->active) pthread_cond_wait(&p->cond, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    close(p->lfd);
+    close(p->wake[0]);
+    close(p->wake[1]);
+    pthread_mutex_destroy(&p->lock);
+    pthread_cond_destroy(&p->cond);
+    free(p->conns);
+    free(p->root);
+    free(p);
+}
+
+/* ---- the client ---- */
+
+static int dial(const char *host, int port, double timeout, ckptio__msg *m)
+{
+    struct addrinfo *ai = NULL;
+    CKPTIO__TRY(resolve(host, port, 0, &ai, m));
+    int fd = -1, err = ECONNREFUSED;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        set_timeout(fd, timeout);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) {
+            err = errno == EINPROGRESS ? ETIMEDOUT : errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) return ckptio__fail(m, -err, "cannot connect to the peer at %s:%d: %s", host, port, strerror(err));
+    return fd;
+}
+
+int ckptio_peer_push(const char *src, const char *host, int port, const char *name,
+                     const ckptio_peer_opts *o, uint64_t *bytes)
+{
+    if (!src || !host || !name || port <= 0 || port > 65535)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_push: src, host, port and name are required");
+    if (!safe_rel(name))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_push: '%s' is not a relative part name", name);
+    ckptio__msg m = {0};
+    uint64_t sent = 0;
+    if (ckptio_is_checkpoint(src) != 1)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_CHECKPOINT, "'%s' is not a committed checkpoint to send", src);
+    double timeout = o ? o->timeout : 0;
+    int fd = dial(host, port, timeout, &m);
+    int rc = fd;
+    if (fd >= 0) {
+        pacer pc = {o ? o->max_rate : 0, 0, ckptio__now()};
+        char who[128];
+        snprintf(who, sizeof who, "the peer at %s:%d", host, port);
+        rc = send_request(fd, PEER_PUT, name);
+        if (rc == 0) rc = send_files(fd, src, &pc, &sent, &m);
+        if (rc < 0 && !m.text[0])
+            ckptio__fail(&m, rc, "sending '%s' to the peer at %s:%d broke off: %s", src, host, port,
+                         strerror(-rc));
+        /* The peer's reply says why, even when it stopped reading early. */
+        int r2 = rc == 0 || rc == -EPIPE || rc == -ECONNRESET ? recv_reply(fd, who, &m) : rc;
+        if (rc == 0 || r2 < 0) rc = r2;
+        close(fd);
+    }
+    if (bytes) *bytes = sent;
+    return rc < 0 ? ckptio__refail(NULL, &m, rc, "replicating a part", NULL) : 0;
+}
+
+int ckptio_peer_fetch(const char *host, int port, const char *name, const char *dst,
+                      const ckptio_peer_opts *o, uint64_t *bytes)
+{
+    if (!dst || !host || !name || port <= 0 || port > 65535)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_fetch: host, port, name and dst are required");
+    ckptio__msg m = {0};
+    ckptio__txn t = {0};
+    uint64_t got = 0;
+    char who[128];
+    snprintf(who, sizeof who, "the peer at %s:%d", host, port);
+    int fd = -1;
+    int rc = begin_part(&t, dst, &m);
+    if (rc == 0) rc = fd = dial(host, port, o ? o->timeout : 0, &m);
+    if (rc >= 0) rc = send_request(fd, PEER_GET, name);
+    if (rc == 0) rc = recv_reply(fd, who, &m);
+    if (rc == 0) rc = recv_files(fd, &t, who, &got, &m);
+    if (rc == 0) rc = finish_part(&t, o ? o->flags : 0, dst, &m);
+    if (fd >= 0) close(fd);
+    ckptio__txn_fini(&t);
+    if (bytes) *bytes = got;
+    return rc < 0 ? ckptio__refail(NULL, &m, rc, "fetching a part from a peer", NULL) : 0;
+}
+
+int ckptio_part_copy(const char *src, const char *dst, const ckptio_peer_opts *o, uint64_t *bytes)
+{
+    if (!src || !dst) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_copy: src and dst are required");
+    if (ckptio_is_checkpoint(src) != 1)
+        return ckptio__fail(NULL, CKPTIO_E_NOT_CHECKPOINT, "'%s' is not a committed checkpoint to copy", src);
+    ckptio__msg m = {0};
+    ckptio__txn t = {0};
+    files f = {0};
+    uint64_t done = 0;
+    int rc = begin_part(&t, dst, &m);
+    if (rc == 0) rc = list_files(src, "", &f, &m);
+    for (size_t i = 0; rc == 0 && i < f.n; i++) {
+        char *path = NULL;
+        if (asprintf(&path, "%s/%s", src, f.rel[i]) < 0) {
+            rc = -ENOMEM;
+            break;
+        }
+        int in = open(path, O_RDONLY | O_CLOEXEC);
+        int out = in < 0 ? -1 : create_in(t.tmp_fd, f.rel[i], &m, t.tmp_path);
+        if (in < 0) rc = ckptio__fail(&m, -errno, "cannot open '%s': %s", path, strerror(errno));
+        else if (out < 0) rc = out;
+        for (uint64_t left = f.size[i]; rc == 0 && left;) {
+            ssize_t n = copy_file_range(in, NULL, out, NULL, (size_t)CKPTIO__MIN(left, (uint64_t)(1u << 30)), 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0)
+                rc = ckptio__fail(&m, n < 0 ? -errno : CKPTIO_E_CORRUPT, "cannot copy '%s' to '%s': %s",
+                                  path, t.tmp_path, n < 0 ? strerror(errno) : "it shrank");
+            else {
+                left -= (uint64_t)n;
+                done += (uint64_t)n;
+            }
+        }
+        if (rc == 0 && fdatasync(out) < 0)
+            rc = ckptio__fail(&m, -errno, "cannot fsync '%s/%s': %s", t.tmp_path, f.rel[i], strerror(errno));
+        if (out >= 0) close(out);
+        if (in >= 0) close(in);
+        free(path);
+    }
+    if (rc == 0) rc = finish_part(&t, o ? o->flags : 0, dst, &m);
+    files_free(&f);
+    ckptio__txn_fini(&t);
+    if (bytes) *bytes = done;
+    return rc < 0 ? ckptio__refail(NULL, &m, rc, "copying a part", NULL) : 0;
+}
