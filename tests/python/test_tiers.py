@@ -211,7 +211,8 @@ def check_restored(res: dict[int, dict[str, Any]], step: int) -> None:
         assert lr["step"] == step, (r, lr)
         for k in ("plan", "fetch", "load", "agree", "total"):
             assert lr["seconds"][k] >= 0, (r, lr)
-        assert lr["bytes"] > 0, (r, lr)
+        # bytes: what the restore moved over the network (0 unless fetched from a peer)
+        assert lr["bytes"] > 0 if lr["source"] == "peer" else lr["bytes"] >= 0, (r, lr)
 
 
 TWO_NODES = [0, 0, 1, 1]  # ranks 0 and 1 on node n0, 2 and 3 on n1
@@ -253,9 +254,10 @@ def test_layout_of_a_save(saved: Job) -> None:
             for d in (saved.roots[0], saved.roots[1], saved.persist):
                 p = d / str(s) / f"rank{r}"
                 with ckptio.open(p) as reader:
-                    meta = reader._r.meta()
-                assert (meta["ckptio.tier.world"], meta["ckptio.tier.rank"],
-                        meta["ckptio.tier.step"]) == (b"4", str(r).encode(), str(s).encode()), p
+                    meta = reader.metadata
+                assert meta == {"ckptio_tier.world": "4", "ckptio_tier.rank": str(r),
+                                "ckptio_tier.step": str(s),
+                                "ckptio_tier.node": "n0" if r < 2 else "n1"}, (p, meta)
                 assert same(ckptio.load(p), r, s), p
 
 
@@ -288,9 +290,12 @@ def test_damaged_replica_is_reported_and_skipped(saved: Job, tmp_path: pathlib.P
     assert len(failed) == 1 and failed[0]["source"] == "peer" and failed[0]["error"], failed
     for r in (1, 2, 3):
         assert res[r]["last_restore"]["failed"] == [], res[r]
-    # The damaged copy was never stored as rank 0's part on n0.
+    # The damaged copy was never stored as rank 0's part on n0: neither left there, nor
+    # published there unverified and removed once it failed to load.
     p = job.roots[0] / "2" / "rank0"
     assert not p.exists() or same(ckptio.load(p), 0, 2)
+    mine = [d for d in res[0]["removed"] if d.startswith(str(p))]
+    assert mine == [], f"a damaged copy was published as {p} before it was verified: {mine}"
 
 
 # ---- 3. a peer killed mid-replication ----
@@ -367,25 +372,48 @@ def test_restart_in_another_order_on_four_nodes(tmp_path: pathlib.Path) -> None:
 
 # ---- 6. retention ----
 def test_retention_keeps_the_only_complete_step(tmp_path: pathlib.Path) -> None:
+    """local_keep=1: a save deletes what the newest step complete for the whole job no longer
+    needs (the job agrees on a save's completeness at the next save, so a root holds the
+    newest complete step and the one being saved). Rank 3 saves a 32 MiB part of step 4 and
+    is SIGKILLed as soon as save() returns: step 4 is not known complete, so step 3 (the only
+    complete one before it) stays while step 2 goes, and a relaunch restores the newest
+    complete step."""
     job = Job(tmp_path)
     kw = dict(replicas=1, persist_every=None, local_keep=1, timeout=5)
-    # A normal run with local_keep=1: each root ends with the newest step only.
-    run_torch(job, "save", TWO_NODES, steps=[1, 2, 3], kw=kw)
-    for root in job.roots:
-        assert step_dirs(root) == ["3"], (root, os.listdir(root))
-        assert parts(root / "3") == {f"rank{r}" for r in range(4)}
-    # Rank 3 dies before saving step 4: step 4 is never complete, so step 3 stays.
-    with torch_ranks(job, "save", TWO_NODES, steps=[4], kw=kw,
-                     kill={"rank": 3, "step": 4, "when": "before"}) as launch:
+    sizes = {"4": [SMALL, SMALL, SMALL, 32 << 20]}
+    with torch_ranks(job, "save", TWO_NODES, steps=[1, 2, 3, 4], sizes=sizes, kw=kw,
+                     kill={"rank": 3, "step": 4, "when": "after"}) as launch:
         codes = launch.finish()
         tails = launch.tails()
+        res = launch.results("save")
     assert codes[3] == -signal.SIGKILL, (codes, tails)
+    for r in (0, 1, 2):
+        assert res[r]["saved"] == [1, 2, 3, 4] and "error" not in res[r], (res[r], tails)
     for root in job.roots:
+        assert step_dirs(root) == ["3", "4"], (root, os.listdir(root), tails)
         assert parts(root / "3") == {f"rank{r}" for r in range(4)}, (root, tails)
-    assert complete_steps(job, 4) == [3]
-    res = run_torch(job, "restore", TWO_NODES, kw=kw)
-    check_restored(res, 3)
-    assert set(sources(res).values()) == {"local"}, res
+    complete = complete_steps(job, 4)
+    assert complete[0] == 3 and complete[-1] in (3, 4), complete
+    res = run_torch(job, "restore", TWO_NODES, sizes=sizes, kw=kw)
+    check_restored(res, complete[-1])
+
+
+def test_retention_of_a_normal_run(tmp_path: pathlib.Path) -> None:
+    """Saves 1..4 with local_keep=1 and keep=2: each root ends with step 4 and the step
+    before (complete, kept until step 4 is known complete); the persistent tier with the two
+    newest steps, and at most the one before them (retention runs in the next save's
+    background job, from what the job agreed on at its start)."""
+    job = Job(tmp_path)
+    kw = dict(replicas=1, persist_every=1, local_keep=1, keep=2)
+    res = run_torch(job, "save", TWO_NODES, steps=[1, 2, 3, 4], kw=kw)
+    for r, v in res.items():
+        assert v["last_save"]["errors"] == [], (r, v)
+    for root in job.roots:
+        assert step_dirs(root) == ["3", "4"], (root, os.listdir(root))
+        assert parts(root / "4") == {f"rank{r}" for r in range(4)}
+    held = step_dirs(job.persist)
+    assert held[-2:] == ["3", "4"] and len(held) <= 3 and "1" not in held, held
+    assert complete_steps(job, 4)[-2:] == [3, 4]
 
 
 # ---- 7. SIGKILL during a local save ----
@@ -462,10 +490,10 @@ def test_one_process_local_tier(tmp_path: pathlib.Path) -> None:
     assert m.last_save["step"] == 3 and m.last_save["local_s"] >= 0, m.last_save
     assert step_dirs(local) == ["2", "3"] and parts(local / "3") == {"rank0"}
     assert parts(persist / "3") == {"rank0"}
+    assert m.local_steps() == [2, 3] and m.all_steps() == [1, 2, 3]
     with ckptio.open(local / "3" / "rank0") as reader:
-        meta = reader._r.meta()
-    assert (meta["ckptio.tier.world"], meta["ckptio.tier.rank"], meta["ckptio.tier.step"]) == (
-        b"1", b"0", b"3")
+        assert reader.metadata == {"ckptio_tier.world": "1", "ckptio_tier.rank": "0",
+                                   "ckptio_tier.step": "3", "ckptio_tier.node": "solo"}
     assert same(m.restore(), 0, 3)
     lr = m.last_restore
     assert (lr["step"], lr["source"], lr["failed"]) == (3, "local", []), lr

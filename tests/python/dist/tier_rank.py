@@ -8,7 +8,8 @@ The run's keys: "mode" ("save" or "restore"), "persist" (the Manager's directory
 keep, timeout), "steps" (saved in order), "sizes" (bytes of "w" per step and rank, see
 tier_parts.size_of), "kill" ({"rank", "step", "when": "before" | "after"}: that rank SIGKILLs
 itself before save(step) is called, or as soon as it returns), "steps_to_restore" (restore
-these steps by number as well as the newest one), "barrier" (false: a rank of the job will
+these steps by number as well as the newest one; "removed" in the report lists what this
+rank removed through shutil.rmtree), "barrier" (false: a rank of the job will
 be killed from outside, so no barrier after the saves). Each rank writes what happened as
 TAG-RANK.json (TAG: the mode) in $CKPTIO_TEST_OUT."""
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -33,6 +35,16 @@ from tier_parts import part, same, size_of  # noqa: E402
 import ckptio  # noqa: E402
 
 run: dict[str, Any] = json.loads(sys.argv[1])
+removed: list[str] = []  # every folder removed through shutil.rmtree, as an absolute path
+_rmtree = shutil.rmtree
+
+
+def spy(path: Any, *a: Any, **k: Any) -> None:
+    removed.append(os.path.abspath(os.fspath(path)))
+    _rmtree(path, *a, **k)
+
+
+shutil.rmtree = spy  # type: ignore[assignment]
 mode = run["mode"]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, n = dist.get_rank(), dist.get_world_size()
@@ -114,6 +126,7 @@ try:
     result = save() if mode == "save" else restore()
 except Exception as e:
     result = failure(e)
-emit(mode, dict(rank=rank, pid=os.getpid(), node=os.environ.get("CKPTIO_NODE"), **result))
+emit(mode, dict(rank=rank, pid=os.getpid(), node=os.environ.get("CKPTIO_NODE"), removed=removed,
+                **result))
 sys.stdout.flush()
 os._exit(0)  # a rank may be gone (the kill tests): leave without the group's teardown
