@@ -77,10 +77,7 @@ class Launch:
         return codes
 
     def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        stop(self.procs)
 
     def tails(self) -> str:
         logs = sorted(self.out.glob("log-*.txt"))
@@ -90,10 +87,21 @@ class Launch:
         return results(self.out, tag)
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each process's whole group (each started in a session of its own: mpirun's
+    ranks go too, not only the launcher) and reap it."""
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 @contextlib.contextmanager
 def started(
     argvs: list[list[str]], envs: list[dict[str, str]], out: pathlib.Path
 ) -> Iterator[Launch]:
+    """Start one process per argv (output in out/log-<i>.txt), each in its own session; on
+    leaving, whatever of them still runs is killed."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i, (argv, extra) in enumerate(zip(argvs, envs)):
@@ -101,13 +109,10 @@ def started(
                        OMP_NUM_THREADS="1", **extra)
             with open(out / f"log-{i}.txt", "wb") as log:
                 procs.append(subprocess.Popen(argv, env=env, stdout=log,
-                                              stderr=subprocess.STDOUT))
+                                              stderr=subprocess.STDOUT, start_new_session=True))
         yield Launch(procs, out)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        stop(procs)
 
 
 @contextlib.contextmanager
