@@ -305,6 +305,27 @@ def test_damaged_replica_is_reported_and_skipped(saved: Job, tmp_path: pathlib.P
     assert mine == [], f"a damaged copy was published as {p} before it was verified: {mine}"
 
 
+def test_no_good_copy_of_a_part_moves_every_rank_to_an_older_step(
+    saved: Job, tmp_path: pathlib.Path
+) -> None:
+    """Both copies of rank 0's part of step 3 damaged and its persistent copy gone: rank 0
+    reports both, and every rank restores step 2 (the same step everywhere); the damaged local
+    copy is removed from the root."""
+    job = copy_of(saved, tmp_path)
+    flip_a_data_byte(job.roots[0] / "3" / "rank0")
+    flip_a_data_byte(job.roots[1] / "3" / "rank0")
+    shutil.rmtree(job.persist / "3" / "rank0")
+    res = run_torch(job, "restore", TWO_NODES, kw=KW)
+    check_restored(res, 2)
+    assert set(sources(res).values()) == {"local"}, res
+    failed = res[0]["last_restore"]["failed"]
+    assert [(f["step"], f["source"]) for f in failed] == [(3, "local"), (3, "peer")], failed
+    assert all("checksum" in f["error"].lower() for f in failed), failed
+    for r in (1, 2, 3):
+        assert res[r]["last_restore"]["failed"] == [], res[r]
+    assert "rank0" not in parts(job.roots[0] / "3"), os.listdir(job.roots[0] / "3")
+
+
 # ---- 3. a peer killed mid-replication ----
 @pytest.mark.parametrize("victim", ["receiver", "sender"])
 def test_peer_killed_mid_replication(tmp_path: pathlib.Path, victim: str) -> None:
@@ -510,7 +531,26 @@ def test_one_process_no_complete_step(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ckptio.CheckpointError) as info:
         m.restore()
     assert isinstance(info.value, FileNotFoundError), info.value
+    m.save(1, part(0, 1))
+    with pytest.raises(ckptio.CheckpointError) as info:
+        m.restore(step=2)
+    assert isinstance(info.value, FileNotFoundError), info.value
+    assert same(m.restore(step=1), 0, 1)
     m.close()
+
+
+def test_one_process_persist_every_second_save(tmp_path: pathlib.Path) -> None:
+    persist = tmp_path / "persist"
+    m = ckptio.Manager(persist, keep=None, local=str(tmp_path / "local"), persist_every=2,
+                       node="solo")
+    persisted = []
+    for s in (1, 2, 3, 4):
+        m.save(s, part(0, s))
+        m.wait_until_finished()
+        persisted.append(m.last_save["persist_s"] is not None)
+    m.close()
+    assert persisted in ([True, False, True, False], [False, True, False, True]), persisted
+    assert m.all_steps() == [s for s, p in zip((1, 2, 3, 4), persisted) if p]
 
 
 def test_one_process_persist_every_none_keeps_the_persistent_tier_empty(
