@@ -35,30 +35,65 @@ def ml_dtypes() -> Any:
     return m
 
 
+class _Table(dict[Any, Any]):
+    """A lookup table whose ml_dtypes entries (bf16, float8) are added at the first lookup that
+    misses: importing ml_dtypes costs most of a second, which a load of plain dtypes never pays."""
+
+    def __init__(self, base: dict[Any, Any], extra: Any) -> None:
+        super().__init__(base)
+        self._extra = extra
+
+    def _complete(self) -> bool:
+        if self._extra is None:
+            return False
+        extra, self._extra = self._extra, None
+        self.update(extra())
+        return True
+
+    def __missing__(self, key: Any) -> Any:
+        if self._complete():
+            return self[key]
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (self._complete() and dict.__contains__(self, key))
+
+
+def _ml_codes() -> dict[np.dtype[Any], int]:
+    m = ml_dtypes()
+    if m is None:
+        return {}
+    return {np.dtype(m.bfloat16): BF16, np.dtype(m.float8_e4m3fn): F8_E4M3FN,
+            np.dtype(m.float8_e5m2): F8_E5M2}  # fmt: skip
+
+
+_PLAIN: dict[np.dtype[Any], int] = {
+    np.dtype(np.bool_): BOOL, np.dtype(np.uint8): U8, np.dtype(np.int8): I8,
+    np.dtype(np.uint16): U16, np.dtype(np.int16): I16, np.dtype(np.uint32): U32,
+    np.dtype(np.int32): I32, np.dtype(np.uint64): U64, np.dtype(np.int64): I64,
+    np.dtype(np.float16): F16, np.dtype(np.float32): F32, np.dtype(np.float64): F64,
+    np.dtype(np.complex64): C64, np.dtype(np.complex128): C128,
+}  # fmt: skip
+
+
 @cache
 def np_to_code() -> dict[np.dtype[Any], int]:
     """numpy dtype (native byte order) -> ckptio code, for the dtypes stored as themselves."""
-    table: dict[np.dtype[Any], int] = {
-        np.dtype(np.bool_): BOOL, np.dtype(np.uint8): U8, np.dtype(np.int8): I8,
-        np.dtype(np.uint16): U16, np.dtype(np.int16): I16, np.dtype(np.uint32): U32,
-        np.dtype(np.int32): I32, np.dtype(np.uint64): U64, np.dtype(np.int64): I64,
-        np.dtype(np.float16): F16, np.dtype(np.float32): F32, np.dtype(np.float64): F64,
-        np.dtype(np.complex64): C64, np.dtype(np.complex128): C128,
-    }  # fmt: skip
-    m = ml_dtypes()
-    if m is not None:
-        table[np.dtype(m.bfloat16)] = BF16
-        table[np.dtype(m.float8_e4m3fn)] = F8_E4M3FN
-        table[np.dtype(m.float8_e5m2)] = F8_E5M2
-    return table
+    return _Table(_PLAIN, _ml_codes)
 
 
 @cache
 def code_to_np() -> dict[int, np.dtype[Any]]:
     """ckptio code -> numpy dtype (bf16 and float8 need ml_dtypes; without it they are absent)."""
-    table: dict[int, np.dtype[Any]] = {code: dt for dt, code in np_to_code().items()}
-    table[BYTES] = np.dtype(np.uint8)
-    return table
+    base: dict[int, np.dtype[Any]] = {code: dt for dt, code in _PLAIN.items()}
+    base[BYTES] = np.dtype(np.uint8)
+    return _Table(base, lambda: {code: dt for dt, code in _ml_codes().items()})
 
 
 def np_dtype_name(dt: np.dtype[Any]) -> str:

@@ -73,6 +73,16 @@ class Manager:
     published, or the deletion is a durable rename followed by a removal. With
     ``async_save`` the collective save and the deletion run in ckptio's background thread
     (see ckptio.save_async for which communicators allow it).
+
+    ``local``: tiers (doc/tiers.md). Each rank's part goes to the node's local tier
+    (``<local>/<step>/rank<R>``, host memory or local NVMe) in the background, is pushed to
+    ``replicas`` ranks on the next nodes (verified by the receiver before it is published), and
+    every ``persist_every``-th save is copied to ``directory/<step>/rank<R>`` (None: never).
+    Each node keeps ``local_keep`` steps and never deletes the newest step complete for the
+    whole job. restore() is collective: each rank takes its part from its node, else a peer,
+    else the persistent tier, every block verified, the same step on every rank.
+    ``last_save`` and ``last_restore`` say what happened and where the seconds went. ``node``:
+    the node's id (default: $CKPTIO_NODE, else the host name).
     """
 
     def __init__(

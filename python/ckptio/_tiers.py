@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _core
-from ._async import AsyncSave, _save_async
+from ._async import AsyncSave, _background_comm, _save_async
 from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
 from ._load import load
+from .ranks import _comm
 from .ranks._comm import Communicator
 
 __all__ = ["Tiers"]
@@ -108,6 +109,14 @@ def _sweep(root: str) -> None:
                     shutil.rmtree(os.path.join(p, q), ignore_errors=True)
 
 
+def _bg_comm(c: Communicator) -> Any:
+    """The background counterpart of ``c`` that async saves use, or None (MPI below
+    MPI_THREAD_MULTIPLE: the agreement then runs in the next save() call)."""
+    if isinstance(c, _comm.MPICommunicator) and c._MPI.Query_thread() < c._MPI.THREAD_MULTIPLE:
+        return None
+    return _background_comm(c)
+
+
 # ---- DTensors: the local tier holds each rank's own shards ----
 
 
@@ -142,6 +151,19 @@ def _globalize(got: Any, like: Any) -> Any:
     return got
 
 
+def _decide_saved(all_: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's verdict on the ranks' reports of a save: the step if it is complete for the
+    whole job (every rank wrote and replicated its part), and if complete in the persistent
+    tier."""
+    steps = {a["step"] for a in all_}
+    if len(steps) != 1 or None in steps:
+        return {"complete": None, "persisted": None}
+    s = all_[0]["step"]
+    whole = all(a["local"] and a["replicated"] for a in all_)
+    pers = all(a["persisted"] for a in all_)
+    return {"complete": s if whole else None, "persisted": s if pers else None}
+
+
 class _Job:
     """The background part of one save on this rank: the local write's commit, the pushes to
     the peers, the persistent copy. One Python thread sequences these C calls."""
@@ -156,6 +178,7 @@ class _Job:
         self.replicated_ok = False
         self.persisted_ok: bool | None = None  # None: not a persisted save
         self.error: BaseException | None = None  # the local save's: raised by wait
+        self.agreed: dict[str, Any] | None = None  # the ranks' verdict, from the job's thread
         self.thread: threading.Thread | None = None
 
 
@@ -201,9 +224,16 @@ class Tiers:
         os.makedirs(self.directory, exist_ok=True)
         addr = _default_addr()
         bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
-        self.server = _core.PeerServer(self.local, bind, int(os.environ.get("CKPTIO_PEER_PORT", "0")))
-        me = {"rank": self.rank, "node": self.node, "addr": addr, "port": self.server.port}
+        self.server: Any = None  # a job of one process has no peers to serve
+        if self.size > 1:
+            self.server = _core.PeerServer(self.local, bind,
+                                           int(os.environ.get("CKPTIO_PEER_PORT", "0")))
+        me = {"rank": self.rank, "node": self.node, "addr": addr,
+              "port": self.server.port if self.server else 0}  # fmt: skip
         self.peers: list[dict[str, Any]] = self._allgather(me)
+        # The communicator of the background jobs' agreement (made now: collective the first
+        # time), or None where the runtime allows no collectives off the caller's thread.
+        self.bg: Any = _bg_comm(comm) if comm is not None and self.size > 1 else None
         self.nodes = sorted({p["node"] for p in self.peers})
         self.node_ranks = {n: sorted(p["rank"] for p in self.peers if p["node"] == n)
                            for n in self.nodes}  # fmt: skip
@@ -228,13 +258,15 @@ class Tiers:
         data = json.dumps([json.loads(g) for g in got]).encode() if got is not None else None
         return json.loads(self.comm.broadcast(0, data, self.timeout))
 
-    def _decide(self, obj: Any, fn: Any) -> Any:
-        """Gather ``obj`` from every rank to rank 0, which computes fn(list); all get the result."""
-        if self.comm is None or self.size == 1:  # the same JSON round trip as several ranks
+    def _decide(self, obj: Any, fn: Any, comm: Any = None) -> Any:
+        """Gather ``obj`` from every rank to rank 0 (over ``comm``, default the Manager's),
+        which computes fn(list); every rank gets the result."""
+        c = comm if comm is not None else self.comm
+        if c is None or self.size == 1:  # the same JSON round trip as several ranks
             return json.loads(json.dumps(fn(json.loads(json.dumps([obj])))))
-        got = self.comm.gather(0, json.dumps(obj).encode(), self.timeout)
+        got = c.gather(0, json.dumps(obj).encode(), self.timeout)
         data = json.dumps(fn([json.loads(g) for g in got])).encode() if got is not None else None
-        return json.loads(self.comm.broadcast(0, data, self.timeout))
+        return json.loads(c.broadcast(0, data, self.timeout))
 
     def _targets(self) -> list[dict[str, Any]]:
         """The ranks this rank's part is pushed to: on the next ``replicas`` nodes, the rank at
@@ -262,8 +294,13 @@ class Tiers:
     def save(self, step: int, tree: Any, metadata: Mapping[str, str] | None,
              max_host_bytes: int | None, options: dict[str, Any]) -> None:  # fmt: skip
         t0 = time.perf_counter()
-        self.finish()
-        self._agree_saved()
+        try:
+            self.finish()
+        finally:
+            # Where the background job could not agree (no background communicator), the ranks
+            # agree here, a failed rank too (its step counts incomplete) before it raises.
+            if self.bg is None:
+                self._apply(self._decide(self._mine(self.job), _decide_saved))
         meta = dict(metadata or {})
         meta.update({"ckptio_tier.world": str(self.size), "ckptio_tier.rank": str(self.rank),
                      "ckptio_tier.step": str(step), "ckptio_tier.node": self.node})  # fmt: skip
@@ -283,6 +320,17 @@ class Tiers:
         job.thread.start()
 
     def _run(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
+        try:
+            self._work(job, prune)
+        finally:
+            if self.bg is not None:  # every rank's job takes part, a failed one too
+                try:
+                    job.agreed = self._decide(self._mine(job), _decide_saved, self.bg)
+                except Exception as e:
+                    job.report["errors"].append(f"the ranks could not agree whether step "
+                                                f"{job.step} is complete: {e}")  # fmt: skip
+
+    def _work(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
         r = job.report
         t = time.perf_counter()
         try:
@@ -330,30 +378,21 @@ class Tiers:
         job.thread.join()
         job.thread = None
         self.last_save = job.report
+        if job.agreed is not None:
+            self._apply(job.agreed)
         if job.report["errors"]:
             print("ckptio.Manager: " + "; ".join(job.report["errors"]), file=sys.stderr)
         if job.error is not None:
             err, job.error = job.error, None
             raise err
 
-    def _agree_saved(self) -> None:
-        """Collective: whether the last save is complete for the whole job (every rank wrote
-        its part and replicated it) and complete in the persistent tier."""
-        job = self.job
-        mine = {"step": job.step if job else None, "local": bool(job and job.local_ok),
+    @staticmethod
+    def _mine(job: _Job | None) -> dict[str, Any]:
+        return {"step": job.step if job else None, "local": bool(job and job.local_ok),
                 "replicated": bool(job and job.replicated_ok),
                 "persisted": None if job is None else job.persisted_ok}  # fmt: skip
 
-        def decide(all_: list[dict[str, Any]]) -> dict[str, Any]:
-            steps = {a["step"] for a in all_}
-            if len(steps) != 1 or None in steps:
-                return {"complete": None, "persisted": None}
-            s = all_[0]["step"]
-            whole = all(a["local"] and a["replicated"] for a in all_)
-            pers = all(a["persisted"] for a in all_)
-            return {"complete": s if whole else None, "persisted": s if pers else None}
-
-        got = self._decide(mine, decide)
+    def _apply(self, got: dict[str, Any]) -> None:
         if got["complete"] is not None:
             self.complete = max(got["complete"], self.complete or -1)
         if got["persisted"] is not None:
@@ -381,7 +420,10 @@ class Tiers:
     # ---- restore ----
     def restore(self, step: int | None, like: Any, load_options: dict[str, Any]) -> Any:
         t_all = time.perf_counter()
-        self.finish()
+        try:
+            self.finish()
+        except (OSError, CheckpointError) as e:  # that step is incomplete: restore says why
+            print(f"ckptio.Manager: rank {self.rank}: the last save failed: {e}", file=sys.stderr)
         secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
         t = time.perf_counter()
         mine = {"rank": self.rank, "node": self.node, "held": _steps_in(self.local)}
@@ -485,7 +527,8 @@ class Tiers:
         try:
             self.finish()
         finally:
-            self.server.close()
+            if self.server is not None:
+                self.server.close()
 
 
 _MISSING = object()

@@ -326,7 +326,49 @@ static void pace(pacer *p, uint64_t n)
     }
 }
 
+/* sendfile(2) has no MSG_NOSIGNAL: while it runs, SIGPIPE is blocked in this thread, and one it
+ * raised is taken off the thread's pending set before the mask is restored, so that a peer that
+ * goes away fails the call (-EPIPE) instead of killing the process. */
+typedef struct nopipe {
+    sigset_t old;
+    bool was_pending;
+} nopipe;
+
+static void nopipe_begin(nopipe *np)
+{
+    sigset_t pipe_set, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    np->was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &np->old);
+}
+
+static void nopipe_end(nopipe *np)
+{
+    sigset_t pipe_set, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    if (!np->was_pending && sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR) {}
+    }
+    pthread_sigmask(SIG_SETMASK, &np->old, NULL);
+}
+
+static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m);
+
 static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
+{
+    nopipe np;
+    nopipe_begin(&np);
+    int rc = send_each_file(sock, dir, pc, bytes, m);
+    nopipe_end(&np);
+    return rc;
+}
+
+static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
 {
     files f = {0};
     int rc = list_files(dir, "", &f, m);
@@ -367,12 +409,64 @@ static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckp
     return rc;
 }
 
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Move up to *left bytes from the socket into the file through the pipe `pp` (no copy through
+ * user memory); *left is what remains. -EINVAL: the file takes no splice (nothing was moved, the
+ * caller copies instead); -EPIPE: the socket closed early. */
+static int splice_in(int sock, const int pp[2], int fd, uint64_t *left, uint64_t *bytes)
+{
+    while (*left) {
+        ssize_t n = splice(sock, NULL, pp[1], NULL, (size_t)CKPTIO__MIN(*left, (uint64_t)PEER_CHUNK),
+                           SPLICE_F_MOVE | SPLICE_F_MORE);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno == EAGAIN ? -ETIMEDOUT : -errno;
+        if (n == 0) return -EPIPE;
+        for (ssize_t in_pipe = n; in_pipe;) {
+            ssize_t w = splice(pp[0], NULL, fd, NULL, (size_t)in_pipe, SPLICE_F_MOVE);
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0 && errno == EINVAL) {
+                /* the file refuses splice: what is in the pipe goes by read and write */
+                uint8_t tmp[65536];
+                while (in_pipe) {
+                    ssize_t r = read(pp[0], tmp, (size_t)CKPTIO__MIN(in_pipe, (ssize_t)sizeof tmp));
+                    if (r <= 0) return r < 0 ? -errno : -EIO;
+                    int rc = write_all(fd, tmp, (size_t)r);
+                    if (rc < 0) return rc;
+                    in_pipe -= r;
+                }
+                *left -= (uint64_t)n;
+                *bytes += (uint64_t)n;
+                return -EINVAL;
+            }
+            if (w <= 0) return w < 0 ? -errno : -EIO;
+            in_pipe -= w;
+        }
+        *left -= (uint64_t)n;
+        *bytes += (uint64_t)n;
+    }
+    return 0;
+}
+
 /* Receive file records into the transaction's directory until the end record. */
 static int recv_files(int sock, ckptio__txn *t, const char *who, uint64_t *bytes, ckptio__msg *m)
 {
     uint8_t *buf = malloc(PEER_CHUNK);
     if (!buf) return -ENOMEM;
     int rc = 0;
+    int pp[2] = {-1, -1};
+    if (pipe2(pp, O_CLOEXEC) == 0) fcntl(pp[1], F_SETPIPE_SZ, (int)PEER_CHUNK);
+    else pp[0] = pp[1] = -1;
     for (;;) {
         uint8_t h[8];
         if ((rc = recv_all(sock, h, 4)) < 0) break;
@@ -395,22 +489,26 @@ static int recv_files(int sock, ckptio__txn *t, const char *who, uint64_t *bytes
             rc = fd;
             break;
         }
-        for (uint64_t left = size; rc == 0 && left;) {
+        uint64_t left = size;
+        if (rc == 0 && pp[0] >= 0) rc = splice_in(sock, pp, fd, &left, bytes);
+        if (rc == -EINVAL) rc = 0; /* this file system takes no splice: the rest by copies */
+        while (rc == 0 && left) {
             size_t n = (size_t)CKPTIO__MIN(left, (uint64_t)PEER_CHUNK);
             if ((rc = recv_all(sock, buf, n)) < 0) break;
-            for (size_t off = 0; off < n && rc == 0;) {
-                ssize_t w = write(fd, buf + off, n - off);
-                if (w < 0 && errno == EINTR) continue;
-                if (w < 0) rc = ckptio__fail(m, -errno, "cannot write '%s/%s': %s", t->tmp_path, rel, strerror(errno));
-                else off += (size_t)w;
-            }
+            rc = write_all(fd, buf, n);
             left -= n;
             *bytes += n;
         }
+        if (rc < 0 && rc != -EPIPE && rc != -ETIMEDOUT && rc != -ECONNRESET && !m->text[0])
+            ckptio__fail(m, rc, "cannot write '%s/%s': %s", t->tmp_path, rel, strerror(-rc));
         if (rc == 0 && fdatasync(fd) < 0)
             rc = ckptio__fail(m, -errno, "cannot fsync '%s/%s': %s", t->tmp_path, rel, strerror(errno));
         close(fd);
         if (rc < 0) break;
+    }
+    if (pp[0] >= 0) {
+        close(pp[0]);
+        close(pp[1]);
     }
     free(buf);
     if (rc < 0 && !m->text[0])

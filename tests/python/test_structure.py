@@ -30,7 +30,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("ranks", ["ckptio.ranks", "ckptio.ranks._comm", "ckptio.ranks._dist",
                "ckptio.ranks._share"]),
     ("save and load", ["ckptio._save", "ckptio._mapped", "ckptio._into", "ckptio._load",
-                       "ckptio._async", "ckptio._manager"]),
+                       "ckptio._async", "ckptio._tiers", "ckptio._manager"]),
     ("formats", ["ckptio.formats", "ckptio.safetensors", "ckptio.formats._hf",
                  "ckptio.orbax", "ckptio.formats._torch_state", "ckptio.formats._torch_dcp",
                  "ckptio._convert"]),

@@ -1,0 +1,277 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tests of the peer tier's transport: pushes, fetches and copies publish whole, verified parts only. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define N_FLOATS (3u << 20) /* 12 MiB: several blocks */
+
+/* A checkpoint at `path` of one f32 tensor "w" filled from `seed`. */
+static int make_part(const char *path, uint64_t seed)
+{
+    float *w = t_alloc(N_FLOATS * 4);
+    CHECK(w);
+    t_fill(w, N_FLOATS * 4, seed);
+    ckptio_writer *wr = NULL;
+    uint64_t shape[1] = {N_FLOATS};
+    CHECK_OK(ckptio_writer_open(&wr, path, NULL));
+    CHECK_OK(ckptio_writer_add(wr, "w", CKPTIO_DT_F32, 1, shape, NULL, NULL, w, N_FLOATS * 4));
+    CHECK_OK(ckptio_writer_commit(wr));
+    ckptio_writer_close(wr);
+    t_free(w, N_FLOATS * 4);
+    return 0;
+}
+
+/* Whether the checkpoint at `path` holds make_part(seed)'s tensor, every block verified. */
+static int same_part(const char *path, uint64_t seed)
+{
+    float *want = t_alloc(N_FLOATS * 4), *got = t_alloc(N_FLOATS * 4);
+    CHECK(want && got);
+    t_fill(want, N_FLOATS * 4, seed);
+    ckptio_reader *r = NULL;
+    CHECK_OK(ckptio_reader_open(&r, path, NULL));
+    uint64_t bad = 0;
+    CHECK_OK(ckptio_reader_verify(r, &bad));
+    CHECK_OK(ckptio_reader_read_tensor(r, "w", got, N_FLOATS * 4));
+    ckptio_reader_close(r);
+    CHECK(memcmp(want, got, N_FLOATS * 4) == 0);
+    t_free(want, N_FLOATS * 4);
+    t_free(got, N_FLOATS * 4);
+    return 0;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Flip one byte in the middle of the part's data file. */
+static int flip_byte(const char *part)
+{
+    return t_sh("f=$(ls '%s'/data/* | head -1) && printf '\\x5a' | "
+                "dd of=\"$f\" bs=1 seek=5000000 conv=notrunc status=none", part);
+}
+
+/* Whether `dir` holds only `name` (no temporary directory left beside it). */
+static int only(const char *dir, const char *name)
+{
+    return t_sh("test \"$(ls -A '%s')\" = '%s'", dir, name) == 0;
+}
+
+static int test_push_fetch_copy(void)
+{
+    CHECK(make_part(t_path("src"), 5) == 0);
+    ckptio_peer *p = NULL;
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    int port = ckptio_peer_port(p);
+    CHECK(port > 0);
+    ckptio_peer_opts o = {.timeout = 20};
+    uint64_t sent = 0, got = 0, copied = 0;
+    CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "7/rank3", &o, &sent));
+    CHECK(sent >= N_FLOATS * 4);
+    CHECK(same_part(t_path("node1/7/rank3"), 5) == 0);
+    CHECK(only(t_path("node1/7"), "rank3"));
+    /* a second push of the same part replaces it whole */
+    CHECK(make_part(t_path("src2"), 6) == 0);
+    CHECK_OK(ckptio_peer_push(t_path("src2"), "127.0.0.1", port, "7/rank3", &o, NULL));
+    CHECK(same_part(t_path("node1/7/rank3"), 6) == 0);
+    CHECK(only(t_path("node1/7"), "rank3"));
+    o.flags = CKPTIO_PEER_VERIFY;
+    CHECK_OK(ckptio_peer_fetch("127.0.0.1", port, "7/rank3", t_path("node0/7/rank3"), &o, &got));
+    CHECK(got == sent);
+    CHECK(same_part(t_path("node0/7/rank3"), 6) == 0);
+    CHECK_OK(ckptio_part_copy(t_path("node0/7/rank3"), t_path("pers/7/rank3"), &o, &copied));
+    CHECK(copied == sent);
+    CHECK(same_part(t_path("pers/7/rank3"), 6) == 0);
+    /* missing parts, names outside the root */
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "8/rank3", t_path("node0/8/rank3"), &o, NULL), -ENOENT);
+    CHECK(t_contains(ckptio_last_error(), "no committed part"));
+    CHECK(!exists(t_path("node0/8/rank3")));
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "../src", t_path("x"), &o, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "/abs", &o, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_peer_push(t_path("nothing"), "127.0.0.1", port, "1/rank0", &o, NULL),
+              CKPTIO_E_NOT_CHECKPOINT);
+    ckptio_peer_close(p);
+    /* nobody listens any more */
+    CHECK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "9/rank0", &o, NULL) == -ECONNREFUSED);
+    CHECK(t_contains(ckptio_last_error(), "cannot connect to the peer at 127.0.0.1"));
+    return 0;
+}
+
+/* A part whose checksums fail is never published: not by a push (the peer says why), not by a
+ * verified fetch or copy. */
+static int test_corrupt_refused(void)
+{
+    CHECK(make_part(t_path("src"), 9) == 0);
+    CHECK(flip_byte(t_path("src")) == 0);
+    ckptio_peer *p = NULL;
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    int port = ckptio_peer_port(p);
+    ckptio_peer_opts o = {.timeout = 20, .flags = CKPTIO_PEER_VERIFY};
+    CHECK_ERR(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "2/rank0", &o, NULL), CKPTIO_E_CHECKSUM);
+    CHECK(t_contains(ckptio_last_error(), "fail their checksums"));
+    CHECK(t_contains(ckptio_last_error(), "part '2/rank0' not kept"));
+    CHECK(!exists(t_path("node1/2/rank0")));
+    CHECK(t_sh("test -z \"$(ls -A '%s')\"", t_path("node1/2")) == 0);
+    /* the damaged part held by the server: a verified fetch refuses it, an unverified one
+     * brings it (the load that follows checks it) */
+    CHECK(t_sh("mkdir -p '%s' && cp -r '%s' '%s'", t_path("node1/3"), t_path("src"), t_path("node1/3/rank0")) == 0);
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "3/rank0", t_path("got/3/rank0"), &o, NULL), CKPTIO_E_CHECKSUM);
+    CHECK(!exists(t_path("got/3/rank0")));
+    CHECK_ERR(ckptio_part_copy(t_path("src"), t_path("pers/3/rank0"), &o, NULL), CKPTIO_E_CHECKSUM);
+    CHECK(!exists(t_path("pers/3/rank0")));
+    o.flags = 0;
+    CHECK_OK(ckptio_peer_fetch("127.0.0.1", port, "3/rank0", t_path("got/3/rank0"), &o, NULL));
+    ckptio_peer_close(p);
+    return 0;
+}
+
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? fd : -1;
+}
+
+static void le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Wait (up to 10 s) until `dir` has no temporary directory left. */
+static int settles(const char *dir)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (t_sh("! ls -A '%s' 2>/dev/null | grep -q tmp-", dir) == 0) return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+/* A sender that dies halfway (its connection closes after part of a file): the receiver keeps
+ * nothing, and removes its temporary directory. Garbage requests are refused. */
+static int test_broken_transfer(void)
+{
+    ckptio_peer *p = NULL;
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    int port = ckptio_peer_port(p);
+    int fd = dial(port);
+    CHECK(fd >= 0);
+    uint8_t h[64];
+    const char *name = "4/rank1";
+    le32(h, 0x52504b43u);
+    le32(h + 4, 1);
+    le32(h + 8, 1); /* PUT */
+    le32(h + 12, (uint32_t)strlen(name));
+    CHECK(write(fd, h, 16) == 16 && write(fd, name, strlen(name)) == (ssize_t)strlen(name));
+    le32(h, 8);
+    memcpy(h + 4, "manifest", 8);
+    memset(h + 12, 0, 8);
+    h[12 + 2] = 1; /* 65536 bytes announced */
+    CHECK(write(fd, h, 20) == 20);
+    char junk[1000] = {0};
+    CHECK(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk);
+    close(fd); /* the sender dies */
+    CHECK(settles(t_path("node1/4")));
+    CHECK(!exists(t_path("node1/4/rank1")));
+    /* a request that is not one */
+    fd = dial(port);
+    CHECK(fd >= 0);
+    CHECK(write(fd, "GET / HTTP/1.1\r\n\r\n", 18) == 18);
+    shutdown(fd, SHUT_WR);
+    CHECK(read(fd, h, sizeof h) <= 0);
+    close(fd);
+    /* a file name that climbs out */
+    fd = dial(port);
+    le32(h, 0x52504b43u);
+    le32(h + 4, 1);
+    le32(h + 8, 1);
+    le32(h + 12, 7);
+    memcpy(h + 16, "5/rank0", 7);
+    le32(h + 23, 9);
+    memcpy(h + 27, "../escape", 9);
+    memset(h + 36, 0, 8); /* its size: 0 */
+    CHECK(write(fd, h, 44) == 44);
+    uint8_t reply[8];
+    CHECK(read(fd, reply, 8) == 8);
+    CHECK((int32_t)(reply[0] | reply[1] << 8 | reply[2] << 16 | (uint32_t)reply[3] << 24) == CKPTIO_E_CORRUPT);
+    close(fd);
+    CHECK(!exists(t_path("escape")));
+    CHECK(settles(t_path("node1/5")));
+    CHECK(!exists(t_path("node1/5/rank0")));
+    ckptio_peer_close(p);
+    return 0;
+}
+
+typedef struct pusher {
+    const char *src;
+    int port;
+    int rc;
+} pusher;
+
+static void *push_slowly(void *arg)
+{
+    pusher *u = arg;
+    ckptio_peer_opts o = {.timeout = 20, .max_rate = 4u << 20}; /* 12 MiB in 3 s */
+    u->rc = ckptio_peer_push(u->src, "127.0.0.1", u->port, "6/rank0", &o, NULL);
+    return NULL;
+}
+
+/* The receiver closes (its process ends) in the middle of a push: the pusher fails, and no
+ * part is left behind. */
+static int test_close_midway(void)
+{
+    CHECK(make_part(t_path("src"), 11) == 0);
+    ckptio_peer *p = NULL;
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    pusher u = {t_path("src"), ckptio_peer_port(p), 0};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, push_slowly, &u) == 0);
+    int seen = 0;
+    for (int i = 0; i < 500 && !seen; i++) {
+        seen = t_sh("ls -A '%s' 2>/dev/null | grep -q tmp-", t_path("node1/6")) == 0;
+        usleep(10000);
+    }
+    ckptio_peer_close(p);
+    pthread_join(th, NULL);
+    CHECK(seen);
+    CHECK(u.rc < 0);
+    CHECK(!exists(t_path("node1/6/rank0")));
+    CHECK(t_sh("test -z \"$(ls -A '%s')\"", t_path("node1/6")) == 0);
+    return 0;
+}
+
+static int test_misuse(void)
+{
+    ckptio_peer *p = (ckptio_peer *)1;
+    CHECK_ERR(ckptio_peer_open(&p, NULL, NULL, 0), CKPTIO_E_USAGE);
+    CHECK(p == NULL);
+    CHECK_ERR(ckptio_peer_open(&p, t_dir(), NULL, 70000), CKPTIO_E_USAGE);
+    CHECK(ckptio_peer_open(&p, t_dir(), "no.such.host.invalid", 0) < 0);
+    CHECK(t_contains(ckptio_last_error(), "cannot resolve"));
+    CHECK_ERR(ckptio_peer_push(NULL, "127.0.0.1", 1, "1/rank0", NULL, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", 0, "1/rank0", "x", NULL, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_part_copy(NULL, "x", NULL, NULL), CKPTIO_E_USAGE);
+    CHECK(ckptio_peer_port(NULL) == CKPTIO_E_USAGE);
+    ckptio_peer_close(NULL);
+    return 0;
+}
+
+const ckptio_test tests_peer[] = {
+    {"peer/push_fetch_copy", test_push_fetch_copy, 0, 0},
+    {"peer/corrupt_refused", test_corrupt_refused, 0, 0},
+    {"peer/broken_transfer", test_broken_transfer, 0, 0},
+    {"peer/close_midway", test_close_midway, 0, 0},
+    {"peer/misuse", test_misuse, 0, 0},
+    {0},
+};
