@@ -326,6 +326,29 @@ def test_no_good_copy_of_a_part_moves_every_rank_to_an_older_step(
     assert "rank0" not in parts(job.roots[0] / "3"), os.listdir(job.roots[0] / "3")
 
 
+def test_damaged_replica_then_another_peer(tmp_path: pathlib.Path) -> None:
+    """3 nodes of one rank, replicas=2 (each part on both other nodes), no persistent copy:
+    rank 0's own copy gone and its replica on n1 damaged, rank 0 takes the one on n2 (peers in
+    node order), reporting n1's."""
+    job = Job(tmp_path, nodes=3)
+    kw = dict(replicas=2, persist_every=None)
+    res = run_torch(job, "save", [0, 1, 2], steps=[1, 2], kw=kw)
+    for r, v in res.items():
+        want = sorted({"n0", "n1", "n2"} - {f"n{r}"})
+        assert sorted(v["last_save"]["replicated_to"]) == want, (r, v["last_save"])
+    for root in job.roots:
+        assert parts(root / "2") == {"rank0", "rank1", "rank2"}, os.listdir(root / "2")
+    shutil.rmtree(job.roots[0] / "2" / "rank0")
+    flip_a_data_byte(job.roots[1] / "2" / "rank0")
+    res = run_torch(job, "restore", [0, 1, 2], kw=kw)
+    check_restored(res, 2)
+    assert sources(res) == {0: "peer", 1: "local", 2: "local"}, res
+    failed = res[0]["last_restore"]["failed"]
+    assert len(failed) == 1 and failed[0]["source"] == "peer", failed
+    assert "n1" in failed[0]["peer"] and "n2" not in failed[0]["peer"], failed
+    assert same(ckptio.load(job.roots[0] / "2" / "rank0"), 0, 2)  # n2's copy, kept on n0
+
+
 # ---- 3. a peer killed mid-replication ----
 @pytest.mark.parametrize("victim", ["receiver", "sender"])
 def test_peer_killed_mid_replication(tmp_path: pathlib.Path, victim: str) -> None:
