@@ -6,6 +6,7 @@ published only once complete and verified) is the C engine's (ckptio_peer_*)."""
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +24,7 @@ from . import _core
 from ._async import AsyncSave, _background_comm, _save_async
 from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
 from ._load import load
-from .ranks import _comm
+from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
 __all__ = ["Tiers"]
@@ -126,9 +128,12 @@ def _is_dtensor(x: Any) -> bool:
 
 
 def _localize(tree: Any) -> Any:
-    """``tree`` with each DTensor replaced by its local shard (this rank's part)."""
+    """``tree`` with each DTensor replaced by its local shard and each jax array spanning
+    processes by the list of this process's shards (this rank's part)."""
     if _is_dtensor(tree):
         return tree.to_local()
+    if _dist._is_global_jax(tree):
+        return [s.data for s in tree.addressable_shards]
     if isinstance(tree, Mapping):
         return type(tree)((k, _localize(v)) for k, v in tree.items()) if type(tree) is not dict \
             else {k: _localize(v) for k, v in tree.items()}  # fmt: skip
@@ -144,6 +149,12 @@ def _globalize(got: Any, like: Any) -> Any:
 
         return DTensor.from_local(got, like.device_mesh, like.placements, run_check=False,
                                   shape=like.shape, stride=like.stride())  # fmt: skip
+    if _dist._is_global_jax(like):
+        import jax
+
+        shards = like.addressable_shards
+        return jax.make_array_from_single_device_arrays(like.shape, like.sharding,
+            [jax.device_put(g, s.device) for g, s in zip(got, shards)])  # fmt: skip
     if isinstance(like, Mapping) and isinstance(got, Mapping):
         return type(got)({k: _globalize(v, like[k]) if k in like else v for k, v in got.items()})
     if isinstance(like, (list, tuple)) and isinstance(got, (list, tuple)) and len(like) == len(got):
@@ -245,6 +256,7 @@ class Tiers:
         self.job: _Job | None = None
         self.last_save: dict[str, Any] | None = None
         self.last_restore: dict[str, Any] | None = None
+        _LIVE.add(self)
         if self.leader:
             _sweep(self.local)
         if self.rank == 0:
@@ -426,31 +438,37 @@ class Tiers:
             print(f"ckptio.Manager: rank {self.rank}: the last save failed: {e}", file=sys.stderr)
         secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
         t = time.perf_counter()
-        mine = {"rank": self.rank, "node": self.node, "held": _steps_in(self.local)}
+        mine = {"rank": self.rank, "node": self.node, "root": self.local,
+                "held": _steps_in(self.local)}  # fmt: skip
         size = self.size
         directory = self.directory
+        order = self.nodes
 
         def plan(all_: list[dict[str, Any]]) -> dict[str, Any]:
-            pers = _steps_in(directory)
-            holders: dict[int, dict[int, list[str]]] = {}
-            for a in sorted(all_, key=lambda a: (self.nodes.index(a["node"]), a["rank"])):
-                for s, rs in a["held"].items():
+            # A place is a local root of a node, named by the lowest rank using it; places in
+            # node order. holders[step][rank]: the places holding that rank's part.
+            places: dict[tuple[str, str], int] = {}
+            for a in sorted(all_, key=lambda a: (order.index(a["node"]), a["rank"])):
+                places.setdefault((a["node"], a["root"]), a["rank"])
+            holders: dict[int, dict[int, list[int]]] = {}
+            for a in all_:
+                if places[(a["node"], a["root"])] != a["rank"]:
+                    continue  # the same root as a lower rank reported
+                for st, rs in a["held"].items():
                     for r in rs:
-                        nodes = holders.setdefault(int(s), {}).setdefault(r, [])
-                        if a["node"] not in nodes:
-                            nodes.append(a["node"])
-            steps = set(holders) | set(pers)
+                        holders.setdefault(int(st), {}).setdefault(int(r), []).append(a["rank"])
+            pers = _steps_in(directory)
             cands = []
-            for s in sorted(steps, reverse=True):
-                if step is not None and s != step:
+            for st in sorted(set(holders) | set(pers), reverse=True):
+                if step is not None and st != step:
                     continue
-                per = {}
-                for r in range(size):
-                    nodes = holders.get(s, {}).get(r, [])
-                    per[r] = {"nodes": nodes, "persistent": r in pers.get(s, [])}
-                if all(v["nodes"] or v["persistent"] for v in per.values()):
-                    cands.append({"step": s, "ranks": per})
-            return {"candidates": cands}
+                per = {r: {"holders": sorted(holders.get(st, {}).get(r, []),
+                                             key=lambda h: (order.index(all_[h]["node"]), h)),
+                           "persistent": r in pers.get(st, [])} for r in range(size)}
+                if all(v["holders"] or v["persistent"] for v in per.values()):
+                    cands.append({"step": st, "ranks": per})
+            return {"candidates": cands,
+                    "place": {str(a["rank"]): places[(a["node"], a["root"])] for a in all_}}
 
         decided = self._decide(mine, plan)
         secs["plan"] = time.perf_counter() - t
@@ -458,6 +476,7 @@ class Tiers:
         for cand in decided["candidates"]:
             s = cand["step"]
             v = cand["ranks"][str(self.rank)]
+            v["place"] = decided["place"][str(self.rank)]
             out, source, path, nbytes, f_s, l_s = self._restore_part(s, v, like, load_options, failed)
             secs["fetch"] += f_s
             secs["load"] += l_s
@@ -484,11 +503,11 @@ class Tiers:
         fetch_s = load_s = 0.0
         local = self.part(self.local, step)
         sources: list[tuple[str, Any]] = []
-        if self.node in v["nodes"]:
-            sources.append(("local", local))
-        for n in v["nodes"]:
-            if n != self.node:
-                sources.append(("peer", self.peers[self.node_ranks[n][0]]))
+        for h in v["holders"]:  # this rank's own root first, then the peers' in node order
+            if h == v["place"]:
+                sources.insert(0, ("local", local))
+            else:
+                sources.append(("peer", self.peers[h]))
         if v["persistent"]:
             sources.append(("persistent", self.part(self.directory, step)))
         for kind, where in sources:
@@ -532,6 +551,32 @@ class Tiers:
 
 
 _MISSING = object()
+
+# Every Tiers of this process: at exit their background work is waited for (a save() just
+# before the end of a script is still written, replicated and persisted); a forked child has
+# none of it.
+_LIVE: weakref.WeakSet[Tiers] = weakref.WeakSet()
+
+
+def _at_exit() -> None:
+    for t in list(_LIVE):
+        job = t.job
+        if job is not None and job.thread is not None and job.thread.is_alive():
+            print(f"ckptio.Manager: waiting for the background part of the save of step "
+                  f"{job.step} (local write, replication, persistent copy)...", file=sys.stderr)
+            job.thread.join()
+
+
+def _after_fork_in_child() -> None:
+    """The child inherits neither the job threads nor the server's threads: it forgets both
+    (closing the parent's server from here would wait for threads that do not exist)."""
+    for t in list(_LIVE):
+        t.job = None
+        t.server = None
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _remove_part(path: str) -> None:
