@@ -549,6 +549,19 @@ def test_one_process_local_tier(tmp_path: pathlib.Path) -> None:
     m.close()
 
 
+def test_one_process_save_at_the_end_of_a_script(tmp_path: pathlib.Path) -> None:
+    """A save() just before a script ends without wait or close is still written to the local
+    tier and copied to the persistent one before the process exits."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    code = ("import sys, numpy as np, ckptio; "
+            f"m = ckptio.Manager({str(persist)!r}, local={str(local)!r}, node='solo'); "
+            "m.save(7, {'w': np.arange(1 << 20)})")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert parts(local / "7") == {"rank0"} and parts(persist / "7") == {"rank0"}, p.stderr
+    assert np.array_equal(ckptio.load(persist / "7" / "rank0")["w"], np.arange(1 << 20))
+
+
 def test_one_process_no_complete_step(tmp_path: pathlib.Path) -> None:
     m = ckptio.Manager(tmp_path / "persist", local=str(tmp_path / "local"), node="solo")
     with pytest.raises(ckptio.CheckpointError) as info:
