@@ -22,6 +22,7 @@ rank = world.Get_rank()
 run = json.loads(sys.argv[1])
 try:
     res = save_lose_restore(world, rank, rank // 2, world.Barrier, run)
+    res.pop("m").close()
 except Exception as e:
     res = {"error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
 emit("mpi", json.loads(json.dumps(dict(rank=rank, **res), default=str)))

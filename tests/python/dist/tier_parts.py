@@ -41,17 +41,28 @@ def size_of(sizes: dict[str, Any], rank: int, step: int) -> int:
 
 
 def save_lose_restore(
-    comm: Any, rank: int, node: int, barrier: Any, run: dict[str, Any]
+    comm: Any,
+    rank: int,
+    node: int,
+    barrier: Any,
+    run: dict[str, Any],
+    tree: Any = None,
+    check: Any = None,
 ) -> dict[str, Any]:
     """The flow of the MPI and JAX rank programs: every rank saves steps 1 and 2 of its part
-    through a Manager with the peer tier on (node ``node``: its id is "n<node>", its root
-    run["roots"][node]); then the first rank of node run["lose"] deletes that node's whole
-    root; then a new Manager restores. ``barrier()`` is the runtime's own barrier, between
-    the phases. Returns what the test checks."""
+    (``tree(step)``, default part(rank, step)) through a Manager with the peer tier on (node
+    ``node``: its id is "n<node>", its root run["roots"][node]); then the first rank of node
+    run["lose"] deletes that node's whole root; then a new Manager restores, and
+    ``check(restored)`` says which step it holds and whether it is exact (default: same()).
+    ``barrier()`` is the runtime's own barrier, between the phases. Returns what the test
+    checks."""
     import os
     import shutil
 
     import ckptio
+
+    tree = tree or (lambda s: part(rank, s))
+    check = check or (lambda out: (out["step"], same(out, rank, out["step"])))
 
     def manager() -> ckptio.Manager:
         return ckptio.Manager(run["persist"], comm=comm, local=run["roots"][node],
@@ -59,7 +70,7 @@ def save_lose_restore(
 
     m = manager()
     for s in (1, 2):
-        m.save(s, part(rank, s))
+        m.save(s, tree(s))
     m.wait_until_finished()
     last_save = m.last_save
     barrier()  # every push has ended before any rank stops serving
@@ -69,10 +80,8 @@ def save_lose_restore(
         shutil.rmtree(run["roots"][run["lose"]])
     barrier()
     m = manager()
-    out = m.restore()
-    res = {"step": out["step"], "ok": same(out, rank, out["step"]),
-           "last_restore": m.last_restore, "last_save": last_save,
-           "root": sorted(os.listdir(os.path.join(run["roots"][node], "2")))}
+    step, ok = check(m.restore())
+    res = {"step": step, "ok": ok, "last_restore": m.last_restore, "last_save": last_save,
+           "root": sorted(os.listdir(os.path.join(run["roots"][node], "2"))), "m": m}
     barrier()  # every rank has fetched what it needed before peers stop serving
-    m.close()
     return res
