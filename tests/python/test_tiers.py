@@ -469,6 +469,17 @@ def test_sigkill_during_a_local_save(tmp_path: pathlib.Path) -> None:
         assert not [p for p in leftovers(root) if "rank1.tmp-" in p], leftovers(root)
 
 
+def test_torch_dtensors_lose_a_node(tmp_path: pathlib.Path) -> None:
+    """A Shard(0) DTensor is saved as each rank's shard; n1's root lost; restore() gives each
+    rank its shard (from the peer on n1), restore(like=) the DTensor rebuilt."""
+    job = Job(tmp_path)
+    res = run_torch(job, "dtensor", TWO_NODES, deleter=2,
+                    kw=dict(replicas=1, persist_every=None))
+    for r, v in res.items():
+        assert v["plain_ok"] and v["like_ok"], (r, v)
+        assert v["source"] == ("peer" if r >= 2 else "local"), (r, v)
+
+
 # ---- 8. MPI and JAX ----
 def check_lost_node(res: dict[int, dict[str, Any]], n: int, lost: set[int], tails: str) -> None:
     """What tier_parts.save_lose_restore reported: every rank restored step 2 exactly, the

@@ -3,7 +3,7 @@
 (the run), MASTER_ADDR/PORT, RANK, WORLD_SIZE, CKPTIO_NODE and CKPTIO_PEER_ADDR come from the
 environment.
 
-The run's keys: "mode" ("save" or "restore"), "persist" (the Manager's directory), "local"
+The run's keys: "mode" ("save", "restore" or "dtensor", see dtensors()), "persist" (the Manager's directory), "local"
 (this rank's node root), "kw" (more Manager arguments: replicas, persist_every, local_keep,
 keep, timeout), "steps" (saved in order), "sizes" (bytes of "w" per step and rank, see
 tier_parts.size_of), "kill" ({"rank", "step", "when": "before" | "after"}: that rank SIGKILLs
@@ -122,8 +122,48 @@ def restore() -> dict[str, Any]:
     return res
 
 
+def dtensors() -> dict[str, Any]:
+    """DTensors in the tiers, in one launch: steps 1 and 2 of {"w": a Shard(0) DTensor, "step"}
+    saved; rank run["deleter"] deletes its node's root; restored without like= (this rank's
+    shard as a plain tensor) and with like= (the DTensor rebuilt)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (n,))
+
+    def full(step: int) -> torch.Tensor:
+        return torch.arange(8 * n * 3, dtype=torch.float32).reshape(8 * n, 3) + 100 * step
+
+    def tree(step: int) -> dict[str, Any]:
+        return {"w": distribute_tensor(full(step), mesh, [Shard(0)]), "step": step}
+
+    mine = slice(8 * rank, 8 * (rank + 1))
+    m = manager()
+    for s in (1, 2):
+        m.save(s, tree(s))
+    m.wait_until_finished()
+    dist.barrier()
+    m.close()
+    dist.barrier()
+    if rank == run["deleter"]:
+        shutil.rmtree(run["local"])
+    dist.barrier()
+    m = manager()
+    out = m.restore()
+    plain_ok = (type(out["w"]) is torch.Tensor and torch.equal(out["w"], full(2)[mine])
+                and out["step"] == 2)  # fmt: skip
+    source = m.last_restore["source"]
+    out = m.restore(like=tree(0))
+    w = out["w"]
+    like_ok = (isinstance(w, DTensor) and w.placements == (Shard(0),) and w.shape == full(2).shape
+               and torch.equal(w.to_local(), full(2)[mine]) and out["step"] == 2)  # fmt: skip
+    dist.barrier()
+    m.close()
+    return {"plain_ok": plain_ok, "like_ok": like_ok, "source": source}
+
+
 try:
-    result = save() if mode == "save" else restore()
+    result = {"save": save, "restore": restore, "dtensor": dtensors}[mode]()
 except Exception as e:
     result = failure(e)
 emit(mode, dict(rank=rank, pid=os.getpid(), node=os.environ.get("CKPTIO_NODE"), removed=removed,
