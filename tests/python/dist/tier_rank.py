@@ -3,15 +3,16 @@
 (the run), MASTER_ADDR/PORT, RANK, WORLD_SIZE, CKPTIO_NODE and CKPTIO_PEER_ADDR come from the
 environment.
 
-The run's keys: "mode" ("save", "restore" or "dtensor", see dtensors()), "persist" (the Manager's directory), "local"
-(this rank's node root), "kw" (more Manager arguments: replicas, persist_every, local_keep,
-keep, timeout), "steps" (saved in order), "sizes" (bytes of "w" per step and rank, see
-tier_parts.size_of), "kill" ({"rank", "step", "when": "before" | "after"}: that rank SIGKILLs
-itself before save(step) is called, or as soon as it returns), "steps_to_restore" (restore
-these steps by number as well as the newest one; "removed" in the report lists what this
-rank removed through shutil.rmtree), "barrier" (false: a rank of the job will
-be killed from outside, so no barrier after the saves). Each rank writes what happened as
-TAG-RANK.json (TAG: the mode) in $CKPTIO_TEST_OUT."""
+The run's keys: "mode" ("save", "restore" or "dtensor": see dtensors()), "persist" (the
+Manager's directory), "local" (this rank's node root), "kw" (more Manager arguments: replicas,
+persist_every, local_keep, keep, timeout), "steps" (saved in order), "sizes" (bytes of "w" per
+step and rank, see tier_parts.size_of), "kill" ({"rank", "step", "when": "before" | "after"}:
+that rank SIGKILLs itself before save(step) is called, or as soon as it returns),
+"steps_to_restore" (restore these steps by number as well as the newest one), "barrier"
+(false: a rank of the job will be killed from outside, so no barrier after the saves),
+"deleter" (dtensor: the rank that deletes its node's root). Each rank writes what happened
+(with "removed": what it removed through shutil.rmtree) as TAG-RANK.json (TAG: the mode) in
+$CKPTIO_TEST_OUT."""
 
 from __future__ import annotations
 
