@@ -406,6 +406,21 @@ def test_restart_in_another_order(saved: Job, tmp_path: pathlib.Path) -> None:
     assert set(sources(res).values()) <= {"local", "peer"}, res
 
 
+def test_a_job_of_another_size_is_refused(saved: Job, tmp_path: pathlib.Path) -> None:
+    """Steps saved by 4 ranks are not restored by a job of 2 (each part is one rank's state:
+    ranks 0 and 1 taking theirs would drop half of the job's state without a word): every
+    rank fails with a CheckpointError."""
+    job = copy_of(saved, tmp_path)
+    with torch_ranks(job, "restore", [0, 1], kw=KW) as launch:
+        codes = launch.finish()
+        res = launch.results("restore")
+        tails = launch.tails()
+    assert codes == [0, 0] and sorted(res) == [0, 1], (codes, tails)
+    for r, v in res.items():
+        assert "error" in v, f"rank {r} of 2 restored a part of a 4-rank step: {v}"
+        assert issubclass(getattr(ckptio, v["error"], Exception), ckptio.CheckpointError), v
+
+
 def test_restart_in_another_order_on_four_nodes(tmp_path: pathlib.Path) -> None:
     """4 nodes of one rank (node i's part replicated to node i+1), restarted in reverse order:
     rank 0 on n3 (which holds parts 2 and 3 only), ..., so ranks fetch from peers."""
