@@ -423,13 +423,24 @@ def test_a_job_of_another_size_is_refused(saved: Job, tmp_path: pathlib.Path) ->
 
 def test_restart_in_another_order_on_four_nodes(tmp_path: pathlib.Path) -> None:
     """4 nodes of one rank (node i's part replicated to node i+1), restarted in reverse order:
-    rank 0 on n3 (which holds parts 2 and 3 only), ..., so ranks fetch from peers."""
+    rank 0 on n3 (which holds parts 2 and 3 only), ..., so ranks fetch from peers. The pushes
+    run under CKPTIO_PEER_MAX_RATE: a 1 MiB part at 4 MB/s takes a quarter second at least."""
     job = Job(tmp_path, nodes=4)
     kw = dict(replicas=1, persist_every=None)
-    run_torch(job, "save", [0, 1, 2, 3], steps=[1, 2], kw=kw)
+    sizes = {"2": [1 << 20] * 4}
+    with torch_ranks(job, "save", [0, 1, 2, 3], env={"CKPTIO_PEER_MAX_RATE": "4000000"},
+                     steps=[1, 2], sizes=sizes, kw=kw) as launch:
+        codes = launch.finish()
+        saved = launch.results("save")
+        assert codes == [0] * 4 and sorted(saved) == [0, 1, 2, 3], (codes, launch.tails())
+    for r, v in saved.items():
+        ls = v["last_save"]
+        assert ls["errors"] == [] and ls["replicated_to"] == [f"n{(r + 1) % 4}"], (r, v)
+        assert ls["replicate_bytes"] >= 1 << 20, (r, ls)
+        assert ls["replicate_s"] >= 0.9 * ls["replicate_bytes"] / 4e6, (r, ls)
     for i, root in enumerate(job.roots):
         assert parts(root / "2") == {f"rank{i}", f"rank{(i - 1) % 4}"}, (root, os.listdir(root))
-    res = run_torch(job, "restore", [3, 2, 1, 0], kw=kw)
+    res = run_torch(job, "restore", [3, 2, 1, 0], sizes=sizes, kw=kw)
     check_restored(res, 2)
     # Rank r now runs on node 3-r, which holds parts 3-r and 2-r (mod 4): ranks 1 and 3 find
     # theirs there, ranks 0 and 2 fetch from a peer.
