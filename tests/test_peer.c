@@ -92,6 +92,15 @@ static int test_push_fetch_copy(void)
     CHECK_OK(ckptio_part_copy(t_path("node0/7/rank3"), t_path("pers/7/rank3"), &o, &copied));
     CHECK(copied == sent);
     CHECK(same_part(t_path("pers/7/rank3"), 6) == 0);
+    /* to another file system (where copy_file_range may refuse: EXDEV) */
+    struct stat shm;
+    if (stat("/dev/shm", &shm) == 0) {
+        char other[128];
+        snprintf(other, sizeof other, "/dev/shm/ckptio-test-%ld/7/rank3", (long)getpid());
+        CHECK_OK(ckptio_part_copy(t_path("pers/7/rank3"), other, &o, &copied));
+        CHECK(copied == sent && same_part(other, 6) == 0);
+        CHECK(t_sh("rm -rf /dev/shm/ckptio-test-%ld", (long)getpid()) == 0);
+    }
     /* missing parts, names outside the root */
     CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "8/rank3", t_path("node0/8/rank3"), &o, NULL), -ENOENT);
     CHECK(t_contains(ckptio_last_error(), "no committed part"));

@@ -859,8 +859,16 @@ int ckptio_part_copy(const char *src, const char *dst, const ckptio_peer_opts *o
         int out = in < 0 ? -1 : create_in(t.tmp_fd, f.rel[i], &m, t.tmp_path);
         if (in < 0) rc = ckptio__fail(&m, -errno, "cannot open '%s': %s", path, strerror(errno));
         else if (out < 0) rc = out;
+        bool in_kernel = true; /* copy_file_range, until it refuses (EXDEV across file
+                                * systems on older kernels): then sendfile between the files */
         for (uint64_t left = f.size[i]; rc == 0 && left;) {
-            ssize_t n = copy_file_range(in, NULL, out, NULL, (size_t)CKPTIO__MIN(left, (uint64_t)(1u << 30)), 0);
+            size_t want = (size_t)CKPTIO__MIN(left, (uint64_t)(1u << 30));
+            ssize_t n = in_kernel ? copy_file_range(in, NULL, out, NULL, want, 0) : sendfile(out, in, NULL, want);
+            if (n < 0 && in_kernel && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
+                                       errno == EOPNOTSUPP)) {
+                in_kernel = false;
+                continue;
+            }
             if (n < 0 && errno == EINTR) continue;
             if (n <= 0)
                 rc = ckptio__fail(&m, n < 0 ? -errno : CKPTIO_E_CORRUPT, "cannot copy '%s' to '%s': %s",
