@@ -602,6 +602,25 @@ def test_one_process_save_at_the_end_of_a_script(tmp_path: pathlib.Path) -> None
     assert np.array_equal(ckptio.load(persist / "7" / "rank0")["w"], np.arange(1 << 20))
 
 
+def test_one_process_local_tier_in_host_memory(tmp_path: pathlib.Path) -> None:
+    """The local tier in /dev/shm (tmpfs), the persistent one on another file system: the
+    persistent copy crosses file systems and loads exactly."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    local = pathlib.Path("/dev/shm") / f"ckptio-test-tiers-{os.getpid()}-{tmp_path.name}"
+    persist = tmp_path / "persist"
+    try:
+        m = ckptio.Manager(persist, local=str(local), node="solo")
+        m.save(1, part(0, 1, 4 << 20))
+        m.wait_until_finished()
+        m.close()
+        assert m.last_save["errors"] == [] and m.last_save["persist_s"] is not None, m.last_save
+        assert same(ckptio.load(persist / "1" / "rank0"), 0, 1, 4 << 20)
+        assert same(ckptio.load(local / "1" / "rank0"), 0, 1, 4 << 20)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def test_one_process_no_complete_step(tmp_path: pathlib.Path) -> None:
     m = ckptio.Manager(tmp_path / "persist", local=str(tmp_path / "local"), node="solo")
     with pytest.raises(ckptio.CheckpointError) as info:
