@@ -285,6 +285,25 @@ def test_lost_node_restores_from_its_peer(saved: Job, tmp_path: pathlib.Path) ->
         assert same(ckptio.load(job.roots[1] / "3" / f"rank{r}"), r, 3)
 
 
+def test_ranks_closing_at_their_own_pace_keep_the_last_replicas(tmp_path: pathlib.Path) -> None:
+    """Every rank saves and closes its Manager with no barrier of its own: rank 0's 4 MiB
+    part takes about a second to push (CKPTIO_PEER_MAX_RATE), the others' are done at once.
+    Once every rank has closed, every replica of the last step is in place (a rank's close()
+    does not cut off a push to it that another rank's save still makes)."""
+    job = Job(tmp_path)
+    with torch_ranks(job, "save", TWO_NODES, env={"CKPTIO_PEER_MAX_RATE": "4000000"},
+                     steps=[1], sizes={"1": [4 << 20, SMALL, SMALL, SMALL]},
+                     kw=dict(replicas=1, persist_every=None), barrier=False) as launch:
+        codes = launch.finish()
+        res = launch.results("save")
+        tails = launch.tails()
+    assert codes == [0] * 4 and sorted(res) == [0, 1, 2, 3], (codes, tails)
+    for r, v in res.items():
+        assert "error" not in v and v["last_save"]["errors"] == [], (r, v, tails)
+    for root in job.roots:
+        assert parts(root / "1") == {f"rank{r}" for r in range(4)}, (root, os.listdir(root / "1"))
+
+
 # ---- 2. a damaged replica ----
 def test_damaged_replica_is_reported_and_skipped(saved: Job, tmp_path: pathlib.Path) -> None:
     job = copy_of(saved, tmp_path)
