@@ -56,8 +56,23 @@ def _default_addr() -> str:
         return "127.0.0.1"
 
 
-def _steps_in(root: str) -> dict[int, list[int]]:
-    """{step: [ranks whose committed part is under root/<step>/]}."""
+def _part_world(path: str) -> int | None:
+    """The number of ranks of the job that saved the part at ``path`` (None: no readable part)."""
+    try:
+        with _core.Reader(path, None) as r:
+            w = r.get_meta("ckptio_tier.world")
+    except (OSError, CheckpointError):
+        return None
+    try:
+        return int(w) if w is not None else None
+    except ValueError:
+        return None
+
+
+def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
+    """{step: [ranks whose committed part is under root/<step>/]}; with ``world``, only the
+    parts a job of that many ranks saved (each part is one rank's state: a job of another size
+    must not take them for its own)."""
     out: dict[int, list[int]] = {}
     try:
         names = os.listdir(root)
@@ -70,10 +85,17 @@ def _steps_in(root: str) -> dict[int, list[int]]:
             parts = os.listdir(os.path.join(root, s))
         except (FileNotFoundError, NotADirectoryError):
             continue
-        ranks = sorted(int(m.group(1)) for p in parts if (m := _PART.fullmatch(p))
-                       and _core.is_checkpoint(os.path.join(root, s, p)))  # fmt: skip
+        ranks = []
+        for p in parts:
+            m = _PART.fullmatch(p)
+            path = os.path.join(root, s, p)
+            if m is None or not _core.is_checkpoint(path):
+                continue
+            if world is not None and _part_world(path) != world:
+                continue
+            ranks.append(int(m.group(1)))
         if ranks:
-            out[int(s)] = ranks
+            out[int(s)] = sorted(ranks)
     return out
 
 
@@ -293,7 +315,8 @@ class Tiers:
 
     # ---- listing ----
     def persistent_steps(self) -> list[int]:
-        return sorted(s for s, rs in _steps_in(self.directory).items() if len(rs) >= self.size)
+        return sorted(s for s, rs in _steps_in(self.directory, self.size).items()
+                      if len(rs) >= self.size)  # fmt: skip
 
     def local_steps(self) -> list[int]:
         return sorted(s for s, rs in _steps_in(self.local).items() if self.rank in rs)
@@ -439,7 +462,7 @@ class Tiers:
         secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
         t = time.perf_counter()
         mine = {"rank": self.rank, "node": self.node, "root": self.local,
-                "held": _steps_in(self.local)}  # fmt: skip
+                "held": _steps_in(self.local, self.size)}  # fmt: skip
         size = self.size
         directory = self.directory
         order = self.nodes
@@ -457,7 +480,7 @@ class Tiers:
                 for st, rs in a["held"].items():
                     for r in rs:
                         holders.setdefault(int(st), {}).setdefault(int(r), []).append(a["rank"])
-            pers = _steps_in(directory)
+            pers = _steps_in(directory, size)
             cands = []
             for st in sorted(set(holders) | set(pers), reverse=True):
                 if step is not None and st != step:
@@ -493,7 +516,8 @@ class Tiers:
         raise _from_code(-errno.ENOENT, "ENOENT",
             f"rank {self.rank}: no complete copy of {what} for all {size} ranks in the local "
             f"tiers ('{self.local}' on node {self.node} and its peers) or the persistent tier "
-            f"('{directory}')" + (f"; copies that failed: {failed}" if failed else ""),
+            f"('{directory}'); parts saved by a job of another number of ranks are not counted"
+            + (f"; copies that failed: {failed}" if failed else ""),
         )  # fmt: skip
 
     def _restore_part(self, step: int, v: dict[str, Any], like: Any,
