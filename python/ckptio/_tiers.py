@@ -10,6 +10,7 @@ import atexit
 import errno
 import json
 import os
+import queue
 import re
 import shutil
 import socket
@@ -212,7 +213,9 @@ class _Job:
         self.persisted_ok: bool | None = None  # None: not a persisted save
         self.error: BaseException | None = None  # the local save's: raised by wait
         self.agreed: dict[str, Any] | None = None  # the ranks' verdict, from the job's thread
-        self.thread: threading.Thread | None = None
+        self.prune: tuple[list[int], list[int]] = ([], [])
+        self.done = threading.Event()
+        self.waited = False  # finish() took its outcome
 
 
 class Tiers:
@@ -276,6 +279,8 @@ class Tiers:
         self.complete: int | None = None  # newest step known complete for the whole job
         self.persisted: int | None = None  # newest step known complete in the persistent tier
         self.job: _Job | None = None
+        self.queue: queue.SimpleQueue[_Job] | None = None  # the job thread's
+        self.queue_pid = 0
         self.last_save: dict[str, Any] | None = None
         self.last_restore: dict[str, Any] | None = None
         _LIVE.add(self)
@@ -348,11 +353,28 @@ class Tiers:
         job = _Job(step, h, 0.0)
         job.persisted_ok = False if persist else None
         prune = self._prune_plan(step)
-        job.thread = threading.Thread(target=self._run, args=(job, prune),
-                                      name=f"ckptio-tiers-{step}", daemon=True)  # fmt: skip
-        job.report["stall_s"] = time.perf_counter() - t0
+        job.prune = prune
         self.job = job
-        job.thread.start()
+        self._worker().put(job)  # a thread of this Manager's, started once
+        job.report["stall_s"] = time.perf_counter() - t0
+
+    def _worker(self) -> queue.SimpleQueue[_Job]:
+        """The queue of this Manager's job thread (started at the first save, and again in a
+        forked child, which has no threads of the parent's)."""
+        if self.queue is None or self.queue_pid != os.getpid():
+            q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+
+            def loop() -> None:
+                while True:
+                    job = q.get()
+                    try:
+                        self._run(job, job.prune)
+                    finally:
+                        job.done.set()
+
+            threading.Thread(target=loop, name="ckptio-tiers", daemon=True).start()
+            self.queue, self.queue_pid = q, os.getpid()
+        return self.queue
 
     def _run(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
         try:
@@ -408,10 +430,10 @@ class Tiers:
         """Wait for the background part of the last save; raise its local save's error (the
         replication's and persistent copy's are listed in last_save and warned of)."""
         job = self.job
-        if job is None or job.thread is None:
+        if job is None or job.waited:
             return
-        job.thread.join()
-        job.thread = None
+        job.done.wait()
+        job.waited = True
         self.last_save = job.report
         if job.agreed is not None:
             self._apply(job.agreed)
@@ -585,10 +607,10 @@ _LIVE: weakref.WeakSet[Tiers] = weakref.WeakSet()
 def _at_exit() -> None:
     for t in list(_LIVE):
         job = t.job
-        if job is not None and job.thread is not None and job.thread.is_alive():
+        if job is not None and not job.done.is_set():
             print(f"ckptio.Manager: waiting for the background part of the save of step "
                   f"{job.step} (local write, replication, persistent copy)...", file=sys.stderr)
-            job.thread.join()
+            job.done.wait()
 
 
 def _after_fork_in_child() -> None:
