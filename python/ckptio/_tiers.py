@@ -564,7 +564,7 @@ class Tiers:
                     t = time.perf_counter()
                     try:
                         nbytes = _core.peer_fetch(where["addr"], int(where["port"]),
-                            f"{step}/rank{self.rank}", local, self.timeout, False)  # fmt: skip
+                            f"{step}/rank{self.rank}", local, self.timeout, True)  # fmt: skip
                     finally:
                         fetch_s += time.perf_counter() - t
                 t = time.perf_counter()

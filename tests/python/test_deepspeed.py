@@ -8,6 +8,8 @@ seconds. A resumed run's losses must equal, bit for bit, those of a run that nev
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import importlib.util
 import json
 import os
@@ -36,11 +38,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_PORTS: list[int] = []  # the launches' MASTER_PORTs
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_memory_left() -> Any:
+    """DeepSpeed's CPU all-reduce leaves a 64 MiB /dev/shm buffer named after MASTER_ADDR and
+    MASTER_PORT per launch: removed after each test, so that runs do not fill the host's RAM."""
+    yield
+    for port in _PORTS:
+        for f in glob.glob(f"/dev/shm/deepspeed_*_127.0.0.1_{port}_*"):
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+    _PORTS.clear()
+
+
 def _start(jobs: list[dict[str, Any]], world: int, out: Path) -> list[subprocess.Popen[bytes]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     spec = out.with_suffix(".jobs.json")
     spec.write_text(json.dumps(jobs))
     port = _free_port()
+    _PORTS.append(port)
     procs = []
     for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
