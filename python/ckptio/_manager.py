@@ -77,7 +77,8 @@ class Manager:
     ``local``: tiers (doc/tiers.md). Each rank's part goes to the node's local tier
     (``<local>/<step>/rank<R>``, host memory or local NVMe) in the background, is pushed to
     ``replicas`` ranks on the next nodes (verified by the receiver before it is published), and
-    every ``persist_every``-th save is copied to ``directory/<step>/rank<R>`` (None: never).
+    every ``persist_every``-th save is copied to ``directory/<step>/rank<R>`` (an s3:// URL:
+    ``<url>/<step>.rank<R>``; None: never).
     Each node keeps ``local_keep`` steps and never deletes the newest step complete for the
     whole job. restore() is collective: each rank takes its part from its node, else a peer,
     else the persistent tier, every block verified, the same step on every rank.

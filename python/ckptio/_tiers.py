@@ -32,6 +32,9 @@ __all__ = ["Tiers"]
 
 _STEP = re.compile(r"0|[1-9][0-9]*")
 _PART = re.compile(r"rank(0|[1-9][0-9]*)")
+# In an object store a persistent part is "<step>.rank<R>": a checkpoint directly under the
+# prefix, which is what an object store's listing of checkpoints finds.
+_OBJ_PART = re.compile(r"(0|[1-9][0-9]*)\.rank(0|[1-9][0-9]*)")
 _TMP = re.compile(r".*\.tmp-([0-9]+)\.[0-9]+")
 _DELETING = re.compile(r".*\.deleting-([0-9]+)")
 
@@ -57,6 +60,17 @@ def _default_addr() -> str:
         return "127.0.0.1"
 
 
+def _persist(src: str, dst: str) -> None:
+    """Copy the committed part ``src`` to ``dst``: a directory (ckptio_part_copy) or an object
+    store URL (the convert engine, ckptio to ckptio: every block read is verified, the tree and
+    metadata kept, the manifest written last)."""
+    if _is_url(dst):
+        _core.convert(src, dst, {"from": "ckptio", "to": "ckptio", "overwrite": True,
+                                 "progress": False})  # fmt: skip
+    else:
+        _core.part_copy(src, dst, False)
+
+
 def _part_world(path: str) -> int | None:
     """The number of ranks of the job that saved the part at ``path`` (None: no readable part)."""
     try:
@@ -75,6 +89,12 @@ def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
     parts a job of that many ranks saved (each part is one rank's state: a job of another size
     must not take them for its own)."""
     out: dict[int, list[int]] = {}
+    if _is_url(root):
+        for name in _core.list_checkpoints(root):
+            m = _OBJ_PART.fullmatch(name)
+            if m and (world is None or _part_world(f"{root}/{name}") == world):
+                out.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+        return {k: sorted(v) for k, v in out.items()}
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -100,8 +120,19 @@ def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
     return out
 
 
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
 def _remove_step(root: str, step: int) -> None:
-    """Rename root/<step> out of the listing (durably), then remove it."""
+    """Rename root/<step> out of the listing (durably), then remove it. In an object store,
+    each part of the step goes whole (its manifest first)."""
+    if _is_url(root):
+        for name in _core.list_checkpoints(root):
+            m = _OBJ_PART.fullmatch(name)
+            if m and int(m.group(1)) == step:
+                _core.remove_checkpoint(f"{root}/{name}")
+        return
     src = os.path.join(root, str(step))
     dst = f"{src}.deleting-{os.getpid()}"
     try:
@@ -241,9 +272,6 @@ class Tiers:
                                           or isinstance(persist_every, bool) or persist_every < 1):
             raise error(USAGE, f"persist_every must be None or an int >= 1, got {persist_every!r}",
                         InvalidType)  # fmt: skip
-        if "://" in directory:
-            raise error(USAGE, f"the persistent tier of a Manager with local= is a directory on "
-                        f"a file system, not '{directory}'")  # fmt: skip
         self.directory = directory
         self.local = os.path.abspath(os.fspath(local))
         self.comm = comm
@@ -257,7 +285,8 @@ class Tiers:
         self.node = node or os.environ.get("CKPTIO_NODE") or socket.gethostname()
         self.max_rate = int(os.environ.get("CKPTIO_PEER_MAX_RATE", "0") or 0)
         os.makedirs(self.local, exist_ok=True)
-        os.makedirs(self.directory, exist_ok=True)
+        if not _is_url(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
         addr = _default_addr()
         bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
         self.server: Any = None  # a job of one process has no peers to serve
@@ -286,7 +315,7 @@ class Tiers:
         _LIVE.add(self)
         if self.leader:
             _sweep(self.local)
-        if self.rank == 0:
+        if self.rank == 0 and not _is_url(self.directory):
             _sweep(self.directory)
 
     # ---- collectives (the caller's thread) ----
@@ -328,7 +357,10 @@ class Tiers:
 
     # ---- paths ----
     def part(self, root: str, step: int, rank: int | None = None) -> str:
-        return os.path.join(root, str(step), f"rank{self.rank if rank is None else rank}")
+        r = self.rank if rank is None else rank
+        if _is_url(root):
+            return f"{root}/{step}.rank{r}"
+        return os.path.join(root, str(step), f"rank{r}")
 
     # ---- save ----
     def save(self, step: int, tree: Any, metadata: Mapping[str, str] | None,
@@ -414,7 +446,7 @@ class Tiers:
         if job.persisted_ok is not None:
             t = time.perf_counter()
             try:
-                _core.part_copy(src, self.part(self.directory, job.step), False)
+                _persist(src, self.part(self.directory, job.step))
                 job.persisted_ok = True
             except (OSError, CheckpointError) as e:
                 r["errors"].append(f"copying step {job.step} of rank {self.rank} to the "

@@ -280,6 +280,39 @@ attempt(run)
     assert f"{s3prefix}/4/manifest" in keys
 
 
+def test_manager_tiers_persist_to_the_store(s3server: S3Server, s3prefix: str,
+                                            tmp_path: Any) -> None:
+    """Manager(url, local=...): each save is copied to the store as <step>.rank<R> (through
+    the convert engine) in the background; with the local tier gone, restore takes the part
+    from the store, exactly; retention removes old parts whole."""
+    url = s3server.url(s3prefix)
+    local = str(tmp_path / "local")
+    code = f"""
+import shutil
+def run():
+    m = ckptio.Manager({url!r}, keep=1, local={local!r}, persist_every=1, local_keep=1)
+    for step in (1, 2, 3, 4):
+        m.save(step, tree(step, {MiB}))
+    m.wait_until_finished()
+    errors, steps = m.last_save["errors"], m.all_steps()
+    shutil.rmtree({local!r})
+    got = m.restore()
+    where = (m.last_restore["source"], m.last_restore["path"])
+    m.close()
+    bad = same(got, tree(4, {MiB}))
+    assert not bad, bad
+    return {{"errors": errors, "steps": steps, "where": where}}
+attempt(run)
+"""
+    r = ok(py(code, s3server.env))
+    assert r["errors"] == [], r
+    assert r["where"] == ["persistent", f"{url}/4.rank0"], r
+    assert r["steps"] == [3, 4], r  # keep=1 counts complete steps before the one being written
+    keys = list_keys(s3server.client(), s3server.bucket, s3prefix + "/")
+    assert f"{s3prefix}/4.rank0/manifest" in keys
+    assert not [k for k in keys if k.startswith((f"{s3prefix}/1.rank0/", f"{s3prefix}/2.rank0/"))]
+
+
 RANK_SAVE = r"""
 import torch
 import torch.distributed as dist
