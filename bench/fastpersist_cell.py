@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import gc
+import glob
 import importlib.util
 import os
 import platform
@@ -105,6 +108,12 @@ def hf_model(name: str) -> torch.nn.Module:
 # ------------------------------------------------------------------------------------------------
 
 
+def _remove_shm(addr: str, port: str) -> None:
+    for f in glob.glob(f"/dev/shm/deepspeed_*_{addr}_{port}_*"):
+        with contextlib.suppress(OSError):
+            os.unlink(f)
+
+
 class DeepSpeedSetup:
     """deepspeed imported, its aio handle and FastFileWriter's pinned buffer made once; what each
     step cost, so a cold op build shows in the result file."""
@@ -150,6 +159,9 @@ class DeepSpeedSetup:
                "CROSS_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
         for k, v in env.items():
             os.environ.setdefault(k, v)
+        # DeepSpeed's CPU all-reduce leaves a 64 MiB /dev/shm buffer named after the address and
+        # port: removed when the cell's process ends, so that runs do not fill the host's RAM.
+        atexit.register(_remove_shm, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
         t = time.perf_counter()
         deepspeed.init_distributed(dist_backend="gloo")
         self.seconds["init_distributed"] = time.perf_counter() - t
