@@ -20,7 +20,7 @@ from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
 from ._save import PathLike, save
 from ._stage import is_url
-from ._tiers import Tiers, _pid_alive
+from ._tiers import Tiers, _fsync_dir, _pid_alive
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
@@ -30,14 +30,6 @@ _STEP = re.compile(r"0|[1-9][0-9]*")
 # A step being deleted is first renamed to "<step>.deleting-<pid>": it stops being listed at
 # once, and a crash halfway through its removal leaves only this name.
 _DELETING = re.compile(r"(?:0|[1-9][0-9]*)\.deleting-([0-9]+)")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Manager:

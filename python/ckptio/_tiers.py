@@ -49,6 +49,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _retire(path: str) -> None:
+    """Rename ``path`` out of every listing as ``<path>.deleting-<pid>`` (durably: a crash never
+    brings it back half removed), then remove it; what a crash leaves, _sweep removes."""
+    dst = f"{path}.deleting-{os.getpid()}"
+    try:
+        os.rename(path, dst)
+    except FileNotFoundError:
+        return
+    _fsync_dir(os.path.dirname(path))
+    shutil.rmtree(dst, ignore_errors=True)
+
+
 def _default_addr() -> str:
     """The address the other nodes reach this one at: CKPTIO_PEER_ADDR, else the host name's."""
     a = os.environ.get("CKPTIO_PEER_ADDR")
@@ -125,26 +145,15 @@ def _is_url(path: str) -> bool:
 
 
 def _remove_step(root: str, step: int) -> None:
-    """Rename root/<step> out of the listing (durably), then remove it. In an object store,
-    each part of the step goes whole (its manifest first)."""
+    """Remove root/<step> (_retire). In an object store, each part of the step goes whole (its
+    manifest first)."""
     if _is_url(root):
         for name in _core.list_checkpoints(root):
             m = _OBJ_PART.fullmatch(name)
             if m and int(m.group(1)) == step:
                 _core.remove_checkpoint(f"{root}/{name}")
         return
-    src = os.path.join(root, str(step))
-    dst = f"{src}.deleting-{os.getpid()}"
-    try:
-        os.rename(src, dst)
-    except FileNotFoundError:
-        return
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    shutil.rmtree(dst, ignore_errors=True)
+    _retire(os.path.join(root, str(step)))
 
 
 def _sweep(root: str) -> None:
@@ -189,8 +198,7 @@ def _localize(tree: Any) -> Any:
     if _dist._is_global_jax(tree):
         return [s.data for s in tree.addressable_shards]
     if isinstance(tree, Mapping):
-        return type(tree)((k, _localize(v)) for k, v in tree.items()) if type(tree) is not dict \
-            else {k: _localize(v) for k, v in tree.items()}  # fmt: skip
+        return type(tree)((k, _localize(v)) for k, v in tree.items())
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         return type(tree)(_localize(v) for v in tree)
     return tree
@@ -233,10 +241,14 @@ class _Job:
     """The background part of one save on this rank: the local write's commit, the pushes to
     the peers, the persistent copy. One Python thread sequences these C calls."""
 
-    def __init__(self, step: int, handle: AsyncSave, stall: float) -> None:
+    def __init__(self, step: int, handle: AsyncSave, complete: int | None,
+                 persisted: int | None) -> None:  # fmt: skip
         self.step = step
         self.handle = handle
-        self.report: dict[str, Any] = {"step": step, "stall_s": stall, "local_s": None,
+        # What was known complete when the save began: what its retention may rely on.
+        self.complete = complete
+        self.persisted = persisted
+        self.report: dict[str, Any] = {"step": step, "stall_s": 0.0, "local_s": None,
             "replicate_s": 0.0, "replicate_bytes": 0, "replicated_to": [], "persist_s": None,
             "errors": []}  # fmt: skip
         self.local_ok = False
@@ -244,7 +256,6 @@ class _Job:
         self.persisted_ok: bool | None = None  # None: not a persisted save
         self.error: BaseException | None = None  # the local save's: raised by wait
         self.agreed: dict[str, Any] | None = None  # the ranks' verdict, from the job's thread
-        self.prune: tuple[list[int], list[int]] = ([], [])
         self.done = threading.Event()
         self.waited = False  # finish() took its outcome
 
@@ -295,7 +306,7 @@ class Tiers:
                                            int(os.environ.get("CKPTIO_PEER_PORT", "0")))
         me = {"rank": self.rank, "node": self.node, "addr": addr,
               "port": self.server.port if self.server else 0}  # fmt: skip
-        self.peers: list[dict[str, Any]] = self._allgather(me)
+        self.peers: list[dict[str, Any]] = self._decide(me, lambda all_: all_)
         # The communicator of the background jobs' agreement (made now: collective the first
         # time), or None where the runtime allows no collectives off the caller's thread.
         self.bg: Any = _bg_comm(comm) if comm is not None and self.size > 1 else None
@@ -319,13 +330,6 @@ class Tiers:
             _sweep(self.directory)
 
     # ---- collectives (the caller's thread) ----
-    def _allgather(self, obj: Any) -> Any:
-        if self.comm is None or self.size == 1:
-            return json.loads(json.dumps([obj]))
-        got = self.comm.gather(0, json.dumps(obj).encode(), self.timeout)
-        data = json.dumps([json.loads(g) for g in got]).encode() if got is not None else None
-        return json.loads(self.comm.broadcast(0, data, self.timeout))
-
     def _decide(self, obj: Any, fn: Any, comm: Any = None) -> Any:
         """Gather ``obj`` from every rank to rank 0 (over ``comm``, default the Manager's),
         which computes fn(list); every rank gets the result."""
@@ -382,10 +386,8 @@ class Tiers:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         h = _save_async(_localize(tree), path, max_host_bytes=max_host_bytes, overwrite=True,
                         metadata=meta, io_options=options)  # fmt: skip
-        job = _Job(step, h, 0.0)
+        job = _Job(step, h, self.complete, self.persisted)
         job.persisted_ok = False if persist else None
-        prune = self._prune_plan(step)
-        job.prune = prune
         self.job = job
         self._worker().put(job)  # a thread of this Manager's, started once
         job.report["stall_s"] = time.perf_counter() - t0
@@ -400,7 +402,7 @@ class Tiers:
                 while True:
                     job = q.get()
                     try:
-                        self._run(job, job.prune)
+                        self._run(job)
                     finally:
                         job.done.set()
 
@@ -408,9 +410,9 @@ class Tiers:
             self.queue, self.queue_pid = q, os.getpid()
         return self.queue
 
-    def _run(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
+    def _run(self, job: _Job) -> None:
         try:
-            self._work(job, prune)
+            self._work(job)
         finally:
             if self.bg is not None:  # every rank's job takes part, a failed one too
                 try:
@@ -419,7 +421,7 @@ class Tiers:
                     job.report["errors"].append(f"the ranks could not agree whether step "
                                                 f"{job.step} is complete: {e}")  # fmt: skip
 
-    def _work(self, job: _Job, prune: tuple[list[int], list[int]]) -> None:
+    def _work(self, job: _Job) -> None:
         r = job.report
         t = time.perf_counter()
         try:
@@ -452,7 +454,7 @@ class Tiers:
                 r["errors"].append(f"copying step {job.step} of rank {self.rank} to the "
                                    f"persistent tier failed: {e}")  # fmt: skip
             r["persist_s"] = time.perf_counter() - t
-        local_doomed, persistent_doomed = prune
+        local_doomed, persistent_doomed = self._prune_plan(job)
         for s in local_doomed:
             _remove_step(self.local, s)
         for s in persistent_doomed:
@@ -487,23 +489,24 @@ class Tiers:
         if got["persisted"] is not None:
             self.persisted = max(got["persisted"], self.persisted or -1)
 
-    def _prune_plan(self, step: int) -> tuple[list[int], list[int]]:
-        """Steps to delete before ``step`` is saved: of the node's local root (its leader
-        deletes), keeping the newest local_keep (``step`` among them) and the newest complete step, never a step newer than it; of the persistent
-        tier (rank 0), keeping the newest ``keep`` complete ones and never an unfinished step
-        newer than the newest complete one."""
+    def _prune_plan(self, job: _Job) -> tuple[list[int], list[int]]:
+        """Steps to delete once ``job``'s step is written (in the job's thread, off the
+        caller's): of the node's local root (its leader deletes), keeping the newest local_keep
+        (the job's step among them) and the newest step known complete when the save began,
+        never a step newer than that one; of the persistent tier (rank 0), keeping the newest
+        ``keep`` complete ones and never an unfinished step newer than the newest complete one."""
         local: list[int] = []
-        if self.leader and self.complete is not None:
-            held = sorted(set(_steps_in(self.local)) | {step})
-            keep = set(held[-self.local_keep:]) | {self.complete}
-            local = [s for s in held if s < self.complete and s not in keep]
+        if self.leader and job.complete is not None:
+            held = sorted(set(_steps_in(self.local)) | {job.step})
+            keep = set(held[-self.local_keep:]) | {job.complete}
+            local = [s for s in held if s < job.complete and s not in keep]
         pers: list[int] = []
-        if self.rank == 0 and self.persisted is not None and self.keep is not None:
+        if self.rank == 0 and job.persisted is not None and self.keep is not None:
             have = _steps_in(self.directory)
             complete = sorted(s for s, rs in have.items() if len(rs) >= self.size
-                              and s <= self.persisted)  # fmt: skip
-            keep = set(complete[-self.keep:]) | {self.persisted}
-            pers = [s for s in have if s < self.persisted and s not in keep]
+                              and s <= job.persisted)  # fmt: skip
+            keep = set(complete[-self.keep:]) | {job.persisted}
+            pers = [s for s in have if s < job.persisted and s not in keep]
         return local, pers
 
     # ---- restore ----
@@ -613,7 +616,7 @@ class Tiers:
                 print(f"ckptio.Manager: rank {self.rank}: the {kind} copy of step {step} is "
                       f"unusable, trying the next source: {rec['error']}", file=sys.stderr)  # fmt: skip
                 if kind != "persistent" and os.path.isdir(path):
-                    _remove_part(path)  # a damaged copy is neither served nor listed again
+                    _retire(path)  # a damaged copy is neither served nor listed again
         return _MISSING, None, None, 0, fetch_s, load_s
 
     def _load(self, path: str, like: Any, load_options: dict[str, Any]) -> Any:
@@ -656,11 +659,3 @@ def _after_fork_in_child() -> None:
 atexit.register(_at_exit)
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-
-def _remove_part(path: str) -> None:
-    dst = f"{path}.deleting-{os.getpid()}"
-    try:
-        os.rename(path, dst)
-    except OSError:
-        return
-    shutil.rmtree(dst, ignore_errors=True)

@@ -357,17 +357,6 @@ static void nopipe_end(nopipe *np)
     pthread_sigmask(SIG_SETMASK, &np->old, NULL);
 }
 
-static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m);
-
-static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
-{
-    nopipe np;
-    nopipe_begin(&np);
-    int rc = send_each_file(sock, dir, pc, bytes, m);
-    nopipe_end(&np);
-    return rc;
-}
-
 static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
 {
     files f = {0};
@@ -406,6 +395,15 @@ static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes,
         rc = send_all(sock, end, 4);
     }
     files_free(&f);
+    return rc;
+}
+
+static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
+{
+    nopipe np;
+    nopipe_begin(&np);
+    int rc = send_each_file(sock, dir, pc, bytes, m);
+    nopipe_end(&np);
     return rc;
 }
 
@@ -490,7 +488,7 @@ static int recv_files(int sock, ckptio__txn *t, const char *who, uint64_t *bytes
             break;
         }
         uint64_t left = size;
-        if (rc == 0 && pp[0] >= 0) rc = splice_in(sock, pp, fd, &left, bytes);
+        if (pp[0] >= 0) rc = splice_in(sock, pp, fd, &left, bytes);
         if (rc == -EINVAL) rc = 0; /* this file system takes no splice: the rest by copies */
         while (rc == 0 && left) {
             size_t n = (size_t)CKPTIO__MIN(left, (uint64_t)PEER_CHUNK);
@@ -548,10 +546,8 @@ static void serve_put(int fd, const char *name, const char *path)
     ckptio__msg m = {0};
     ckptio__txn t = {0};
     uint64_t bytes = 0;
-    char who[64];
-    snprintf(who, sizeof who, "the sending rank");
     int rc = begin_part(&t, path, &m);
-    if (rc == 0) rc = recv_files(fd, &t, who, &bytes, &m);
+    if (rc == 0) rc = recv_files(fd, &t, "the sending rank", &bytes, &m);
     if (rc == 0) rc = finish_part(&t, CKPTIO_PEER_VERIFY, path, &m);
     ckptio__txn_fini(&t); /* not published: its directory goes */
     if (rc < 0 && !m.text[0]) snprintf(m.text, sizeof m.text, "%s", strerror(-rc));
@@ -758,6 +754,27 @@ void ckptio_peer_close(ckptio_peer *p)
 
 /* ---- the client ---- */
 
+/* The outcome of a connect(2) that returned -1 with `err`: 0 once connected, else an errno. A
+ * signal handled on this thread interrupts it (EINTR, even with SA_RESTART, since the socket
+ * has a timeout) while the connection goes on being made: wait for it, up to `timeout`. */
+static int connect_rest(int fd, int err, double timeout)
+{
+    if (err != EINTR && err != EINPROGRESS) return err;
+    double end = ckptio__now() + (timeout > 0 ? timeout : 3600.0);
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int ms = (int)CKPTIO__MAX((end - ckptio__now()) * 1e3, 0.0);
+        int n = poll(&pf, 1, ms);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno;
+        if (n == 0) return ETIMEDOUT;
+        int so = 0;
+        socklen_t len = sizeof so;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len) < 0) return errno;
+        return so;
+    }
+}
+
 static int dial(const char *host, int port, double timeout, ckptio__msg *m)
 {
     struct addrinfo *ai = NULL;
@@ -772,8 +789,7 @@ static int dial(const char *host, int port, double timeout, ckptio__msg *m)
         set_timeout(fd, timeout);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) {
-            err = errno == EINPROGRESS ? ETIMEDOUT : errno;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) < 0 && (err = connect_rest(fd, errno, timeout))) {
             close(fd);
             fd = -1;
         }
