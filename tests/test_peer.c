@@ -4,10 +4,12 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -260,6 +262,61 @@ static int test_close_midway(void)
     return 0;
 }
 
+/* The exit status of child `pid`, waited for up to `seconds` (then killed: -1). */
+static int reap(pid_t pid, int seconds)
+{
+    int st = 0;
+    for (int i = 0; i < seconds * 100; i++) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* A process that serves parts forks (a DataLoader's workers fork every epoch). A child that
+ * closes the server it inherited, as a binding's finalizer does, returns at once and leaves
+ * the parent's serving; a child that lives on does not keep the port: once the parent closes
+ * its server, nobody listens. */
+static int test_fork(void)
+{
+    CHECK(make_part(t_path("src"), 12) == 0);
+    ckptio_peer *p = NULL;
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    int port = ckptio_peer_port(p);
+    ckptio_peer_opts o = {.timeout = 10};
+    CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "1/rank0", &o, NULL));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        ckptio_peer_close(p);
+        _exit(0);
+    }
+    CHECK(reap(pid, 10) == 0);
+    CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "2/rank0", &o, NULL));
+    CHECK(same_part(t_path("node1/2/rank0"), 12) == 0);
+    int gate[2];
+    CHECK(pipe(gate) == 0);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        char c;
+        close(gate[1]);
+        _exit(read(gate[0], &c, 1) == 0 ? 0 : 1); /* lives until the parent closes the gate */
+    }
+    close(gate[0]);
+    CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "3/rank0", &o, NULL));
+    ckptio_peer_close(p);
+    int rc = ckptio_peer_push(t_path("src"), "127.0.0.1", port, "4/rank0", &o, NULL);
+    close(gate[1]);
+    CHECK(reap(pid, 10) == 0);
+    CHECK_ERR(rc, -ECONNREFUSED);
+    CHECK(!exists(t_path("node1/4/rank0")));
+    return 0;
+}
+
 static int test_misuse(void)
 {
     ckptio_peer *p = (ckptio_peer *)1;
@@ -281,6 +338,7 @@ const ckptio_test tests_peer[] = {
     {"peer/corrupt_refused", test_corrupt_refused, 0, 0},
     {"peer/broken_transfer", test_broken_transfer, 0, 0},
     {"peer/close_midway", test_close_midway, 0, 0},
+    {"peer/fork", test_fork, 0, 60},
     {"peer/misuse", test_misuse, 0, 0},
     {0},
 };

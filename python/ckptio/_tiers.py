@@ -649,8 +649,10 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """The child inherits neither the job threads nor the server's threads: it forgets both
-    (closing the parent's server from here would wait for threads that do not exist)."""
+    """The child inherits neither the job threads nor the server's threads: it forgets both.
+    Dropping the server closes the child's copy only (the engine knows it was forked: the
+    parent's server goes on serving, and the child keeps neither its port nor its
+    connections)."""
     for t in list(_LIVE):
         t.job = None
         t.server = None

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../commit/txn.h"
+#include "../common/forksafe.h"
 #include "../io/params.h"
 
 /* The wire, little-endian, one request per connection:
@@ -51,6 +52,8 @@ struct ckptio_peer {
     int *conns;  /* their sockets, shut down by close (under lock) */
     int nconns;
     bool stopping;
+    bool forked; /* this copy is a forked child's: its threads stayed in the parent */
+    ckptio__forksafe fork;
 };
 
 /* ---- bytes on a socket ---- */
@@ -668,6 +671,22 @@ static int resolve(const char *host, int port, int passive, struct addrinfo **ou
     return 0;
 }
 
+/* In a forked child (p->lock held, one thread): the server's threads stayed in the parent, so
+ * this copy must never wake, join or shut down anything of theirs; the child's copies of the
+ * listening socket and of the connections are closed here, so that the port and the
+ * connections end when the parent's do, whatever the child does next. */
+static void fork_child(void *obj)
+{
+    ckptio_peer *p = obj;
+    int fds[3] = {p->lfd, p->wake[0], p->wake[1]};
+    for (int i = 0; i < 3; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    for (int i = 0; i < p->nconns; i++) close(p->conns[i]);
+    p->lfd = p->wake[0] = p->wake[1] = -1;
+    p->nconns = p->active = 0;
+    p->stopping = p->forked = true;
+}
+
 int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port)
 {
     if (!out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_open: out is required");
@@ -704,7 +723,13 @@ int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int 
         rc = ckptio__fail(&m, -errno, "pipe: %s", strerror(errno));
         goto out;
     }
-    if (pthread_create(&p->thread, NULL, accept_thread, p) != 0) {
+    /* Listed as the thread starts, under the list's lock: a fork sees both or neither. */
+    p->fork = (ckptio__forksafe){&p->lock, fork_child, p, NULL};
+    ckptio__forksafe_lock();
+    int e = pthread_create(&p->thread, NULL, accept_thread, p);
+    if (!e) ckptio__forksafe_add_locked(&p->fork);
+    ckptio__forksafe_unlock();
+    if (e) {
         rc = ckptio__fail(&m, -EAGAIN, "cannot start the peer server's thread");
         goto out;
     }
@@ -732,19 +757,25 @@ void ckptio_peer_close(ckptio_peer *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->lock);
+    bool forked = p->forked;
     p->stopping = true;
     pthread_mutex_unlock(&p->lock);
-    ssize_t w;
-    do w = write(p->wake[1], "x", 1);
-    while (w < 0 && errno == EINTR);
-    pthread_join(p->thread, NULL);
-    pthread_mutex_lock(&p->lock);
-    for (int i = 0; i < p->nconns; i++) shutdown(p->conns[i], SHUT_RDWR);
-    while (p->active) pthread_cond_wait(&p->cond, &p->lock);
-    pthread_mutex_unlock(&p->lock);
-    close(p->lfd);
-    close(p->wake[0]);
-    close(p->wake[1]);
+    if (!forked) {
+        ssize_t w;
+        do w = write(p->wake[1], "x", 1);
+        while (w < 0 && errno == EINTR);
+        pthread_join(p->thread, NULL);
+        pthread_mutex_lock(&p->lock);
+        for (int i = 0; i < p->nconns; i++) shutdown(p->conns[i], SHUT_RDWR);
+        while (p->active) pthread_cond_wait(&p->cond, &p->lock);
+        /* closed under the lock, so that a fork from here on finds them closed */
+        close(p->lfd);
+        close(p->wake[0]);
+        close(p->wake[1]);
+        p->lfd = p->wake[0] = p->wake[1] = -1;
+        pthread_mutex_unlock(&p->lock);
+    }
+    ckptio__forksafe_remove(&p->fork); /* the list's lock before p->lock, as fork takes them */
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
     free(p->conns);

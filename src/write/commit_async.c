@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "forksafe.h"
+#include "../common/forksafe.h"
 #include "pool.h"
 #include "writer.h"
 

@@ -11,7 +11,7 @@
 
 #include "../gpu/cuda.h"
 #include "writer.h"
-#include "forksafe.h"
+#include "../common/forksafe.h"
 #include "pool.h"
 
 #define DEFAULT_COPY_THREADS 2

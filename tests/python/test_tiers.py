@@ -244,6 +244,21 @@ def copy_of(saved: Job, base: pathlib.Path) -> Job:
     return job
 
 
+def test_forking_loader_between_saves(tmp_path: pathlib.Path) -> None:
+    """A DataLoader with workers forks each rank after every save: the forked workers leave
+    the rank's peer server and job thread alone, so every save is replicated and complete."""
+    job = Job(tmp_path)
+    res = run_torch(job, "save", [0, 1], steps=[1, 2, 3, 4], loader=2,
+                    kw=dict(replicas=1, persist_every=None, local_keep=4))
+    for r, v in res.items():
+        ls = v["last_save"]
+        assert v["saved"] == [1, 2, 3, 4] and ls["errors"] == [], (r, v)
+        assert ls["replicated_to"] == [f"n{1 - r}"], (r, ls)
+    for root in job.roots:
+        for s in ("1", "2", "3", "4"):
+            assert parts(root / s) == {"rank0", "rank1"}, (root, s, os.listdir(root))
+
+
 # ---- the layout a save leaves ----
 def test_layout_of_a_save(saved: Job) -> None:
     """Each root holds its node's own parts and the replicas of the other node's; the

@@ -10,7 +10,9 @@ step and rank, see tier_parts.size_of), "kill" ({"rank", "step", "when": "before
 that rank SIGKILLs itself before save(step) is called, or as soon as it returns),
 "steps_to_restore" (restore these steps by number as well as the newest one), "barrier"
 (false: a rank of the job will be killed from outside, so no barrier after the saves),
-"deleter" (dtensor: the rank that deletes its node's root). Each rank writes what happened
+"deleter" (dtensor: the rank that deletes its node's root), "loader" (iterate a torch DataLoader
+with that many worker processes after each save: they fork this process, as a training loop's
+do every epoch). Each rank writes what happened
 (with "removed": what it removed through shutil.rmtree) as TAG-RANK.json (TAG: the mode) in
 $CKPTIO_TEST_OUT."""
 
@@ -90,6 +92,10 @@ def save() -> dict[str, Any]:
             m.save(s, torch_part(s))
             die_if(s, "after")
             saved.append(s)
+            if run.get("loader"):
+                loader = torch.utils.data.DataLoader(range(8), batch_size=2,
+                                                     num_workers=run["loader"])
+                assert sum(int(b.sum()) for b in loader) == 28
         m.wait_until_finished()
     except Exception as e:
         res = failure(e)

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* One pthread_atfork registration for the async-save objects: pools and background saves. */
+/* The engine's one pthread_atfork list: objects whose locks, threads and descriptors a fork must not tear. */
 #include "forksafe.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Objects that fork must not tear: their locks are held across fork() and the child fixes them up. */
-#ifndef CKPTIO_WRITE_FORKSAFE_H
-#define CKPTIO_WRITE_FORKSAFE_H
+#ifndef CKPTIO_COMMON_FORKSAFE_H
+#define CKPTIO_COMMON_FORKSAFE_H
 
 #include <pthread.h>
 
-#include "../common/common.h"
+#include "common.h"
 
 /* Embedded in an object with a mutex: while it is listed, fork() takes `mu` in the parent
  * (so the object is never copied half-changed) and, in the child, calls child(obj) with it
