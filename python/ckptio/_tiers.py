@@ -174,6 +174,30 @@ def _sweep(root: str) -> None:
                     shutil.rmtree(os.path.join(p, q), ignore_errors=True)
 
 
+def _places(all_: list[dict[str, Any]], order: list[str] | None = None) -> dict[tuple[str, str], int]:
+    """A place is a local root of a node, named by the lowest rank using it (``all_``: every
+    rank's {"rank", "node", "root", "held"}); places in node order."""
+    nodes = order if order is not None else sorted({a["node"] for a in all_})
+    places: dict[tuple[str, str], int] = {}
+    for a in sorted(all_, key=lambda a: (nodes.index(a["node"]), a["rank"])):
+        places.setdefault((a["node"], a["root"]), a["rank"])
+    return places
+
+
+def _holders(all_: list[dict[str, Any]],
+             order: list[str] | None = None) -> dict[int, dict[int, list[int]]]:  # fmt: skip
+    """holders[step][rank]: the places (_places) holding that rank's part of that step."""
+    places = _places(all_, order)
+    holders: dict[int, dict[int, list[int]]] = {}
+    for a in all_:
+        if places[(a["node"], a["root"])] != a["rank"]:
+            continue  # the same root as a lower rank reported
+        for st, rs in a["held"].items():
+            for r in rs:
+                holders.setdefault(int(st), {}).setdefault(int(r), []).append(a["rank"])
+    return holders
+
+
 def _bg_comm(c: Communicator) -> Any:
     """The background counterpart of ``c`` that async saves use, or None (MPI below
     MPI_THREAD_MULTIPLE: the agreement then runs in the next save() call)."""
@@ -305,8 +329,24 @@ class Tiers:
             self.server = _core.PeerServer(self.local, bind,
                                            int(os.environ.get("CKPTIO_PEER_PORT", "0")))
         me = {"rank": self.rank, "node": self.node, "addr": addr,
-              "port": self.server.port if self.server else 0}  # fmt: skip
-        self.peers: list[dict[str, Any]] = self._decide(me, lambda all_: all_)
+              "port": self.server.port if self.server else 0, "root": self.local,
+              "held": _steps_in(self.local, self.size)}  # fmt: skip
+        directory, size = self.directory, self.size
+
+        def exchange(all_: list[dict[str, Any]]) -> dict[str, Any]:
+            # The addresses, and the newest steps complete on disk when the job (re)starts:
+            # what the first save's retention may rely on.
+            holders = _holders(all_)
+            pers = _steps_in(directory, size)
+            whole = [s for s in set(holders) | set(pers)
+                     if all(holders.get(s, {}).get(r) or r in pers.get(s, []) for r in range(size))]
+            return {"peers": [{k: a[k] for k in ("rank", "node", "addr", "port")} for a in all_],
+                    "complete": max(whole, default=None),
+                    "persisted": max((s for s, rs in pers.items() if len(set(rs)) >= size),
+                                     default=None)}  # fmt: skip
+
+        known = self._decide(me, exchange)
+        self.peers: list[dict[str, Any]] = known["peers"]
         # The communicator of the background jobs' agreement (made now: collective the first
         # time), or None where the runtime allows no collectives off the caller's thread.
         self.bg: Any = _bg_comm(comm) if comm is not None and self.size > 1 else None
@@ -316,8 +356,8 @@ class Tiers:
         self.leader = self.node_ranks[self.node][0] == self.rank  # tends the node's root
         self.targets = self._targets()
         self.saves = 0
-        self.complete: int | None = None  # newest step known complete for the whole job
-        self.persisted: int | None = None  # newest step known complete in the persistent tier
+        self.complete: int | None = known["complete"]  # newest step complete for the whole job
+        self.persisted: int | None = known["persisted"]  # ... and in the persistent tier
         self.job: _Job | None = None
         self.queue: queue.SimpleQueue[_Job] | None = None  # the job thread's
         self.queue_pid = 0
@@ -525,18 +565,8 @@ class Tiers:
         order = self.nodes
 
         def plan(all_: list[dict[str, Any]]) -> dict[str, Any]:
-            # A place is a local root of a node, named by the lowest rank using it; places in
-            # node order. holders[step][rank]: the places holding that rank's part.
-            places: dict[tuple[str, str], int] = {}
-            for a in sorted(all_, key=lambda a: (order.index(a["node"]), a["rank"])):
-                places.setdefault((a["node"], a["root"]), a["rank"])
-            holders: dict[int, dict[int, list[int]]] = {}
-            for a in all_:
-                if places[(a["node"], a["root"])] != a["rank"]:
-                    continue  # the same root as a lower rank reported
-                for st, rs in a["held"].items():
-                    for r in rs:
-                        holders.setdefault(int(st), {}).setdefault(int(r), []).append(a["rank"])
+            places = _places(all_, order)
+            holders = _holders(all_, order)
             pers = _steps_in(directory, size)
             cands = []
             for st in sorted(set(holders) | set(pers), reverse=True):

@@ -509,6 +509,18 @@ def test_retention_keeps_the_only_complete_step(tmp_path: pathlib.Path) -> None:
     check_restored(res, complete[-1])
 
 
+def test_restarted_job_prunes_at_its_first_save(saved: Job, tmp_path: pathlib.Path) -> None:
+    """A relaunched job's first save prunes its roots and the persistent tier (local_keep=1,
+    keep=1): step 3, complete on disk, is known to the new Managers, so step 2 goes and step 3
+    stays beside step 4 until step 4 is known complete."""
+    job = copy_of(saved, tmp_path)
+    res = run_torch(job, "save", TWO_NODES, steps=[4], kw=KW)
+    for r, v in res.items():
+        assert v["saved"] == [4] and v["last_save"]["errors"] == [], (r, v)
+    for d in (*job.roots, job.persist):
+        assert step_dirs(d) == ["3", "4"], (d, os.listdir(d))
+
+
 # ---- 7. SIGKILL during a local save ----
 def test_sigkill_during_a_local_save(tmp_path: pathlib.Path) -> None:
     """Rank 1 saves a 32 MiB part of step 2 and is SIGKILLed as soon as save() returns, while
@@ -621,6 +633,20 @@ def test_one_process_local_tier(tmp_path: pathlib.Path) -> None:
     m = ckptio.Manager(persist, local=str(local), persist_every=1, node="solo")
     assert same(m.restore(), 0, 3) and m.last_restore["source"] == "persistent"
     m.close()
+
+
+def test_one_process_restart_prunes_at_its_first_save(tmp_path: pathlib.Path) -> None:
+    """A job that restarts between saves (a Manager made for each save) keeps its tiers at
+    local_keep and keep: the newest complete step on disk is known when the Manager is made,
+    so the first save prunes what that step no longer needs."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    for s in (1, 2, 3, 4):
+        m = ckptio.Manager(persist, local=str(local), local_keep=1, keep=1, node="solo")
+        m.save(s, part(0, s))
+        m.close()
+        assert m.last_save["errors"] == [], m.last_save
+        want = [str(s)] if s == 1 else [str(s - 1), str(s)]
+        assert step_dirs(local) == want and step_dirs(persist) == want, (s, os.listdir(local))
 
 
 def test_one_process_save_at_the_end_of_a_script(tmp_path: pathlib.Path) -> None:
