@@ -163,6 +163,9 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
     }
     r->stats.io_bytes += (uint64_t)res;
     r->rstats.requests++;
+    /* stats.direct: O_DIRECT read some of the data (the ring reads a direct file's descriptor;
+     * resident ranges were copied through the buffered one) */
+    if (pl->files[segs[first].file].direct) r->stats.direct = 1;
     /* Segments that the bytes cover are verified and copied out; the first one cut short ends
      * the request. */
     size_t end = last;

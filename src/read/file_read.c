@@ -93,7 +93,6 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
         ckptio__fail(&msg, rc, "cannot open '%s'", path);
         goto out;
     }
-    st.direct = file.direct;
     st.alignment = file.off_align;
     for (size_t i = 0; i < n; i++) {
         ckptio_range rg;
@@ -159,6 +158,7 @@ int ckptio_file_read(const char *path, const ckptio_range *ranges, size_t n, con
     file_ctx ctx = {.path = path, .pl = &pl, .msg = &msg};
     rc = ckptio__ring_run(&ring, pl.ios.items, pl.ios.len, file_done, &ctx);
     st.io_bytes = ctx.io_bytes;
+    st.direct = file.direct && ctx.io_bytes > 0; /* every request read file.fd */
 out:
     if (rc == -ENOMEM && !msg.text[0]) ckptio__fail(&msg, rc, "out of memory reading '%s'", path);
     if (rc < 0) ckptio__fail(NULL, rc, "%s", msg.text);

@@ -430,7 +430,6 @@ int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i)
         rc = rc == -ENOENT ? CKPTIO_E_CORRUPT : rc;
         goto out;
     }
-    r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
 out:
     if (dfd >= 0) close(dfd);

@@ -314,7 +314,6 @@ static int open_striped(ckptio_reader *r, uint32_t i)
                                "cannot open data file '%s/%s/%s' of checkpoint '%s'%s", recorded,
                                name, fname(r, i), r->path,
                                rc == -ENOENT ? ": it is missing" : "");
-    r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
     return 0;
 }
@@ -379,7 +378,6 @@ int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
                                fname(r, i), CKPTIO_ERROR_NO_OFFSET,
                                "cannot open data file '%s/%s'%s", r->path, fname(r, i),
                                rc == -ENOENT ? ": it is missing" : "");
-    r->stats.direct = f->direct;
     r->stats.alignment = f->off_align;
     return 0;
 }

@@ -70,6 +70,26 @@ def test_cache_auto_and_never(ckpt: pathlib.Path) -> None:
     assert never is not None and never.cache_bytes == 0 and never.io_bytes >= never.bytes
 
 
+def test_direct_is_what_the_load_used(ckpt: pathlib.Path) -> None:
+    """stats.direct says whether O_DIRECT read any of the data: a load whose bytes all came
+    from the page cache says False, one from the device True."""
+    st = _state()
+    ckptio.save(st, ckpt)
+    _evict(ckpt)
+    _same(ckptio.load(ckpt), st)
+    cold = ckptio.last_load_stats()
+    assert cold is not None
+    if not cold.direct:
+        pytest.skip("O_DIRECT is not in effect here: every read goes through the page cache")
+    assert cold.io_bytes >= cold.bytes
+    _warm(ckpt)
+    _same(ckptio.load(ckpt), st)
+    warm = ckptio.last_load_stats()
+    assert warm is not None and warm.cache_bytes > 0
+    # (pages the cache dropped meanwhile come from the device, with O_DIRECT)
+    assert warm.direct == (warm.io_bytes > 0), warm
+
+
 def test_direct_off_leaves_the_checkpoint_resident(ckpt: pathlib.Path) -> None:
     """Saved or loaded with direct=False, the files stay in the page cache for the next load."""
     st = _state()
