@@ -48,7 +48,9 @@ def _same(a: dict, b: dict) -> None:
     assert int(a["step"]) == int(b["step"])
 
 
-def test_cache_auto_and_never(ckpt: pathlib.Path) -> None:
+def _saved_and_loaded_cold(ckpt: pathlib.Path) -> tuple[dict, ckptio.Stats]:
+    """The state saved at ckpt, then loaded from the device: (state, the load's stats); skips
+    where O_DIRECT is not in effect (every read then goes through the page cache)."""
     st = _state()
     ckptio.save(st, ckpt)
     _evict(ckpt)
@@ -57,6 +59,11 @@ def test_cache_auto_and_never(ckpt: pathlib.Path) -> None:
     assert cold is not None
     if not cold.direct:
         pytest.skip("O_DIRECT is not in effect here: every read goes through the page cache")
+    return st, cold
+
+
+def test_cache_auto_and_never(ckpt: pathlib.Path) -> None:
+    st, cold = _saved_and_loaded_cold(ckpt)
     # a ckptio save writes around the cache, and a load from the device leaves it out too
     assert cold.cache_bytes == 0 and cold.io_bytes >= cold.bytes
     _warm(ckpt)
@@ -73,14 +80,7 @@ def test_cache_auto_and_never(ckpt: pathlib.Path) -> None:
 def test_direct_is_what_the_load_used(ckpt: pathlib.Path) -> None:
     """stats.direct says whether O_DIRECT read any of the data: a load whose bytes all came
     from the page cache says False, one from the device True."""
-    st = _state()
-    ckptio.save(st, ckpt)
-    _evict(ckpt)
-    _same(ckptio.load(ckpt), st)
-    cold = ckptio.last_load_stats()
-    assert cold is not None
-    if not cold.direct:
-        pytest.skip("O_DIRECT is not in effect here: every read goes through the page cache")
+    st, cold = _saved_and_loaded_cold(ckpt)
     assert cold.io_bytes >= cold.bytes
     _warm(ckpt)
     _same(ckptio.load(ckpt), st)
@@ -127,14 +127,7 @@ def test_cache_option_checked(ckpt: pathlib.Path, bad: object) -> None:
 
 def test_cache_fill_leaves_the_checkpoint_resident(ckpt: pathlib.Path) -> None:
     """cache="fill" reads every byte through the page cache: the next load takes them from it."""
-    st = _state()
-    ckptio.save(st, ckpt)
-    _evict(ckpt)
-    _same(ckptio.load(ckpt, cache="auto"), st)
-    first = ckptio.last_load_stats()
-    assert first is not None
-    if not first.direct:
-        pytest.skip("O_DIRECT is not in effect here: every read goes through the page cache")
+    st, first = _saved_and_loaded_cold(ckpt)
     _same(ckptio.load(ckpt), st)
     again = ckptio.last_load_stats()
     assert again is not None and again.cache_bytes == 0  # O_DIRECT left nothing behind
