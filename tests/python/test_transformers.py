@@ -78,12 +78,18 @@ def test_ckptio_written_loaded_by_from_pretrained(tmp_path: pathlib.Path, kind: 
     model.config.save_pretrained(tmp_path)  # type: ignore[attr-defined]
     cst.save_file(saved_state(model), tmp_path / "model.safetensors", metadata={"format": "pt"})
     back = type(model).from_pretrained(tmp_path).eval()
+    # Every weight comes back bit for bit (what ckptio answers for); the logits agree to bf16's
+    # precision (transformers 5 rebuilds buffers such as llama's rotary frequencies itself in
+    # from_pretrained, so its logits may differ in the last bits from the model built here).
+    mine, theirs = saved_state(model), back.state_dict()  # type: ignore[attr-defined]
+    for k, v in mine.items():
+        assert torch.equal(theirs[k], v), k
     ids = torch.tensor([[1, 5, 7, 11, 42, 99, 3, 250]])
     with torch.no_grad():
         a = model(ids).logits  # type: ignore[operator]
         b = back(ids).logits
     assert a.dtype == b.dtype
-    assert torch.equal(a, b)
+    torch.testing.assert_close(a, b, atol=1e-2, rtol=1.6e-2)
     # And ckptio reads what transformers wrote in one file, bit for bit.
     model.save_pretrained(tmp_path / "hf")  # type: ignore[attr-defined]
     one = cst.load_file(tmp_path / "hf" / "model.safetensors")
