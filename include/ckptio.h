@@ -1477,6 +1477,11 @@ CKPTIO_API int ckptio_remove_checkpoint(const char *path);
  * when not, or a negative code when that cannot be told (no credentials, no server...). Since
  * 0.3. */
 CKPTIO_API int ckptio_is_checkpoint(const char *path);
+/* The kind of store that serves `path`: "posix" for a path without a scheme (a directory of
+ * a local or mounted file system), "s3" for "s3://bucket/key". NULL for a "<scheme>://" no
+ * store serves, with ckptio_last_error() naming the schemes there are. The one answer to
+ * "is this a URL": bindings ask here. Since 0.3. */
+CKPTIO_API const char *ckptio_store_name(const char *path);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 

@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../src/io/s3.h"
+#include "../src/store/s3.h"
 #include "test.h"
 
 /* ---- against a live store: CKPTIO_TEST_S3_ENDPOINT (and CKPTIO_TEST_S3_BUCKET, default "ckpt";

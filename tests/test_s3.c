@@ -10,7 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../src/io/s3_impl.h"
+#include "../src/io/vfd.h"
+#include "../src/store/s3_impl.h"
 #include "s3_live.h"
 #include "test.h"
 
@@ -682,7 +683,7 @@ static int test_live_engine(void)
     for (int i = 0; i < 3; i++) CHECK(rq[i].res == (int64_t)rq[i].len);
     CHECK_ERR(ckptio__obj_finish(fd, len + 1, NULL), CKPTIO_E_USAGE);
     CHECK_OK(ckptio__obj_finish(fd, len, NULL));
-    ckptio__obj_close(fd);
+    ckptio__fd_close(fd);
     CHECK(!ckptio__obj_is(fd));
 
     uint64_t size = 0;
@@ -702,7 +703,7 @@ static int test_live_engine(void)
     CHECK(rq[0].res == (int64_t)step && rq[1].res == (int64_t)step);
     CHECK(rq[2].res == (int64_t)(len - 2 * step)); /* short at the end, like pread */
     CHECK(!memcmp(back, data, len));
-    ckptio__obj_close(fd);
+    ckptio__fd_close(fd);
 
     /* Closed unfinished: the upload is aborted, nothing appears. */
     CHECK_OK(ckptio__obj_open_write(c, b, k(p, "half"), part, &fd, NULL));
@@ -713,7 +714,7 @@ static int test_live_engine(void)
     CHECK_OK(ckptio__engine_submit(e, &rq[0]));
     CHECK(ckptio__engine_reap(e, done, 1, 1) == 1 && rq[0].res == CKPTIO_E_USAGE);
     CHECK(t_contains(ckptio__obj_error(fd), "not one part"));
-    ckptio__obj_close(fd);
+    ckptio__fd_close(fd);
     int n = 0;
     CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
     CHECK(n == 0);

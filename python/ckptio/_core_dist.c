@@ -338,7 +338,24 @@ static PyObject *mod_is_checkpoint(PyObject *mod, PyObject *args)
     return rc < 0 ? NULL : PyBool_FromLong(rc);
 }
 
+/* store_name(path) -> "posix" | "s3": the kind of store serving path; an unknown
+ * "<scheme>://" raises (the one URL parser is the library's). */
+static PyObject *mod_store_name(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:store_name", PyUnicode_FSConverter, &path_obj)) return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    const char *name = ckptio_store_name(path); /* no I/O: the GIL stays */
+    PyObject *ret = name ? PyUnicode_FromString(name) : NULL;
+    if (!name) raise_for(CKPTIO_E_USAGE, ckptio_last_error(), path);
+    Py_DECREF(path_obj);
+    return ret;
+}
+
 static PyMethodDef dist_functions[] = {
+    {"store_name", mod_store_name, METH_VARARGS,
+     "store_name(path) -> 'posix' or 's3': the kind of store that serves path"},
     {"is_checkpoint", mod_is_checkpoint, METH_VARARGS,
      "is_checkpoint(path) -> whether path (a directory or s3:// URL) holds a manifest"},
     {"list_checkpoints", mod_list_checkpoints, METH_VARARGS,

@@ -56,8 +56,9 @@ class StagedSave:
 
 
 def is_url(path: str) -> bool:
-    """Whether ``path`` names a checkpoint in an object store ("s3://bucket/key")."""
-    return path.startswith("s3://")
+    """Whether ``path`` names a checkpoint in an object store ("s3://bucket/key") rather than
+    a directory: the library's URL parser answers (an unknown "<scheme>://" raises)."""
+    return _core.store_name(path) != "posix"
 
 
 def ensure_parent(path: str) -> None:

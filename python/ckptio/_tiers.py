@@ -25,6 +25,7 @@ from . import _core
 from ._async import AsyncSave, _background_comm, _save_async
 from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
 from ._load import load
+from ._stage import is_url
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
@@ -84,7 +85,7 @@ def _persist(src: str, dst: str) -> None:
     """Copy the committed part ``src`` to ``dst``: a directory (ckptio_part_copy) or an object
     store URL (the convert engine, ckptio to ckptio: every block read is verified, the tree and
     metadata kept, the manifest written last)."""
-    if _is_url(dst):
+    if is_url(dst):
         _core.convert(src, dst, {"from": "ckptio", "to": "ckptio", "overwrite": True,
                                  "progress": False})  # fmt: skip
     else:
@@ -109,7 +110,7 @@ def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
     parts a job of that many ranks saved (each part is one rank's state: a job of another size
     must not take them for its own)."""
     out: dict[int, list[int]] = {}
-    if _is_url(root):
+    if is_url(root):
         for name in _core.list_checkpoints(root):
             m = _OBJ_PART.fullmatch(name)
             if m and (world is None or _part_world(f"{root}/{name}") == world):
@@ -140,14 +141,10 @@ def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
     return out
 
 
-def _is_url(path: str) -> bool:
-    return "://" in path
-
-
 def _remove_step(root: str, step: int) -> None:
     """Remove root/<step> (_retire). In an object store, each part of the step goes whole (its
     manifest first)."""
-    if _is_url(root):
+    if is_url(root):
         for name in _core.list_checkpoints(root):
             m = _OBJ_PART.fullmatch(name)
             if m and int(m.group(1)) == step:
@@ -320,7 +317,7 @@ class Tiers:
         self.node = node or os.environ.get("CKPTIO_NODE") or socket.gethostname()
         self.max_rate = int(os.environ.get("CKPTIO_PEER_MAX_RATE", "0") or 0)
         os.makedirs(self.local, exist_ok=True)
-        if not _is_url(self.directory):
+        if not is_url(self.directory):
             os.makedirs(self.directory, exist_ok=True)
         addr = _default_addr()
         bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
@@ -366,7 +363,7 @@ class Tiers:
         _LIVE.add(self)
         if self.leader:
             _sweep(self.local)
-        if self.rank == 0 and not _is_url(self.directory):
+        if self.rank == 0 and not is_url(self.directory):
             _sweep(self.directory)
 
     # ---- collectives (the caller's thread) ----
@@ -402,7 +399,7 @@ class Tiers:
     # ---- paths ----
     def part(self, root: str, step: int, rank: int | None = None) -> str:
         r = self.rank if rank is None else rank
-        if _is_url(root):
+        if is_url(root):
             return f"{root}/{step}.rank{r}"
         return os.path.join(root, str(step), f"rank{r}")
 

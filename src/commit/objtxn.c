@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "../format/manifest.h"
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "txn.h"
 
 /* A checkpoint at s3://bucket/key is the object key/manifest plus data objects under

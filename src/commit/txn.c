@@ -15,41 +15,10 @@
 
 #include "../io/engine.h"
 #include "../io/vfs.h"
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "txn.h"
 
 /* ---- path helpers ---- */
-
-static int remove_at(int at, const char *name, int depth)
-{
-    if (depth > 64) return -ELOOP;
-    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOTDIR && errno != ELOOP) return errno == ENOENT ? 0 : -errno;
-        return unlinkat(at, name, 0) < 0 && errno != ENOENT ? -errno : 0;
-    }
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        int e = -errno;
-        close(fd);
-        return e;
-    }
-    int rc = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        int r = remove_at(dirfd(d), de->d_name, depth + 1);
-        if (r < 0 && !rc) rc = r;
-    }
-    closedir(d);
-    if (unlinkat(at, name, AT_REMOVEDIR) < 0 && errno != ENOENT && !rc) rc = -errno;
-    return rc;
-}
-
-int ckptio__remove_tree(const char *path)
-{
-    return remove_at(AT_FDCWD, path, 0);
-}
 
 static _Atomic unsigned tmp_counter;
 

@@ -7,6 +7,7 @@
 
 #include "../common/common.h"
 #include "../io/params.h"
+#include "../store/store.h"
 
 /* Every writer commits the same way: begin resolves the target (through symlinks), checks what
  * is there may be replaced, and creates `<target>.tmp-<pid>.<n>` beside it (a rename cannot
@@ -110,7 +111,7 @@ CKPTIO__HIDDEN int ckptio__objtxn_join(ckptio__txn *t, const char *url, const ch
 /* This save's data component, "d-<id>". */
 CKPTIO__HIDDEN const char *ckptio__objtxn_save(const ckptio__txn *t);
 /* Create data object `name` (relative to the checkpoint: "d-<id>/...") for writing in parts of
- * `part` bytes: *fd is an object descriptor (io/s3.h). */
+ * `part` bytes: *fd is an object descriptor (store/s3.h). */
 CKPTIO__HIDDEN int ckptio__objtxn_open_data(ckptio__txn *t, const char *name, uint64_t part,
                                             int *fd, ckptio__msg *msg);
 CKPTIO__HIDDEN int ckptio__objtxn_publish(ckptio__txn *t, const uint8_t *man, uint64_t len,
@@ -136,9 +137,6 @@ CKPTIO__HIDDEN char *ckptio__parent_dir(const char *path);
  * open(2) in torch.save would, so a link stays a link. */
 CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
 
-/* Remove a directory tree without following symlinks (openat/unlinkat); best effort, returns
- * the first error. */
-CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);
 
 /* The commit transaction's flags for these settings. */
 static inline unsigned ckptio__cfg_txn_flags(const ckptio__cfg *c)

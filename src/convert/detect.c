@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "convert.h"
 
 static const char *const fmt_names[] = {NULL, "ckptio", "safetensors", "hf", "torch", "dcp"};

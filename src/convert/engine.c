@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "convert.h"
 
 #define PIECE_DEFAULT (32ull << 20)

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "s3.h"
+#include "vfd.h"
 #include "vfs.h"
 
 /* Same cap as the io_uring backend: the kernel moves at most ~2 GiB per call anyway, and a
@@ -29,10 +29,7 @@ typedef struct psync_state {
 static void do_io(ckptio__req *r)
 {
     uint8_t *p = r->buf;
-    if (ckptio__obj_is(r->fd)) { /* an object (s3_obj.c): one request is one HTTP call */
-        ckptio__obj_io(r);
-        return;
-    }
+    if (ckptio__vfd_io(r)) return; /* a store's object: the store moves the bytes */
     while (r->done_ < r->len) {
         size_t n = (size_t)CKPTIO__MIN(r->len - r->done_, (uint64_t)PSYNC_MAX_CHUNK);
         off_t off = (off_t)(r->off + r->done_);

@@ -46,7 +46,7 @@ typedef struct ckptio__sink {
 CKPTIO__HIDDEN int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend,
                                      unsigned depth, unsigned threads, uint64_t staging,
                                      uint64_t request, const char *label, ckptio__msg *msg);
-/* The file is an object in a store (io/s3.h): every write is one part, so nothing is written
+/* The file is an object in a store (io/vfd.h): every write is one part, so nothing is written
  * in place, windows are sent only when full (the last one at finish, unpadded), gaps are
  * written as zeros, and finish cuts nothing. Call right after init or switch. */
 CKPTIO__HIDDEN void ckptio__sink_object(ckptio__sink *s);

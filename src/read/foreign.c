@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "../format/foreign.h"
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "reader.h"
 
 #define INDEX_NAME "model.safetensors.index.json"

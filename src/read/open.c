@@ -9,9 +9,10 @@
 #include <unistd.h>
 
 #include "../io/engine.h"
+#include "../io/vfd.h"
 #include "../io/vfs.h"
 #include "../codec/codec.h"
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "reader.h"
 
 /* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
@@ -286,8 +287,7 @@ int ckptio__read_open_rfile(rfile *f, int dirfd, const char *name, int want_dire
 
 void ckptio__read_close_rfile(rfile *f)
 {
-    if (f->fd >= 0 && ckptio__obj_is(f->fd)) ckptio__obj_close(f->fd);
-    else if (f->fd >= 0) close(f->fd);
+    ckptio__fd_close(f->fd);
     if (f->bfd >= 0) close(f->bfd);
     ckptio__cache_fini(&f->cf);
     f->fd = f->bfd = -1;

@@ -91,7 +91,7 @@ struct ckptio_reader {
     /* ckptio_reader_open_foreign: the directory the manifest's file names are relative to
      * (their links followed wherever they lead), NULL for a checkpoint of ckptio's own. */
     char *dir;
-    /* A checkpoint in an object store (io/s3.h): its client, bucket and key; NULL otherwise. */
+    /* A checkpoint in an object store (store/s3.h): its client, bucket and key; NULL otherwise. */
     struct ckptio__s3 *s3;
     char *bucket, *key;
 };

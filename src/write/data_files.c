@@ -13,7 +13,8 @@
 
 #include "../common/box.h"
 #include "../io/engine.h"
-#include "../io/s3.h"
+#include "../io/vfd.h"
+#include "../store/s3.h"
 #include "../io/vfs.h"
 #include "writer.h"
 
@@ -76,7 +77,7 @@ int ckptio__writer_finish_file(ckptio_writer *w, ckptio__sink *s, int *fd, const
     int rc;
     if (w->object) { /* the upload completed is the object written: nothing to fsync */
         rc = ckptio__obj_finish(*fd, s->cursor, &w->msg);
-        ckptio__obj_close(*fd);
+        ckptio__fd_close(*fd);
         *fd = -1;
         w->sizes[file] = s->cursor;
         return rc;
@@ -192,7 +193,7 @@ int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t
                 w->file_prefix = was;
                 return rc;
             }
-            ckptio__obj_close(w->fd);
+            ckptio__fd_close(w->fd);
             w->fd = w->sink.fd = fd;
         } else if (!label ||
                    CKPTIO__VFS->renameat2(w->txn.tmp_fd, from, w->txn.tmp_fd, to, 0) < 0) {
@@ -298,7 +299,5 @@ out:
 
 void ckptio__writer_close_data(int fd)
 {
-    if (fd < 0) return;
-    if (ckptio__obj_is(fd)) ckptio__obj_close(fd);
-    else close(fd);
+    ckptio__fd_close(fd);
 }

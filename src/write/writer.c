@@ -14,7 +14,7 @@
 #include "../common/box.h"
 #include "../io/engine.h"
 #include "../io/vfs.h"
-#include "../io/s3.h"
+#include "../store/s3.h"
 #include "writer.h"
 
 /* ---- small helpers ---- */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Inside the S3 client: SigV4 signing, the XML scanner and the time parsers (s3*.c and tests). */
-#ifndef CKPTIO_IO_S3_IMPL_H
-#define CKPTIO_IO_S3_IMPL_H
+#ifndef CKPTIO_STORE_S3_IMPL_H
+#define CKPTIO_STORE_S3_IMPL_H
 
 #include <stddef.h>
 #include <stdint.h>

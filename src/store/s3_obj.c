@@ -1,14 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Objects as the engine's files: an eventfd each; a request is one part upload or ranged GET. */
+/* Objects as the engine's files (io/vfd.h): a request is one part upload or one ranged GET. */
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "../io/vfd.h"
 #include "s3_impl.h"
 
 typedef struct s3_obj {
@@ -23,20 +22,11 @@ typedef struct s3_obj {
     char error[CKPTIO__MSG_LEN];
 } s3_obj;
 
-/* The registry, indexed by descriptor. `open_count` lets ckptio__obj_is answer for files
- * without the lock while no object is open, which is the common case. */
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static s3_obj **reg;
-static size_t reg_cap;
-static atomic_uint open_count;
+static const ckptio__vfd_ops obj_ops;
 
 static s3_obj *lookup(int fd)
 {
-    if (fd < 0 || !atomic_load_explicit(&open_count, memory_order_acquire)) return NULL;
-    pthread_mutex_lock(&reg_lock);
-    s3_obj *o = (size_t)fd < reg_cap ? reg[fd] : NULL;
-    pthread_mutex_unlock(&reg_lock);
-    return o;
+    return ckptio__vfd_obj(fd, &obj_ops);
 }
 
 bool ckptio__obj_is(int fd)
@@ -54,33 +44,6 @@ static void obj_free(s3_obj *o)
     free(o->lens);
     pthread_mutex_destroy(&o->lock);
     free(o);
-}
-
-/* A descriptor for o, registered; o is the registry's from then on. */
-static int obj_register(s3_obj *o, int *fd, ckptio__msg *msg)
-{
-    int e = eventfd(0, EFD_CLOEXEC);
-    if (e < 0) return ckptio__fail(msg, -errno, "s3://%s/%s: eventfd: %s", o->bucket, o->key,
-                                   strerror(errno));
-    pthread_mutex_lock(&reg_lock);
-    if ((size_t)e >= reg_cap) {
-        size_t cap = reg_cap ? reg_cap : 64;
-        while (cap <= (size_t)e) cap *= 2;
-        s3_obj **r = realloc(reg, cap * sizeof *r);
-        if (!r) {
-            pthread_mutex_unlock(&reg_lock);
-            close(e);
-            return ckptio__fail(msg, -ENOMEM, "out of memory");
-        }
-        memset(r + reg_cap, 0, (cap - reg_cap) * sizeof *r);
-        reg = r;
-        reg_cap = cap;
-    }
-    reg[e] = o;
-    atomic_fetch_add_explicit(&open_count, 1, memory_order_release);
-    pthread_mutex_unlock(&reg_lock);
-    *fd = e;
-    return 0;
 }
 
 static s3_obj *obj_new(ckptio__s3 *c, const char *bucket, const char *key, ckptio__msg *msg)
@@ -114,7 +77,7 @@ int ckptio__obj_open_write(ckptio__s3 *c, const char *bucket, const char *key,
     o->part_size = part_size;
     int rc = ckptio__s3_mpu_create(c, bucket, key, &o->upload_id, msg);
     if (rc == 0) {
-        rc = obj_register(o, fd, msg);
+        rc = ckptio__vfd_open(&obj_ops, o, fd, msg);
         if (rc < 0) ckptio__s3_mpu_abort(c, bucket, key, o->upload_id, NULL);
     }
     if (rc < 0) obj_free(o);
@@ -131,7 +94,7 @@ int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key, ui
     s3_obj *o = obj_new(c, bucket, key, msg);
     if (!o) return -ENOMEM;
     o->size = r.size;
-    rc = obj_register(o, fd, msg);
+    rc = ckptio__vfd_open(&obj_ops, o, fd, msg);
     if (rc < 0) obj_free(o);
     else *size = r.size;
     return rc;
@@ -198,13 +161,9 @@ static int64_t obj_read(s3_obj *o, ckptio__req *r, ckptio__msg *m)
     return rc < 0 ? rc : (int64_t)got;
 }
 
-void ckptio__obj_io(ckptio__req *r)
+static void obj_io(void *obj, ckptio__req *r)
 {
-    s3_obj *o = lookup(r->fd);
-    if (!o) {
-        r->res = -EBADF;
-        return;
-    }
+    s3_obj *o = obj;
     ckptio__msg *m = malloc(sizeof *m); /* ~9 KiB: not on an I/O thread's stack */
     if (!m) {
         r->res = -ENOMEM;
@@ -262,22 +221,16 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
     return rc;
 }
 
-void ckptio__obj_close(int fd)
+/* The descriptor is being closed: an unfinished upload is aborted (best effort). */
+static void obj_close(void *obj)
 {
-    if (fd < 0) return;
-    pthread_mutex_lock(&reg_lock);
-    s3_obj *o = (size_t)fd < reg_cap ? reg[fd] : NULL;
-    if (o) {
-        reg[fd] = NULL;
-        atomic_fetch_sub_explicit(&open_count, 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&reg_lock);
-    if (!o) return;
+    s3_obj *o = obj;
     if (o->write && !o->finished && o->upload_id)
         ckptio__s3_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
-    close(fd);
     obj_free(o);
 }
+
+static const ckptio__vfd_ops obj_ops = {obj_io, obj_close};
 
 const char *ckptio__obj_error(int fd)
 {

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Object storage: S3-compatible stores over libcurl, and objects as the engine's "files". */
-#ifndef CKPTIO_IO_S3_H
-#define CKPTIO_IO_S3_H
+#ifndef CKPTIO_STORE_S3_H
+#define CKPTIO_STORE_S3_H
 
 #include "../common/common.h"
-#include "engine.h"
+#include "../io/engine.h"
 
 /* Addresses are "s3://bucket/key". The client reads what AWS tools read from the environment:
  * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional), AWS_REGION (else
@@ -122,16 +122,15 @@ CKPTIO__HIDDEN int ckptio__s3_mpu_abort(ckptio__s3 *c, const char *bucket, const
 
 /* ---- objects as the engine's files ----
  *
- * An object opened here gets a descriptor (an eventfd: unique while open, never read or
- * written) that engine requests carry in req->fd. The psync backend hands requests on such a
- * descriptor to ckptio__obj_io() instead of pread/pwrite, so the sink and the read ring drive
- * parallel part uploads and ranged GETs through the same code as files.
+ * An object opened here gets a descriptor of io/vfd.h that engine requests carry in req->fd:
+ * the psync backend hands them to this file instead of pread/pwrite, so the sink and the read
+ * ring drive parallel part uploads and ranged GETs through the same code as files.
  *
  * Writing: the object is a multipart upload created at open. A write request is one part:
  * its offset must be a multiple of part_size and its length part_size, except the last part,
  * which may be shorter (the sink in object mode sends exactly that). Parts upload in
  * parallel, each retried on its own. finish completes the upload (the object appears);
- * close without finish aborts it. Objects larger than part_size * 10000 are refused
+ * ckptio__fd_close without finish aborts it. Objects larger than part_size * 10000 are refused
  * (-EFBIG), so callers roll over to a new object before that.
  *
  * Reading: open HEADs the object for its size; a read request is one ranged GET (short at
@@ -146,14 +145,10 @@ CKPTIO__HIDDEN int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, cons
 /* After every write request on fd has completed: complete the multipart upload of `len`
  * bytes (the parts must cover [0, len) exactly). */
 CKPTIO__HIDDEN int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg);
-/* Abort an unfinished upload (best effort), forget the object, close fd. Accepts -1. */
-CKPTIO__HIDDEN void ckptio__obj_close(int fd);
 /* Whether fd is an object descriptor from this file. */
 CKPTIO__HIDDEN bool ckptio__obj_is(int fd);
-/* Perform one engine request on an object descriptor; sets r->res (bytes moved or -errno).
- * The first failure's message is kept with the object: ckptio__obj_error() returns it (for
- * the sink's and ring's messages), "" if none. */
-CKPTIO__HIDDEN void ckptio__obj_io(ckptio__req *r);
+/* The first failure of a request on the object's descriptor (for the sink's and ring's
+ * messages), "" if none. */
 CKPTIO__HIDDEN const char *ckptio__obj_error(int fd);
 
 #endif

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The table of stores, the one URL parser, and the catalog's public calls over any store. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store.h"
+
+/* Every kind of store, POSIX (no scheme) first. A new store is one entry here. */
+static const ckptio__store_ops *const stores[] = {&ckptio__store_posix, &ckptio__store_s3};
+#define N_STORES (sizeof stores / sizeof *stores)
+
+int ckptio__names_add(ckptio__names *ns, const char *s, size_t len)
+{
+    if (ns->n == ns->cap) {
+        size_t cap = ns->cap ? 2 * ns->cap : 32;
+        char **v = realloc(ns->v, cap * sizeof *v);
+        if (!v) return -ENOMEM;
+        ns->v = v;
+        ns->cap = cap;
+    }
+    if (!(ns->v[ns->n] = strndup(s, len))) return -ENOMEM;
+    ns->n++;
+    return 0;
+}
+
+void ckptio__names_free(ckptio__names *ns)
+{
+    for (size_t i = 0; i < ns->n; i++) free(ns->v[i]);
+    free(ns->v);
+    *ns = (ckptio__names){0};
+}
+
+/* The length of path's "<scheme>://" (letters, digits, '+', '-', '.' after a letter), or 0. */
+static size_t scheme_len(const char *path)
+{
+    size_t i = 0;
+    if (!((path[0] >= 'a' && path[0] <= 'z') || (path[0] >= 'A' && path[0] <= 'Z'))) return 0;
+    while ((path[i] >= 'a' && path[i] <= 'z') || (path[i] >= 'A' && path[i] <= 'Z') ||
+           (path[i] >= '0' && path[i] <= '9') || path[i] == '+' || path[i] == '-' ||
+           path[i] == '.')
+        i++;
+    return strncmp(path + i, "://", 3) ? 0 : i + 3;
+}
+
+int ckptio__store_for(const char *path, const ckptio__store_ops **out, ckptio__msg *msg)
+{
+    *out = NULL;
+    if (!path || !*path) return ckptio__fail(msg, CKPTIO_E_USAGE, "no path or URL given");
+    size_t n = scheme_len(path);
+    for (size_t i = 0; i < N_STORES; i++) {
+        const char *s = stores[i]->scheme;
+        if (n ? s && strlen(s) == n && !strncmp(path, s, n) : !s) {
+            *out = stores[i];
+            return 0;
+        }
+    }
+    char known[128] = "";
+    for (size_t i = 0, at = 0; i < N_STORES && at < sizeof known; i++)
+        if (stores[i]->scheme)
+            at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", at ? ", " : "",
+                                   stores[i]->scheme);
+    return ckptio__fail(msg, CKPTIO_E_USAGE,
+                        "'%s': no store serves '%.*s' URLs (ckptio serves local paths and %s)",
+                        path, (int)n, path, known);
+}
+
+/* ---- the public catalog ---- */
+
+const char *ckptio_store_name(const char *path)
+{
+    const ckptio__store_ops *s;
+    ckptio__msg msg = {0};
+    int rc = ckptio__store_for(path, &s, &msg);
+    if (rc < 0) {
+        ckptio__refail(NULL, &msg, rc, "ckptio_store_name", NULL);
+        return NULL;
+    }
+    return s->name;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, void *ctx)
+{
+    if (!prefix || !*prefix || !cb)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_list_checkpoints: prefix and cb are required");
+    ckptio__msg msg = {0};
+    ckptio__names ns = {0};
+    const ckptio__store_ops *s;
+    int rc = ckptio__store_for(prefix, &s, &msg);
+    if (rc == 0) rc = s->list(prefix, &ns, &msg);
+    if (rc == 0 && ns.n) qsort(ns.v, ns.n, sizeof *ns.v, cmp_str);
+    for (size_t i = 0; rc == 0 && i < ns.n; i++) rc = cb(ctx, ns.v[i]);
+    ckptio__names_free(&ns);
+    if (rc < 0 && msg.text[0]) return ckptio__refail(NULL, &msg, rc, "cannot list checkpoints", NULL);
+    return rc;
+}
+
+int ckptio_is_checkpoint(const char *path)
+{
+    if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_is_checkpoint: no path");
+    ckptio__msg msg = {0};
+    const ckptio__store_ops *s;
+    int rc = ckptio__store_for(path, &s, &msg);
+    if (rc == 0) rc = s->is_checkpoint(path, &msg);
+    return rc < 0 ? ckptio__refail(NULL, &msg, rc, "cannot look for a checkpoint", NULL) : rc;
+}
+
+int ckptio_remove_checkpoint(const char *path)
+{
+    if (!path || !*path)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_remove_checkpoint: path is required");
+    ckptio__msg msg = {0};
+    const ckptio__store_ops *s;
+    int rc = ckptio__store_for(path, &s, &msg);
+    if (rc == 0) rc = s->remove(path, &msg);
+    return rc < 0 ? ckptio__refail(NULL, &msg, rc, "cannot remove checkpoint", NULL) : 0;
+}
