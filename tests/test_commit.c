@@ -79,12 +79,12 @@ static int test_dir_publish(void)
     CHECK(stat(t.tmp_path, &st) == 0 && S_ISDIR(st.st_mode));
     CHECK(access("ck", F_OK) < 0);
     CHECK(put(t.tmp_fd, "manifest", "new") == 0);
-    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     CHECK(t.published && !t.old_path);
     CHECK(holds("ck/manifest", "new"));
     CHECK(count_names(".", ".tmp-") == 0);
     /* published once is published: a second publish is a state error, nothing moves */
-    CHECK_ERR(ckptio__txn_publish(&t, &msg), CKPTIO_E_STATE);
+    CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), CKPTIO_E_STATE);
     ckptio__txn_fini(&t);
     CHECK(holds("ck/manifest", "new"));
     /* through a link whose target ends in '/': the target's parent is the link's */
@@ -92,7 +92,7 @@ static int test_dir_publish(void)
     CHECK_OK(ckptio__txn_begin(&t, "latest", DIRF, 0, 0, &msg));
     CHECK(!strcmp(t.path, "step-1") && !strcmp(t.parent, "."));
     CHECK(put(t.tmp_fd, "manifest", "1") == 0);
-    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     ckptio__txn_fini(&t);
     CHECK(lstat("latest", &st) == 0 && S_ISLNK(st.st_mode) && holds("latest/manifest", "1"));
     /* a name that is no checkpoint directory */
@@ -113,7 +113,7 @@ static int test_file_publish(void)
     CHECK(t.fd >= 0 && t.tmp_fd < 0 && t.found == CKPTIO__AT_NOTHING && !t.direct);
     CHECK(write(t.fd, "hello", 5) == 5);
     CHECK(access("f.bin", F_OK) < 0);
-    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     CHECK(t.published && t.fd < 0);
     ckptio__txn_fini(&t);
     CHECK(holds("f.bin", "hello"));
@@ -146,7 +146,7 @@ static int test_overwrite_exchange(void)
     CHECK(t.found == CKPTIO__AT_CHECKPOINT && S_ISDIR(t.found_mode));
     CHECK(put(t.tmp_fd, "manifest", "new") == 0);
     CHECK(holds("ck/manifest", "old")); /* nothing changes before publish */
-    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     CHECK(t.old_path != NULL && access(t.old_path, F_OK) < 0);
     ckptio__txn_fini(&t);
     CHECK(holds("ck/manifest", "new"));
@@ -157,7 +157,7 @@ static int test_overwrite_exchange(void)
     CHECK_OK(ckptio__txn_begin(&t, "empty", DIRF, OVER, 0, &msg));
     CHECK(t.found == CKPTIO__AT_EMPTY_DIR);
     CHECK(put(t.tmp_fd, "manifest", "e") == 0);
-    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     ckptio__txn_fini(&t);
     CHECK(holds("empty/manifest", "e"));
     CHECK(mkdir("mine", 0755) == 0 && t_write_file("mine/notes", "x", 1) == 0);
@@ -181,7 +181,7 @@ static int test_abort_keeps_target(void)
     ckptio__txn_abort(&t);
     CHECK(count_names(".", ".tmp-") == 0);
     ckptio__txn_abort(&t);
-    CHECK_ERR(ckptio__txn_publish(&t, &msg), CKPTIO_E_STATE);
+    CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), CKPTIO_E_STATE);
     ckptio__txn_fini(&t);
     CHECK(holds("ck/manifest", "old"));
 
@@ -211,7 +211,7 @@ static int test_file_mode_and_link(void)
     CHECK_OK(ckptio__txn_begin(&t, "link.pt", FILEF, OVER, CKPTIO_OFF, &msg));
     CHECK(!strcmp(t.path, "secret.pt"));
     CHECK(write(t.fd, "new!", 4) == 4);
-    CHECK_OK(ckptio__txn_publish(&t, &msg));
+    CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     ckptio__txn_fini(&t);
     struct stat st;
     CHECK(lstat("link.pt", &st) == 0 && S_ISLNK(st.st_mode));
@@ -231,11 +231,11 @@ static int test_join(void)
     CHECK_OK(ckptio__txn_join(&member, "ck", owner.tmp_path, SYNC, &msg));
     CHECK(!member.owner && member.tmp_fd >= 0);
     CHECK(put(member.tmp_fd, "rank1", "r1") == 0);
-    CHECK_ERR(ckptio__txn_publish(&member, &msg), CKPTIO_E_STATE);
+    CHECK_ERR(ckptio__txn_publish(&member, NULL, 0, &msg), CKPTIO_E_STATE);
     ckptio__txn_fini(&member);
     CHECK(access(owner.tmp_path, F_OK) == 0);
     CHECK(put(owner.tmp_fd, "manifest", "m") == 0);
-    CHECK_OK(ckptio__txn_publish(&owner, &msg));
+    CHECK_OK(ckptio__txn_publish(&owner, NULL, 0, &msg));
     ckptio__txn_fini(&owner);
     CHECK(holds("ck/rank1", "r1") && holds("ck/manifest", "m"));
     CHECK_ERR(ckptio__txn_join(&member, "ck", "ck.tmp-1.1", 0, &msg), -ENOENT);
@@ -334,7 +334,7 @@ static int test_not_durable(void)
         CHECK_OK(ckptio__txn_begin(&t, path, DIRF, SYNC | (replace ? OVER : 0), 0, &msg));
         CHECK(put(t.tmp_fd, "manifest", "new") == 0);
         unsigned fired = fail_fired;
-        CHECK_ERR(ckptio__txn_publish(&t, &msg), CKPTIO_E_NOT_DURABLE);
+        CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), CKPTIO_E_NOT_DURABLE);
         CHECK(fail_fired > fired && t.published);
         CHECK(t_contains(msg.text, "published at") && t_contains(msg.text, path) &&
               t_contains(msg.text, "'out'") && t_contains(msg.text, "checkpoint is complete"));
@@ -347,7 +347,7 @@ static int test_not_durable(void)
 
     CHECK_OK(ckptio__txn_begin(&t, "out/f.bin", FILEF, SYNC, CKPTIO_OFF, &msg));
     CHECK(write(t.fd, "abc", 3) == 3);
-    CHECK_ERR(ckptio__txn_publish(&t, &msg), CKPTIO_E_NOT_DURABLE);
+    CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), CKPTIO_E_NOT_DURABLE);
     CHECK(t.published && t_contains(msg.text, "file is complete"));
     ckptio__txn_fini(&t);
     CHECK(holds("out/f.bin", "abc"));
@@ -356,7 +356,7 @@ static int test_not_durable(void)
     CHECK_OK(ckptio__txn_begin(&t, "out/late", DIRF, SYNC, 0, &msg));
     CHECK(fstat(t.tmp_fd, &st) == 0);
     fail_ino = st.st_ino;
-    CHECK_ERR(ckptio__txn_publish(&t, &msg), -EIO);
+    CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), -EIO);
     CHECK(!t.published && t_contains(msg.text, "fsync of directory"));
     ckptio__txn_fini(&t);
     ckptio__vfs_set(NULL);

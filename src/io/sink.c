@@ -243,7 +243,7 @@ int ckptio__sink_seek(ckptio__sink *s, uint64_t off)
 {
     CKPTIO__TRY(s->err);
     assert(off >= s->cursor);
-    if (s->object) { /* parts are whole windows: the gap is sent as zeros */
+    if (s->parts) { /* parts are whole windows: the gap is sent as zeros */
         static const uint8_t zeros[4096];
         while (s->cursor < off)
             CKPTIO__TRY(ckptio__sink_write(s, zeros, CKPTIO__MIN(off - s->cursor, sizeof zeros)));
@@ -258,7 +258,7 @@ int ckptio__sink_seek(ckptio__sink *s, uint64_t off)
 
 static bool can_place(const ckptio__sink *s, const uint8_t *src, uint64_t n)
 {
-    return !s->object && n >= CKPTIO__SINK_IN_PLACE_MIN && s->cursor % s->off_align == 0 &&
+    return !s->parts && n >= CKPTIO__SINK_IN_PLACE_MIN && s->cursor % s->off_align == 0 &&
            (uintptr_t)src % s->mem_align == 0;
 }
 
@@ -297,7 +297,7 @@ int ckptio__sink_skip(ckptio__sink *s, uint64_t n)
 {
     CKPTIO__TRY(s->err);
     assert(s->cursor % s->off_align == 0);
-    if (s->object)
+    if (s->parts)
         return ckptio__fail(s->msg, CKPTIO_E_UNSUPPORTED,
                             "'%s' is an object: bytes cannot be written around the sink", s->label);
     CKPTIO__TRY(window_submit(s));
@@ -313,7 +313,7 @@ int ckptio__sink_finish(ckptio__sink *s)
     int rc = window_submit(s);
     int d = ckptio__sink_drain(s);
     if (rc == 0) rc = d;
-    if (rc < 0 || s->object) return rc;
+    if (rc < 0 || s->parts) return rc;
     int t;
     do /* ftruncate may be interrupted (signal while the file system blocks) */
         t = CKPTIO__VFS->ftruncate(s->fd, (off_t)s->cursor);
@@ -331,15 +331,15 @@ static void set_file(ckptio__sink *s, int fd, int direct, const char *label)
     s->fd = fd;
     s->direct = direct;
     s->label = label;
-    if (s->object) s->mem_align = s->off_align = 1; /* parts end where the data ends */
+    if (s->parts) s->mem_align = s->off_align = 1; /* parts end where the data ends */
     else if (direct) ckptio__file_dio_align(fd, &s->mem_align, &s->off_align);
     else s->mem_align = s->off_align = 512; /* harmless for buffered I/O; one code path */
     s->off_align = CKPTIO__MIN(s->off_align, 4096u); /* the format guarantees no more */
 }
 
-void ckptio__sink_object(ckptio__sink *s)
+void ckptio__sink_parts(ckptio__sink *s)
 {
-    s->object = true;
+    s->parts = true;
     set_file(s, s->fd, 0, s->label);
 }
 

@@ -29,7 +29,7 @@ typedef struct ckptio__sink {
     double waited;     /* seconds spent blocked until a write completed (the device behind) */
     uint64_t reserved; /* file space allocated ahead of the writes (0: not possible here) */
     int err;
-    bool object;       /* the file is an object (ckptio__sink_object) */
+    bool parts;        /* every write is one whole part (ckptio__sink_parts) */
     ckptio__engine *eng;
     ckptio__pool pool;
     ckptio__sink_slot *slots;
@@ -46,10 +46,10 @@ typedef struct ckptio__sink {
 CKPTIO__HIDDEN int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend,
                                      unsigned depth, unsigned threads, uint64_t staging,
                                      uint64_t request, const char *label, ckptio__msg *msg);
-/* The file is an object in a store (io/vfd.h): every write is one part, so nothing is written
+/* The file takes whole parts (a store's object, io/vfd.h): every write is one part, so nothing is written
  * in place, windows are sent only when full (the last one at finish, unpadded), gaps are
  * written as zeros, and finish cuts nothing. Call right after init or switch. */
-CKPTIO__HIDDEN void ckptio__sink_object(ckptio__sink *s);
+CKPTIO__HIDDEN void ckptio__sink_parts(ckptio__sink *s);
 /* Waits for in-flight writes and releases engine and pool (not the fd). Accepts a zeroed or
  * failed-init sink. */
 CKPTIO__HIDDEN void ckptio__sink_fini(ckptio__sink *s);

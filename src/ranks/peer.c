@@ -306,7 +306,7 @@ static int begin_part(ckptio__txn *t, const char *dst, ckptio__msg *m)
 static int finish_part(ckptio__txn *t, unsigned flags, const char *what, ckptio__msg *m)
 {
     if (flags & CKPTIO_PEER_VERIFY) CKPTIO__TRY(verify_part(t->tmp_path, what, m));
-    return ckptio__txn_publish(t, m);
+    return ckptio__txn_publish(t, NULL, 0, m);
 }
 
 /* ---- sending and receiving a part's files ---- */

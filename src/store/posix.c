@@ -3,13 +3,18 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "../io/engine.h"
+#include "../io/vfs.h"
 #include "store.h"
 
 static int remove_at(int at, const char *name, int depth)
@@ -109,10 +114,565 @@ static int posix_remove(const char *path, ckptio__msg *msg)
     return rc;
 }
 
+/* ---- paths ---- */
+
+static _Atomic unsigned tmp_counter;
+
+unsigned ckptio__tmp_id(void)
+{
+    return atomic_fetch_add(&tmp_counter, 1);
+}
+
+char *ckptio__parent_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+int ckptio__follow_links(const char *path, char **out)
+{
+    *out = NULL;
+    char *cur = strdup(path);
+    if (!cur) return -ENOMEM;
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) break;
+        if (hops == 40) {
+            free(cur);
+            return -ELOOP;
+        }
+        char target[PATH_MAX];
+        ssize_t n = readlink(cur, target, sizeof target - 1);
+        if (n < 0) break; /* replaced meanwhile: let the caller's own open report it */
+        target[n] = 0;
+        char *next = NULL;
+        if (target[0] == '/' || !strchr(cur, '/')) {
+            next = strdup(target);
+        } else {
+            char *dir = ckptio__parent_dir(cur);
+            if (dir && asprintf(&next, "%s/%s", dir, target) < 0) next = NULL;
+            free(dir);
+        }
+        free(cur);
+        if (!next) return -ENOMEM;
+        cur = next;
+    }
+    *out = cur;
+    return 0;
+}
+
+/* ---- saves: begin ---- */
+
+/* A path that is a symlink (latest -> step-1000) is saved through: what it points to is what
+ * is created or replaced, beside it, and the link stays a link. A directory target loses its
+ * trailing slashes and must end in a real name. */
+static int resolve(ckptio__txn *t, const char *path, ckptio__msg *msg)
+{
+    size_t len = strlen(path);
+    if (t->kind == CKPTIO__TXN_DIR)
+        while (len > 1 && path[len - 1] == '/') len--;
+    char *given = strndup(path, len);
+    if (!given) return -ENOMEM;
+    int rc = ckptio__follow_links(given, &t->path);
+    free(given);
+    if (rc < 0)
+        return ckptio__fail(msg, rc, "cannot save to '%s'%s", path,
+                            rc == -ELOOP ? ": too many levels of symbolic links" : "");
+    len = strlen(t->path);
+    if (t->kind == CKPTIO__TXN_DIR) /* a link's target may end in '/' too */
+        while (len > 1 && t->path[len - 1] == '/') t->path[--len] = 0;
+    t->parent = ckptio__parent_dir(t->path);
+    if (!t->parent) return -ENOMEM;
+    if (t->kind != CKPTIO__TXN_DIR) return 0;
+    char *slash = strrchr(t->path, '/');
+    const char *base = slash ? slash + 1 : t->path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "'%s' does not name a checkpoint directory; give a path like "
+                            "ckpt/step-1000",
+                            path);
+    return 0;
+}
+
+/* 1 if directory `path` has no entries, 0 if it has some, -errno if it cannot be read. */
+static int dir_empty(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return -errno;
+    struct dirent *de;
+    int empty = 1;
+    while (empty && (de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) empty = 0;
+    closedir(d);
+    return empty;
+}
+
+/* What is at a directory target. It may be replaced only if it is a committed checkpoint or an
+ * empty directory, so that overwrite can never destroy something that is not ours. Nothing is
+ * changed here: until publish's rename the path stays exactly as it was. */
+static int inspect_dir(ckptio__txn *t, ckptio__msg *msg)
+{
+    struct stat st;
+    t->found = CKPTIO__AT_NOTHING;
+    t->found_mode = 0;
+    if (lstat(t->path, &st) < 0) {
+        if (errno == ENOENT) return 0;
+        return ckptio__fail(msg, -errno, "cannot inspect '%s'", t->path);
+    }
+    if (!(t->flags & CKPTIO__TXN_OVERWRITE))
+        return ckptio__fail(msg, CKPTIO_E_EXISTS,
+                            "'%s' already exists; pass overwrite to replace it, or choose "
+                            "another path",
+                            t->path);
+    if (!S_ISDIR(st.st_mode))
+        return ckptio__fail(msg, CKPTIO_E_EXISTS,
+                            "'%s' exists and is not a directory; refusing to replace it",
+                            t->path);
+    t->found_mode = st.st_mode;
+    char mpath[PATH_MAX];
+    if (snprintf(mpath, sizeof mpath, "%s/manifest", t->path) >= (int)sizeof mpath)
+        return ckptio__fail(msg, -ENAMETOOLONG, "path '%s' is too long", t->path);
+    if (access(mpath, F_OK) == 0) {
+        t->found = CKPTIO__AT_CHECKPOINT;
+        return 0;
+    }
+    int empty = dir_empty(t->path);
+    if (empty == 1) t->found = CKPTIO__AT_EMPTY_DIR;
+    if (empty == 1 || empty == -ENOENT) return 0;
+    return ckptio__fail(msg, CKPTIO_E_EXISTS,
+                        "'%s' exists and is not a ckptio checkpoint (no manifest); refusing to "
+                        "replace it",
+                        t->path);
+}
+
+/* A file target may be replaced (with overwrite) by anything but a directory. */
+static int inspect_file(ckptio__txn *t, const char *given, ckptio__msg *msg)
+{
+    struct stat st;
+    if (lstat(t->path, &st) != 0) return 0;
+    bool link = strcmp(given, t->path) != 0;
+    if (!(t->flags & CKPTIO__TXN_OVERWRITE) || S_ISDIR(st.st_mode))
+        return ckptio__fail(msg, CKPTIO_E_EXISTS, "'%s'%s%s%s already exists%s", given,
+                            link ? " (a symlink to '" : "", link ? t->path : "",
+                            link ? "')" : "",
+                            S_ISDIR(st.st_mode) ? " and is a directory; refusing to replace it"
+                                                : "; pass overwrite to replace it");
+    t->found = CKPTIO__AT_FILE;
+    t->found_mode = st.st_mode;
+    return 0;
+}
+
+/* Whether `ent` is "<base>.tmp-<pid>.<n>" (decimal pid and n, nothing after); sets *pid. */
+static bool stale_name(const char *ent, const char *base, size_t blen, long *pid)
+{
+    if (strncmp(ent, base, blen) || strncmp(ent + blen, ".tmp-", 5)) return false;
+    const char *p = ent + blen + 5;
+    char *end;
+    if (*p < '1' || *p > '9') return false;
+    long v = strtol(p, &end, 10);
+    if (*end != '.' || end[1] < '0' || end[1] > '9') return false;
+    for (p = end + 1; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    *pid = v;
+    return v > 0 && v <= INT_MAX;
+}
+
+/* Remove the temporaries that killed saves of this same name left behind: directories for a
+ * checkpoint, files for a single file (ckptio.torch.save). One is removed only if all hold: its
+ * name is exactly <name>.tmp-<pid>.<n>; it is of the transaction's kind (a directory, or a
+ * regular file), not a symlink; <pid> is not ours and no such process exists (kill(pid, 0)
+ * gives ESRCH); and no one holds its lock (a live writer keeps flock(LOCK_EX) on its temporary,
+ * which also covers a writer in another pid namespace on the same machine). Where the lock
+ * cannot be taken for any reason (NFS), it stays. Best effort: failures are ignored, the save
+ * goes on. */
+static void clean_stale(const ckptio__txn *t)
+{
+    const char *slash = strrchr(t->path, '/');
+    const char *base = slash ? slash + 1 : t->path;
+    size_t blen = strlen(base);
+    bool dir = t->kind == CKPTIO__TXN_DIR;
+    int pfd = open(t->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0) return;
+    DIR *d = fdopendir(pfd);
+    if (!d) {
+        close(pfd);
+        return;
+    }
+    struct dirent *de;
+    long pid;
+    while ((de = readdir(d))) {
+        if (!stale_name(de->d_name, base, blen, &pid) || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        int fd = openat(dirfd(d), de->d_name,
+                        O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (dir ? O_DIRECTORY : O_NONBLOCK));
+        if (fd < 0) continue;
+        struct stat st;
+        if (fstat(fd, &st) == 0 && (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            char *full = NULL;
+            if (!dir)
+                (void)unlinkat(dirfd(d), de->d_name, 0);
+            else if (asprintf(&full, "%s/%s", t->parent, de->d_name) >= 0)
+                ckptio__remove_tree(full);
+            free(full);
+        }
+        close(fd); /* drops the lock, after the temporary is gone */
+    }
+    closedir(d);
+}
+
+static int make_tmp_dir(ckptio__txn *t, ckptio__msg *msg)
+{
+    size_t len = strlen(t->path) + 64;
+    t->tmp_path = malloc(len);
+    if (!t->tmp_path) return -ENOMEM;
+    for (int tries = 0; tries < 1000; tries++) {
+        snprintf(t->tmp_path, len, "%s.tmp-%d.%u", t->path, (int)getpid(), ckptio__tmp_id());
+        if (CKPTIO__VFS->mkdirat(AT_FDCWD, t->tmp_path, 0755) == 0) goto made;
+        if (errno != EEXIST)
+            return ckptio__fail(msg, -errno, "cannot create directory '%s' (is '%s' writable?)",
+                                t->tmp_path, t->parent);
+    }
+    return ckptio__fail(msg, -EEXIST, "cannot find a free temporary name next to '%s'", t->path);
+made:
+    t->owner = true;
+    t->tmp_fd = ckptio__vfs_open(AT_FDCWD, t->tmp_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (t->tmp_fd < 0) return ckptio__fail(msg, -errno, "cannot open '%s'", t->tmp_path);
+    /* Held until fini: tells clean_stale() in other processes that this save is alive. */
+    (void)flock(t->tmp_fd, LOCK_EX | LOCK_NB);
+    return 0;
+}
+
+static int make_tmp_file(ckptio__txn *t, int direct, ckptio__msg *msg)
+{
+    size_t len = strlen(t->path) + 64;
+    t->tmp_path = malloc(len);
+    if (!t->tmp_path) return -ENOMEM;
+    int rc;
+    for (int tries = 0;; tries++) {
+        snprintf(t->tmp_path, len, "%s.tmp-%d.%u", t->path, (int)getpid(), ckptio__tmp_id());
+        rc = ckptio__file_open(AT_FDCWD, t->tmp_path, CKPTIO__F_WRITE_USER, direct, &t->fd,
+                               &t->direct);
+        if (rc != -EEXIST || tries > 1000) break;
+    }
+    if (rc < 0) {
+        t->fd = -1;
+        return ckptio__fail(msg, rc, "cannot create a temporary file next to '%s'", t->path);
+    }
+    t->owner = true;
+    /* Held until the file is closed: tells clean_stale() in other processes it is alive. */
+    (void)flock(t->fd, LOCK_EX | LOCK_NB);
+    return 0;
+}
+
+static void set_dir(ckptio__txn *t)
+{
+    snprintf(t->data_dir, sizeof t->data_dir, "data");
+    t->where = t->tmp_path;
+}
+
+static int posix_begin(ckptio__txn *t, const char *path, int kind, unsigned flags, int direct,
+                       ckptio__msg *msg)
+{
+    (void)flags;
+    CKPTIO__TRY(resolve(t, path, msg));
+    set_dir(t);
+    if (kind == CKPTIO__TXN_FILE) {
+        CKPTIO__TRY(inspect_file(t, path, msg));
+        clean_stale(t);
+        return make_tmp_file(t, direct, msg);
+    }
+    CKPTIO__TRY(inspect_dir(t, msg));
+    clean_stale(t);
+    CKPTIO__TRY(make_tmp_dir(t, msg));
+    t->where = t->tmp_path;
+    return 0;
+}
+
+static int posix_join(ckptio__txn *t, const char *path, const char *tmp_path, unsigned flags,
+                      ckptio__msg *msg)
+{
+    (void)flags;
+    CKPTIO__TRY(resolve(t, path, msg));
+    t->tmp_path = strdup(tmp_path);
+    if (!t->tmp_path) return -ENOMEM;
+    set_dir(t);
+    t->tmp_fd = ckptio__vfs_open(AT_FDCWD, t->tmp_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (t->tmp_fd < 0)
+        return ckptio__fail(msg, -errno, "cannot open '%s' (begun by another process?)",
+                            t->tmp_path);
+    return 0;
+}
+
+static unsigned posix_parallel(const ckptio__txn *t)
+{
+    (void)t;
+    return 0; /* the settings' queue depth and threads */
+}
+
+/* ---- saves: data files ---- */
+
+static int posix_open_data(ckptio__txn *t, const char *name, uint64_t part, int want_direct,
+                           int *fd, int *direct, ckptio__msg *msg)
+{
+    (void)part;
+    const char *slash = strrchr(name, '/');
+    if (slash) { /* its folder: the ranks of a save share it, whoever comes first makes it */
+        char dir[64];
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - name), name);
+        if (CKPTIO__VFS->mkdirat(t->tmp_fd, dir, 0755) < 0 && errno != EEXIST)
+            return ckptio__fail(msg, -errno, "cannot create '%s/%s'", t->tmp_path, dir);
+    }
+    int rc = ckptio__file_open(t->tmp_fd, name, CKPTIO__F_WRITE, want_direct, fd, direct);
+    if (rc < 0) {
+        *fd = -1;
+        return ckptio__fail(msg, rc, "cannot create data file '%s/%s'%s", t->tmp_path, name,
+                            rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
+                                          : "");
+    }
+    return 0;
+}
+
+static int posix_finish_data(ckptio__txn *t, int fd, uint64_t len, const char *label,
+                             ckptio__msg *msg)
+{
+    (void)len;
+    int rc;
+    if ((t->flags & CKPTIO__TXN_FSYNC) && (rc = ckptio__fsync(fd)) < 0)
+        return ckptio__fail(msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                            label);
+    return 0;
+}
+
+static int posix_rename_data(ckptio__txn *t, int *fd, const char *from, const char *to,
+                             uint64_t part, ckptio__msg *msg)
+{
+    (void)fd, (void)part;
+    if (CKPTIO__VFS->renameat2(t->tmp_fd, from, t->tmp_fd, to, 0) < 0)
+        return ckptio__fail(msg, -errno, "cannot rename '%s/%s' to '%s'", t->tmp_path, from, to);
+    return 0;
+}
+
+/* Each process makes its own entries durable: on a shared file system another client's fsync
+ * of the folder need not cover what this one created. */
+static int posix_seal(ckptio__txn *t, ckptio__msg *msg)
+{
+    if (!(t->flags & CKPTIO__TXN_FSYNC)) return 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%s", t->tmp_path, t->data_dir);
+    int rc = ckptio__fsync_path(dir);
+    if (rc == -ENOENT) return 0; /* no data file was made */
+    return rc < 0 ? ckptio__fail(msg, rc, "fsync of directory '%s' failed", dir) : 0;
+}
+
+/* ---- saves: publish ---- */
+
+static int write_all(int fd, const uint8_t *p, uint64_t n)
+{
+    while (n) {
+        ssize_t k = CKPTIO__VFS->write(fd, p, CKPTIO__MIN(n, (uint64_t)1 << 30));
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        p += k;
+        n -= (uint64_t)k;
+    }
+    return 0;
+}
+
+static int write_manifest(ckptio__txn *t, const uint8_t *buf, uint64_t len, ckptio__msg *msg)
+{
+    int fd = ckptio__vfs_open(t->tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                              0644);
+    if (fd < 0) return ckptio__fail(msg, -errno, "cannot create '%s/manifest'", t->tmp_path);
+    int rc = write_all(fd, buf, len);
+    if (rc == 0 && (t->flags & CKPTIO__TXN_FSYNC)) rc = ckptio__fsync(fd);
+    if (close(fd) < 0 && rc == 0) rc = -errno;
+    if (rc < 0)
+        return ckptio__fail(msg, rc, "writing '%s/manifest' failed%s", t->tmp_path,
+                            rc == -ENOSPC ? ": the device is full" : "");
+    return 0;
+}
+
+/* rename through the vfs, both paths relative to the working directory. */
+static int ren(const char *from, const char *to, unsigned flags)
+{
+    return CKPTIO__VFS->renameat2(AT_FDCWD, from, AT_FDCWD, to, flags);
+}
+
+/* Move the temporary directory into place. Replacement swaps the two directories atomically,
+ * so the target always names a complete checkpoint, old or new; the old one is left at
+ * t->old_path for publish to remove once the swap is durable. */
+static int publish_dir(ckptio__txn *t, ckptio__msg *msg)
+{
+    if (ren(t->tmp_path, t->path, RENAME_NOREPLACE) == 0) return 0;
+    int e = errno;
+    if (e != EEXIST && e != ENOTEMPTY && e != EINVAL)
+        return ckptio__fail(msg, -e, "cannot rename '%s' to '%s'", t->tmp_path, t->path);
+    if (e == EINVAL) {
+        /* No RENAME_NOREPLACE on this file system: check, then plain rename. */
+        if (access(t->path, F_OK) != 0 && ren(t->tmp_path, t->path, 0) == 0) return 0;
+    }
+    if (!(t->flags & CKPTIO__TXN_OVERWRITE))
+        return ckptio__fail(msg, CKPTIO_E_EXISTS,
+                            "'%s' appeared while saving (another writer?); the new checkpoint "
+                            "was not published",
+                            t->path);
+    CKPTIO__TRY(inspect_dir(t, msg));
+    if (t->found != CKPTIO__AT_CHECKPOINT) {
+        /* rename(2) replaces an empty directory atomically and refuses one that has filled
+         * since it was inspected. */
+        if (ren(t->tmp_path, t->path, 0) == 0) return 0;
+        if (errno == ENOTEMPTY || errno == EEXIST)
+            return ckptio__fail(msg, CKPTIO_E_EXISTS,
+                                "'%s' is no longer empty; refusing to replace it: the new "
+                                "checkpoint was not published",
+                                t->path);
+        return ckptio__fail(msg, -errno, "cannot rename '%s' to '%s'", t->tmp_path, t->path);
+    }
+    if (ren(t->tmp_path, t->path, RENAME_EXCHANGE) == 0) {
+        t->old_path = strdup(t->tmp_path); /* now the old checkpoint */
+        return 0;
+    }
+    if (errno != EINVAL)
+        return ckptio__fail(msg, -errno, "cannot swap '%s' into '%s'", t->tmp_path, t->path);
+    /* No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+     * leaves it at <path>.old-*, complete and loadable. */
+    char old[PATH_MAX];
+    snprintf(old, sizeof old, "%s.old-%d.%u", t->path, (int)getpid(), ckptio__tmp_id());
+    if (ren(t->path, old, 0) < 0)
+        return ckptio__fail(msg, -errno, "cannot move '%s' aside", t->path);
+    if (ren(t->tmp_path, t->path, 0) < 0) {
+        int err = -errno;
+        /* Put the old one back; if even that fails, say where it is so nothing is lost. */
+        if (ren(old, t->path, 0) < 0)
+            return ckptio__fail(msg, err,
+                                "cannot rename '%s' to '%s', nor move the previous checkpoint "
+                                "back: it is intact at '%s'",
+                                t->tmp_path, t->path, old);
+        return ckptio__fail(msg, err, "cannot rename '%s' to '%s'", t->tmp_path, t->path);
+    }
+    t->old_path = strdup(old);
+    return 0;
+}
+
+/* A replaced file keeps its mode, as it would if written in place (a 0600 file stays 0600):
+ * taken at publish, not begin, so a chmod meanwhile is honoured. */
+static int keep_mode(ckptio__txn *t, ckptio__msg *msg)
+{
+    struct stat st;
+    if (!(t->flags & CKPTIO__TXN_OVERWRITE) || stat(t->path, &st) < 0 || !S_ISREG(st.st_mode))
+        return 0;
+    if (fchmod(t->fd, st.st_mode & 07777) == 0) return 0;
+    return ckptio__fail(msg, -errno, "cannot give '%s' the mode %03o of the file it replaces",
+                        t->tmp_path, (unsigned)(st.st_mode & 07777));
+}
+
+static int publish_file(ckptio__txn *t, ckptio__msg *msg)
+{
+    int rc;
+    CKPTIO__TRY(keep_mode(t, msg));
+    if ((t->flags & CKPTIO__TXN_FSYNC) && (rc = ckptio__fsync(t->fd)) < 0)
+        return ckptio__fail(msg, rc, "fsync of '%s' failed: the data may not be on the device",
+                            t->tmp_path);
+    close(t->fd);
+    t->fd = -1;
+    /* rename() replaces a file atomically; without overwrite, never clobber one that appeared
+     * since begin. */
+    if (t->flags & CKPTIO__TXN_OVERWRITE) {
+        rc = ren(t->tmp_path, t->path, 0);
+    } else {
+        rc = ren(t->tmp_path, t->path, RENAME_NOREPLACE);
+        if (rc < 0 && errno == EINVAL) { /* no RENAME_NOREPLACE here: link() never replaces */
+            rc = link(t->tmp_path, t->path);
+            if (rc == 0) unlink(t->tmp_path);
+        }
+    }
+    if (rc < 0) {
+        rc = errno == EEXIST ? CKPTIO_E_EXISTS : -errno;
+        return ckptio__fail(msg, rc, "cannot publish '%s' as '%s'", t->tmp_path, t->path);
+    }
+    return 0;
+}
+
+static int posix_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg)
+{
+    int rc;
+    if (t->kind == CKPTIO__TXN_DIR && man) {
+        CKPTIO__TRY(write_manifest(t, man, len, msg));
+        /* the data folder's entries must be durable before the rename exposes them */
+        CKPTIO__TRY(posix_seal(t, msg));
+    }
+    if (t->kind == CKPTIO__TXN_FILE) {
+        CKPTIO__TRY(publish_file(t, msg));
+    } else {
+        /* The directory's own entries must be durable before the rename exposes them. */
+        if ((t->flags & CKPTIO__TXN_FSYNC) && (rc = ckptio__fsync(t->tmp_fd)) < 0)
+            return ckptio__fail(msg, rc, "fsync of directory '%s' failed", t->tmp_path);
+        CKPTIO__TRY(publish_dir(t, msg));
+    }
+    /* Past the rename nothing is undone: what was published is complete and visible, only its
+     * directory entry may not survive a crash, which is not the same as "not saved". */
+    t->published = true;
+    rc = (t->flags & CKPTIO__TXN_FSYNC) ? ckptio__fsync_path(t->parent) : 0;
+    /* The replaced checkpoint goes only after that fsync, so that no crash finds the target
+     * naming a directory already emptied. */
+    if (t->old_path) ckptio__remove_tree(t->old_path);
+    if (rc < 0)
+        return ckptio__fail(msg, CKPTIO_E_NOT_DURABLE,
+                            "published at '%s', but its directory entry may not be durable: "
+                            "fsync of '%s' failed: %s; the %s is complete; re-run sync or save "
+                            "again",
+                            t->path, t->parent, strerror(-rc),
+                            t->kind == CKPTIO__TXN_FILE ? "file" : "checkpoint");
+    return 0;
+}
+
+/* ---- saves: abort, fini ---- */
+
+static void posix_abort(ckptio__txn *t)
+{
+    if (t->fd >= 0) {
+        close(t->fd);
+        t->fd = -1;
+    }
+    if (!t->owner || t->published || !t->tmp_path) return;
+    if (t->kind == CKPTIO__TXN_FILE) unlink(t->tmp_path);
+    else ckptio__remove_tree(t->tmp_path);
+    t->owner = false; /* done: a second abort finds nothing of ours */
+}
+
+/* A joined rank's files go with the owner's whole directory. */
+static void posix_drop(ckptio__txn *t, const char *prefix)
+{
+    (void)t, (void)prefix;
+}
+
+static void posix_fini(ckptio__txn *t)
+{
+    if (t->tmp_fd >= 0) close(t->tmp_fd); /* drops the lock, after the directory is gone */
+    t->tmp_fd = -1;
+}
+
 const ckptio__store_ops ckptio__store_posix = {
     .name = "posix",
     .scheme = NULL,
     .list = posix_list,
     .is_checkpoint = posix_is_checkpoint,
     .remove = posix_remove,
+    .caps = CKPTIO__STORE_LOCAL,
+    .begin = posix_begin,
+    .join = posix_join,
+    .parallel = posix_parallel,
+    .open_data = posix_open_data,
+    .finish_data = posix_finish_data,
+    .rename_data = posix_rename_data,
+    .seal = posix_seal,
+    .publish = posix_publish,
+    .abort = posix_abort,
+    .drop = posix_drop,
+    .fini = posix_fini,
 };

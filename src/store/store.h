@@ -4,6 +4,7 @@
 #define CKPTIO_STORE_STORE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../common/common.h"
 
@@ -22,6 +23,60 @@ typedef struct ckptio__names {
 CKPTIO__HIDDEN int ckptio__names_add(ckptio__names *ns, const char *s, size_t len);
 CKPTIO__HIDDEN void ckptio__names_free(ckptio__names *ns);
 
+/* ---- a save in progress: the commit transaction's state ----
+ *
+ * commit/txn.h drives it (begin, join, publish, abort, fini); the store fills it. The fields
+ * are what the rooms above may read; `impl` is the store's own. */
+
+enum {
+    CKPTIO__TXN_DIR = 1,  /* a checkpoint: a manifest and data beside it */
+    CKPTIO__TXN_FILE = 2, /* one file (safetensors, a torch archive); fd is the file */
+};
+
+/* begin's flags */
+#define CKPTIO__TXN_OVERWRITE 1u /* replace what is at the target (a checkpoint, an empty
+                                  * directory, or for FILE a file); else CKPTIO_E_EXISTS */
+#define CKPTIO__TXN_FSYNC 2u     /* make what is published durable before and after it shows */
+
+/* What was at the target when the transaction began. */
+enum {
+    CKPTIO__AT_NOTHING = 0,
+    CKPTIO__AT_EMPTY_DIR,   /* DIR: an empty directory (rename(2) replaces it atomically) */
+    CKPTIO__AT_CHECKPOINT,  /* DIR: a committed checkpoint */
+    CKPTIO__AT_FILE,        /* FILE: something that is not a directory; found_mode says what */
+};
+
+/* What a store asks of the writers above it (ckptio__store_ops.caps). */
+#define CKPTIO__STORE_PARTS 1u /* data goes in whole parts of at least part_min bytes, at most
+                                * max_parts of them per data file, through io/vfd.h descriptors
+                                * (an object upload): nothing in place, no truncation, no
+                                * O_DIRECT, no fsync */
+#define CKPTIO__STORE_LOCAL 2u /* a local file system: paths resolve (realpath, symlinks),
+                                * stripes over other roots, bases of incremental saves */
+
+struct ckptio__store_ops;
+
+typedef struct ckptio__txn {
+    const struct ckptio__store_ops *store;
+    int kind;          /* CKPTIO__TXN_DIR / _FILE; 0 before begin */
+    unsigned flags;    /* CKPTIO__TXN_* */
+    char *path;        /* the target, as the store names it (messages name it) */
+    char *tmp_path;    /* where this save's data goes until published: what joining ranks are
+                        * given (a directory, or the URL of the save's data component) */
+    const char *where; /* what data names are relative to, for messages */
+    char data_dir[48]; /* the data files' folder in the checkpoint ("data", "d-<id>") */
+    char *parent;      /* LOCAL: the target's directory, fsynced after the rename */
+    char *old_path;    /* LOCAL DIR: where publish moved the replaced checkpoint, until removed */
+    int tmp_fd;        /* LOCAL DIR: the temporary directory, flock(LOCK_EX)ed while open */
+    int fd;            /* FILE: the temporary file, until publish closes it */
+    int direct;        /* FILE: whether fd has O_DIRECT */
+    int found;         /* CKPTIO__AT_*: what begin found at path */
+    unsigned found_mode; /* LOCAL: its st_mode (0 for AT_NOTHING) */
+    bool owner;        /* began it: publish and abort are ours */
+    bool published;    /* the commit happened: nothing is undone after it */
+    void *impl;        /* the store's own state */
+} ckptio__txn;
+
 typedef struct ckptio__store_ops {
     const char *name;   /* "posix", "s3": what ckptio_store_name() answers */
     const char *scheme; /* "s3://": the addresses it serves; NULL: paths without a scheme */
@@ -36,6 +91,46 @@ typedef struct ckptio__store_ops {
      * it leaves every listing at once and durably (a crash never brings back part of it),
      * then its data goes; what a crash leaves, sweep removes. */
     int (*remove)(const char *path, ckptio__msg *msg);
+
+    /* ---- saves: commit/txn.h's contract, each op for one store ---- */
+    unsigned caps;      /* CKPTIO__STORE_* */
+    uint64_t part_min;  /* PARTS: the smallest part */
+    unsigned max_parts; /* PARTS: parts per data file at most */
+    /* Start a save of `path` (t zeroed): check what is there may be replaced (EXISTS
+     * otherwise), make where the data goes. FILE: `direct` is the file's O_DIRECT wish. */
+    int (*begin)(ckptio__txn *t, const char *path, int kind, unsigned flags, int direct,
+                 ckptio__msg *msg);
+    /* Take part in the save another process began (DIR): write into tmp_path, never publish. */
+    int (*join)(ckptio__txn *t, const char *path, const char *tmp_path, unsigned flags,
+                ckptio__msg *msg);
+    /* How many writes in flight the store serves at once (PARTS: what the sink is sized to). */
+    unsigned (*parallel)(const ckptio__txn *t);
+    /* Create data file `name` (relative to the checkpoint: "<data_dir>/...") for writing:
+     * PARTS in parts of `part` bytes; else with O_DIRECT as `want_direct` asks (*direct: in
+     * effect). */
+    int (*open_data)(ckptio__txn *t, const char *name, uint64_t part, int want_direct, int *fd,
+                     int *direct, ckptio__msg *msg);
+    /* Every write to data file fd (`len` bytes long) has completed: make it whole (an upload
+     * completed; a file fsynced under FSYNC). The caller closes fd (ckptio__fd_close). */
+    int (*finish_data)(ckptio__txn *t, int fd, uint64_t len, const char *label, ckptio__msg *msg);
+    /* Data file `from`, open as *fd with nothing of it written out yet, is renamed `to`;
+     * *fd may become another descriptor. */
+    int (*rename_data)(ckptio__txn *t, int *fd, const char *from, const char *to, uint64_t part,
+                       ckptio__msg *msg);
+    /* The entries of the data files this process made durable (under FSYNC): a rank's share
+     * of a save, before its part is reported. */
+    int (*seal)(ckptio__txn *t, ckptio__msg *msg);
+    /* Commit: the manifest `man` (NULL: already in place, written by the caller into
+     * tmp_fd) goes in last and the whole checkpoint shows at once, or nothing does; a racing
+     * commit that won is CKPTIO_E_EXISTS. CKPTIO_E_NOT_DURABLE: published, not durable. */
+    int (*publish)(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg);
+    /* Remove what begin made, unless published; the target untouched. Twice is harmless. */
+    void (*abort)(ckptio__txn *t);
+    /* A joined rank's data that no manifest will name (its part never reached the
+     * coordinator): its abort removes the data files whose names start with `prefix`. */
+    void (*drop)(ckptio__txn *t, const char *prefix);
+    /* Free the store's state (after abort). */
+    void (*fini)(ckptio__txn *t);
 } ckptio__store_ops;
 
 /* The store serving `path` (its scheme, else POSIX): CKPTIO_E_USAGE naming the schemes there
@@ -47,10 +142,20 @@ CKPTIO__HIDDEN int ckptio__store_for(const char *path, const ckptio__store_ops *
 CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_posix;
 CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_s3;
 
-/* ---- the POSIX store's helpers that other rooms share (posix.c) ---- */
+/* ---- the POSIX store's path helpers, which other rooms share (posix.c) ---- */
 
 /* Remove a directory tree without following symlinks (openat/unlinkat); best effort, returns
  * the first error. */
 CKPTIO__HIDDEN int ckptio__remove_tree(const char *path);
+/* A process-wide counter for unique temporary names (<path>.tmp-<pid>.<n>). */
+CKPTIO__HIDDEN unsigned ckptio__tmp_id(void);
+/* The directory holding `path` (malloc'd; "." or "/" where it has no other). */
+CKPTIO__HIDDEN char *ckptio__parent_dir(const char *path);
+/* Follow `path` while its last component is a symlink (a relative target taken from the link's
+ * own directory, up to 40 links: else -ELOOP) and return the path of what it finally names,
+ * malloc'd in *out; that may not exist (a dangling link names where to create). A path that is
+ * no symlink, or cannot be inspected, comes back as it is. Writers save to the target, as
+ * open(2) in torch.save would, so a link stays a link. */
+CKPTIO__HIDDEN int ckptio__follow_links(const char *path, char **out);
 
 #endif

@@ -350,8 +350,8 @@ static int add_mem(ckptio_writer *w, const char *name, int dtype, uint32_t ndim,
         if (rc < 0) return add_failed(w, rc, name); /* the tensor may be in the map: fatal */
     }
     uint64_t off = nbytes ? ckptio__align_up(w->sink.cursor, align) : 0;
-    if (memory == CKPTIO_MEM_CUDA && w->object && nbytes >= CKPTIO__EXTENT_ALIGN) {
-        /* An object's windows are whole parts, ending on block boundaries, and can only be
+    if (memory == CKPTIO_MEM_CUDA && w->parts && nbytes >= CKPTIO__EXTENT_ALIGN) {
+        /* Windows of whole parts (an object's), ending on block boundaries, and can only be
          * sent full: a device chunk starting on a block boundary lands in whole blocks of
          * them (write_chunk_staged), at most a block of padding per chunk. */
         off = ckptio__align_up(off, w->cfg.csum_block);

@@ -39,30 +39,21 @@ int ckptio__writer_new_file(ckptio_writer *w, uint32_t root, int *fd, int *direc
     }
     char name[DATA_NAME_LEN];
     data_name(w, w->n_files, name, sizeof name);
-    int dir = root ? w->stripes[root - 1].fd : w->txn.tmp_fd;
-    const char *where = root ? w->stripes[root - 1].path : w->object ? w->txn.path : w->txn.tmp_path;
+    const char *where = root ? w->stripes[root - 1].path : w->txn.where;
     CKPTIO__RET_IF(asprintf(label, "%s/%s", where, name) < 0, -ENOMEM);
-    if (w->object) {
-        *direct = 0;
-        int rc = ckptio__objtxn_open_data(&w->txn, name, w->part, fd, &w->msg);
-        if (rc < 0) {
-            free(*label);
-            *label = NULL;
-            *fd = -1;
-            return rc;
-        }
-        goto made;
-    }
-    int rc = ckptio__file_open(dir, name, CKPTIO__F_WRITE, w->cfg.direct, fd, direct);
+    int rc = root ? ckptio__file_open(w->stripes[root - 1].fd, name, CKPTIO__F_WRITE,
+                                      w->cfg.direct, fd, direct)
+                  : ckptio__txn_open_data(&w->txn, name, w->part, w->cfg.direct, fd, direct,
+                                          &w->msg);
     if (rc < 0) {
         free(*label);
         *label = NULL;
         *fd = -1;
+        if (!root) return rc;
         return ckptio__fail(&w->msg, rc, "cannot create data file '%s/%s'%s", where, name,
                             rc == -EINVAL ? ": the file system refuses O_DIRECT; use direct=auto"
                                           : "");
     }
-made:
     w->sizes[w->n_files] = 0;
     w->file_roots[w->n_files] = root;
     *index = (uint32_t)w->n_files++;
@@ -74,22 +65,13 @@ int ckptio__writer_finish_file(ckptio_writer *w, ckptio__sink *s, int *fd, const
                                uint32_t file)
 {
     CKPTIO__TRY(ckptio__sink_finish(s));
-    int rc;
-    if (w->object) { /* the upload completed is the object written: nothing to fsync */
-        rc = ckptio__obj_finish(*fd, s->cursor, &w->msg);
-        ckptio__fd_close(*fd);
-        *fd = -1;
-        w->sizes[file] = s->cursor;
-        return rc;
-    }
-    if (w->cfg.fsync && (rc = ckptio__fsync(*fd)) < 0)
-        return ckptio__fail(&w->msg, rc, "fsync of '%s' failed: the data may not be on the device",
-                            label);
+    int rc = ckptio__txn_finish_data(&w->txn, *fd, s->cursor, label, &w->msg);
+    if (rc < 0 && !w->parts) return rc; /* a file stays open for close to release */
     if (w->gpu.gds_fd == *fd) ckptio__gpu_gds_forget(&w->gpu); /* cuFile lets go of it first */
-    close(*fd);
+    ckptio__fd_close(*fd);
     *fd = -1;
     w->sizes[file] = s->cursor;
-    return 0;
+    return rc;
 }
 
 /* Finish the current data file and go on in the next one of the same root, through the same
@@ -183,27 +165,16 @@ int ckptio__writer_set_data_files(ckptio_writer *w, const char *prefix, uint64_t
         char *was = w->file_prefix;
         w->file_prefix = p;
         data_name(w, 0, to, sizeof to);
-        if (asprintf(&label, "%s/%s", w->object ? w->txn.path : w->txn.tmp_path, to) < 0)
-            label = NULL;
-        if (label && w->object) { /* nothing is uploaded yet: start over under the new name */
-            int fd = -1, rc = ckptio__objtxn_open_data(&w->txn, to, w->part, &fd, &w->msg);
-            if (rc < 0) {
-                free(label);
-                free(p);
-                w->file_prefix = was;
-                return rc;
-            }
-            ckptio__fd_close(w->fd);
-            w->fd = w->sink.fd = fd;
-        } else if (!label ||
-                   CKPTIO__VFS->renameat2(w->txn.tmp_fd, from, w->txn.tmp_fd, to, 0) < 0) {
-            int rc = label ? -errno : -ENOMEM;
+        int rc = asprintf(&label, "%s/%s", w->txn.where, to) < 0 ? -ENOMEM : 0;
+        if (rc < 0) label = NULL;
+        else rc = ckptio__txn_rename_data(&w->txn, &w->fd, from, to, w->part, &w->msg);
+        if (rc < 0) {
             free(label);
             free(p);
             w->file_prefix = was;
-            return ckptio__fail(&w->msg, rc, "cannot rename '%s/%s' to '%s'", w->txn.tmp_path, from,
-                                to);
+            return rc;
         }
+        w->sink.fd = w->fd; /* nothing is written yet: the store may have made a new one */
         free(was);
         free(w->data_label);
         w->data_label = label;
@@ -233,10 +204,10 @@ int ckptio_writer_set_roots(ckptio_writer *w, const char *const *roots, size_t n
                             "writer for '%s': set the roots once, before the first "
                             "ckptio_writer_add",
                             w->path);
-    if (w->is_part || (n && w->object))
+    if (w->is_part || (n && !(ckptio__txn_caps(&w->txn) & CKPTIO__STORE_LOCAL)))
         return ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
                             "'%s': a %s cannot be striped over roots", w->path,
-                            w->object ? "checkpoint in an object store" : "multi-rank save");
+                            w->is_part ? "multi-rank save" : "checkpoint in an object store");
     if (n > CKPTIO__MAX_ROOTS)
         return ckptio__fail(&w->msg, CKPTIO_E_LIMIT, "'%s': %zu roots, at most %u", w->path, n,
                             CKPTIO__MAX_ROOTS);

@@ -85,7 +85,7 @@ int ckptio_file_writer_commit(ckptio_file_writer *f)
     CKPTIO__TRY(ckptio__handle_usable(&f->hs, &f->msg, f->txn.path));
     int rc;
     CKPTIO__CHECK(ckptio__sink_finish(&f->sink));
-    rc = ckptio__txn_publish(&f->txn, &f->msg); /* keeps the mode, fsyncs, renames */
+    rc = ckptio__txn_publish(&f->txn, NULL, 0, &f->msg); /* keeps the mode, fsyncs, renames */
     if (f->txn.published) { /* CKPTIO_E_NOT_DURABLE too: the file is complete */
         f->hs.state = CKPTIO__H_COMMITTED;
         f->stats.io_bytes = f->sink.io_bytes;

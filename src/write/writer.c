@@ -50,45 +50,34 @@ int ckptio__writer_check_usable(ckptio_writer *w)
 
 /* ---- open ---- */
 
-/* The temporary directory's contents: data/ and the data file, streamed through the sink. */
+/* The first data file, streamed through the sink. */
 static int make_data(ckptio_writer *w)
 {
-    const char *tmp = w->txn.tmp_path;
-    /* The ranks of a distributed save share data/: whoever comes first makes it. */
-    if (!w->object && CKPTIO__VFS->mkdirat(w->txn.tmp_fd, "data", 0755) < 0 &&
-        !(!w->txn.owner && errno == EEXIST))
-        return ckptio__fail(&w->msg, -errno, "cannot create '%s/data'", tmp);
     int direct = 0;
     uint32_t first;
     CKPTIO__TRY(ckptio__writer_new_file(w, 0, &w->fd, &direct, &w->data_label, &first));
-    if (!w->object)
+    if (!w->parts)
         return ckptio__sink_init(&w->sink, w->fd, direct, w->cfg.backend, w->cfg.depth,
                                  w->cfg.threads, w->cfg.staging, w->cfg.request, w->data_label,
                                  &w->msg);
-    /* One staging buffer is one part; the psync threads are the connections uploading them. */
-    ckptio__s3 *s3;
-    CKPTIO__TRY(ckptio__s3_client(&s3, &w->msg)); /* made by the transaction's begin */
-    unsigned conns = ckptio__s3_connections(s3);
+    /* One staging buffer is one part; the psync threads are the store's connections. */
+    unsigned conns = ckptio__txn_parallel(&w->txn);
     CKPTIO__TRY(ckptio__sink_init(&w->sink, w->fd, 0, CKPTIO_BACKEND_PSYNC, conns, conns,
                                   CKPTIO__MAX(w->cfg.staging, 2 * w->part), w->part,
                                   w->data_label, &w->msg));
-    ckptio__sink_object(&w->sink);
+    ckptio__sink_parts(&w->sink);
     return 0;
 }
 
-/* An object store's parts: the request size, at least CKPTIO__S3_MIN_PART; a data object
- * rolls over to the next before it would need more than CKPTIO__S3_MAX_PARTS of them. */
-static int object_setup(ckptio_writer *w)
+/* A store of whole parts: the request size, at least the store's smallest part; a data file
+ * rolls over to the next before it would need more parts than the store takes. */
+static int parts_setup(ckptio_writer *w)
 {
-    w->object = true;
-    w->part = CKPTIO__MAX(w->cfg.request, CKPTIO__S3_MIN_PART);
+    const ckptio__store_ops *s = w->txn.store;
+    w->parts = true;
+    w->part = CKPTIO__MAX(w->cfg.request, s->part_min);
     w->cfg.csum_block = CKPTIO__MIN(w->cfg.csum_block, w->part);
-    w->max_file_bytes = (uint64_t)(CKPTIO__S3_MAX_PARTS - 1) * w->part;
-    if (w->cfg.base)
-        return ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
-                            "'%s': incremental checkpoints (base=) are not yet supported in an "
-                            "object store; save it whole",
-                            w->path);
+    w->max_file_bytes = (uint64_t)(s->max_parts - 1) * w->part;
     return 0;
 }
 
@@ -132,9 +121,15 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
         CKPTIO__CHECK(ckptio__txn_begin(&w->txn, path, CKPTIO__TXN_DIR,
                                         ckptio__cfg_txn_flags(&w->cfg), 0, &w->msg));
     w->path = w->txn.path;
-    if (ckptio__txn_is_object(&w->txn)) CKPTIO__CHECK(object_setup(w));
+    unsigned caps = ckptio__txn_caps(&w->txn);
+    if (caps & CKPTIO__STORE_PARTS) CKPTIO__CHECK(parts_setup(w));
+    CKPTIO__GOTO_IF(w->cfg.base && !(caps & CKPTIO__STORE_LOCAL),
+                    ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
+                                 "'%s': incremental checkpoints (base=) are not yet supported in "
+                                 "the %s store; save it whole",
+                                 w->path, w->txn.store->name));
     if (w->cfg.base) CKPTIO__CHECK(ckptio__writer_open_base(w));
-    if (part && !join && !w->object) {
+    if (part && !join && (caps & CKPTIO__STORE_LOCAL)) {
         w->tmp_abs = realpath(w->txn.tmp_path, NULL);
         CKPTIO__GOTO_IF(!w->tmp_abs, ckptio__fail(&w->msg, -errno, "cannot resolve '%s'",
                                                   w->txn.tmp_path));
@@ -170,7 +165,7 @@ const char *ckptio__writer_tmp_path(const ckptio_writer *w)
 
 void ckptio__writer_drop_part(ckptio_writer *w)
 {
-    if (w && w->object && w->file_prefix) ckptio__objtxn_drop(&w->txn, w->file_prefix);
+    if (w && w->file_prefix) ckptio__txn_drop(&w->txn, w->file_prefix);
 }
 
 /* ---- commit ---- */
@@ -215,36 +210,6 @@ out:
 
 
 
-static int write_all(int fd, const uint8_t *p, uint64_t n)
-{
-    while (n) {
-        ssize_t k = CKPTIO__VFS->write(fd, p, CKPTIO__MIN(n, (uint64_t)1 << 30));
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        p += k;
-        n -= (uint64_t)k;
-    }
-    return 0;
-}
-
-static int write_manifest(ckptio_writer *w, const uint8_t *buf, uint64_t len)
-{
-    int fd = ckptio__vfs_open(w->txn.tmp_fd, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                              0644);
-    if (fd < 0)
-        return ckptio__fail(&w->msg, -errno, "cannot create '%s/manifest'", w->txn.tmp_path);
-    int rc = write_all(fd, buf, len);
-    if (rc == 0 && w->cfg.fsync) rc = ckptio__fsync(fd);
-    if (close(fd) < 0 && rc == 0) rc = -errno;
-    if (rc < 0)
-        return ckptio__fail(&w->msg, rc, "writing '%s/manifest' failed%s", w->txn.tmp_path,
-                            rc == -ENOSPC ? ": the device is full" : "");
-    return 0;
-}
-
-/* Write the manifest into the temporary directory and publish it: the end of every commit. */
 /* The transaction published: the writer is done. */
 static void committed(ckptio_writer *w)
 {
@@ -256,29 +221,16 @@ static void committed(ckptio_writer *w)
 static int publish_with(ckptio_writer *w, const uint8_t *man, uint64_t man_len)
 {
     int rc;
-    if (w->object) { /* the manifest's conditional PUT is the whole commit */
-        CKPTIO__TRY(ckptio__objtxn_publish(&w->txn, man, man_len, &w->msg));
-        committed(w);
-        return 0;
-    }
-    CKPTIO__TRY(write_manifest(w, man, man_len));
-    /* data/'s entry must be durable before the rename exposes it; the transaction syncs the
-     * temporary directory itself. */
-    if (w->cfg.fsync) {
-        char data_dir[PATH_MAX];
-        snprintf(data_dir, sizeof data_dir, "%s/data", w->txn.tmp_path);
-        if ((rc = ckptio__fsync_path(data_dir)) < 0)
-            return ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", w->txn.tmp_path);
+    if (w->cfg.fsync) /* the stripes' entries durable before the commit shows them */
         for (size_t k = 0; k < w->n_stripes; k++)
             CKPTIO__TRY(ckptio__stripe_sync(&w->stripes[k], &w->msg));
-    }
     /* An overwrite replaces the old checkpoint's stripes too, once the new one is published. */
     char **old_roots = NULL;
     size_t n_old = 0;
-    if (w->txn.found == CKPTIO__AT_CHECKPOINT)
+    if (w->txn.found == CKPTIO__AT_CHECKPOINT && (ckptio__txn_caps(&w->txn) & CKPTIO__STORE_LOCAL))
         (void)ckptio__stripe_recorded_roots(w->txn.path, &old_roots, &n_old);
-    rc = ckptio__txn_publish(&w->txn, &w->msg);
-    if (w->txn.published) {
+    rc = ckptio__txn_publish(&w->txn, man, man_len, &w->msg);
+    if (w->txn.published && (ckptio__txn_caps(&w->txn) & CKPTIO__STORE_LOCAL)) {
         char *owner = ckptio__stripe_owner_of(w->txn.path);
         unsigned found;
         for (size_t k = 0; k < w->n_stripes; k++) {
@@ -342,16 +294,7 @@ int ckptio__writer_finish_part(ckptio_writer *w, ckptio_bytes *part)
     CKPTIO__CHECK(seal_data(w));
     CKPTIO__CHECK(build_manifest(w, w->sink.cursor, &man, &man_len, true));
     CKPTIO__GOTO_IF(ckptio_bytes_set(part, man, man_len) < 0, -ENOMEM);
-    if (w->cfg.fsync && !w->object) {
-        /* Each rank makes its own entry durable: on a shared file system the coordinator's
-         * fsync of data/ need not cover what another client created. */
-        char data_dir[PATH_MAX];
-        snprintf(data_dir, sizeof data_dir, "%s/data", w->txn.tmp_path);
-        if ((rc = ckptio__fsync_path(data_dir)) < 0) {
-            ckptio__fail(&w->msg, rc, "fsync of directory '%s' failed", data_dir);
-            goto out;
-        }
-    }
+    CKPTIO__CHECK(ckptio__txn_seal(&w->txn, &w->msg)); /* this rank's entries durable */
     /* Closed to adds (they now say "committed"); the temporary directory stays until the
      * coordinator publishes it or its close removes it. */
     w->hs.state = CKPTIO__H_COMMITTED;

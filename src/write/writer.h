@@ -68,8 +68,8 @@ struct ckptio_writer {
     size_t n_files, cap_files;
     uint32_t cur_file;
     bool is_part;
-    bool object;   /* the checkpoint goes to an object store (commit/objtxn.c) */
-    uint64_t part; /* object: bytes per uploaded part (= the sink's request size) */
+    bool parts;    /* the store takes data in whole parts (CKPTIO__STORE_PARTS) */
+    uint64_t part; /* parts: bytes per part (= the sink's request size) */
     bool splitting; /* add_split is adding the pieces of one chunk */
     /* Striping (ckptio_writer_set_roots): lane 0 writes into the checkpoint's own data/, lane
      * k into stripes[k - 1]. The current lane's file is fd/sink/data_label/cur_file; the others
@@ -108,11 +108,11 @@ struct ckptio_writer {
 #define MAX_PREFIX 64
 #define DATA_NAME_LEN (MAX_PREFIX + 32)
 
-/* Data files are data/<prefix><n>.ckd in a directory; in an object store the directory is
- * this save's own component "d-<id>", so that no two saves ever share an object name. */
+/* Data files are <data_dir>/<prefix><n>.ckd: data/ in a directory; in an object store the
+ * save's own component "d-<id>", so that no two saves ever share an object name. */
 static inline void data_name(const ckptio_writer *w, uint64_t i, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s/%s%06llu.ckd", w->object ? ckptio__objtxn_save(&w->txn) : "data",
+    snprintf(buf, cap, "%s/%s%06llu.ckd", w->txn.data_dir,
              w->file_prefix ? w->file_prefix : "", (unsigned long long)i);
 }
 
