@@ -13,6 +13,7 @@
  * It is never installed and never part of libckptio. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,8 @@ typedef struct event {
     uint64_t done;     /* generation reached */
     struct stream *stream;
     uint64_t seq_at;   /* stream's copy count when recorded */
+    unsigned refs;     /* queued records and waits naming it */
+    bool dead;         /* destroyed with refs left: the last of them frees it, as CUDA does */
 } event;
 
 typedef struct op {
@@ -115,6 +118,7 @@ static void *worker(void *arg)
         s->head = o->next;
         if (!s->head) s->tail = NULL;
         s->busy = 0;
+        if (o->ev && --o->ev->refs == 0 && o->ev->dead) free(o->ev);
         free(o);
         pthread_cond_broadcast(&cv);
     }
@@ -450,12 +454,15 @@ API CUresult cuEventCreate(void **e, unsigned flags)
     return 0;
 }
 
-API CUresult cuEventDestroy_v2(void *e)
+/* An event whose record is still queued is freed by the stream once it is done with it. */
+API CUresult cuEventDestroy_v2(void *e_)
 {
+    event *e = e_;
     pthread_mutex_lock(&mu);
     events_live--;
+    if (e->refs) e->dead = true;
+    else free(e);
     pthread_mutex_unlock(&mu);
-    free(e);
     return 0;
 }
 
@@ -466,6 +473,7 @@ API CUresult cuEventRecord(void *e_, void *h)
     stream *s = S(h);
     op *o = calloc(1, sizeof *o);
     *o = (op){.kind = OP_RECORD, .ev = e, .gen = ++e->recorded};
+    e->refs++;
     e->stream = s;
     e->seq_at = s->copies;
     push(s, o);
@@ -503,6 +511,7 @@ API CUresult cuStreamWaitEvent(void *h, void *e_, unsigned flags)
     pthread_mutex_lock(&mu);
     op *o = calloc(1, sizeof *o);
     *o = (op){.kind = OP_WAIT, .ev = e, .gen = e->recorded};
+    e->refs++;
     push(S(h), o);
     pthread_mutex_unlock(&mu);
     return 0;
