@@ -52,6 +52,9 @@ static inline int conv_keep(ckptio__conv *c, int rc)
 /* detect.c */
 CKPTIO__HIDDEN char *ckptio__conv_find_index(const char *dir);
 CKPTIO__HIDDEN bool ckptio__conv_ends_with(const char *s, const char *suf);
+/* 1 when `path` is in a store that is no local file system (an object store), 0 when it is a
+ * local path, < 0 (the error set) when no store serves its scheme. */
+CKPTIO__HIDDEN int ckptio__conv_remote(const char *path);
 
 /* sinks.c: safetensors files (one, or hf shards + index) */
 CKPTIO__HIDDEN int ckptio__conv_st_begin(ckptio__conv *c);

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../store/s3.h"
+#include "../store/store.h"
 #include "convert.h"
 
 static const char *const fmt_names[] = {NULL, "ckptio", "safetensors", "hf", "torch", "dcp"};
@@ -69,7 +69,16 @@ static bool torch_name(const char *path)
            ckptio__conv_ends_with(path, ".bin") || ckptio__conv_ends_with(path, ".ckpt");
 }
 
-/* In an object store names decide, then whether a manifest object is there. */
+int ckptio__conv_remote(const char *path)
+{
+    const ckptio__store_ops *s;
+    ckptio__msg msg = {0};
+    int rc = ckptio__store_for(path, &s, &msg);
+    if (rc < 0) return ckptio__refail(NULL, &msg, rc, "convert", NULL);
+    return !(s->caps & CKPTIO__STORE_LOCAL);
+}
+
+/* In a store that is no file system names decide, then whether a manifest is there. */
 static int detect_url(const char *path)
 {
     if (ckptio__conv_ends_with(path, ".safetensors")) return CKPTIO_CONVERT_SAFETENSORS;
@@ -80,7 +89,9 @@ static int detect_url(const char *path)
 
 static int detect_src(const char *path)
 {
-    if (ckptio__s3_is_url(path)) return detect_url(path);
+    int rc = ckptio__conv_remote(path);
+    if (rc < 0) return rc;
+    if (rc) return detect_url(path);
     struct stat st;
     if (stat(path, &st) < 0) return ckptio__fail(NULL, -errno, "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) {
@@ -117,7 +128,9 @@ int ckptio_convert_detect(const char *path, int is_dst, int sharded)
         return CKPTIO_CONVERT_DCP;
     if (sharded) return CKPTIO_CONVERT_HF;
     struct stat st;
-    if (!ckptio__s3_is_url(path) && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    int rc = ckptio__conv_remote(path);
+    if (rc < 0) return rc;
+    if (!rc && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         if (exists_in(path, ".metadata")) return CKPTIO_CONVERT_DCP;
         char *idx = ckptio__conv_find_index(path);
         if (idx) return free(idx), CKPTIO_CONVERT_HF;

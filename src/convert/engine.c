@@ -10,7 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../store/s3.h"
 #include "convert.h"
 
 #define PIECE_DEFAULT (32ull << 20)
@@ -331,8 +330,8 @@ static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
                          "converting %s -> %s needs Python with ckptio and torch: run it with "
                          "python -m ckptio convert (pip install ckptio torch)",
                          ckptio_convert_format_name(f), ckptio_convert_format_name(t));
-    if ((ckptio__s3_is_url(c->a.dst) && t != CKPTIO_CONVERT_CKPTIO) ||
-        (ckptio__s3_is_url(a->src) && f >= CKPTIO_CONVERT_TORCH))
+    if ((ckptio__conv_remote(c->a.dst) > 0 && t != CKPTIO_CONVERT_CKPTIO) ||
+        (ckptio__conv_remote(a->src) > 0 && f >= CKPTIO_CONVERT_TORCH))
         return CONV_FAIL(c, CKPTIO_E_UNSUPPORTED,
                          "converting %s -> %s: in an object store ckptio reads ckptio, "
                          "safetensors and Hugging Face checkpoints and writes ckptio ones; "

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "../format/foreign.h"
-#include "../store/s3.h"
 #include "reader.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
@@ -47,44 +46,42 @@ static int pread_full(ckptio_reader *r, int fd, void *buf, uint64_t len, uint64_
     return 0;
 }
 
-/* In an object store r->dir is "s3://bucket/prefix", and the files are objects: the key of
- * join(r->dir, name). */
-static const char *key_of(const ckptio_reader *r, const char *url)
+/* In a store that is no file system r->dir is the place the files are read from, and `path`
+ * is join(r->dir, name): the name. */
+static const char *name_of(const ckptio_reader *r, const char *path)
 {
-    return url + strlen("s3://") + strlen(r->bucket) + 1;
+    return path + strlen(r->place.path) + 1;
 }
 
-/* All `len` bytes at `off` of the file (fd >= 0) or object (fd < 0) `path`. */
+/* All `len` bytes at `off` of the file (fd >= 0) or the place's (fd < 0) `path`. */
 static int read_at(ckptio_reader *r, int fd, void *buf, uint64_t len, uint64_t off,
                    const char *path)
 {
     if (fd >= 0) return pread_full(r, fd, buf, len, off, path);
     uint64_t got = 0;
-    CKPTIO__TRY(ckptio__s3_get_range(r->s3, r->bucket, key_of(r, path), off, len, buf, &got,
-                                     &r->msg));
+    CKPTIO__TRY(r->place.store->read_range(&r->place, name_of(r, path), off, len, buf, &got,
+                                           &r->msg));
     return got == len ? 0
                       : ckptio__fail(&r->msg, CKPTIO_E_CORRUPT,
-                                     "reading '%s' at byte %llu failed: the object ended", path,
+                                     "reading '%s' at byte %llu failed: the file ended", path,
                                      U(off + got));
 }
 
 static int open_regular(ckptio_reader *r, const char *path, uint64_t max, int *fd,
                         uint64_t *size);
 
-/* open_regular, or for an object its size (and *fd = -1). */
+/* open_regular, or in a store that is no file system the size (and *fd = -1). */
 static int open_src(ckptio_reader *r, const char *path, uint64_t max, int *fd, uint64_t *size)
 {
-    if (!r->s3) return open_regular(r, path, max, fd, size);
+    if (!r->place.store) return open_regular(r, path, max, fd, size);
     *fd = -1;
-    ckptio__s3_resp resp = {0};
-    int rc = ckptio__s3_head(r->s3, r->bucket, key_of(r, path), &resp, &r->msg);
+    int rc = r->place.store->size_of(&r->place, name_of(r, path), size, &r->msg);
     if (rc == CKPTIO_E_NOT_FOUND)
         return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "cannot open '%s': it is missing", path);
     CKPTIO__TRY(rc);
-    if (max && resp.size > max)
-        return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "'%s' is not an object of a readable size",
+    if (max && *size > max)
+        return ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "'%s' is not a file of a readable size",
                             path);
-    *size = resp.size;
     return 0;
 }
 
@@ -182,31 +179,14 @@ static int sort_entry(entries *e, const char *name)
     return 0;
 }
 
-typedef struct obj_entries {
-    entries *e;
-    size_t skip; /* length of "prefix/" */
-} obj_entries;
-
-/* An object directly under the prefix is an entry; deeper ones are not. */
-static int on_object(void *ctx, const char *key, uint64_t size, int64_t mtime)
+static int on_name(void *ctx, const char *name)
 {
-    (void)size;
-    (void)mtime;
-    obj_entries *o = ctx;
-    const char *name = key + o->skip;
-    return strchr(name, '/') ? 0 : sort_entry(o->e, name);
+    return sort_entry(ctx, name);
 }
 
 static int gather(ckptio_reader *r, entries *e)
 {
-    if (r->s3) {
-        char *prefix;
-        if (asprintf(&prefix, "%s/", key_of(r, r->dir)) < 0) return -ENOMEM;
-        obj_entries o = {e, strlen(prefix)};
-        int rc = ckptio__s3_list(r->s3, r->bucket, prefix, on_object, &o, &r->msg);
-        free(prefix);
-        return rc;
-    }
+    if (r->place.store) return r->place.store->list_names(&r->place, on_name, e, &r->msg);
     DIR *d = opendir(r->dir);
     if (!d) return ckptio__fail(&r->msg, -errno, "cannot open directory '%s'", r->dir);
     int rc = 0;
@@ -313,10 +293,13 @@ static int open_foreign(ckptio_reader *r, const char *path)
     ckptio__st_header **hs = NULL;
     ckptio__foreign_file *files = NULL;
     int rc = 0;
-    bool url = ckptio__s3_is_url(path), dir;
+    bool dir;
+    rc = ckptio__read_is_remote(path, &r->msg);
+    CKPTIO__TRY(rc);
+    bool url = rc;
     if (url) {
-        /* An object store has no directories: a name that is no file's is a prefix. */
-        CKPTIO__TRY(ckptio__read_object_setup(r, path));
+        /* A store that is no file system has no directories: a name that is no file's is a
+         * prefix. */
         dir = !ends_with(path, ".safetensors") && !ends_with(path, INDEX_SUFFIX);
     } else {
         if (stat(path, &st) < 0) return ckptio__fail(&r->msg, -errno, "cannot open '%s'", path);
@@ -326,12 +309,14 @@ static int open_foreign(ckptio_reader *r, const char *path)
         r->dir = strdup(path);
         CKPTIO__RET_IF(!r->dir, -ENOMEM);
         for (size_t k = strlen(r->dir); url && k > 6 && r->dir[k - 1] == '/';) r->dir[--k] = 0;
+        if (url) CKPTIO__TRY(ckptio__read_remote_setup(r, r->dir));
         CKPTIO__CHECK(list_dir(r, &names, &n, &index));
     } else {
         const char *slash = strrchr(path, '/');
         const char *base = slash ? slash + 1 : path;
         r->dir = ckptio__parent_dir(path);
         CKPTIO__RET_IF(!r->dir, -ENOMEM);
+        if (url) CKPTIO__TRY(ckptio__read_remote_setup(r, r->dir));
         if (ends_with(base, INDEX_SUFFIX)) index = strdup(base);
         else if ((names = calloc(1, sizeof *names)) && (names[0] = strdup(base))) n = 1;
         CKPTIO__GOTO_IF(!index && !n, -ENOMEM);
@@ -403,8 +388,8 @@ int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i)
     char *full = join(r->dir, fname(r, i)), *real = NULL, *parent = NULL;
     int rc = 0, dfd = -1;
     CKPTIO__GOTO_IF(!full, -ENOMEM);
-    if (r->s3) {
-        rc = ckptio__read_open_object(r, f, key_of(r, full));
+    if (r->place.store) {
+        rc = ckptio__read_open_remote(r, f, name_of(r, full));
         if (rc == CKPTIO_E_NOT_FOUND)
             rc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "cannot open '%s': it is missing", full);
         goto out;

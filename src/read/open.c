@@ -12,7 +12,6 @@
 #include "../io/vfd.h"
 #include "../io/vfs.h"
 #include "../codec/codec.h"
-#include "../store/s3.h"
 #include "reader.h"
 
 /* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
@@ -111,11 +110,17 @@ out:
     return rc;
 }
 
-int ckptio__read_object_setup(ckptio_reader *r, const char *url)
+int ckptio__read_is_remote(const char *path, ckptio__msg *msg)
 {
-    CKPTIO__TRY(ckptio__s3_parse(url, &r->bucket, &r->key, &r->msg));
-    CKPTIO__TRY(ckptio__s3_client(&r->s3, &r->msg));
-    unsigned conns = ckptio__s3_connections(r->s3);
+    const ckptio__store_ops *s;
+    CKPTIO__TRY(ckptio__store_for(path, &s, msg));
+    return !(s->caps & CKPTIO__STORE_LOCAL);
+}
+
+int ckptio__read_remote_setup(ckptio_reader *r, const char *path)
+{
+    CKPTIO__TRY(ckptio__place_open(&r->place, path, &r->msg));
+    unsigned conns = r->place.parallel ? r->place.parallel : 1;
     r->cfg.backend = CKPTIO_BACKEND_PSYNC;
     r->cfg.threads = conns;
     r->cfg.depth = 2 * conns;
@@ -124,20 +129,17 @@ int ckptio__read_object_setup(ckptio_reader *r, const char *url)
     return 0;
 }
 
-/* A checkpoint in an object store: the manifest object's bytes. */
-static int open_object(ckptio_reader *r, uint8_t **buf, uint64_t *len)
+/* A checkpoint in a store that is no file system: the manifest's bytes. */
+static int open_remote(ckptio_reader *r, uint8_t **buf, uint64_t *len)
 {
-    CKPTIO__TRY(ckptio__read_object_setup(r, r->path));
-    char *mk;
-    if (asprintf(&mk, "%s/manifest", r->key) < 0) return -ENOMEM;
-    int rc = ckptio__s3_get_all(r->s3, r->bucket, mk, CKPTIO__MAX_MANIFEST_BYTES, buf, len, NULL,
-                                &r->msg);
-    free(mk);
+    CKPTIO__TRY(ckptio__read_remote_setup(r, r->path));
+    int rc = r->place.store->read_all(&r->place, "manifest", CKPTIO__MAX_MANIFEST_BYTES, buf, len,
+                                      &r->msg);
     if (rc == CKPTIO_E_NOT_FOUND)
         return ckptio__fail(&r->msg, CKPTIO_E_NOT_CHECKPOINT,
-                            "'%s' is not a committed checkpoint: there is no object '%s/manifest' "
+                            "'%s' is not a committed checkpoint: there is no '%s/manifest' "
                             "(an unfinished or failed save leaves none)",
-                            r->path, r->key);
+                            r->path, r->place.path);
     return rc;
 }
 
@@ -154,8 +156,10 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     uint64_t len = 0;
     int rc = ckptio__read_new(path, p, &r);
     if (rc < 0) goto out;
-    if (ckptio__s3_is_url(path)) {
-        CKPTIO__CHECK(open_object(r, &buf, &len));
+    rc = ckptio__read_is_remote(path, &r->msg);
+    if (rc < 0) goto out;
+    if (rc) {
+        CKPTIO__CHECK(open_remote(r, &buf, &len));
         goto decode;
     }
     r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -233,8 +237,7 @@ void ckptio_reader_close(ckptio_reader *r)
     if (r->dirfd >= 0) close(r->dirfd);
     free(r->path);
     free(r->dir);
-    free(r->bucket);
-    free(r->key);
+    ckptio__place_close(&r->place);
     free(r);
 }
 
@@ -327,9 +330,9 @@ int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n
     return ckptio__stripes_set(&r->stripes, roots, n, &r->msg, "ckptio_reader_set_roots");
 }
 
-int ckptio__read_open_object(ckptio_reader *r, rfile *f, const char *key)
+int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name)
 {
-    int rc = ckptio__obj_open_read(r->s3, r->bucket, key, &f->size, &f->fd, &r->msg);
+    int rc = r->place.store->open_read(&r->place, name, &f->fd, &f->size, &r->msg);
     if (rc < 0) {
         f->fd = -1;
         return rc;
@@ -340,20 +343,17 @@ int ckptio__read_open_object(ckptio_reader *r, rfile *f, const char *key)
     return 0;
 }
 
-/* Data object i of a checkpoint in an object store. */
-static int open_object_file(ckptio_reader *r, uint32_t i)
+/* Data file i of a checkpoint in a store that is no file system. */
+static int open_remote_file(ckptio_reader *r, uint32_t i)
 {
     rfile *f = &r->files[i];
-    char *k;
-    if (asprintf(&k, "%s/%s", r->key, fname(r, i)) < 0) return -ENOMEM;
-    int rc = ckptio__read_open_object(r, f, k);
-    free(k);
+    int rc = ckptio__read_open_remote(r, f, fname(r, i));
     if (rc < 0) {
         f->fd = -1;
         if (rc == CKPTIO_E_NOT_FOUND)
             return ckptio__fail_at(&r->msg, CKPTIO_E_CORRUPT, NULL, r->path, fname(r, i),
                                    CKPTIO_ERROR_NO_OFFSET,
-                                   "data object '%s/%s' of checkpoint '%s' is missing", r->path,
+                                   "data file '%s/%s' of checkpoint '%s' is missing", r->path,
                                    fname(r, i), r->path);
         ckptio__msg_name(&r->msg, NULL, r->path, fname(r, i), CKPTIO_ERROR_NO_OFFSET);
         return rc;
@@ -370,7 +370,7 @@ int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
     if (f->fd >= 0) return 0;
     uint32_t root = r->m->files[i].root;
     if (r->dir) return ckptio__read_open_foreign_file(r, i);
-    if (r->s3) return open_object_file(r, i);
+    if (r->place.store) return open_remote_file(r, i);
     if (root) return open_striped(r, i);
     int rc = ckptio__read_open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
     if (rc < 0)

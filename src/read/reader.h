@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "../store/store.h"
 #include "../common/workers.h"
 #include "../format/manifest.h"
 #include "../gpu/staged.h"
@@ -91,9 +92,9 @@ struct ckptio_reader {
     /* ckptio_reader_open_foreign: the directory the manifest's file names are relative to
      * (their links followed wherever they lead), NULL for a checkpoint of ckptio's own. */
     char *dir;
-    /* A checkpoint in an object store (store/s3.h): its client, bucket and key; NULL otherwise. */
-    struct ckptio__s3 *s3;
-    char *bucket, *key;
+    /* A checkpoint or files in a store that is no local file system (store/store.h): the
+     * place names are read from (its store NULL otherwise). */
+    ckptio__place place;
 };
 
 /* One read or verify operation: what to read (pieces, segs), then how (ios, in file order;
@@ -133,11 +134,13 @@ typedef struct cres {
     uint64_t got, bad_x, bad_len;
 } cres;
 
-/* Object stores (open.c): set r up to read "s3://bucket/key" (its client, bucket and key;
- * ranged GETs on the psync threads, one per connection; no page cache, no O_DIRECT), and open
- * the object `key` of that bucket as file f. */
-CKPTIO__HIDDEN int ckptio__read_object_setup(ckptio_reader *r, const char *url);
-CKPTIO__HIDDEN int ckptio__read_open_object(ckptio_reader *r, rfile *f, const char *key);
+/* Stores that are no local file system (open.c): whether `path` is in one (or < 0: no store
+ * serves it); set r up to read from the place `path` there (its reads on the psync threads,
+ * as many as the store serves at once; no page cache, no O_DIRECT); open `name` of the place
+ * as file f. */
+CKPTIO__HIDDEN int ckptio__read_is_remote(const char *path, ckptio__msg *msg);
+CKPTIO__HIDDEN int ckptio__read_remote_setup(ckptio_reader *r, const char *path);
+CKPTIO__HIDDEN int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name);
 
 /* The first versions of the structs that may grow end with these fields. */
 #define REGION_V1 (offsetof(ckptio_region, capacity) + sizeof(uint64_t))

@@ -475,6 +475,128 @@ static int s3_remove(const char *url, ckptio__msg *msg)
     return rc;
 }
 
+/* ---- reads ---- */
+
+/* A place: the client, the bucket and the key prefix names go under ("" at a bucket's top). */
+typedef struct s3_place {
+    ckptio__s3 *c;
+    char *bucket, *prefix;
+} s3_place;
+
+static int s3_place_open(ckptio__place *p, const char *url, ckptio__msg *msg)
+{
+    s3_place *o = calloc(1, sizeof *o);
+    if (!o) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    p->impl = o;
+    size_t n = strlen(url);
+    while (n > 5 && url[n - 1] == '/') n--;
+    if (!(p->path = strndup(url, n))) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    const char *b = p->path + 5;
+    if (strncmp(p->path, "s3://", 5) || !*b) return ckptio__s3_parse(p->path, &o->bucket, &o->prefix, msg);
+    if (strchr(b, '/')) {
+        CKPTIO__TRY(ckptio__s3_parse(p->path, &o->bucket, &o->prefix, msg));
+    } else { /* a bucket's top: checked as a bucket with a name under it would be */
+        char *probe;
+        if (asprintf(&probe, "%s/x", p->path) < 0) return ckptio__fail(msg, -ENOMEM, "out of memory");
+        int rc = ckptio__s3_parse(probe, &o->bucket, &o->prefix, msg);
+        free(probe);
+        CKPTIO__TRY(rc);
+        o->prefix[0] = 0;
+    }
+    CKPTIO__TRY(ckptio__s3_client(&o->c, msg));
+    p->parallel = ckptio__s3_connections(o->c);
+    return 0;
+}
+
+static void s3_place_close(ckptio__place *p)
+{
+    s3_place *o = p->impl;
+    if (!o) return;
+    free(o->bucket);
+    free(o->prefix);
+    free(o);
+    p->impl = NULL;
+}
+
+/* The key of name under the place (malloc'd). */
+static char *key_in(const s3_place *o, const char *name)
+{
+    char *k;
+    if (asprintf(&k, "%s%s%s", o->prefix, *o->prefix ? "/" : "", name) < 0) return NULL;
+    return k;
+}
+
+static int s3_read_all(ckptio__place *p, const char *name, uint64_t max, uint8_t **buf,
+                       uint64_t *len, ckptio__msg *msg)
+{
+    s3_place *o = p->impl;
+    char *k = key_in(o, name);
+    if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    int rc = ckptio__s3_get_all(o->c, o->bucket, k, max, buf, len, NULL, msg);
+    free(k);
+    return rc;
+}
+
+static int s3_size_of(ckptio__place *p, const char *name, uint64_t *size, ckptio__msg *msg)
+{
+    s3_place *o = p->impl;
+    char *k = key_in(o, name);
+    if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    ckptio__s3_resp r = {0};
+    int rc = ckptio__s3_head(o->c, o->bucket, k, &r, msg);
+    free(k);
+    if (rc == 0) *size = r.size;
+    return rc;
+}
+
+static int s3_read_range(ckptio__place *p, const char *name, uint64_t off, uint64_t len,
+                         void *buf, uint64_t *got, ckptio__msg *msg)
+{
+    s3_place *o = p->impl;
+    char *k = key_in(o, name);
+    if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    int rc = ckptio__s3_get_range(o->c, o->bucket, k, off, len, buf, got, msg);
+    free(k);
+    return rc;
+}
+
+static int s3_open_read(ckptio__place *p, const char *name, int *fd, uint64_t *size,
+                        ckptio__msg *msg)
+{
+    s3_place *o = p->impl;
+    char *k = key_in(o, name);
+    if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    int rc = ckptio__obj_open_read(o->c, o->bucket, k, size, fd, msg);
+    free(k);
+    return rc;
+}
+
+typedef struct names_ctx {
+    size_t skip; /* length of "prefix/" */
+    ckptio__names_cb cb;
+    void *ctx;
+} names_ctx;
+
+/* An object directly under the prefix is a name; deeper ones are not. */
+static int on_name(void *ctx, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)size, (void)mtime;
+    names_ctx *c = ctx;
+    const char *name = key + c->skip;
+    return strchr(name, '/') ? 0 : c->cb(c->ctx, name);
+}
+
+static int s3_list_names(ckptio__place *p, ckptio__names_cb cb, void *ctx, ckptio__msg *msg)
+{
+    s3_place *o = p->impl;
+    char *prefix = key_in(o, "");
+    if (!prefix) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    names_ctx c = {strlen(prefix), cb, ctx};
+    int rc = ckptio__s3_list(o->c, o->bucket, prefix, on_name, &c, msg);
+    free(prefix);
+    return rc;
+}
+
 const ckptio__store_ops ckptio__store_s3 = {
     .name = "s3",
     .scheme = "s3://",
@@ -496,4 +618,12 @@ const ckptio__store_ops ckptio__store_s3 = {
     .abort = s3_abort,
     .drop = s3_drop,
     .fini = s3_fini,
+
+    .place_open = s3_place_open,
+    .place_close = s3_place_close,
+    .read_all = s3_read_all,
+    .size_of = s3_size_of,
+    .read_range = s3_read_range,
+    .open_read = s3_open_read,
+    .list_names = s3_list_names,
 };

@@ -66,6 +66,23 @@ int ckptio__store_for(const char *path, const ckptio__store_ops **out, ckptio__m
                         path, (int)n, path, known);
 }
 
+int ckptio__place_open(ckptio__place *p, const char *path, ckptio__msg *msg)
+{
+    *p = (ckptio__place){0};
+    CKPTIO__TRY(ckptio__store_for(path, &p->store, msg));
+    if (!p->store->place_open)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "internal error: '%s' is on a local file system, read as files", path);
+    return p->store->place_open(p, path, msg);
+}
+
+void ckptio__place_close(ckptio__place *p)
+{
+    if (p->store && p->store->place_close) p->store->place_close(p);
+    free(p->path);
+    *p = (ckptio__place){0};
+}
+
 /* ---- the public catalog ---- */
 
 const char *ckptio_store_name(const char *path)

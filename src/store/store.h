@@ -56,6 +56,21 @@ enum {
 
 struct ckptio__store_ops;
 
+/* ---- reads from a store that is no local file system (caps without LOCAL) ----
+ *
+ * A place is a checkpoint's prefix, or a folder of safetensors files: names are relative to
+ * it ("manifest", "d-<id>/000000.ckd", "model.safetensors"). A local file system needs none of
+ * this: readers open its files themselves (O_DIRECT, the page cache, mapped loads). */
+typedef struct ckptio__place {
+    const struct ckptio__store_ops *store;
+    char *path;        /* as given, without trailing slashes */
+    unsigned parallel; /* reads in flight the store serves at once */
+    void *impl;        /* the store's own */
+} ckptio__place;
+
+/* Called with each name directly under a place (not deeper); nonzero stops the listing. */
+typedef int (*ckptio__names_cb)(void *ctx, const char *name);
+
 typedef struct ckptio__txn {
     const struct ckptio__store_ops *store;
     int kind;          /* CKPTIO__TXN_DIR / _FILE; 0 before begin */
@@ -131,12 +146,37 @@ typedef struct ckptio__store_ops {
     void (*drop)(ckptio__txn *t, const char *prefix);
     /* Free the store's state (after abort). */
     void (*fini)(ckptio__txn *t);
+
+    /* ---- reads (stores without LOCAL) ---- */
+    /* Open the place `path` (p zeroed but for store); place_close releases even a failed one. */
+    int (*place_open)(ckptio__place *p, const char *path, ckptio__msg *msg);
+    void (*place_close)(ckptio__place *p);
+    /* The whole of `name` (at most max bytes: else CKPTIO_E_LIMIT) in malloc'd *buf; a name
+     * that is not there is CKPTIO_E_NOT_FOUND. */
+    int (*read_all)(ckptio__place *p, const char *name, uint64_t max, uint8_t **buf,
+                    uint64_t *len, ckptio__msg *msg);
+    /* The size of `name` (CKPTIO_E_NOT_FOUND when it is not there). */
+    int (*size_of)(ckptio__place *p, const char *name, uint64_t *size, ckptio__msg *msg);
+    /* Bytes [off, off + len) of `name` into buf; *got short only at its end. */
+    int (*read_range)(ckptio__place *p, const char *name, uint64_t off, uint64_t len, void *buf,
+                      uint64_t *got, ckptio__msg *msg);
+    /* `name` opened for the engine's reads (a descriptor of io/vfd.h; ckptio__fd_close). */
+    int (*open_read)(ckptio__place *p, const char *name, int *fd, uint64_t *size,
+                     ckptio__msg *msg);
+    /* The names directly under the place, in any order. */
+    int (*list_names)(ckptio__place *p, ckptio__names_cb cb, void *ctx, ckptio__msg *msg);
 } ckptio__store_ops;
 
 /* The store serving `path` (its scheme, else POSIX): CKPTIO_E_USAGE naming the schemes there
  * are, for a "<scheme>://" no store serves. */
 CKPTIO__HIDDEN int ckptio__store_for(const char *path, const ckptio__store_ops **out,
                                      ckptio__msg *msg);
+
+/* Open the place `path` in whichever store serves it (store_for, then its place_open):
+ * CKPTIO_E_USAGE for a store that is a local file system (readers open those themselves). */
+CKPTIO__HIDDEN int ckptio__place_open(ckptio__place *p, const char *path, ckptio__msg *msg);
+/* Release a place; accepts a zeroed or failed one. */
+CKPTIO__HIDDEN void ckptio__place_close(ckptio__place *p);
 
 /* The stores (store.c's table entries). */
 CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_posix;
