@@ -203,4 +203,13 @@ CKPTIO__HIDDEN int ckptio__strmap_get(const ckptio__strmap *m, const char *key, 
                                       uint64_t *value);
 CKPTIO__HIDDEN void ckptio__strmap_free(ckptio__strmap *m);
 
+/* Malloc'd names, grown by ckptio__names_add (a copy of s's first len bytes). */
+typedef struct ckptio__names {
+    char **v;
+    size_t n, cap;
+} ckptio__names;
+
+CKPTIO__HIDDEN int ckptio__names_add(ckptio__names *ns, const char *s, size_t len);
+CKPTIO__HIDDEN void ckptio__names_free(ckptio__names *ns);
+
 #endif

@@ -224,3 +224,55 @@ void ckptio__strmap_free(ckptio__strmap *m)
     m->slots = NULL;
     m->cap = m->len = 0;
 }
+
+/* ---- byte buffers (ckptio.h) and name lists ---- */
+
+int ckptio_bytes_resize(ckptio_bytes *b, size_t len)
+{
+    if (!b) return CKPTIO_E_USAGE;
+    if (len > b->cap) {
+        size_t cap = CKPTIO__MAX(len, b->cap + b->cap / 2);
+        void *p = realloc(b->data, cap);
+        if (!p) return -ENOMEM;
+        b->data = p;
+        b->cap = cap;
+    }
+    b->len = len;
+    return 0;
+}
+
+int ckptio_bytes_set(ckptio_bytes *b, const void *src, size_t len)
+{
+    CKPTIO__TRY(ckptio_bytes_resize(b, len));
+    if (len) memcpy(b->data, src, len);
+    return 0;
+}
+
+void ckptio_bytes_free(ckptio_bytes *b)
+{
+    if (!b) return;
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+int ckptio__names_add(ckptio__names *ns, const char *s, size_t len)
+{
+    if (ns->n == ns->cap) {
+        size_t cap = ns->cap ? 2 * ns->cap : 32;
+        char **v = realloc(ns->v, cap * sizeof *v);
+        if (!v) return -ENOMEM;
+        ns->v = v;
+        ns->cap = cap;
+    }
+    if (!(ns->v[ns->n] = strndup(s, len))) return -ENOMEM;
+    ns->n++;
+    return 0;
+}
+
+void ckptio__names_free(ckptio__names *ns)
+{
+    for (size_t i = 0; i < ns->n; i++) free(ns->v[i]);
+    free(ns->v);
+    *ns = (ckptio__names){0};
+}

@@ -10,35 +10,6 @@
 /* The fields every table must cover: everything up to and including `release`. */
 #define COMM_SIZE_V1 (offsetof(ckptio_comm, release) + sizeof(void (*)(void *)))
 
-int ckptio_bytes_resize(ckptio_bytes *b, size_t len)
-{
-    if (!b) return CKPTIO_E_USAGE;
-    if (len > b->cap) {
-        size_t cap = CKPTIO__MAX(len, b->cap + b->cap / 2);
-        void *p = realloc(b->data, cap);
-        if (!p) return -ENOMEM;
-        b->data = p;
-        b->cap = cap;
-    }
-    b->len = len;
-    return 0;
-}
-
-int ckptio_bytes_set(ckptio_bytes *b, const void *src, size_t len)
-{
-    CKPTIO__TRY(ckptio_bytes_resize(b, len));
-    if (len) memcpy(b->data, src, len);
-    return 0;
-}
-
-void ckptio_bytes_free(ckptio_bytes *b)
-{
-    if (!b) return;
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
-
 void ckptio_comm_free(ckptio_comm *c)
 {
     if (c && c->size >= COMM_SIZE_V1 && c->release) c->release(c->ctx);

@@ -11,27 +11,6 @@
 static const ckptio__store_ops *const stores[] = {&ckptio__store_posix, &ckptio__store_s3};
 #define N_STORES (sizeof stores / sizeof *stores)
 
-int ckptio__names_add(ckptio__names *ns, const char *s, size_t len)
-{
-    if (ns->n == ns->cap) {
-        size_t cap = ns->cap ? 2 * ns->cap : 32;
-        char **v = realloc(ns->v, cap * sizeof *v);
-        if (!v) return -ENOMEM;
-        ns->v = v;
-        ns->cap = cap;
-    }
-    if (!(ns->v[ns->n] = strndup(s, len))) return -ENOMEM;
-    ns->n++;
-    return 0;
-}
-
-void ckptio__names_free(ckptio__names *ns)
-{
-    for (size_t i = 0; i < ns->n; i++) free(ns->v[i]);
-    free(ns->v);
-    *ns = (ckptio__names){0};
-}
-
 /* The length of path's "<scheme>://" (letters, digits, '+', '-', '.' after a letter), or 0. */
 static size_t scheme_len(const char *path)
 {

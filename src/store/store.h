@@ -14,15 +14,6 @@
  * room asks a store through its table and never which kind it has: a new kind of store is one
  * file and one entry in store.c's table, and passes tests/test_store.c. */
 
-/* Malloc'd names, grown by ckptio__names_add. */
-typedef struct ckptio__names {
-    char **v;
-    size_t n, cap;
-} ckptio__names;
-
-CKPTIO__HIDDEN int ckptio__names_add(ckptio__names *ns, const char *s, size_t len);
-CKPTIO__HIDDEN void ckptio__names_free(ckptio__names *ns);
-
 /* ---- a save in progress: the commit transaction's state ----
  *
  * commit/txn.h drives it (begin, join, publish, abort, fini); the store fills it. The fields
