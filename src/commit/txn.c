@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "txn.h"
 
@@ -15,6 +16,7 @@ static int start(ckptio__txn *t, const char *path, int kind, unsigned flags, ckp
 {
     memset(t, 0, sizeof *t);
     t->tmp_fd = t->fd = -1;
+    t->pid = (int)getpid();
     t->kind = kind;
     t->flags = flags;
     if (!path || !*path || (kind != CKPTIO__TXN_DIR && kind != CKPTIO__TXN_FILE)) return bad(msg);
@@ -42,18 +44,23 @@ int ckptio__txn_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio
         return ckptio__fail(msg, CKPTIO_E_STATE,
                             "internal error: '%s' cannot be published by this transaction",
                             t->path ? t->path : "?");
+    if (ckptio__forked(t->pid))
+        return ckptio__fail(msg, CKPTIO_E_STATE,
+                            "the save of '%s' belongs to the process that began it (pid %d), "
+                            "which forked this one: it commits there",
+                            t->path, t->pid);
     return t->store->publish(t, man, len, msg);
 }
 
 void ckptio__txn_abort(ckptio__txn *t)
 {
-    if (t->store) t->store->abort(t);
+    if (t->store && !ckptio__forked(t->pid)) t->store->abort(t);
 }
 
 void ckptio__txn_fini(ckptio__txn *t)
 {
     if (!t || !t->store) return;
-    t->store->abort(t);
+    ckptio__txn_abort(t);
     t->store->fini(t);
     free(t->path);
     free(t->parent);

@@ -212,4 +212,10 @@ typedef struct ckptio__names {
 CKPTIO__HIDDEN int ckptio__names_add(ckptio__names *ns, const char *s, size_t len);
 CKPTIO__HIDDEN void ckptio__names_free(ckptio__names *ns);
 
+/* Whether this process is a fork of the one whose pid is `owner`: the threads that process
+ * started are not here, and what they share with it (descriptors, temporary directories, object
+ * uploads) is its own. A handle the child inherited may only be closed there, and its close
+ * then frees memory and nothing else. */
+CKPTIO__HIDDEN bool ckptio__forked(int owner);
+
 #endif

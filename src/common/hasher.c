@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "hasher.h"
 
@@ -24,6 +25,7 @@ struct ckptio__hasher {
     unsigned busy;        /* jobs taken and not finished */
     bool stop;
     uint64_t block;
+    int pid; /* the process whose thread it is */
 };
 
 static void *run(void *arg)
@@ -52,6 +54,7 @@ static void *run(void *arg)
 int ckptio__hasher_start(ckptio__hasher **out, uint64_t block)
 {
     ckptio__hasher *h = calloc(1, sizeof *h);
+    if (h) h->pid = (int)getpid();
     if (!h) return -ENOMEM;
     h->block = block;
     pthread_mutex_init(&h->mu, NULL);
@@ -87,7 +90,7 @@ int ckptio__hasher_push(ckptio__hasher *h, const void *src, uint64_t n, uint64_t
 
 void ckptio__hasher_wait(ckptio__hasher *h)
 {
-    if (!h) return;
+    if (!h || ckptio__forked(h->pid)) return; /* a forked child has no thread to wait for */
     pthread_mutex_lock(&h->mu);
     while (h->count || h->busy) pthread_cond_wait(&h->done, &h->mu);
     pthread_mutex_unlock(&h->mu);
@@ -96,6 +99,10 @@ void ckptio__hasher_wait(ckptio__hasher *h)
 void ckptio__hasher_stop(ckptio__hasher *h)
 {
     if (!h) return;
+    if (ckptio__forked(h->pid)) { /* the thread, and maybe the lock, are the parent's */
+        free(h);
+        return;
+    }
     pthread_mutex_lock(&h->mu);
     h->stop = true;
     pthread_cond_signal(&h->more);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -275,4 +276,9 @@ void ckptio__names_free(ckptio__names *ns)
     for (size_t i = 0; i < ns->n; i++) free(ns->v[i]);
     free(ns->v);
     *ns = (ckptio__names){0};
+}
+
+bool ckptio__forked(int owner)
+{
+    return owner != (int)getpid();
 }

@@ -23,6 +23,7 @@ struct ckptio__workers {
     uint64_t gen;       /* loops posted so far: a thread joins each generation once */
     unsigned active;    /* our threads still inside the current loop */
     bool stop;
+    int pid; /* the process whose threads these are */
     /* the current loop */
     ckptio__work_fn fn;
     void *ctx;
@@ -78,6 +79,7 @@ int ckptio__workers_start(ckptio__workers **out, unsigned n)
     *out = NULL;
     ckptio__workers *w = calloc(1, sizeof *w);
     if (!w) return -ENOMEM;
+    w->pid = (int)getpid();
     w->n = CKPTIO__MAX(n, 1u);
     w->threads = calloc(w->n, sizeof *w->threads);
     w->args = calloc(w->n, sizeof *w->args);
@@ -143,6 +145,12 @@ void ckptio__workers_for(ckptio__workers *w, size_t count, ckptio__work_fn fn, v
 void ckptio__workers_stop(ckptio__workers *w)
 {
     if (!w) return;
+    if (ckptio__forked(w->pid)) { /* a forked child: the threads, and maybe the lock, are the parent's */
+        free(w->threads);
+        free(w->args);
+        free(w);
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     w->stop = true;
     pthread_cond_broadcast(&w->go);

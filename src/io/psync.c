@@ -22,6 +22,7 @@ typedef struct psync_state {
     unsigned ncq;
     bool stop;
     unsigned nthreads; /* threads started, joined in fini */
+    int pid;           /* the process whose threads they are */
     pthread_t *threads;
 } psync_state;
 
@@ -76,6 +77,12 @@ static void psync_fini(ckptio__engine *e)
 {
     psync_state *st = e->impl;
     if (!st) return;
+    if (ckptio__forked(st->pid)) { /* a forked child: the threads, and maybe the lock, are the parent's */
+        free(st->threads);
+        free(st);
+        e->impl = NULL;
+        return;
+    }
     pthread_mutex_lock(&st->lock);
     st->stop = true;
     pthread_cond_broadcast(&st->work);
@@ -94,6 +101,7 @@ static int psync_init(ckptio__engine *e)
 {
     int rc = 0;
     psync_state *st = calloc(1, sizeof *st);
+    if (st) st->pid = (int)getpid();
     CKPTIO__RET_IF(!st, -ENOMEM);
     st->threads = calloc(e->threads, sizeof *st->threads);
     if (!st->threads) {

@@ -13,6 +13,7 @@
 typedef struct vfd {
     const ckptio__vfd_ops *ops;
     void *obj;
+    int pid; /* the process that opened it */
 } vfd;
 
 /* Indexed by descriptor. `open_count` lets lookups answer for files without the lock while no
@@ -51,7 +52,7 @@ int ckptio__vfd_open(const ckptio__vfd_ops *ops, void *obj, int *fd, ckptio__msg
         reg = r;
         reg_cap = cap;
     }
-    reg[e] = (vfd){ops, obj};
+    reg[e] = (vfd){ops, obj, (int)getpid()};
     atomic_fetch_add_explicit(&open_count, 1, memory_order_release);
     pthread_mutex_unlock(&reg_lock);
     *fd = e;
@@ -83,6 +84,6 @@ void ckptio__fd_close(int fd)
         atomic_fetch_sub_explicit(&open_count, 1, memory_order_release);
     }
     pthread_mutex_unlock(&reg_lock);
-    if (v.ops) v.ops->close(v.obj);
+    if (v.ops) v.ops->close(v.obj, ckptio__forked(v.pid));
     close(fd);
 }

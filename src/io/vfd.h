@@ -13,10 +13,12 @@
  * reads through the same code as files; the engine never learns which store it serves.
  *
  * io runs on the engine's threads, several at once on one object; it sets r->res (bytes moved
- * or -errno) and r->done_. close releases the object (called once, by ckptio__fd_close). */
+ * or -errno) and r->done_. close releases the object (called once, by ckptio__fd_close);
+ * `forked`: in a child forked from the process that opened it, whose object it still is (an
+ * upload there goes on): free the memory only. */
 typedef struct ckptio__vfd_ops {
     void (*io)(void *obj, ckptio__req *r);
-    void (*close)(void *obj);
+    void (*close)(void *obj, bool forked);
 } ckptio__vfd_ops;
 
 /* A new descriptor serving `obj` through `ops`; the descriptor owns obj from then on. */

@@ -653,8 +653,9 @@ static void posix_drop(ckptio__txn *t, const char *prefix)
 
 static void posix_fini(ckptio__txn *t)
 {
+    if (t->fd >= 0) close(t->fd); /* a forked child's copy (its parent's file stays open) */
     if (t->tmp_fd >= 0) close(t->tmp_fd); /* drops the lock, after the directory is gone */
-    t->tmp_fd = -1;
+    t->fd = t->tmp_fd = -1;
 }
 
 const ckptio__store_ops ckptio__store_posix = {

@@ -11,6 +11,7 @@
 
 #include <curl/curl.h>
 
+#include "../common/forksafe.h"
 #include "s3_impl.h"
 
 /* Most requests in flight at once from this process (CKPTIO_S3_CONNECTIONS): each holds one
@@ -92,22 +93,26 @@ static pthread_mutex_t client_lock = PTHREAD_MUTEX_INITIALIZER;
 static ckptio__s3 *client;
 
 /* A forked child shares its parent's sockets: it forgets the idle connections (closing them
- * could end the parent's TLS sessions) and the locks another thread may have held. */
-static void after_fork_child(void)
+ * could end the parent's TLS sessions) and the cache's lock another thread may have held. It
+ * runs on the engine's one atfork list (common/forksafe.h), which holds client_lock across the
+ * fork, so the client is never copied half made. */
+static void after_fork_child(void *unused)
 {
-    pthread_mutex_init(&client_lock, NULL);
+    (void)unused;
     if (!client) return;
     pthread_mutex_init(&client->lock, NULL);
     pthread_cond_init(&client->freed, NULL);
     client->busy = client->nidle = 0;
 }
 
+static ckptio__forksafe client_fork = {&client_lock, after_fork_child, NULL, NULL};
+
 static CURLcode global_rc = CURLE_FAILED_INIT;
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static void global_init(void)
 {
     global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-    pthread_atfork(NULL, NULL, after_fork_child);
+    ckptio__forksafe_add(&client_fork);
 }
 
 static char *env_dup(const char *a, const char *b)

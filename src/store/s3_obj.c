@@ -221,11 +221,12 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
     return rc;
 }
 
-/* The descriptor is being closed: an unfinished upload is aborted (best effort). */
-static void obj_close(void *obj)
+/* The descriptor is being closed: an unfinished upload is aborted (best effort), unless this
+ * is a forked child's copy (the upload is the parent's). */
+static void obj_close(void *obj, bool forked)
 {
     s3_obj *o = obj;
-    if (o->write && !o->finished && o->upload_id)
+    if (o->write && !o->finished && o->upload_id && !forked)
         ckptio__s3_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
     obj_free(o);
 }

@@ -80,6 +80,8 @@ typedef struct ckptio__txn {
     unsigned found_mode; /* LOCAL: its st_mode (0 for AT_NOTHING) */
     bool owner;        /* began it: publish and abort are ours */
     bool published;    /* the commit happened: nothing is undone after it */
+    int pid;           /* the process that began or joined it: a forked child's copy neither
+                        * publishes nor aborts (what it names is the parent's save) */
     void *impl;        /* the store's own state */
 } ckptio__txn;
 

@@ -56,6 +56,7 @@ struct ckptio_zip_writer {
     ckptio_file_writer fw; /* first: msg, state, file */
     zip_entry *ents; /* n written; ents[n] is the open record's */
     size_t n, cap;
+    int pid; /* the process whose CRC threads these are */
     bool open, crc; /* a record is open; its CRC is computed */
     uint64_t got;   /* bytes of the open record written */
     uint8_t *hdr; /* a local header or central entry being built */
@@ -160,6 +161,7 @@ int ckptio_zip_writer_open(ckptio_zip_writer **out, const char *path, const ckpt
     }
     *out = NULL;
     ckptio_zip_writer *z = calloc(1, sizeof *z);
+    if (z) z->pid = (int)getpid();
     uint8_t *hdr = malloc(LOCAL_LEN + MAX_NAME + 20 + MAX_ALIGN + 4);
     if (!z || !hdr) {
         free(z);
@@ -389,12 +391,14 @@ int ckptio_zip_writer_commit(ckptio_zip_writer *z)
 void ckptio_zip_writer_close(ckptio_zip_writer *z)
 {
     if (!z) return;
-    pthread_mutex_lock(&z->mu);
-    z->stop = true;
-    pthread_cond_broadcast(&z->work);
-    pthread_mutex_unlock(&z->mu);
-    for (unsigned i = 0; i < z->threads; i++)
-        pthread_join(z->tid[i], NULL);
+    if (!ckptio__forked(z->pid)) { /* a forked child has none of the CRC threads */
+        pthread_mutex_lock(&z->mu);
+        z->stop = true;
+        pthread_cond_broadcast(&z->work);
+        pthread_mutex_unlock(&z->mu);
+        for (unsigned i = 0; i < z->threads; i++)
+            pthread_join(z->tid[i], NULL);
+    }
     pthread_cond_destroy(&z->work);
     pthread_cond_destroy(&z->finished);
     pthread_mutex_destroy(&z->mu);

@@ -2,7 +2,7 @@
 """The C engine's live S3 tests run against the real servers this suite starts: group s3's
 (tests/test_s3.c: objects, multipart, objects as engine descriptors, errors) and group s3ckpt
 (tests/test_s3_ckpt.c: checkpoints through the public API) and the store conformance suite's
-S3 half (tests/test_store.c), from the plain build and, where
+S3 half (tests/test_store.c) and a save in flight across fork (tests/test_fork.c), from the plain build and, where
 `make test-sanitize` built them from the current sources, the ASan+UBSan and TSan builds, so
 that `make test` exercises them live rather than skipping them for want of a store."""
 
@@ -23,9 +23,9 @@ pytest_plugins = ["s3servers"]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The live tests only: the groups' offline tests (SigV4, XML, a scripted server) run in
 # `make test-c` and `make test-sanitize` already.
-GROUPS = ("s3/live_", "s3ckpt/", "store/s3/")
-# Live tests the groups hold (4 + 13 + 5); a run that passes fewer lost some.
-MIN_PASSED = 22
+GROUPS = ("s3/live_", "s3ckpt/", "store/s3/", "fork/s3")
+# Live tests the groups hold (4 + 13 + 5 + 1); a run that passes fewer lost some.
+MIN_PASSED = 23
 # Seconds one run of the groups may take (TSan is the slowest).
 TIMEOUT_S = {"build": 150.0, "build-asan": 200.0, "build-tsan": 300.0}
 SANITIZER_ENV = {

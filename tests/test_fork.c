@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Every thread and handle of the engine across fork(): the child forgets what is the parent's. */
+#define CKPTIO_EXPERIMENTAL
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "s3_live.h"
+#include "test.h"
+
+/* A DataLoader's workers fork a training process every epoch, with whatever ckptio handles it
+ * holds open; a child may drop them (a finalizer closes them). Each test forks with a handle
+ * whose threads run, lets the child close it, and checks that the child returns at once and
+ * that the parent's handle goes on as if nothing happened. */
+
+#define N (6u << 20)
+
+/* The exit status of child `pid`, waited for up to `seconds` (then killed: -1). */
+static int reap(pid_t pid, int seconds)
+{
+    int st = 0;
+    for (int i = 0; i < seconds * 100; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* A writer with its data written (hasher and sink threads started), not committed. */
+static int test_writer(void)
+{
+    uint8_t *a = t_alloc(N);
+    CHECK(a);
+    t_fill(a, N, 1);
+    ckptio_writer *w = NULL;
+    uint64_t shape[1] = {N};
+    CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
+    CHECK_OK(ckptio_writer_add(w, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N));
+    CHECK_OK(ckptio_writer_flush(w));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        ckptio_writer_close(w); /* the parent's save: left alone */
+        _exit(0);
+    }
+    CHECK(reap(pid, 10) == 0);
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    uint8_t *b = t_alloc(N);
+    ckptio_reader *r = NULL;
+    CHECK_OK(ckptio_reader_open(&r, t_path("ck"), NULL));
+    CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
+    ckptio_reader_close(r);
+    CHECK(!memcmp(a, b, N));
+    t_free(a, N);
+    t_free(b, N);
+    return 0;
+}
+
+/* A reader that has read (its verification threads and its ring's threads started). */
+static int test_reader(void)
+{
+    uint8_t *a = t_alloc(N), *b = t_alloc(N);
+    CHECK(a && b);
+    t_fill(a, N, 2);
+    uint64_t shape[1] = {N};
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
+    CHECK_OK(ckptio_writer_add(w, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N));
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.backend = CKPTIO_BACKEND_PSYNC; /* threads of the engine's own */
+    p.verify_threads = 3;
+    ckptio_reader *r = NULL;
+    CHECK_OK(ckptio_reader_open(&r, t_path("ck"), &p));
+    CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        ckptio_reader_close(r);
+        _exit(0);
+    }
+    CHECK(reap(pid, 10) == 0);
+    memset(b, 0, N);
+    CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
+    uint64_t bad = 1;
+    CHECK_OK(ckptio_reader_verify(r, &bad));
+    CHECK(bad == 0 && !memcmp(a, b, N));
+    ckptio_reader_close(r);
+    t_free(a, N);
+    t_free(b, N);
+    return 0;
+}
+
+/* A torch archive being written (its CRC threads started). */
+static int test_zip(void)
+{
+    uint8_t *a = t_alloc(N);
+    CHECK(a);
+    t_fill(a, N, 3);
+    ckptio_zip_writer *z = NULL;
+    CHECK_OK(ckptio_zip_writer_open(&z, t_path("m.pt"), NULL));
+    CHECK_OK(ckptio_zip_writer_add(z, "archive/data/0", a, N, 64, 0));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        ckptio_zip_writer_close(z);
+        _exit(0);
+    }
+    CHECK(reap(pid, 10) == 0);
+    CHECK_OK(ckptio_zip_writer_add(z, "archive/data/1", a, 4096, 64, 0));
+    CHECK_OK(ckptio_zip_writer_commit(z));
+    ckptio_zip_writer_close(z);
+    CHECK(t_sh("python3 -c \"import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); "
+               "assert z.testzip() is None and len(z.namelist()) == 2\" '%s'", t_path("m.pt")) == 0);
+    t_free(a, N);
+    return 0;
+}
+
+/* A save to an object store in flight (its upload begun, the client's connections cached):
+ * the child closing the writer leaves the parent's upload and objects alone, and its own save
+ * uses connections of its own. */
+static int test_s3(void)
+{
+    if (live_env()) return T_SKIP;
+    char base[400];
+    snprintf(base, sizeof base, "s3://%s/ckptio-test/fork-%d-%lld", bucket(), (int)getpid(),
+             (long long)time(NULL));
+    char mine[460], theirs[460];
+    snprintf(mine, sizeof mine, "%s/parent", base);
+    snprintf(theirs, sizeof theirs, "%s/child", base);
+    uint8_t *a = t_alloc(N), *b = t_alloc(N);
+    CHECK(a && b);
+    t_fill(a, N, 4);
+    uint64_t shape[1] = {N};
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, mine, NULL));
+    CHECK_OK(ckptio_writer_add(w, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N));
+    CHECK_OK(ckptio_writer_flush(w));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        ckptio_writer_close(w);
+        ckptio_writer *c = NULL;
+        int ok = ckptio_writer_open(&c, theirs, NULL) == 0 &&
+                 ckptio_writer_add(c, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N) == 0 &&
+                 ckptio_writer_commit(c) == 0;
+        ckptio_writer_close(c);
+        _exit(ok ? 0 : 3);
+    }
+    CHECK(reap(pid, 60) == 0);
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    const char *both[2] = {mine, theirs};
+    for (int i = 0; i < 2; i++) {
+        ckptio_reader *r = NULL;
+        memset(b, 0, N);
+        CHECK_OK(ckptio_reader_open(&r, both[i], NULL));
+        CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
+        ckptio_reader_close(r);
+        CHECK(!memcmp(a, b, N));
+    }
+    t_free(a, N);
+    t_free(b, N);
+    return 0;
+}
+
+const ckptio_test tests_fork[] = {
+    {"fork/writer", test_writer, 0, 60},
+    {"fork/reader", test_reader, 0, 60},
+    {"fork/zip", test_zip, 0, 60},
+    {"fork/s3", test_s3, 0, 300},
+    {0},
+};
