@@ -104,6 +104,18 @@ int t_write_file(const char *path, const void *data, size_t len)
     return (fclose(f) == 0 && ok) ? 0 : -1;
 }
 
+int t_reap(int pid, int seconds)
+{
+    int st = 0;
+    for (int i = 0; i < seconds * 100; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
 int t_sh(const char *fmt, ...)
 {
     char cmd[8192];

@@ -82,5 +82,8 @@ int t_write_file(const char *path, const void *data, size_t len);
 int t_mount_ramfs(const char *where);
 /* Run a shell command, return its exit status (or -1). Output goes to the test log. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The exit status of child `pid` (128 + the signal that ended it), waited for up to `seconds`;
+ * -1 when it ran longer (it is killed). */
+int t_reap(int pid, int seconds);
 
 #endif

@@ -16,19 +16,6 @@
 
 #define N (6u << 20)
 
-/* The exit status of child `pid`, waited for up to `seconds` (then killed: -1). */
-static int reap(pid_t pid, int seconds)
-{
-    int st = 0;
-    for (int i = 0; i < seconds * 100; i++) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
 /* A writer with its data written (hasher and sink threads started), not committed. */
 static int test_writer(void)
 {
@@ -46,7 +33,7 @@ static int test_writer(void)
         ckptio_writer_close(w); /* the parent's save: left alone */
         _exit(0);
     }
-    CHECK(reap(pid, 10) == 0);
+    CHECK(t_reap(pid, 10) == 0);
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     uint8_t *b = t_alloc(N);
@@ -85,7 +72,7 @@ static int test_reader(void)
         ckptio_reader_close(r);
         _exit(0);
     }
-    CHECK(reap(pid, 10) == 0);
+    CHECK(t_reap(pid, 10) == 0);
     memset(b, 0, N);
     CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
     uint64_t bad = 1;
@@ -112,7 +99,7 @@ static int test_zip(void)
         ckptio_zip_writer_close(z);
         _exit(0);
     }
-    CHECK(reap(pid, 10) == 0);
+    CHECK(t_reap(pid, 10) == 0);
     CHECK_OK(ckptio_zip_writer_add(z, "archive/data/1", a, 4096, 64, 0));
     CHECK_OK(ckptio_zip_writer_commit(z));
     ckptio_zip_writer_close(z);
@@ -153,7 +140,7 @@ static int test_s3(void)
         ckptio_writer_close(c);
         _exit(ok ? 0 : 3);
     }
-    CHECK(reap(pid, 60) == 0);
+    CHECK(t_reap(pid, 60) == 0);
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     const char *both[2] = {mine, theirs};

@@ -262,20 +262,6 @@ static int test_close_midway(void)
     return 0;
 }
 
-/* The exit status of child `pid`, waited for up to `seconds` (then killed: -1). */
-static int reap(pid_t pid, int seconds)
-{
-    int st = 0;
-    for (int i = 0; i < seconds * 100; i++) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
 /* A process that serves parts forks (a DataLoader's workers fork every epoch). A child that
  * closes the server it inherited, as a binding's finalizer does, returns at once and leaves
  * the parent's serving; a child that lives on does not keep the port: once the parent closes
@@ -294,7 +280,7 @@ static int test_fork(void)
         ckptio_peer_close(p);
         _exit(0);
     }
-    CHECK(reap(pid, 10) == 0);
+    CHECK(t_reap(pid, 10) == 0);
     CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "2/rank0", &o, NULL));
     CHECK(same_part(t_path("node1/2/rank0"), 12) == 0);
     int gate[2];
@@ -311,7 +297,7 @@ static int test_fork(void)
     ckptio_peer_close(p);
     int rc = ckptio_peer_push(t_path("src"), "127.0.0.1", port, "4/rank0", &o, NULL);
     close(gate[1]);
-    CHECK(reap(pid, 10) == 0);
+    CHECK(t_reap(pid, 10) == 0);
     CHECK_ERR(rc, -ECONNREFUSED);
     CHECK(!exists(t_path("node1/4/rank0")));
     return 0;
