@@ -133,6 +133,11 @@ static int test_s3(void)
     CHECK(pid >= 0);
     if (pid == 0) {
         ckptio_writer_close(w);
+#if defined(__SANITIZE_THREAD__)
+        /* TSan cannot follow a child of a threaded process that starts threads (its own save
+         * would): there the child only closes. */
+        _exit(0);
+#endif
         ckptio_writer *c = NULL;
         int ok = ckptio_writer_open(&c, theirs, NULL) == 0 &&
                  ckptio_writer_add(c, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N) == 0 &&
@@ -144,7 +149,12 @@ static int test_s3(void)
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     const char *both[2] = {mine, theirs};
-    for (int i = 0; i < 2; i++) {
+#if defined(__SANITIZE_THREAD__)
+    const int n_saved = 1;
+#else
+    const int n_saved = 2;
+#endif
+    for (int i = 0; i < n_saved; i++) {
         ckptio_reader *r = NULL;
         memset(b, 0, N);
         CHECK_OK(ckptio_reader_open(&r, both[i], NULL));
