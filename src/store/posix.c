@@ -98,19 +98,20 @@ static int posix_remove(const char *path, ckptio__msg *msg)
                             "'%s' is not a checkpoint: it has no manifest", path);
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--;
-    char *gone = NULL, *parent = NULL;
-    if (asprintf(&gone, "%.*s.deleting-%ld", (int)len, path, (long)getpid()) < 0) return -ENOMEM;
-    const char *slash = memrchr(path, '/', len);
-    parent = slash == path ? strdup("/") : slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
-    if (!parent) rc = -ENOMEM;
-    else if (rename(path, gone) < 0)
+    char *at = strndup(path, len), *parent = at ? ckptio__parent_dir(at) : NULL, *gone = NULL;
+    if (!parent || asprintf(&gone, "%s.deleting-%ld", at, (long)getpid()) < 0) {
+        gone = NULL;
+        rc = ckptio__fail(msg, -ENOMEM, "out of memory");
+    } else if (rename(at, gone) < 0) {
         rc = ckptio__fail(msg, -errno, "cannot move '%s' out of the way to remove it", path);
-    else if ((rc = ckptio__fsync_path(parent)) < 0)
+    } else if ((rc = ckptio__fsync_path(parent)) < 0) {
         rc = ckptio__fail(msg, rc, "removing '%s': fsync of '%s' failed", path, parent);
-    if (rc == 0 && (rc = ckptio__remove_tree(gone)) < 0)
+    } else if ((rc = ckptio__remove_tree(gone)) < 0) {
         rc = ckptio__fail(msg, rc, "cannot remove '%s' (the checkpoint '%s' is gone)", gone, path);
-    free(gone);
+    }
+    free(at);
     free(parent);
+    free(gone);
     return rc;
 }
 
