@@ -16,6 +16,19 @@
 
 #define N (6u << 20)
 
+/* Fork: the child runs `stmt` (closing what it inherited) and exits; the parent waits for it,
+ * 10 s at most, and checks that it exited 0. */
+#define IN_CHILD(stmt)                                                                         \
+    do {                                                                                       \
+        pid_t pid_ = fork();                                                                   \
+        CHECK(pid_ >= 0);                                                                      \
+        if (pid_ == 0) {                                                                       \
+            stmt;                                                                              \
+            _exit(0);                                                                          \
+        }                                                                                      \
+        CHECK(t_reap(pid_, 10) == 0);                                                          \
+    } while (0)
+
 /* A writer with its data written (hasher and sink threads started), not committed. */
 static int test_writer(void)
 {
@@ -27,13 +40,7 @@ static int test_writer(void)
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
     CHECK_OK(ckptio_writer_add(w, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N));
     CHECK_OK(ckptio_writer_flush(w));
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        ckptio_writer_close(w); /* the parent's save: left alone */
-        _exit(0);
-    }
-    CHECK(t_reap(pid, 10) == 0);
+    IN_CHILD(ckptio_writer_close(w)); /* the parent's: left alone */
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     uint8_t *b = t_alloc(N);
@@ -66,13 +73,7 @@ static int test_reader(void)
     ckptio_reader *r = NULL;
     CHECK_OK(ckptio_reader_open(&r, t_path("ck"), &p));
     CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        ckptio_reader_close(r);
-        _exit(0);
-    }
-    CHECK(t_reap(pid, 10) == 0);
+    IN_CHILD(ckptio_reader_close(r)); /* the parent's: left alone */
     memset(b, 0, N);
     CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
     uint64_t bad = 1;
@@ -93,13 +94,7 @@ static int test_zip(void)
     ckptio_zip_writer *z = NULL;
     CHECK_OK(ckptio_zip_writer_open(&z, t_path("m.pt"), NULL));
     CHECK_OK(ckptio_zip_writer_add(z, "archive/data/0", a, N, 64, 0));
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        ckptio_zip_writer_close(z);
-        _exit(0);
-    }
-    CHECK(t_reap(pid, 10) == 0);
+    IN_CHILD(ckptio_zip_writer_close(z)); /* the parent's: left alone */
     CHECK_OK(ckptio_zip_writer_add(z, "archive/data/1", a, 4096, 64, 0));
     CHECK_OK(ckptio_zip_writer_commit(z));
     ckptio_zip_writer_close(z);
