@@ -71,11 +71,9 @@ static bool torch_name(const char *path)
 
 int ckptio__conv_remote(const char *path)
 {
-    const ckptio__store_ops *s;
     ckptio__msg msg = {0};
-    int rc = ckptio__store_for(path, &s, &msg);
-    if (rc < 0) return ckptio__refail(NULL, &msg, rc, "convert", NULL);
-    return !(s->caps & CKPTIO__STORE_LOCAL);
+    int rc = ckptio__store_remote(path, &msg);
+    return rc < 0 ? ckptio__refail(NULL, &msg, rc, "convert", NULL) : rc;
 }
 
 /* In a store that is no file system names decide, then whether a manifest is there. */

@@ -294,7 +294,7 @@ static int open_foreign(ckptio_reader *r, const char *path)
     ckptio__foreign_file *files = NULL;
     int rc = 0;
     bool dir;
-    rc = ckptio__read_is_remote(path, &r->msg);
+    rc = ckptio__store_remote(path, &r->msg);
     CKPTIO__TRY(rc);
     bool url = rc;
     if (url) {

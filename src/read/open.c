@@ -110,13 +110,6 @@ out:
     return rc;
 }
 
-int ckptio__read_is_remote(const char *path, ckptio__msg *msg)
-{
-    const ckptio__store_ops *s;
-    CKPTIO__TRY(ckptio__store_for(path, &s, msg));
-    return !(s->caps & CKPTIO__STORE_LOCAL);
-}
-
 int ckptio__read_remote_setup(ckptio_reader *r, const char *path)
 {
     CKPTIO__TRY(ckptio__place_open(&r->place, path, &r->msg));
@@ -156,7 +149,7 @@ int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_param
     uint64_t len = 0;
     int rc = ckptio__read_new(path, p, &r);
     if (rc < 0) goto out;
-    rc = ckptio__read_is_remote(path, &r->msg);
+    rc = ckptio__store_remote(path, &r->msg);
     if (rc < 0) goto out;
     if (rc) {
         CKPTIO__CHECK(open_remote(r, &buf, &len));

@@ -134,11 +134,9 @@ typedef struct cres {
     uint64_t got, bad_x, bad_len;
 } cres;
 
-/* Stores that are no local file system (open.c): whether `path` is in one (or < 0: no store
- * serves it); set r up to read from the place `path` there (its reads on the psync threads,
- * as many as the store serves at once; no page cache, no O_DIRECT); open `name` of the place
- * as file f. */
-CKPTIO__HIDDEN int ckptio__read_is_remote(const char *path, ckptio__msg *msg);
+/* Stores that are no local file system (open.c; ckptio__store_remote tells): set r up to read
+ * from the place `path` there (its reads on the psync threads, as many as the store serves at
+ * once; no page cache, no O_DIRECT); open `name` of the place as file f. */
 CKPTIO__HIDDEN int ckptio__read_remote_setup(ckptio_reader *r, const char *path);
 CKPTIO__HIDDEN int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name);
 

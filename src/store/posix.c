@@ -379,16 +379,16 @@ static int posix_begin(ckptio__txn *t, const char *path, int kind, unsigned flag
 {
     (void)flags;
     CKPTIO__TRY(resolve(t, path, msg));
-    set_dir(t);
     if (kind == CKPTIO__TXN_FILE) {
         CKPTIO__TRY(inspect_file(t, path, msg));
         clean_stale(t);
-        return make_tmp_file(t, direct, msg);
+        CKPTIO__TRY(make_tmp_file(t, direct, msg));
+    } else {
+        CKPTIO__TRY(inspect_dir(t, msg));
+        clean_stale(t);
+        CKPTIO__TRY(make_tmp_dir(t, msg));
     }
-    CKPTIO__TRY(inspect_dir(t, msg));
-    clean_stale(t);
-    CKPTIO__TRY(make_tmp_dir(t, msg));
-    t->where = t->tmp_path;
+    set_dir(t);
     return 0;
 }
 

@@ -45,6 +45,13 @@ int ckptio__store_for(const char *path, const ckptio__store_ops **out, ckptio__m
                         path, (int)n, path, known);
 }
 
+int ckptio__store_remote(const char *path, ckptio__msg *msg)
+{
+    const ckptio__store_ops *s;
+    CKPTIO__TRY(ckptio__store_for(path, &s, msg));
+    return !(s->caps & CKPTIO__STORE_LOCAL);
+}
+
 int ckptio__place_open(ckptio__place *p, const char *path, ckptio__msg *msg)
 {
     *p = (ckptio__place){0};

@@ -165,6 +165,9 @@ typedef struct ckptio__store_ops {
 CKPTIO__HIDDEN int ckptio__store_for(const char *path, const ckptio__store_ops **out,
                                      ckptio__msg *msg);
 
+/* 1 when `path` is in a store that is no local file system (its reads go through a place),
+ * 0 for a local path, < 0 (msg says why) when no store serves its scheme. */
+CKPTIO__HIDDEN int ckptio__store_remote(const char *path, ckptio__msg *msg);
 /* Open the place `path` in whichever store serves it (store_for, then its place_open):
  * CKPTIO_E_USAGE for a store that is a local file system (readers open those themselves). */
 CKPTIO__HIDDEN int ckptio__place_open(ckptio__place *p, const char *path, ckptio__msg *msg);

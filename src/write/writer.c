@@ -71,14 +71,13 @@ static int make_data(ckptio_writer *w)
 
 /* A store of whole parts: the request size, at least the store's smallest part; a data file
  * rolls over to the next before it would need more parts than the store takes. */
-static int parts_setup(ckptio_writer *w)
+static void parts_setup(ckptio_writer *w)
 {
     const ckptio__store_ops *s = w->txn.store;
     w->parts = true;
     w->part = CKPTIO__MAX(w->cfg.request, s->part_min);
     w->cfg.csum_block = CKPTIO__MIN(w->cfg.csum_block, w->part);
     w->max_file_bytes = (uint64_t)(s->max_parts - 1) * w->part;
-    return 0;
 }
 
 /* part: a rank's share of a distributed save, in its own data file; join: the temporary
@@ -122,7 +121,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
                                         ckptio__cfg_txn_flags(&w->cfg), 0, &w->msg));
     w->path = w->txn.path;
     unsigned caps = ckptio__txn_caps(&w->txn);
-    if (caps & CKPTIO__STORE_PARTS) CKPTIO__CHECK(parts_setup(w));
+    if (caps & CKPTIO__STORE_PARTS) parts_setup(w);
     CKPTIO__GOTO_IF(w->cfg.base && !(caps & CKPTIO__STORE_LOCAL),
                     ckptio__fail(&w->msg, CKPTIO_E_UNSUPPORTED,
                                  "'%s': incremental checkpoints (base=) are not yet supported in "
