@@ -475,13 +475,14 @@ static int test_pages(void)
         {FAKE_REPLY, 200, list1}, {FAKE_REPLY, 200, list2}, {FAKE_REPLY, 200, up1},
         {FAKE_REPLY, 200, up2},   {FAKE_REPLY, 200, created},
         {FAKE_REPLY, 200, ERR_XML("InternalError")}, /* a complete that failed after its 200 */
+        {FAKE_REPLY, 200, "<ListPartsResult/>"},     /* the upload is still there: retry */
         {FAKE_REPLY, 200, "<CompleteMultipartUploadResult/>"},
         {FAKE_REPLY, 200, ERR_XML("InvalidPart")}, /* after its 200, and final */
     };
     fake f;
     ckptio__s3 *c;
     setenv("AWS_SESSION_TOKEN", "tok", 1);
-    if (fake_start(&f, script, 8, "30", &c)) return 1;
+    if (fake_start(&f, script, 9, "30", &c)) return 1;
     seen s = {0};
     CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
     CHECK(s.n == 3 && !strcmp(s.keys[2], "p/c") && s.sizes[2] == 3);
@@ -495,10 +496,11 @@ static int test_pages(void)
     CHECK_OK(ckptio__s3_mpu_create(c, "b", "k", &id, NULL));
     CHECK(!strcmp(id, "id&1") && !strcmp(f.lines[4], "POST /b/k?uploads= HTTP/1.1"));
     CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
-    CHECK(f.next == 7 && !strcmp(f.lines[6], "POST /b/k?uploadId=id%261 HTTP/1.1"));
-    CHECK(f.with_token == 7);
+    CHECK(f.next == 8 && !strcmp(f.lines[7], "POST /b/k?uploadId=id%261 HTTP/1.1"));
+    CHECK(!strcmp(f.lines[6], "GET /b/k?max-parts=1&uploadId=id%261 HTTP/1.1"));
+    CHECK(f.with_token == 8);
     CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL), -EIO);
-    CHECK(f.next == 8 && t_contains(ckptio_last_error(), "InvalidPart"));
+    CHECK(f.next == 9 && t_contains(ckptio_last_error(), "InvalidPart"));
     free(id);
     return 0;
 }
@@ -523,6 +525,35 @@ static int test_complete_lost(void)
     CHECK(f.next == 3 && !strcmp(f.lines[2], "HEAD /b/k HTTP/1.1"));
     CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 2, NULL), CKPTIO_E_NOT_FOUND);
     CHECK(f.next == 6);
+    return 0;
+}
+
+/* A store that answers the completion (or a part) of an upload that is gone with a 5xx, not
+ * 404 NoSuchUpload: one ListParts says it is gone, and the call ends there, not at the
+ * timeout. An upload still there is retried as before. */
+static int test_upload_gone(void)
+{
+    static const fake_reply script[] = {
+        {FAKE_REPLY, 500, ERR_XML("InternalError")},
+        {FAKE_REPLY, 404, ERR_XML("NoSuchUpload")}, /* ListParts */
+        {FAKE_REPLY, 404, NULL},                    /* HEAD: it did not complete */
+        {FAKE_REPLY, 503, ERR_XML("SlowDown")},     /* a part */
+        {FAKE_REPLY, 404, ERR_XML("NoSuchUpload")},
+    };
+    fake f;
+    ckptio__s3 *c;
+    if (fake_start(&f, script, 5, "60", &c)) return 1;
+    char etags[1][128] = {"\"d41d8cd98f00b204e9800998ecf8427e\""};
+    ckptio__msg *m = calloc(1, sizeof *m); /* what the caller is told (a HEAD follows) */
+    CHECK(m != NULL);
+    int rc = ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 1, m);
+    CHECK(rc == CKPTIO_E_NOT_FOUND && t_contains(m->text, "NoSuchUpload") &&
+          t_contains(m->text, "upload is gone"));
+    free(m);
+    CHECK(f.next == 3 && !strcmp(f.lines[1], "GET /b/k?max-parts=1&uploadId=u HTTP/1.1"));
+    char etag[128];
+    CHECK_ERR(ckptio__s3_mpu_part(c, "b", "k", "u", 1, "x", 1, etag, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK(f.next == 5);
     return 0;
 }
 
@@ -797,6 +828,7 @@ const ckptio_test tests_s3[] = {
     {"s3/pages", test_pages, 0, 0},
     {"s3/fork", test_fork, 0, 0},
     {"s3/complete_lost", test_complete_lost, 0, 0},
+    {"s3/upload_gone", test_upload_gone, 0, 0},
     {"s3/live_objects", test_live_objects, 0, 300},
     {"s3/live_multipart", test_live_multipart, 0, 300},
     {"s3/live_engine", test_live_engine, 0, 300},

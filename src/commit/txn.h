@@ -86,6 +86,10 @@ static inline int ckptio__txn_seal(ckptio__txn *t, ckptio__msg *msg)
 {
     return t->store->seal(t, msg);
 }
+static inline int ckptio__txn_failed(ckptio__txn *t, int rc, ckptio__msg *msg)
+{
+    return t->store && t->store->failed ? t->store->failed(t, rc, msg) : rc;
+}
 static inline void ckptio__txn_drop(ckptio__txn *t, const char *prefix)
 {
     if (t->store) t->store->drop(t, prefix);

@@ -245,6 +245,8 @@ typedef struct s3_call {
     const void *body;
     uint64_t body_len;
     bool sign_body, ok_404, ok_416;
+    bool once;          /* no retries (a probe made between another call's tries) */
+    const char *upload; /* the multipart upload this call works on: see upload_gone */
     void *dst; /* ranged GET: the body goes here, at most dst_cap bytes */
     uint64_t dst_cap;
     uint64_t max; /* else, when nonzero, into a malloc'd buffer (out, out_len) of at most max */
@@ -543,6 +545,8 @@ static int call_fail(ckptio__s3 *s, s3_call *c, ckptio__msg *msg, int rc, CURLco
     else if (rc == -ENOENT) hint = ": the bucket does not exist: create it or fix the URL";
     else if (c->resp.status == 301 || !strcmp(c->resp.code, "AuthorizationHeaderMalformed"))
         hint = ": the bucket is in another region: set AWS_REGION to it";
+    else if (rc == CKPTIO_E_NOT_FOUND && !strcmp(c->resp.code, "NoSuchUpload"))
+        hint = ": the multipart upload is gone (another client aborted it)";
     else if (rc == CKPTIO_E_NOT_FOUND) hint = ": no such object";
     else if (rc == CKPTIO_E_EXISTS)
         hint = ": the conditional write was refused: another writer created or replaced the "
@@ -553,6 +557,28 @@ static int call_fail(ckptio__s3 *s, s3_call *c, ckptio__msg *msg, int rc, CURLco
     }
     return ckptio__fail(msg, rc, "%s failed: HTTP %ld%s%s at %s%s%s", where, c->resp.status,
                         c->resp.code[0] ? " " : "", c->resp.code, s->endpoint, hint, retried);
+}
+
+static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg);
+
+/* Whether the upload `c` works on is gone (aborted, or completed by an earlier try whose answer
+ * was lost), asked once with ListParts when the store answered `c` with a 5xx: no retry of `c`
+ * can then pass. A store may answer an upload that vanished so (rather than 404 NoSuchUpload):
+ * without this question the call would be retried until CKPTIO_S3_TIMEOUT. When it is gone, `c`
+ * reads as answered 404 NoSuchUpload. */
+static bool upload_gone(ckptio__s3 *s, s3_call *c)
+{
+    ckptio__s3_kv q[2] = {{"uploadId", c->upload}, {"max-parts", "1"}};
+    s3_call probe = {.what = "ListParts", .method = "GET", .bucket = c->bucket, .key = c->key,
+                     .query = q, .nq = 2, .max = S3_XML_MAX, .once = true};
+    bool gone = s3_do(s, &probe, NULL) == CKPTIO_E_NOT_FOUND &&
+                !strcmp(probe.resp.code, "NoSuchUpload");
+    free(probe.out);
+    if (gone) {
+        c->resp.status = 404;
+        snprintf(c->resp.code, sizeof c->resp.code, "NoSuchUpload");
+    }
+    return gone;
 }
 
 static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
@@ -609,8 +635,13 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
         bool told = trc < 0 || x->abort_rc; /* those failures carry their message already */
         free(x);
         if (rc == 0 || told) goto out;
-        if (!retry) {
+        if (!retry || c->once) {
             rc = call_fail(s, c, msg, rc, cc, cerr, attempt + 1, ckptio__now() - t0);
+            goto out;
+        }
+        if (c->upload && c->resp.status >= 500 && upload_gone(s, c)) {
+            rc = call_fail(s, c, msg, CKPTIO_E_NOT_FOUND, CURLE_OK, cerr, attempt + 1,
+                           ckptio__now() - t0);
             goto out;
         }
         double spent = ckptio__now() - t0, wait = backoff(attempt);
@@ -782,7 +813,7 @@ int ckptio__s3_mpu_part(ckptio__s3 *c, const char *bucket, const char *key,
     snprintf(num, sizeof num, "%u", part);
     ckptio__s3_kv q[2] = {{"partNumber", num}, {"uploadId", upload_id}};
     s3_call call = {.what = "UploadPart", .method = "PUT", .bucket = bucket, .key = key,
-                    .query = q, .nq = 2, .body = buf, .body_len = len};
+                    .query = q, .nq = 2, .body = buf, .body_len = len, .upload = upload_id};
     CKPTIO__TRY(s3_do(c, &call, msg));
     if (!call.resp.etag[0])
         return ckptio__fail(msg, CKPTIO_E_CORRUPT, "s3://%s/%s: part %u: %s sent no ETag",
@@ -807,7 +838,7 @@ int ckptio__s3_mpu_complete(ckptio__s3 *c, const char *bucket, const char *key,
     ckptio__s3_kv q[1] = {{"uploadId", upload_id}};
     s3_call call = {.what = "CompleteMultipartUpload", .method = "POST", .bucket = bucket,
                     .key = key, .query = q, .nq = 1, .body = xml, .body_len = len,
-                    .sign_body = true, .max = 1u << 20};
+                    .sign_body = true, .max = 1u << 20, .upload = upload_id};
     int rc = s3_do(c, &call, msg);
     /* A retry after an answer lost on the way finds the upload gone: it completed if the
      * object now carries the ETag these parts make. */

@@ -19,7 +19,8 @@ typedef struct s3_obj {
     char (*etags)[128];   /* part i + 1's ETag at i, "" until it arrives */
     uint64_t *lens;
     unsigned nparts; /* slots allocated */
-    char error[CKPTIO__MSG_LEN];
+    char error[CKPTIO__MSG_LEN]; /* the first failed request's message, and its code */
+    int error_rc;
 } s3_obj;
 
 static const ckptio__vfd_ops obj_ops;
@@ -103,7 +104,10 @@ int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key, ui
 static int64_t keep_error(s3_obj *o, const ckptio__msg *m, int rc)
 {
     pthread_mutex_lock(&o->lock);
-    if (!o->error[0]) snprintf(o->error, sizeof o->error, "%s", m->text);
+    if (!o->error[0]) {
+        snprintf(o->error, sizeof o->error, "%s", m->text);
+        o->error_rc = rc;
+    }
     pthread_mutex_unlock(&o->lock);
     return rc;
 }
@@ -195,7 +199,7 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
     uint64_t n = (len + o->part_size - 1) / o->part_size;
     int rc = 0;
     pthread_mutex_lock(&o->lock);
-    if (o->error[0]) rc = ckptio__fail(msg, -EIO, "%s", o->error);
+    if (o->error[0]) rc = ckptio__fail(msg, o->error_rc, "%s", o->error);
     for (uint64_t i = 0; rc == 0 && i < o->nparts; i++) {
         uint64_t want = i + 1 < n ? o->part_size : i + 1 == n ? len - i * o->part_size : 0;
         if (o->lens[i] != want)

@@ -304,6 +304,29 @@ static void sweep(s3_txn *o, bool own, const char *sub)
 
 /* ---- publish, abort ---- */
 
+static int raced(const ckptio__txn *t, ckptio__msg *msg)
+{
+    return ckptio__fail(msg, CKPTIO_E_EXISTS,
+                        "'%s' was committed by another save while this one ran (a racing "
+                        "writer); this save was not published and its data is being removed",
+                        t->path);
+}
+
+/* An object or upload of this save that vanished (CKPTIO_E_NOT_FOUND) was swept by a save that
+ * committed the path after this one began (see doomed): when the manifest is no longer the one
+ * begin found, that is the reason to give. */
+static int s3_failed(ckptio__txn *t, int rc, ckptio__msg *msg)
+{
+    s3_txn *o = t->impl;
+    if (rc != CKPTIO_E_NOT_FOUND || !o || !t->owner || t->published) return rc;
+    char *mk = manifest_key(o);
+    ckptio__s3_resp r = {0};
+    bool replaced = mk && ckptio__s3_head(o->s3, o->bucket, mk, &r, NULL) == 0 &&
+                    strcmp(r.etag, o->etag);
+    free(mk);
+    return replaced ? raced(t, msg) : rc;
+}
+
 static int s3_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg)
 {
     s3_txn *o = t->impl;
@@ -314,11 +337,7 @@ static int s3_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__
     if (!mk) return ckptio__fail(msg, -ENOMEM, "out of memory");
     int rc = ckptio__s3_put(o->s3, o->bucket, mk, man, len, o->etag[0] ? o->etag : "*", NULL, msg);
     free(mk);
-    if (rc == CKPTIO_E_EXISTS)
-        return ckptio__fail(msg, CKPTIO_E_EXISTS,
-                            "'%s' was committed by another save while this one ran (a racing "
-                            "writer); this save was not published and its data is being removed",
-                            t->path);
+    if (rc == CKPTIO_E_EXISTS) return raced(t, msg);
     CKPTIO__TRY(rc);
     t->published = true;
     sweep(o, false, ""); /* the replaced checkpoint's data, and what dead saves left */
@@ -616,6 +635,7 @@ const ckptio__store_ops ckptio__store_s3 = {
     .seal = s3_seal,
     .publish = s3_publish,
     .abort = s3_abort,
+    .failed = s3_failed,
     .drop = s3_drop,
     .fini = s3_fini,
 

@@ -134,6 +134,10 @@ typedef struct ckptio__store_ops {
     int (*publish)(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg);
     /* Remove what begin made, unless published; the target untouched. Twice is harmless. */
     void (*abort)(ckptio__txn *t);
+    /* The save failed with `rc` (msg says how): the store's own reason when it knows a truer
+     * one (another save committed the path and swept this one's data: CKPTIO_E_EXISTS), else
+     * rc. NULL: rc always. */
+    int (*failed)(ckptio__txn *t, int rc, ckptio__msg *msg);
     /* A joined rank's data that no manifest will name (its part never reached the
      * coordinator): its abort removes the data files whose names start with `prefix`. */
     void (*drop)(ckptio__txn *t, const char *prefix);

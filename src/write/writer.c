@@ -40,6 +40,7 @@ const char *ckptio__writer_arena_dup(ckptio_writer *w, const char *s, size_t len
 
 int ckptio__writer_poison(ckptio_writer *w, int code)
 {
+    if (w->hs.state == CKPTIO__H_OPEN) code = ckptio__txn_failed(&w->txn, code, &w->msg);
     return ckptio__handle_poison(&w->hs, code);
 }
 
@@ -277,8 +278,8 @@ out:
     free(man);
     if (rc < 0 && w->hs.state == CKPTIO__H_OPEN) {
         if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "committing '%s' failed", w->path);
+        rc = ckptio__writer_poison(w, rc);
         ckptio__msg_name(&w->msg, NULL, w->path, NULL, CKPTIO_ERROR_NO_OFFSET);
-        ckptio__writer_poison(w, rc);
     }
     return rc;
 }
@@ -302,7 +303,7 @@ out:
     free(man);
     if (rc < 0 && w->hs.state == CKPTIO__H_OPEN) {
         if (!w->msg.text[0]) ckptio__fail(&w->msg, rc, "writing '%s' failed", w->data_label);
-        ckptio__writer_poison(w, rc);
+        rc = ckptio__writer_poison(w, rc);
     }
     return rc;
 }

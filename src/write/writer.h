@@ -188,7 +188,8 @@ CKPTIO__HIDDEN void ckptio__writer_coder_free(ckptio_writer *w);
 /* A copy of s[0, len) in the name arena, NUL-terminated; it never moves. */
 CKPTIO__HIDDEN const char *ckptio__writer_arena_dup(ckptio_writer *w, const char *s, size_t len);
 
-/* Fail the writer for good with `code`: every later call but close returns it. */
+/* Fail the writer for good with `code`, or with the store's truer reason (ckptio__txn_failed,
+ * which may rewrite w->msg): every later call but close returns the code this returns. */
 CKPTIO__HIDDEN int ckptio__writer_poison(ckptio_writer *w, int code);
 
 /* 0 while the writer may be fed or committed, else why not (in its message). */

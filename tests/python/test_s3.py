@@ -454,6 +454,30 @@ attempt(lambda: ckptio.save(t, {url!r}))
     assert open_uploads(s3server.client(), s3server.bucket, key + "/") == []
 
 
+def test_overtaken_save_says_another_save_won(s3server: S3Server, key: str) -> None:
+    """A save overtaken by one begun 2 s after it (which commits first, and sweeps the older
+    save's upload: that save can no longer commit) fails with CheckpointExists at its next write
+    or its commit, at once: whatever the store answers for the vanished upload (404
+    NoSuchUpload, or moto's 500 on completing it, which is not retried until the timeout)."""
+    url = s3server.url(key)
+    code = """
+f32 = ckptio._core.dtypes()["f32"][0]
+w = ckptio._core.Writer(URL)  # begins: its first data object's upload is open
+time.sleep(2.5)  # the next save begins 2 whole seconds of the store's clock later
+ckptio.save(tree(5, MiB), URL)
+big = pattern(4 << 20, 3)
+def finish():
+    w.add("big", f32, big.shape, big)
+    w.commit()
+attempt(finish)
+""".replace("URL", repr(url)).replace("MiB", str(MiB))
+    r = py(code, {**s3server.env, "CKPTIO_S3_TIMEOUT": "100"})
+    assert not r["ok"] and "CheckpointExists" in r["mro"], r
+    assert "committed by another save" in r["msg"] and "gave up" not in r["msg"], r
+    ok(load(url, s3server.env, seed=5, big=MiB))
+    assert_clean(s3server, key)
+
+
 # ------------------------------------------------------------------------------------------------
 # Integrity
 # ------------------------------------------------------------------------------------------------
