@@ -1479,6 +1479,16 @@ CKPTIO_API int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, vo
  * it holds no manifest). In an object store the manifest goes first, so the checkpoint
  * disappears whole; its data objects and unfinished uploads follow. Since 0.3. */
 CKPTIO_API int ckptio_remove_checkpoint(const char *path);
+/* Remove what killed saves and removals left directly under `prefix` (a directory, or
+ * "s3://bucket/prefix") and no live save or removal still owns; the number removed, or a
+ * negative code. A directory: the temporaries "<name>.tmp-<pid>.<n>" whose process is gone and
+ * whose lock no one holds, and the trees "<name>.deleting-<pid>" of removals that died
+ * midway (a live removal holds its lock); never a symlink, never a checkpoint. An object store:
+ * under each checkpoint <prefix>/<name>, the data and unfinished uploads of saves that began
+ * before its manifest was last written and that it does not name (they can no longer commit);
+ * a name with no manifest yet is left alone, since its first save may still be running. Each
+ * save sweeps its own path as well; this is for the paths no save comes back to. Since 0.3. */
+CKPTIO_API int ckptio_sweep(const char *prefix);
 /* 1 when `path` (a directory or an s3:// URL) holds a committed checkpoint (its manifest), 0
  * when not, or a negative code when that cannot be told (no credentials, no server...). Since
  * 0.3. */

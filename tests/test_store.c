@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The store conformance suite: every store passes the same tests through the public API. */
 #define CKPTIO_EXPERIMENTAL
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -172,20 +173,28 @@ static int conf_race(const char *base)
     return 0;
 }
 
-/* A writer killed (SIGKILL) after writing its data, before its commit: nothing is listed,
- * the path is no checkpoint, and the next save there commits. */
-static int conf_killed_writer(const char *base)
+/* A process that opens a writer at u, writes seed's data and is killed (SIGKILL) before
+ * its commit: 0 once it is reaped so. */
+static int killed_writer(const char *u, uint64_t seed, bool overwrite)
 {
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
         ckptio_writer *w = NULL;
-        if (open_filled(&w, at(base, "k"), 7, false)) _exit(1);
+        if (open_filled(&w, u, seed, overwrite)) _exit(1);
         kill(getpid(), SIGKILL);
         _exit(2);
     }
     int st = 0;
     CHECK(waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    return 0;
+}
+
+/* A writer killed (SIGKILL) after writing its data, before its commit: nothing is listed,
+ * the path is no checkpoint, and the next save there commits. */
+static int conf_killed_writer(const char *base)
+{
+    CHECK_OK(killed_writer(at(base, "k"), 7, false));
     CHECK(ckptio_is_checkpoint(at(base, "k")) == 0);
     CHECK(!strcmp(listed(base), ""));
     CHECK_OK(save(at(base, "k"), 8, false));
@@ -212,6 +221,38 @@ static int conf_list_remove(const char *base)
     return 0;
 }
 
+/* How many saves' leftovers are under base now (the store's own listing, not ckptio's): set by
+ * each store's wrapper below. */
+static int (*leftovers)(const char *base);
+
+/* What killed saves left is swept, and nothing a live save or a checkpoint needs. B begins;
+ * A begins 2 s later (whole-second clocks) and is killed; B commits 2 s after that. A's
+ * leftovers outlive B's commit (A began after B: B cannot tell it from a live save), and a
+ * sweep removes them; C, a save still open, keeps its data and commits after the sweep. */
+static int conf_sweep(const char *base)
+{
+    ckptio_writer *b = NULL, *c = NULL;
+    CHECK(!open_filled(&b, at(base, "s"), 30, true));
+    sleep(2);
+    CHECK_OK(killed_writer(at(base, "s"), 31, true));
+    sleep(2);
+    CHECK_OK(ckptio_writer_commit(b));
+    ckptio_writer_close(b);
+    CHECK(!open_filled(&c, at(base, "t"), 32, false));
+    int before = leftovers(base), n = ckptio_sweep(base);
+    CHECK(n >= 0 && leftovers(base) == 1); /* C's */
+    CHECK(n == before - 1);
+    CHECK(ckptio_sweep(base) == 0);
+    CHECK(!holds(at(base, "s"), 30));
+    CHECK_OK(ckptio_writer_commit(c));
+    ckptio_writer_close(c);
+    CHECK(!holds(at(base, "t"), 32));
+    CHECK(!strcmp(listed(base), "s t"));
+    CHECK(ckptio_sweep(base) == 0);
+    CHECK(ckptio_sweep(at(base, "nothing-here")) == 0); /* a prefix with nothing under it */
+    return 0;
+}
+
 /* ---- per store ---- */
 
 /* A fresh directory (a file system's places exist before checkpoints go in them). */
@@ -219,6 +260,41 @@ static const char *posix_base(void)
 {
     const char *b = t_path("store");
     return mkdir(b, 0755) == 0 ? b : NULL;
+}
+
+/* Temporaries of saves ("<name>.tmp-<pid>.<n>") in the directory. */
+static int posix_leftovers(const char *base)
+{
+    DIR *d = opendir(base);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) n += strstr(de->d_name, ".tmp-") != NULL;
+    closedir(d);
+    return n;
+}
+
+static int count_upload(void *ctx, const char *key, const char *upload_id, int64_t initiated)
+{
+    (void)key, (void)upload_id, (void)initiated;
+    ++*(int *)ctx;
+    return 0;
+}
+
+/* Unfinished uploads under the prefix (a save's data object being written). */
+static int s3_leftovers(const char *base)
+{
+    ckptio__s3 *c;
+    char *b = NULL, *key = NULL, *prefix = NULL;
+    int n = 0;
+    if (ckptio__s3_client(&c, NULL) || ckptio__s3_parse(base, &b, &key, NULL) ||
+        asprintf(&prefix, "%s/", key) < 0 ||
+        ckptio__s3_list_uploads(c, b, prefix, count_upload, &n, NULL))
+        n = -1;
+    free(b);
+    free(key);
+    free(prefix);
+    return n;
 }
 
 /* A fresh prefix of the live S3 store, or NULL (skip) without one. */
@@ -235,11 +311,13 @@ static const char *s3_base(void)
     static int posix_##t(void)                                                                 \
     {                                                                                          \
         const char *b = posix_base();                                                          \
+        leftovers = posix_leftovers;                                                           \
         return b ? conf_##t(b) : 1;                                                            \
     }                                                                                          \
     static int s3_##t(void)                                                                    \
     {                                                                                          \
         const char *b = s3_base();                                                             \
+        leftovers = s3_leftovers;                                                              \
         return b ? conf_##t(b) : T_SKIP;                                                       \
     }
 PER_STORE(roundtrip)
@@ -247,6 +325,7 @@ PER_STORE(overwrite)
 PER_STORE(race)
 PER_STORE(killed_writer)
 PER_STORE(list_remove)
+PER_STORE(sweep)
 
 /* The one URL parser: a path without a scheme is a directory, s3:// is S3, and a scheme no
  * store serves is an error naming the ones there are (never a directory called "gs:"). */
@@ -262,6 +341,7 @@ static int test_store_names(void)
     CHECK(ckptio_store_name("") == NULL && ckptio_store_name(NULL) == NULL);
     CHECK_ERR(ckptio_is_checkpoint("gs://b/k"), CKPTIO_E_USAGE);
     CHECK_ERR(ckptio_remove_checkpoint("gs://b/k"), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_sweep("gs://b/k"), CKPTIO_E_USAGE);
     return 0;
 }
 
@@ -272,10 +352,12 @@ const ckptio_test tests_store[] = {
     {"store/posix/race", posix_race, 0, 0},
     {"store/posix/killed_writer", posix_killed_writer, 0, 0},
     {"store/posix/list_remove", posix_list_remove, 0, 0},
+    {"store/posix/sweep", posix_sweep, 0, 0},
     {"store/s3/roundtrip", s3_roundtrip, 0, 300},
     {"store/s3/overwrite", s3_overwrite, 0, 300},
     {"store/s3/race", s3_race, 0, 300},
     {"store/s3/killed_writer", s3_killed_writer, 0, 300},
     {"store/s3/list_remove", s3_list_remove, 0, 300},
+    {"store/s3/sweep", s3_sweep, 0, 300},
     {0},
 };

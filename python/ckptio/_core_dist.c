@@ -330,6 +330,14 @@ static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
                : Py_NewRef(Py_None);
 }
 
+/* sweep(prefix) -> int: remove what killed saves and removals left under prefix. */
+static PyObject *mod_sweep(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    int rc = path_call(args, "O&:sweep", ckptio_sweep);
+    return rc < 0 ? NULL : PyLong_FromLong(rc);
+}
+
 /* is_checkpoint(path) -> bool: whether a directory or s3:// URL holds a manifest. */
 static PyObject *mod_is_checkpoint(PyObject *mod, PyObject *args)
 {
@@ -362,6 +370,8 @@ static PyMethodDef dist_functions[] = {
      "list_checkpoints(prefix) -> names of the committed checkpoints under prefix"},
     {"remove_checkpoint", mod_remove_checkpoint, METH_VARARGS,
      "remove_checkpoint(path): remove a committed checkpoint (a directory or s3:// URL)"},
+    {"sweep", mod_sweep, METH_VARARGS,
+     "sweep(prefix) -> how many leftovers of killed saves and removals under prefix were removed"},
     {"remove_stripes", mod_remove_stripes, METH_VARARGS,
      "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
     {"save_dist", mod_save_dist, METH_VARARGS,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import threading
 import weakref
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
 from ._save import PathLike, save
 from ._stage import is_url
-from ._tiers import Tiers, _fsync_dir, _pid_alive
+from ._tiers import Tiers
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
 
@@ -29,7 +28,6 @@ __all__ = ["Manager"]
 _STEP = re.compile(r"0|[1-9][0-9]*")
 # A step being deleted is first renamed to "<step>.deleting-<pid>": it stops being listed at
 # once, and a crash halfway through its removal leaves only this name.
-_DELETING = re.compile(r"(?:0|[1-9][0-9]*)\.deleting-([0-9]+)")
 
 
 class Manager:
@@ -132,8 +130,8 @@ class Manager:
             return
         if not self._url:
             os.makedirs(self.directory, exist_ok=True)
-        if not self._url and (self.comm is None or self.comm.rank == 0):
-            self._remove_leftovers()
+        if self.comm is None or self.comm.rank == 0:
+            _core.sweep(self.directory)  # what killed saves and removals left
 
     # ---- listing ----
     def all_steps(self) -> list[int]:
@@ -377,31 +375,12 @@ class Manager:
         doomed = [s for s in steps if s not in keep]
         if not doomed:
             return
-        if self._url:  # each removal takes its manifest first: a step goes whole or stays
-            for s in doomed:
-                _core.remove_checkpoint(self.step_path(s))
-            return
-        moved = []
-        for s in doomed:
-            src = self.step_path(s)
-            dst = f"{src}.deleting-{os.getpid()}"
-            os.rename(src, dst)
-            moved.append(dst)
-        # The renames must be durable before anything is removed: otherwise a crash could
-        # bring back a listed step with some of its files gone.
-        _fsync_dir(self.directory)
-        for d in moved:
-            shutil.rmtree(d)
+        for s in doomed:  # each goes whole: out of the listing durably first, then its data
+            _core.remove_checkpoint(self.step_path(s))
         roots = self.save_options.get("roots")
         if roots:  # striped steps: their stripes in the other roots go too
             for s in doomed:
                 _core.remove_stripes(self.step_path(s), [os.fspath(r) for r in roots])
-
-    def _remove_leftovers(self) -> None:
-        for n in os.listdir(self.directory):
-            m = _DELETING.fullmatch(n)
-            if m and (int(m.group(1)) == os.getpid() or not _pid_alive(int(m.group(1)))):
-                shutil.rmtree(os.path.join(self.directory, n), ignore_errors=True)
 
     def __repr__(self) -> str:
         return f"ckptio.Manager('{self.directory}', keep={self.keep}, steps={self.all_steps()})"

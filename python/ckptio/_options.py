@@ -34,6 +34,16 @@ IO_OPTIONS = (
 )
 
 
+def fsync_path(path: str) -> None:
+    """Make ``path`` (a file, or a directory's entries) durable: for the adapters that write or
+    rename files themselves, around a framework's own save."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _switch(name: str, value: Any, auto_ok: bool) -> int:
     if value is None or (isinstance(value, str) and value == "auto"):
         if not auto_ok:

@@ -12,7 +12,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import socket
 import sys
 import threading
@@ -36,38 +35,26 @@ _PART = re.compile(r"rank(0|[1-9][0-9]*)")
 # In an object store a persistent part is "<step>.rank<R>": a checkpoint directly under the
 # prefix, which is what an object store's listing of checkpoints finds.
 _OBJ_PART = re.compile(r"(0|[1-9][0-9]*)\.rank(0|[1-9][0-9]*)")
-_TMP = re.compile(r".*\.tmp-([0-9]+)\.[0-9]+")
-_DELETING = re.compile(r".*\.deleting-([0-9]+)")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _retire(path: str) -> None:
-    """Rename ``path`` out of every listing as ``<path>.deleting-<pid>`` (durably: a crash never
-    brings it back half removed), then remove it; what a crash leaves, _sweep removes."""
-    dst = f"{path}.deleting-{os.getpid()}"
-    try:
-        os.rename(path, dst)
-    except FileNotFoundError:
+    """Remove the part, or the step directory of parts, at ``path``: each part whole
+    (ckptio_remove_checkpoint: out of every listing durably, then its data), then what killed
+    saves left there (ckptio_sweep), then the emptied directory. A crash midway leaves whole
+    parts, or leftovers the next sweep takes."""
+    if _core.is_checkpoint(path):
+        _core.remove_checkpoint(path)
         return
-    _fsync_dir(os.path.dirname(path))
-    shutil.rmtree(dst, ignore_errors=True)
+    try:
+        for name in _core.list_checkpoints(path):
+            _core.remove_checkpoint(os.path.join(path, name))
+        _core.sweep(path)
+        os.rmdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:  # something that is no part of ours is there: it stays
+        if e.errno != errno.ENOTEMPTY:
+            raise
 
 
 def _default_addr() -> str:
@@ -154,21 +141,16 @@ def _remove_step(root: str, step: int) -> None:
 
 
 def _sweep(root: str) -> None:
-    """Remove what dead processes left under root: step directories being deleted, and
-    unfinished parts (<step>/rank<R>.tmp-<pid>.<n>)."""
+    """Remove what dead processes left under root: step directories being removed, and
+    unfinished parts (<step>/rank<R>.tmp-<pid>.<n>), by ckptio_sweep's rules."""
+    _core.sweep(root)
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return
     for n in names:
-        p = os.path.join(root, n)
-        if (m := _DELETING.fullmatch(n)) and not _pid_alive(int(m.group(1))):
-            shutil.rmtree(p, ignore_errors=True)
-        elif _STEP.fullmatch(n) and os.path.isdir(p):
-            for q in os.listdir(p):
-                m = _TMP.fullmatch(q) or _DELETING.fullmatch(q)
-                if m and not _pid_alive(int(m.group(1))):
-                    shutil.rmtree(os.path.join(p, q), ignore_errors=True)
+        if _STEP.fullmatch(n) and os.path.isdir(os.path.join(root, n)):
+            _core.sweep(os.path.join(root, n))
 
 
 def _places(all_: list[dict[str, Any]], order: list[str] | None = None) -> dict[tuple[str, str], int]:

@@ -43,7 +43,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
 
 from . import _core
 from . import torch as _ctorch
-from ._options import params
+from ._options import fsync_path, params
 
 __all__ = ["CheckpointEngine", "install", "LATEST", "WRITTEN_FOR"]
 
@@ -77,14 +77,6 @@ def _decoupled_in(config_params: Any) -> bool:
 
 def _rank() -> int:
     return _dist.get_rank() if _dist.is_available() and _dist.is_initialized() else 0
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # Engines with background saves, finished at interpreter exit (their thread is a daemon).
@@ -369,9 +361,9 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
             # script) and the directory entries are made durable here.
             for entry in os.scandir(step):
                 if entry.is_file(follow_symlinks=False):
-                    _fsync_path(entry.path)
-            _fsync_path(step)
-        _fsync_path(save_dir)
+                    fsync_path(entry.path)
+            fsync_path(step)
+        fsync_path(save_dir)
         if save_latest:
             write_latest(save_dir, tag)
 

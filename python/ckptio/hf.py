@@ -30,7 +30,7 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, TypeVar
 
-from ._manager import _fsync_dir
+from ._options import fsync_path
 
 __all__ = ["install", "install_accelerate", "TEMP_SUFFIX"]
 
@@ -175,7 +175,7 @@ def _fsync_tree(path: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(root)
+        fsync_path(root)
 
 
 def _publish(tmp: str, final: str) -> None:
@@ -189,7 +189,7 @@ def _publish(tmp: str, final: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(parent or ".")
+    fsync_path(parent or ".")
     if replaced:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -89,7 +89,8 @@ static int posix_is_checkpoint(const char *path, ckptio__msg *msg)
 }
 
 /* Renamed out of every listing first ("<path>.deleting-<pid>", then the parent fsynced), so
- * a crash never leaves a checkpoint half removed under its name; then the tree goes. */
+ * a crash never leaves a checkpoint half removed under its name; then the tree goes, under a
+ * lock (what a crash leaves, posix_sweep removes). */
 static int posix_remove(const char *path, ckptio__msg *msg)
 {
     int rc = has_manifest(path);
@@ -106,8 +107,14 @@ static int posix_remove(const char *path, ckptio__msg *msg)
         rc = ckptio__fail(msg, -errno, "cannot move '%s' out of the way to remove it", path);
     } else if ((rc = ckptio__fsync_path(parent)) < 0) {
         rc = ckptio__fail(msg, rc, "removing '%s': fsync of '%s' failed", path, parent);
-    } else if ((rc = ckptio__remove_tree(gone)) < 0) {
-        rc = ckptio__fail(msg, rc, "cannot remove '%s' (the checkpoint '%s' is gone)", gone, path);
+    } else {
+        /* Held while the tree goes: tells a sweep in any process that this removal is alive. */
+        int lock = open(gone, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (lock >= 0) (void)flock(lock, LOCK_EX | LOCK_NB);
+        if ((rc = ckptio__remove_tree(gone)) < 0)
+            rc = ckptio__fail(msg, rc, "cannot remove '%s' (the checkpoint '%s' is gone)", gone,
+                              path);
+        if (lock >= 0) close(lock);
     }
     free(at);
     free(parent);
@@ -265,63 +272,106 @@ static int inspect_file(ckptio__txn *t, const char *given, ckptio__msg *msg)
     return 0;
 }
 
-/* Whether `ent` is "<base>.tmp-<pid>.<n>" (decimal pid and n, nothing after); sets *pid. */
-static bool stale_name(const char *ent, const char *base, size_t blen, long *pid)
+/* The leftovers a killed process can leave beside a checkpoint or file it was saving or
+ * removing: "<base>.tmp-<pid>.<n>" (a save's temporary, txn's name) and "<base>.deleting-<pid>"
+ * (posix_remove's). */
+enum { LEFT_NONE, LEFT_TMP, LEFT_DELETING };
+
+/* [p, end) as a positive int of digits only, else 0. */
+static long pid_of(const char *p, const char *end)
 {
-    if (strncmp(ent, base, blen) || strncmp(ent + blen, ".tmp-", 5)) return false;
-    const char *p = ent + blen + 5;
-    char *end;
-    if (*p < '1' || *p > '9') return false;
-    long v = strtol(p, &end, 10);
-    if (*end != '.' || end[1] < '0' || end[1] > '9') return false;
-    for (p = end + 1; *p; p++)
-        if (*p < '0' || *p > '9') return false;
-    *pid = v;
-    return v > 0 && v <= INT_MAX;
+    long v = 0;
+    if (p == end || *p < '1' || *p > '9') return 0;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9' || v > INT_MAX / 10) return 0;
+        v = v * 10 + (*p - '0');
+    }
+    return v <= INT_MAX ? v : 0;
 }
 
-/* Remove the temporaries that killed saves of this same name left behind: directories for a
- * checkpoint, files for a single file (ckptio.torch.save). One is removed only if all hold: its
- * name is exactly <name>.tmp-<pid>.<n>; it is of the transaction's kind (a directory, or a
- * regular file), not a symlink; <pid> is not ours and no such process exists (kill(pid, 0)
- * gives ESRCH); and no one holds its lock (a live writer keeps flock(LOCK_EX) on its temporary,
- * which also covers a writer in another pid namespace on the same machine). Where the lock
- * cannot be taken for any reason (NFS), it stays. Best effort: failures are ignored, the save
- * goes on. */
-static void clean_stale(const ckptio__txn *t)
+/* The last `marker` in `ent` after its first byte (the base is never empty), or NULL. */
+static const char *last_marker(const char *ent, const char *marker)
 {
-    const char *slash = strrchr(t->path, '/');
-    const char *base = slash ? slash + 1 : t->path;
-    size_t blen = strlen(base);
-    bool dir = t->kind == CKPTIO__TXN_DIR;
-    int pfd = open(t->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (pfd < 0) return;
+    const char *hit = NULL;
+    for (const char *p = strstr(ent + 1, marker); p; p = strstr(p + 1, marker)) hit = p;
+    return hit;
+}
+
+/* What `ent` is (LEFT_*), with its *pid; `base` (blen bytes) is the name it must start with,
+ * or NULL for any. */
+static int leftover(const char *ent, const char *base, size_t blen, long *pid)
+{
+    const char *end = ent + strlen(ent), *m = last_marker(ent, ".deleting-");
+    bool ours = m && (!base || (m == ent + blen && !strncmp(ent, base, blen)));
+    if (ours && (*pid = pid_of(m + 10, end))) return LEFT_DELETING;
+    m = last_marker(ent, ".tmp-");
+    if (!m || (base && (m != ent + blen || strncmp(ent, base, blen)))) return LEFT_NONE;
+    const char *dot = strchr(m + 5, '.'); /* <pid>.<n>, n from 0 */
+    if (!dot || !dot[1] || (strcmp(dot + 1, "0") && !pid_of(dot + 1, end))) return LEFT_NONE;
+    return (*pid = pid_of(m + 5, dot)) ? LEFT_TMP : LEFT_NONE;
+}
+
+/* Remove, in directory `dir`, the leftovers (of `base`, or of any name when NULL) that no live
+ * process owns, directories or regular files as `type` says (S_IFDIR, S_IFREG, 0: both). A
+ * temporary goes only if all hold: <pid> is not ours and no such process exists (kill(pid, 0)
+ * gives ESRCH), and no one holds its lock (a live writer keeps flock(LOCK_EX) on its
+ * temporary, which also covers a writer in another pid namespace on the same machine). A tree
+ * being removed goes when no one holds its lock and its <pid> is ours or gone. Never a
+ * symlink; where the lock cannot be taken for any reason (NFS), it stays. Best effort: the
+ * number removed, failures skipped; -errno when `dir` cannot be read. */
+static int sweep_in(const char *dir, const char *base, mode_t type)
+{
+    size_t blen = base ? strlen(base) : 0;
+    int pfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0) return -errno;
     DIR *d = fdopendir(pfd);
     if (!d) {
+        int e = -errno;
         close(pfd);
-        return;
+        return e;
     }
     struct dirent *de;
     long pid;
+    int removed = 0;
     while ((de = readdir(d))) {
-        if (!stale_name(de->d_name, base, blen, &pid) || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        int kind = leftover(de->d_name, base, blen, &pid);
+        if (kind == LEFT_NONE || (kind == LEFT_TMP && pid == (long)getpid())) continue;
+        if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue;
         int fd = openat(dirfd(d), de->d_name,
-                        O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (dir ? O_DIRECTORY : O_NONBLOCK));
+                        O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
+                            (type == S_IFDIR ? O_DIRECTORY : O_NONBLOCK));
         if (fd < 0) continue;
         struct stat st;
-        if (fstat(fd, &st) == 0 && (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) &&
-            flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        if (fstat(fd, &st) == 0 && (S_ISDIR(st.st_mode) || S_ISREG(st.st_mode)) &&
+            (!type || (st.st_mode & S_IFMT) == type) && flock(fd, LOCK_EX | LOCK_NB) == 0) {
             char *full = NULL;
-            if (!dir)
-                (void)unlinkat(dirfd(d), de->d_name, 0);
-            else if (asprintf(&full, "%s/%s", t->parent, de->d_name) >= 0)
-                ckptio__remove_tree(full);
+            if (S_ISREG(st.st_mode))
+                removed += unlinkat(dirfd(d), de->d_name, 0) == 0;
+            else if (asprintf(&full, "%s/%s", dir, de->d_name) >= 0)
+                removed += ckptio__remove_tree(full) == 0;
             free(full);
         }
-        close(fd); /* drops the lock, after the temporary is gone */
+        close(fd); /* drops the lock, after the leftover is gone */
     }
     closedir(d);
+    return removed;
+}
+
+/* The temporaries killed saves of this same name left: directories for a checkpoint, files
+ * for a single file (ckptio.torch.save). The save goes on whatever happens. */
+static void clean_stale(const ckptio__txn *t)
+{
+    const char *slash = strrchr(t->path, '/');
+    (void)sweep_in(t->parent, slash ? slash + 1 : t->path,
+                   t->kind == CKPTIO__TXN_DIR ? S_IFDIR : S_IFREG);
+}
+
+/* The catalog's sweep: every leftover directly in `dir`. */
+static int posix_sweep(const char *dir, ckptio__msg *msg)
+{
+    int rc = sweep_in(dir, NULL, 0);
+    if (rc == -ENOENT) return 0;
+    return rc < 0 ? ckptio__fail(msg, rc, "cannot read the directory '%s' to sweep it", dir) : rc;
 }
 
 static int make_tmp_dir(ckptio__txn *t, ckptio__msg *msg)
@@ -665,6 +715,7 @@ const ckptio__store_ops ckptio__store_posix = {
     .list = posix_list,
     .is_checkpoint = posix_is_checkpoint,
     .remove = posix_remove,
+    .sweep = posix_sweep,
     .caps = CKPTIO__STORE_LOCAL,
     .begin = posix_begin,
     .join = posix_join,

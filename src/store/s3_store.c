@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The S3 store: its catalog, and its saves (data under a name unique to each save, the manifest last). */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,8 @@ typedef struct s3_txn {
     int64_t t0;          /* the server's clock when the save began (0: unknown) */
     char **old;          /* data components the replaced manifest names */
     size_t n_old;
+    char **named;        /* a sweep's: components the manifest it keeps names */
+    size_t n_named;
     char drop[16];       /* a joined rank's file prefix whose objects abort deletes, or "" */
 } s3_txn;
 
@@ -55,26 +58,26 @@ static bool component(const char *name, char *out, size_t cap)
     return true;
 }
 
-/* Remember which data components the manifest being replaced names. */
-static int note_old(s3_txn *o, const uint8_t *buf, uint64_t len)
+/* Add to (*v, *n) the data components the manifest in buf names (an undecodable one names
+ * none: the sweep's rules then apply). */
+static void note_components(const uint8_t *buf, uint64_t len, char ***v, size_t *n)
 {
     ckptio__manifest *m = NULL;
     char err[256];
-    if (ckptio__manifest_decode(buf, len, &m, err, sizeof err) < 0) return 0; /* sweep's job */
+    if (ckptio__manifest_decode(buf, len, &m, err, sizeof err) < 0) return;
     for (uint64_t i = 0; i < m->n_files; i++) {
         char c[64];
         if (!component(m->strtab + m->files[i].name, c, sizeof c)) continue;
         bool seen = false;
-        for (size_t k = 0; k < o->n_old && !seen; k++) seen = !strcmp(o->old[k], c);
+        for (size_t k = 0; k < *n && !seen; k++) seen = !strcmp((*v)[k], c);
         if (seen) continue;
-        char **n = realloc(o->old, (o->n_old + 1) * sizeof *n);
-        if (!n) break;
-        o->old = n;
-        if (!(o->old[o->n_old] = strdup(c))) break;
-        o->n_old++;
+        char **grown = realloc(*v, (*n + 1) * sizeof *grown);
+        if (!grown) break;
+        *v = grown;
+        if (!((*v)[*n] = strdup(c))) break;
+        (*n)++;
     }
     ckptio__manifest_free(m);
-    return 0;
 }
 
 static int obj_init(ckptio__txn *t, const char *url, ckptio__msg *msg)
@@ -127,7 +130,7 @@ static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, i
         rc = ckptio__s3_get_all(o->s3, o->bucket, mk, MANIFEST_MAX, &buf, &len, &r, msg);
         if (rc == 0) {
             snprintf(o->etag, sizeof o->etag, "%s", r.etag);
-            note_old(o, buf, len);
+            note_components(buf, len, &o->old, &o->n_old);
         }
         free(buf);
     }
@@ -230,10 +233,10 @@ typedef struct sweep_ctx {
     ckptio__names doomed; /* keys, or "key\nupload id" for unfinished uploads */
 } sweep_ctx;
 
-static bool is_old(const s3_txn *o, const char *c)
+static bool is_in(char *const *v, size_t n, const char *c)
 {
-    for (size_t k = 0; k < o->n_old; k++)
-        if (!strcmp(o->old[k], c)) return true;
+    for (size_t k = 0; k < n; k++)
+        if (!strcmp(v[k], c)) return true;
     return false;
 }
 
@@ -244,8 +247,9 @@ static bool is_old(const s3_txn *o, const char *c)
  * the clocks' whole-second resolution. */
 static bool doomed(const s3_txn *o, const char *c, int64_t when)
 {
-    if (!strcmp(c, o->save) || strncmp(c, "d-", 2)) return false;
-    return is_old(o, c) || (o->t0 && when && when < o->t0 - 1);
+    if (!strcmp(c, o->save) || strncmp(c, "d-", 2) || is_in(o->named, o->n_named, c))
+        return false;
+    return is_in(o->old, o->n_old, c) || (o->t0 && when && when < o->t0 - 1);
 }
 
 static int push(sweep_ctx *s, const char *key, const char *extra)
@@ -279,13 +283,13 @@ static int on_upload(void *ctx, const char *key, const char *upload_id, int64_t 
 /* Delete the objects and abort the uploads that `doomed` allows under key/, or (own) every
  * one of this save's whose name starts with `sub` ("": all). Best effort: a failure leaves
  * objects no manifest names, for the next save to find. */
-static void sweep(s3_txn *o, bool own, const char *sub)
+static size_t sweep(s3_txn *o, bool own, const char *sub)
 {
     ckptio__msg m = {0};
     char *prefix;
     int n = own ? asprintf(&prefix, "%s/%s/%s", o->key, o->save, sub)
                 : asprintf(&prefix, "%s/", o->key);
-    if (n < 0) return;
+    if (n < 0) return 0;
     sweep_ctx s = {.o = o, .own = own, .prefix_len = strlen(o->key) + 1};
     ckptio__s3_list(o->s3, o->bucket, prefix, on_object, &s, &m);
     ckptio__s3_list_uploads(o->s3, o->bucket, prefix, on_upload, &s, &m);
@@ -298,8 +302,10 @@ static void sweep(s3_txn *o, bool own, const char *sub)
             ckptio__s3_delete(o->s3, o->bucket, s.doomed.v[i], &m);
         }
     }
+    size_t doomed = s.doomed.n;
     ckptio__names_free(&s.doomed);
     free(prefix);
+    return doomed;
 }
 
 /* ---- publish, abort ---- */
@@ -363,14 +369,21 @@ static void s3_drop(ckptio__txn *t, const char *prefix)
     if (o && !t->owner && prefix && *prefix) snprintf(o->drop, sizeof o->drop, "%s", prefix);
 }
 
+static void free_components(s3_txn *o)
+{
+    for (size_t k = 0; k < o->n_old; k++) free(o->old[k]);
+    for (size_t k = 0; k < o->n_named; k++) free(o->named[k]);
+    free(o->old);
+    free(o->named);
+}
+
 static void s3_fini(ckptio__txn *t)
 {
     s3_txn *o = t->impl;
     if (!o) return;
     free(o->bucket);
     free(o->key);
-    for (size_t k = 0; k < o->n_old; k++) free(o->old[k]);
-    free(o->old);
+    free_components(o);
     free(o);
     t->impl = NULL;
 }
@@ -492,6 +505,43 @@ static int s3_remove(const char *url, ckptio__msg *msg)
     free(mk);
     at_close(&a);
     return rc;
+}
+
+/* ckptio_sweep under an S3 prefix: for each checkpoint <prefix>/<name>, the data of saves that
+ * began before its manifest was last written and that it does not name (see doomed: the
+ * manifest's Last-Modified plays the committing save's start). */
+static int s3_sweep(const char *url, ckptio__msg *msg)
+{
+    ckptio__names names = {0};
+    int rc = s3_list(url, &names, msg);
+    size_t removed = 0;
+    for (size_t i = 0; rc == 0 && i < names.n; i++) {
+        s3_at a;
+        s3_txn o = {0};
+        ckptio__s3_resp r = {0};
+        uint8_t *buf = NULL;
+        uint64_t len = 0;
+        char *at = NULL;
+        size_t ul = strlen(url);
+        if (asprintf(&at, "%s%s%s", url, ul && url[ul - 1] == '/' ? "" : "/", names.v[i]) < 0) {
+            rc = ckptio__fail(msg, -ENOMEM, "out of memory");
+            break;
+        }
+        rc = at_open(&a, at, "manifest", msg);
+        if (rc == 0) rc = ckptio__s3_get_all(a.c, a.bucket, a.sub, MANIFEST_MAX, &buf, &len, &r, msg);
+        if (rc == CKPTIO_E_NOT_FOUND) rc = 0; /* removed since it was listed */
+        else if (rc == 0 && r.mtime) {
+            o = (s3_txn){.s3 = a.c, .bucket = a.bucket, .key = a.key, .t0 = r.mtime};
+            note_components(buf, len, &o.named, &o.n_named);
+            if (o.n_named) removed += sweep(&o, false, ""); /* undecodable: nothing is sure */
+            free_components(&o);
+        }
+        free(buf);
+        free(at);
+        at_close(&a);
+    }
+    ckptio__names_free(&names);
+    return rc < 0 ? rc : (int)CKPTIO__MIN(removed, (size_t)INT_MAX);
 }
 
 /* ---- reads ---- */
@@ -622,6 +672,7 @@ const ckptio__store_ops ckptio__store_s3 = {
     .list = s3_list,
     .is_checkpoint = s3_is_checkpoint,
     .remove = s3_remove,
+    .sweep = s3_sweep,
 
     .caps = CKPTIO__STORE_PARTS,
     .part_min = CKPTIO__S3_MIN_PART,

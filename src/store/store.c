@@ -104,23 +104,33 @@ int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, void *ctx)
     return rc;
 }
 
-int ckptio_is_checkpoint(const char *path)
+/* A catalog call on the store of `path`: `op` picks is_checkpoint, remove or sweep (one
+ * signature); `api` names the public function, `what` what failed. */
+enum { CATALOG_IS, CATALOG_REMOVE, CATALOG_SWEEP };
+static int catalog(const char *path, int op, const char *api, const char *what)
 {
-    if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_is_checkpoint: no path");
+    if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "%s: a path is required", api);
     ckptio__msg msg = {0};
     const ckptio__store_ops *s;
     int rc = ckptio__store_for(path, &s, &msg);
-    if (rc == 0) rc = s->is_checkpoint(path, &msg);
-    return rc < 0 ? ckptio__refail(NULL, &msg, rc, "cannot look for a checkpoint", NULL) : rc;
+    if (rc == 0)
+        rc = (op == CATALOG_IS ? s->is_checkpoint : op == CATALOG_REMOVE ? s->remove : s->sweep)(
+            path, &msg);
+    return rc < 0 ? ckptio__refail(NULL, &msg, rc, what, NULL) : rc;
+}
+
+int ckptio_sweep(const char *prefix)
+{
+    return catalog(prefix, CATALOG_SWEEP, "ckptio_sweep", "cannot sweep");
+}
+
+int ckptio_is_checkpoint(const char *path)
+{
+    return catalog(path, CATALOG_IS, "ckptio_is_checkpoint", "cannot look for a checkpoint");
 }
 
 int ckptio_remove_checkpoint(const char *path)
 {
-    if (!path || !*path)
-        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_remove_checkpoint: path is required");
-    ckptio__msg msg = {0};
-    const ckptio__store_ops *s;
-    int rc = ckptio__store_for(path, &s, &msg);
-    if (rc == 0) rc = s->remove(path, &msg);
-    return rc < 0 ? ckptio__refail(NULL, &msg, rc, "cannot remove checkpoint", NULL) : 0;
+    int rc = catalog(path, CATALOG_REMOVE, "ckptio_remove_checkpoint", "cannot remove checkpoint");
+    return rc < 0 ? rc : 0;
 }

@@ -99,6 +99,9 @@ typedef struct ckptio__store_ops {
      * it leaves every listing at once and durably (a crash never brings back part of it),
      * then its data goes; what a crash leaves, sweep removes. */
     int (*remove)(const char *path, ckptio__msg *msg);
+    /* Remove what killed saves and removals left directly under `prefix` that no live one
+     * still owns (ckptio_sweep says which, per store); the number of leftovers removed. */
+    int (*sweep)(const char *prefix, ckptio__msg *msg);
 
     /* ---- saves: commit/txn.h's contract, each op for one store ---- */
     unsigned caps;      /* CKPTIO__STORE_* */

@@ -54,3 +54,17 @@ def start_jax() -> tuple[int, int, list[str]]:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
                                process_id=pid, initialization_timeout=30)
     return pid, n, sys.argv[4:]
+
+
+def spy_removals() -> list[str]:
+    """From now on, the names of the checkpoints this process removes (every removal goes
+    through ckptio._core.remove_checkpoint), in order."""
+    removed: list[str] = []
+    real = _core.remove_checkpoint
+
+    def spy(path: Any) -> None:
+        removed.append(os.path.basename(os.fspath(path)))
+        real(path)
+
+    _core.remove_checkpoint = spy  # type: ignore[assignment]
+    return removed

@@ -7,7 +7,6 @@ process restores the last two steps."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import traceback
 
@@ -16,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, spy_removals  # noqa: E402
 
 import ckptio  # noqa: E402
 
@@ -24,16 +23,7 @@ port, pid, n = (int(a) for a in sys.argv[1:4])
 root = sys.argv[4]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
                            process_id=pid, initialization_timeout=30)
-removed: list[str] = []
-_rmtree = shutil.rmtree
-
-
-def spy(path: str, *a: object, **k: object) -> None:
-    removed.append(os.path.basename(path))
-    _rmtree(path, *a, **k)
-
-
-shutil.rmtree = spy  # type: ignore[assignment]
+removed = spy_removals()
 sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P("d"))
 
 

@@ -7,7 +7,6 @@ save() returns and runs its own allreduce on COMM_WORLD while the save runs in t
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import traceback
 import warnings
@@ -16,23 +15,14 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, spy_removals  # noqa: E402
 
 import ckptio  # noqa: E402
 
 world = MPI.COMM_WORLD
 rank, n = world.Get_rank(), world.Get_size()
 rows = 8 // n
-removed: list[str] = []
-_rmtree = shutil.rmtree
-
-
-def spy(path: str, *a: object, **k: object) -> None:
-    removed.append(os.path.basename(path))
-    _rmtree(path, *a, **k)
-
-
-shutil.rmtree = spy  # type: ignore[assignment]
+removed = spy_removals()
 
 
 def full(step: int) -> np.ndarray:

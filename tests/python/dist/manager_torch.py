@@ -4,7 +4,7 @@ MASTER_ADDR/PORT, RANK and WORLD_SIZE come from the environment, the run folder 
 
 "sync": a Manager with keep=2 and no comm= (the DTensors' runtime) saves 4 steps of a tree
 with a Shard(0) DTensor and a plain replicated tensor; every rank lists the last two steps
-and restores them with like= DTensors; only rank 0 removes anything (a spy on shutil.rmtree).
+and restores them with like= DTensors; only rank 0 removes anything (a spy on ckptio._core.remove_checkpoint).
 "kill" (3 ranks): rank 0 is killed (SIGKILL) while it deletes an old step, after renaming it
 out of the listing: the others fail within the timeout, and the listed step is loadable.
 "async": the same with comm=WORLD and async_save=True; every rank changes its tensors as soon
@@ -16,9 +16,9 @@ ranks against the step before, chains kept short, bases kept while a kept step n
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -29,26 +29,16 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, spy_removals  # noqa: E402
 
 import ckptio  # noqa: E402
-from ckptio._manager import _pid_alive  # noqa: E402
 
 root, mode = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")
 rank, n = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh("cpu", (n,))
 
-removed: list[str] = []
-_rmtree = shutil.rmtree
-
-
-def spy(path: Any, *a: Any, **k: Any) -> None:
-    removed.append(os.path.basename(os.fspath(path)))
-    _rmtree(path, *a, **k)
-
-
-shutil.rmtree = spy  # type: ignore[assignment]
+removed = spy_removals()
 
 
 def full_w(step: int) -> torch.Tensor:
@@ -142,13 +132,31 @@ def incremental() -> dict[str, Any]:
 
 
 def kill() -> dict[str, Any]:
-    def die(path: Any, *a: Any, **k: Any) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
+    remove = ckptio._core.remove_checkpoint
+
+    def die(path: Any) -> None:
+        """Remove step 0, killed (SIGKILL) inside the library's removal: once the step is
+        renamed out of the listing, before its files are gone (the pad gives the time)."""
+        parent = os.path.dirname(os.fspath(path))
+
+        def watch() -> None:
+            while not any(".deleting-" in e for e in os.listdir(parent)):
+                pass
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True).start()
+        remove(path)  # the library's removal runs without the GIL: the watcher sees it
+        time.sleep(60)  # (never reached while the watcher works)
 
     m = ckptio.Manager(os.path.join(root, "kill"), keep=1, async_save=False, timeout=3)
     m.save(0, tree(0))
     if rank == 0:
-        shutil.rmtree = die  # type: ignore[assignment]
+        pad = os.path.join(m.step_path(0), "pad")  # 4,000 files: slow enough to be killed in
+        os.mkdir(pad)
+        for i in range(4000):
+            open(os.path.join(pad, str(i)), "w").close()
+        ckptio._core.remove_checkpoint = die  # type: ignore[assignment]
+    dist.barrier()
     m.save(1, tree(1))  # rank 0 dies deleting step 0; the others wait for it, in vain
     return {}
 
@@ -162,7 +170,7 @@ if mode == "kill":
         # counts as alive, and a live owner's deletion is never interfered with).
         dead = int(entries[0].rsplit("-", 1)[1]) if "deleting" in entries[0] else 0
         until = time.monotonic() + 20
-        while dead and _pid_alive(dead) and time.monotonic() < until:
+        while dead and os.path.exists(f"/proc/{dead}") and time.monotonic() < until:
             time.sleep(0.05)
         m = ckptio.Manager(d, keep=1, async_save=False)  # removes the dead rank's leftovers
         out = ckptio.load(m.step_path(1))
