@@ -35,7 +35,6 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-import torch.distributed as _dist
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
     CheckpointEngine as _DeepSpeedCheckpointEngine,
@@ -44,6 +43,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
 from . import _core
 from . import torch as _ctorch
 from ._options import fsync_path, params
+from .ranks import _comm
 
 __all__ = ["CheckpointEngine", "install", "LATEST", "WRITTEN_FOR"]
 
@@ -75,8 +75,14 @@ def _decoupled_in(config_params: Any) -> bool:
     return bool(isinstance(writer, dict) and writer.get("decoupled"))
 
 
+# How long a rank waits for the others at the end of a save: torch.distributed's default, so a
+# rank that never comes is an error, as late as DeepSpeed's own collectives would report it.
+_BARRIER_TIMEOUT = 1800.0
+
+
 def _rank() -> int:
-    return _dist.get_rank() if _dist.is_available() and _dist.is_initialized() else 0
+    ranks = _comm.running("torch")
+    return ranks.rank if ranks is not None else 0
 
 
 # Engines with background saves, finished at interpreter exit (their thread is a daemon).
@@ -197,7 +203,6 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
         self._written_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._group: Any = None
         # Set by install(): DeepSpeed then leaves `latest` to commit() (its own write of it has
         # no fsync), and this says whether the caller asked for it.
         self._latest_requested: bool | None = None
@@ -343,15 +348,14 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
 
     def _any_rank(self, failed: bool) -> bool:
         """Whether any rank failed (``failed`` is this one's); a barrier over every rank."""
-        if not (_dist.is_available() and _dist.is_initialized()) or _dist.get_world_size() == 1:
+        ranks = _comm.running("torch")
+        if ranks is None or ranks.size == 1:
             return failed
-        if self._group is None:
-            # A CPU tensor needs a gloo group: the default one may be NCCL's.
-            gloo = _dist.get_backend() == "gloo"
-            self._group = _dist.group.WORLD if gloo else _dist.new_group(backend="gloo")
-        flag = torch.tensor([1 if failed else 0], dtype=torch.int32)
-        _dist.all_reduce(flag, op=_dist.ReduceOp.MAX, group=self._group)
-        return bool(flag.item())
+        comm = _comm.resolve("torch")  # ckptio's group over the default one (gloo: CPU bytes)
+        assert comm is not None
+        flags = comm.gather(0, b"1" if failed else b"0", _BARRIER_TIMEOUT)
+        verdict = (b"1" if flags and b"1" in flags else b"0") if ranks.rank == 0 else None
+        return comm.broadcast(0, verdict, _BARRIER_TIMEOUT) == b"1"
 
     def _publish(self, save_dir: str, tag: str, save_latest: bool) -> None:
         """Rank 0, once every rank's files are durable: the step's directory, then ``latest``."""

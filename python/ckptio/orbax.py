@@ -50,7 +50,7 @@ from ._tree import TREE_KEY
 from .frameworks._jax import rebuild_sharding
 from .frameworks._base import np_dtype
 from .ranks import _dist
-from .ranks._comm import JaxCommunicator
+from .ranks._comm import JaxCommunicator, resolve
 
 __all__ = ["ArrayHandler", "register", "unregister", "SUBDIR", "TYPESTR"]
 
@@ -92,13 +92,14 @@ class ArrayHandler(ocp_types.TypeHandler):  # type: ignore[misc]
         args: Sequence[Any] | None = None,
     ) -> list[Any]:
         args = args or [ocp_types.SaveArgs()] * len(values)
-        multi = jax.process_count() > 1
+        ranks = resolve("jax", collective=False)
+        multi = ranks is not None and ranks.size > 1
         tree: dict[str, Any] = {}
         for v, info, a in zip(values, infos, args):
             if multi and v.is_fully_addressable:
                 raise error(
                     USAGE,
-                    f"jax array '{info.name}' is local to process {jax.process_index()} in a "
+                    f"jax array '{info.name}' is local to process {ranks.rank} in a "
                     "multi-process save; make it a global array (jax.make_array_from_"
                     "process_local_data) so that each box has one owner",
                 )
@@ -178,7 +179,8 @@ class ArrayHandler(ocp_types.TypeHandler):  # type: ignore[misc]
         if sharding is None:
             sharding = rebuild_sharding(node.get("sharding"))
         if sharding is None:
-            if jax.process_count() > 1:
+            ranks = resolve("jax", collective=False)
+            if ranks is not None and ranks.size > 1:
                 raise error(
                     USAGE,
                     f"{path}: no sharding to restore array '{info.name}' onto; pass a target "
@@ -239,18 +241,16 @@ def _owned(it: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _local_path(p: Any) -> str:
     s = str(p)
-    if "://" in s:
-        raise error(USAGE, f"{s}: ckptio writes local (POSIX) file systems only")
+    if _core.store_name(s) != "posix":  # an unknown scheme raises there, naming the known ones
+        raise error(USAGE, f"{s}: ckptio's Orbax handler writes local (POSIX) file systems only")
     return os.path.abspath(s)
 
 
 def _communicator(parent_dir: Any) -> Any:
     """A JAX communicator whose keys are named after the checkpoint directory (the same on
     every process), so that processes need not create communicators in the same order."""
-    c = JaxCommunicator()
     tag = hashlib.blake2b(_local_path(parent_dir).encode(), digest_size=8).hexdigest()
-    c._prefix = f"ckptio/orbax/{tag}/"
-    return c
+    return resolve(JaxCommunicator(f"orbax/{tag}"))
 
 
 _previous: Any = None

@@ -167,3 +167,27 @@ def test_docstring_lists_the_floors() -> None:
 )
 def test_circles_finds_a_loop(edges: dict[str, dict[str, int]], want: list[list[str]]) -> None:
     assert circles(edges) == want
+
+
+#: What only ranks/_comm.py asks a runtime: who this process is among how many (rank and size).
+RANK_CALLS = {"get_rank", "get_world_size", "is_initialized", "process_index", "process_count",
+              "Get_rank", "Get_size"}  # fmt: skip
+
+
+def rank_questions() -> list[str]:
+    """'module:line call' for each call of RANK_CALLS outside ranks/_comm.py."""
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path == PKG / "ranks" / "_comm.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in RANK_CALLS:
+                    found.append(f"{path.relative_to(PKG)}:{node.lineno} {node.func.attr}")
+    return found
+
+
+def test_ranks_come_from_comm_only() -> None:
+    """A communicator becomes a rank and a size in one place (ranks/_comm.py: resolve, or
+    running for a runtime already up); nowhere else asks torch, JAX or MPI who it is."""
+    assert rank_questions() == []

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -64,7 +63,7 @@ def _comm_for(group: Any, nplans: int | None) -> Any:
     """The communicator of the save: the process group's ranks, or this process alone (no
     torch.distributed, or a coordinator that planned for itself only: dcp.save(no_dist=True)
     on one rank of a job)."""
-    if not (dist.is_available() and dist.is_initialized()) or nplans == 1:
+    if _comm.running("torch") is None or nplans == 1:
         return _dist.SingleRank()
 
     comm = _comm.resolve(group if group is not None else "torch")

@@ -17,6 +17,7 @@ True
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple, Protocol, overload, runtime_checkable
@@ -30,6 +31,7 @@ __all__ = [
     "MPICommunicator",
     "Ranks",
     "resolve",
+    "running",
 ]
 
 
@@ -206,7 +208,9 @@ class JaxCommunicator:
     so a long job does not grow the store.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
+        """``name``: the keys' namespace, the same on every process (then processes need not
+        make their communicators in the same order); default: the next of this process's."""
         from jax._src import distributed
 
         state = distributed.global_state
@@ -218,7 +222,7 @@ class JaxCommunicator:
         self._client = state.client
         self.rank: int = int(state.process_id)
         self.size: int = int(state.num_processes)
-        self._prefix = f"ckptio/comm{next(_jax_ids)}/"
+        self._prefix = f"ckptio/{name}/" if name else f"ckptio/comm{next(_jax_ids)}/"
         self._seq = 0
         self._pending: list[str] = []  # broadcast keys this rank wrote that others may still read
 
@@ -390,6 +394,22 @@ def _refuse_type(comm: Any) -> Exception:
         "and gather (ckptio's Communicator)",
         _errors.InvalidType,
     )
+
+
+def running(runtime: str) -> Ranks | None:
+    """This process's Ranks in the default group of ``runtime`` ("torch" or "jax") when that
+    runtime's distributed side is already up, else None; asked of the modules already imported,
+    so nothing is started (jax.process_count() would start a backend)."""
+    if runtime == "torch":
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return Ranks(int(dist.get_rank()), int(dist.get_world_size()))
+    if runtime == "jax":
+        state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
+        size = int(getattr(state, "num_processes", None) or 0)
+        return Ranks(int(getattr(state, "process_id", None) or 0), size) if size else None
+    raise _refuse_name(runtime)
 
 
 def _ranks(comm: Any) -> Ranks | None:

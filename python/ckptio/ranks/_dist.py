@@ -29,7 +29,7 @@ from ..frameworks import _registry as _adapters
 from ..frameworks._base import Deferred, Node
 from ..frameworks._jax import JAX, index_box
 from ..frameworks._torch import TORCH, _device_item, _dtensor_type, _host_item
-from ._comm import resolve
+from ._comm import resolve, running
 
 __all__ = ["Shard", "RankLocal", "DEFAULT_TIMEOUT"]
 
@@ -121,14 +121,10 @@ def runtime_of(tree: Any) -> str | None:
     dtensor = _dtensor_type()
     multi = False
     if dtensor is not None:
-        dist = sys.modules.get("torch.distributed")
-        multi = dist is not None and dist.is_initialized() and dist.get_world_size() > 1
-    jax_multi = False
-    if "jax" in sys.modules:
-        # Asking jax.process_count() would start a backend; the distributed client's state
-        # says the same without side effects.
-        state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
-        jax_multi = int(getattr(state, "num_processes", None) or 1) > 1
+        torch_ranks = running("torch")
+        multi = torch_ranks is not None and torch_ranks.size > 1
+    jax_ranks = running("jax")
+    jax_multi = jax_ranks is not None and jax_ranks.size > 1
     if dtensor is None and not jax_multi and not _wrappers_used:
         return None
     found: list[str] = []

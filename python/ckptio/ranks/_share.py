@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from .._tree import flatten
-from ._comm import resolve
+from ._comm import resolve, running
 from ._dist import classify_like
 
 __all__ = ["Share", "plan", "read", "last", "storage_read"]
@@ -71,8 +71,8 @@ def plan(comm: Any, like: Any, io_options: dict[str, Any]) -> Share | None:
     ranks = resolve(comm, collective=False)
     world = (ranks.rank, ranks.size) if ranks is not None else None
     if world is None:
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_initialized() or dist.get_world_size() < 2:
+        torch_ranks = running("torch")
+        if torch_ranks is None or torch_ranks.size < 2:
             return None  # one process: nothing to share
     if like is None:
         world = _host(world) if world is not None else None
