@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../codec/codec.h"
-#include "../common/chain.h"
+#include "chain.h"
 #include "reader.h"
 
 typedef struct ckptio__decoder {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/chain.h"
+#include "../read/chain.h"
 #include "writer.h"
 
 /* The path of directory `to` relative to directory `from`, both absolute and resolved. */

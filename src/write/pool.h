@@ -62,6 +62,14 @@ typedef struct ckptio__job {
 } ckptio__job;
 CKPTIO__HIDDEN int ckptio__completion_start(const ckptio__job *job, ckptio_completion **out,
                                             const char *what);
+
+/* ---- snapshot.c: what a background save of a snapshot needs beside the public calls ---- */
+
+/* The pool the snapshot's buffers are lent from. */
+CKPTIO__HIDDEN ckptio_pool *ckptio__snapshot_pool(const ckptio_snapshot *s);
+/* Give the buffers back to the pool now (the save that read them is done); the items'
+ * descriptions stay until ckptio_snapshot_free. */
+CKPTIO__HIDDEN void ckptio__snapshot_give_back(ckptio_snapshot *s);
 /* Whether wait has returned this completion's result to someone (the error was seen). */
 CKPTIO__HIDDEN int ckptio__completion_result(ckptio_completion *c, bool mark_seen,
                                              bool *seen, ckptio__msg *msg);

@@ -3,7 +3,7 @@
 #ifndef CKPTIO_CHAIN_H
 #define CKPTIO_CHAIN_H
 
-#include "common.h"
+#include "../common/common.h"
 
 /* XXH3-64 of the whole manifest file of the checkpoint at `dir`: how a delta checkpoint names
  * its base (doc/format.md section 11.3). 0 or -errno, with *msg naming the file. */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "box.h"
+#include "../common/box.h"
 #include "chain.h"
 
 int ckptio__manifest_file_sum(const char *dir, uint64_t *sum, ckptio__msg *msg)
