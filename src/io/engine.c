@@ -68,6 +68,7 @@ static int start(ckptio__engine *e, const ckptio__backend_ops *ops)
     e->ops = ckptio__backend_wrap ? ckptio__backend_wrap(ops) : ops;
     ops = e->ops;
     e->impl = NULL;
+    e->timeout = ckptio__io_timeout();
     int rc = ops->init(e);
     if (rc < 0) e->ops = NULL;
     return rc;

@@ -67,6 +67,7 @@ struct ckptio__engine {
     unsigned depth;    /* most requests in flight */
     unsigned threads;  /* psync pool size */
     unsigned inflight; /* maintained by ckptio__engine_submit/reap */
+    double timeout;    /* seconds a request may stall (ckptio__io_timeout), set before init */
     void *impl;        /* backend state */
 };
 

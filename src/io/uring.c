@@ -116,7 +116,7 @@ static int uring_init(ckptio__engine *e)
         return rc;
     }
     if (p.sq_entries <= e->depth) e->depth = CKPTIO__MAX(p.sq_entries - 1, 1u); /* clamped */
-    st->timeout = ckptio__io_timeout();
+    st->timeout = e->timeout;
     e->impl = st;
     return 0;
 }

@@ -228,3 +228,22 @@ void ckptio_completion_free(ckptio_completion *c)
     }
     free(c);
 }
+
+int ckptio__pool_settle(ckptio_pool *pool, ckptio__msg *m)
+{
+    int rc;
+    ckptio__msg old;
+    ckptio_completion *c = ckptio__pool_pending(pool, &rc, &old);
+    if (c) {
+        /* The caller uses the pool's completions from this thread only: c stays alive. */
+        bool seen = true;
+        int r = ckptio__completion_result(c, true, &seen, &old);
+        if (r < 0 && !seen) rc = r;
+    }
+    if (rc < 0)
+        return ckptio__fail(m, rc,
+                            "the earlier async save failed and nobody waited for it, so that "
+                            "checkpoint was not written; this snapshot did not start: %s",
+                            old.text);
+    return 0;
+}

@@ -397,24 +397,14 @@ void ckptio__pool_forget(ckptio_pool *pool, ckptio_completion *c, int rc, const 
     pthread_mutex_unlock(&pool->mu);
 }
 
-int ckptio__pool_settle(ckptio_pool *pool, ckptio__msg *m)
+ckptio_completion *ckptio__pool_pending(ckptio_pool *pool, int *unreported_rc,
+                                        ckptio__msg *unreported)
 {
     pthread_mutex_lock(&pool->mu);
     ckptio_completion *c = pool->pending;
-    int rc = pool->unreported_rc;
-    ckptio__msg old = pool->unreported;
+    *unreported_rc = pool->unreported_rc;
+    *unreported = pool->unreported;
     pool->unreported_rc = 0;
     pthread_mutex_unlock(&pool->mu);
-    if (c) {
-        /* The caller uses the pool's completions from this thread only: c stays alive. */
-        bool seen = true;
-        int r = ckptio__completion_result(c, true, &seen, &old);
-        if (r < 0 && !seen) rc = r;
-    }
-    if (rc < 0)
-        return ckptio__fail(m, rc,
-                            "the earlier async save failed and nobody waited for it, so that "
-                            "checkpoint was not written; this snapshot did not start: %s",
-                            old.text);
-    return 0;
+    return c;
 }

@@ -44,8 +44,13 @@ CKPTIO__HIDDEN void ckptio__pool_set_pending(ckptio_pool *pool, ckptio_completio
 /* A completion being freed: forget it; if it failed and nobody waited, keep its error. */
 CKPTIO__HIDDEN void ckptio__pool_forget(ckptio_pool *pool, ckptio_completion *c, int rc,
                                         const char *msg);
+/* The save in flight (NULL: none) and the error of a finished one nobody waited for (0:
+ * none), which is handed out once. */
+CKPTIO__HIDDEN ckptio_completion *ckptio__pool_pending(ckptio_pool *pool, int *unreported_rc,
+                                                       ckptio__msg *unreported);
 /* Before a new snapshot: wait for the save in flight; 0, or the error nobody saw (reported
- * once, with a note that the new save did not start). */
+ * once, with a note that the new save did not start). In commit_async.c, which owns the
+ * completions. */
 CKPTIO__HIDDEN int ckptio__pool_settle(ckptio_pool *pool, ckptio__msg *m);
 
 /* Test hook: the Nth plain allocation from now on fails with ENOMEM (0: none). */

@@ -123,12 +123,17 @@ CKPTIO__HIDDEN void ckptio__writer_close_data(int fd);
  * are stored as they are, where their short extents keep 64-byte alignment. */
 #define CODED_MIN (64u << 10)
 
-/* ---- chunks.c ---- */
+/* ---- hashed.c ---- */
 
 /* Write n bytes of a chunk as they are at file offset `off` (in place when aligned, else through
  * staging), their block checksums to csums[csum_at...] (n_csums of them, 0: none). */
 CKPTIO__HIDDEN int ckptio__writer_put_raw(ckptio_writer *w, const uint8_t *src, uint64_t n,
                                           uint64_t off, uint64_t csum_at, uint64_t n_csums);
+/* The checksums of the csum_block-sized blocks of src[0, n), into out[]. */
+CKPTIO__HIDDEN void ckptio__writer_hash_blocks(ckptio_writer *w, const uint8_t *src, uint64_t n,
+                                               uint64_t *out);
+/* Wait for the hasher and move its results into place. */
+CKPTIO__HIDDEN void ckptio__writer_settle_hashes(ckptio_writer *w);
 
 /* ---- coded.c ---- */
 
@@ -183,7 +188,7 @@ CKPTIO__HIDDEN int ckptio__writer_base_bytes(ckptio_writer *w, uint64_t chunk, u
                                              uint64_t b, uint8_t *dst);
 CKPTIO__HIDDEN void ckptio__writer_coder_free(ckptio_writer *w);
 
-/* ---- writer.c ---- */
+/* ---- handle.c: the state every file of the writer shares ---- */
 
 /* A copy of s[0, len) in the name arena, NUL-terminated; it never moves. */
 CKPTIO__HIDDEN const char *ckptio__writer_arena_dup(ckptio_writer *w, const char *s, size_t len);
@@ -217,10 +222,6 @@ CKPTIO__HIDDEN int ckptio__writer_lane_enter(ckptio_writer *w, size_t k);
  * round-robin), so each root receives an equal share. */
 CKPTIO__HIDDEN size_t ckptio__writer_pick_lane(ckptio_writer *w, uint64_t n);
 
-/* ---- chunks.c ---- */
-
-/* Wait for the hasher and move its results into place. */
-CKPTIO__HIDDEN void ckptio__writer_settle_hashes(ckptio_writer *w);
 
 /* ---- stripe_leftovers.c ---- */
 
