@@ -26,8 +26,6 @@ from .ranks._comm import Communicator
 __all__ = ["Manager"]
 
 _STEP = re.compile(r"0|[1-9][0-9]*")
-# A step being deleted is first renamed to "<step>.deleting-<pid>": it stops being listed at
-# once, and a crash halfway through its removal leaves only this name.
 
 
 class Manager:
