@@ -33,6 +33,26 @@ static int flip_byte(const char *path, uint64_t off, unsigned char mask)
     return rc;
 }
 
+/* Save the u8 tensors names[i] of nbs[i] bytes at path, their bytes data[i] (malloc'd here,
+ * filled from seed + i, the caller's to free): 0, or 1 after a failed check. */
+static int save_three(const char *path, const char *const names[3], const uint64_t nbs[3],
+                      uint64_t seed, unsigned char *data[3])
+{
+    ckptio_writer *w = NULL;
+    CHECK_OK(ckptio_writer_open(&w, path, NULL));
+    for (int i = 0; i < 3; i++) {
+        data[i] = malloc(nbs[i]);
+        CHECK(data[i]);
+        t_fill(data[i], nbs[i], seed + (uint64_t)i);
+        uint64_t shape[1] = {nbs[i]};
+        CHECK_OK(ckptio_writer_add(w, names[i], CKPTIO_DT_U8, 1, shape, NULL, NULL, data[i],
+                                   nbs[i]));
+    }
+    CHECK_OK(ckptio_writer_commit(w));
+    ckptio_writer_close(w);
+    return 0;
+}
+
 /* Where the (single) chunk of tensor `name` lies: data file path (absolute) and offset. */
 static int locate(ckptio_reader *r, const char *name, char *file, size_t flen, char *path,
                   size_t plen, uint64_t *off, uint64_t *len)
@@ -62,18 +82,7 @@ static int test_corrupt_flip(void)
     static const char *const names[3] = {"big", "other", "small"};
     const uint64_t nbs[3] = {5 * MiB + 123, 64 * KiB, 1000};
     unsigned char *data[3];
-    ckptio_writer *w = NULL;
-    CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
-    for (int i = 0; i < 3; i++) {
-        data[i] = malloc(nbs[i]);
-        CHECK(data[i]);
-        t_fill(data[i], nbs[i], seed + (uint64_t)i);
-        uint64_t shape[1] = {nbs[i]};
-        CHECK_OK(ckptio_writer_add(w, names[i], CKPTIO_DT_U8, 1, shape, NULL, NULL, data[i],
-                                   nbs[i]));
-    }
-    CHECK_OK(ckptio_writer_commit(w));
-    ckptio_writer_close(w);
+    CHECK(!save_three(t_path("ck"), names, nbs, seed, data));
 
     struct {
         int t;
@@ -227,18 +236,7 @@ static int test_corrupt_truncated_data(void)
     static const char *const names[3] = {"a", "b", "c"};
     const uint64_t nbs[3] = {10000, 200 * KiB, 300 * KiB + 5};
     unsigned char *data[3];
-    ckptio_writer *w = NULL;
-    CHECK_OK(ckptio_writer_open(&w, t_path("pristine"), NULL));
-    for (int i = 0; i < 3; i++) {
-        data[i] = malloc(nbs[i]);
-        CHECK(data[i]);
-        t_fill(data[i], nbs[i], seed + (uint64_t)i);
-        uint64_t shape[1] = {nbs[i]};
-        CHECK_OK(ckptio_writer_add(w, names[i], CKPTIO_DT_U8, 1, shape, NULL, NULL, data[i],
-                                   nbs[i]));
-    }
-    CHECK_OK(ckptio_writer_commit(w));
-    ckptio_writer_close(w);
+    CHECK(!save_three(t_path("pristine"), names, nbs, seed, data));
 
     for (int c = 0; c < 3; c++) {
         CHECK(t_sh("rm -rf '%s' && cp -a '%s' '%s'", t_path("ck"), t_path("pristine"),
