@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -109,8 +110,10 @@ def _killed_mid_removal(d: pathlib.Path, async_save: str) -> bool:
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert p.stdout is not None and p.stdout.readline() == "ready\n", p.communicate(timeout=60)
-        while p.poll() is None and not any(".deleting-" in n for n in os.listdir(d)):
-            pass
+        deadline = time.monotonic() + 120  # a child that neither removes nor ends is killed
+        while p.poll() is None and time.monotonic() < deadline:
+            if any(".deleting-" in n for n in os.listdir(d)):
+                break
         p.kill()
         p.communicate(timeout=60)
     finally:

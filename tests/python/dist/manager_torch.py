@@ -140,8 +140,10 @@ def kill() -> dict[str, Any]:
         parent = os.path.dirname(os.fspath(path))
 
         def watch() -> None:
-            while not any(".deleting-" in e for e in os.listdir(parent)):
-                pass
+            deadline = time.monotonic() + 60  # then the test fails on what it finds, not hangs
+            while time.monotonic() < deadline:
+                if any(".deleting-" in e for e in os.listdir(parent)):
+                    break
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True).start()
