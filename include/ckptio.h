@@ -1084,6 +1084,34 @@ CKPTIO_API int ckptio_snapshot_save_dist_async(ckptio_snapshot *s, const char *p
                                                const size_t *meta_lens, size_t n_meta,
                                                const ckptio_params *p, double timeout,
                                                ckptio_completion **out);
+
+/* One record of a zip archive written from a snapshot (ckptio_snapshot_zip_async): with `data`
+ * set, its `len` bytes (copied by the call: a pickle, a version string); with `data` NULL, the
+ * bytes of the snapshot's item number `item` (ckptio_snapshot_items' order, which is the
+ * take's when nothing was split; `len` is ignored). `align` and `flags` as for
+ * ckptio_zip_writer_add. `size` = sizeof(ckptio_zip_record). Since 0.3. */
+typedef struct ckptio_zip_record {
+    uint32_t size;
+    uint32_t flags;
+    const char *name;
+    const void *data;
+    uint64_t len;
+    uint64_t item;
+    uint32_t align;
+    uint32_t reserved;
+} ckptio_zip_record;
+
+/* Write the `n` records, in order, to the open zip writer `z` and commit it
+ * (ckptio_zip_writer_commit), on a thread of ckptio's: a torch.save archive of a snapshot
+ * written in the background, its CRC-32s computed alongside. The records are checked and
+ * their names and bytes copied before the call returns. On success the completion owns `s`
+ * and `z` (the buffers go back to the pool when the commit is done, before wait returns;
+ * ckptio_completion_stats gives the zip writer's statistics). On failure nothing was started,
+ * and `s` and `z` are still the caller's. Take the snapshot without a writer: a record reads
+ * a whole item. Since 0.3. */
+CKPTIO_API int ckptio_snapshot_zip_async(ckptio_snapshot *s, ckptio_zip_writer *z,
+                                         const ckptio_zip_record *records, size_t n,
+                                         ckptio_completion **out);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

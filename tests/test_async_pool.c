@@ -590,6 +590,174 @@ static int test_pool_usage_errors(void)
     return 0;
 }
 
+/* ---- a snapshot written as a zip archive (torch.save's layout) ---- */
+
+/* The records of an archive of `st` (taken without a writer): a pickle given now, then the
+ * items "a", "b", "empty", "s" by index, and a version string. */
+static void zip_records(ckptio_zip_record rec[6])
+{
+    static const char *names[] = {"ar/data.pkl", "ar/data/0", "ar/data/1", "ar/data/2",
+                                  "ar/data/3", "ar/version"};
+    for (size_t i = 0; i < 6; i++) {
+        rec[i] = (ckptio_zip_record){.size = sizeof rec[i], .name = names[i], .align = 4096,
+                                     .item = i - 1};
+    }
+    rec[0].data = "pickle bytes";
+    rec[0].len = 12;
+    rec[0].align = 64;
+    rec[5].data = "3\n";
+    rec[5].len = 2;
+}
+
+/* Python's zipfile reads the archive at `path`: names in order, CRCs right, and each item
+ * record holding the bytes of `want` (seed's state). */
+static int zip_holds(const char *path, const state *want)
+{
+    CHECK(t_sh("python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+               "assert z.testzip() is None; got = \",\".join(z.namelist()); "
+               "assert got == \"ar/data.pkl,ar/data/0,ar/data/1,ar/data/2,ar/data/3,"
+               "ar/version\", got; assert z.read(\"ar/data.pkl\") == b\"pickle bytes\"; "
+               "assert z.getinfo(\"ar/data/2\").file_size == 0' '%s'", path) == 0);
+    unsigned char *f = NULL;
+    long n = t_read_file(path, &f);
+    CHECK(n > 0);
+    CHECK(memmem(f, (size_t)n, want->a, want->an) && memmem(f, (size_t)n, want->b, want->bn));
+    CHECK(memmem(f, (size_t)n, &want->s, 8));
+    free(f);
+    return 0;
+}
+
+/* The archive holds the tensors as they were at the take (the caller changes them at once),
+ * the pool gets its buffers back, and the same pool then saves the next archive. */
+static int test_pool_zip(void)
+{
+    state st, want;
+    ckptio_pool *pool = begin(64 * MiB, &st, 16, 3 * MiB + 5, 21);
+    CHECK(pool);
+    state_make(&want, 16, 3 * MiB + 5, 21);
+    for (int round = 0; round < 2; round++) {
+        ckptio_snapshot *s;
+        CHECK_OK(ckptio_snapshot_take(&s, pool, st.it, 4, NULL));
+        memset(st.a, 0xee, st.an);
+        memset(st.b, 0xee, st.bn);
+        ckptio_zip_writer *z;
+        ckptio_params p;
+        ckptio_params_init(&p);
+        p.overwrite = 1;
+        CHECK_OK(ckptio_zip_writer_open(&z, t_path("a.pt"), &p));
+        ckptio_zip_record rec[6];
+        zip_records(rec);
+        ckptio_completion *c;
+        CHECK_OK(ckptio_snapshot_zip_async(s, z, rec, 6, &c));
+        rec[0].data = "changed"; /* the records were copied */
+        CHECK_OK(ckptio_completion_wait(c, 60));
+        ckptio_stats stats;
+        CHECK_OK(ckptio_completion_stats(c, &stats));
+        CHECK(stats.io_bytes >= st.an + st.bn + 8);
+        CHECK(usage(pool).lent == 0 && usage(pool).held == st.an + st.bn + 8);
+        ckptio_completion_free(c);
+        CHECK(zip_holds(t_path("a.pt"), &want) == 0);
+        state_free(&st);
+        state_free(&want);
+        state_make(&st, 16, 3 * MiB + 5, 22);
+        state_make(&want, 16, 3 * MiB + 5, 22);
+    }
+    state_free(&st);
+    state_free(&want);
+    ckptio_pool_free(pool);
+    return 0;
+}
+
+/* Records that name no item, a snapshot that wrote part of itself, NULLs: refused before
+ * anything starts, the snapshot and the zip writer still the caller's. A write that fails in
+ * the background is wait's error, and no file is published. */
+static int test_pool_zip_errors(void)
+{
+    state st;
+    ckptio_pool *pool = begin(64 * MiB, &st, 16, MiB, 23);
+    CHECK(pool);
+    ckptio_snapshot *s;
+    CHECK_OK(ckptio_snapshot_take(&s, pool, st.it, 4, NULL));
+    ckptio_zip_writer *z;
+    CHECK_OK(ckptio_zip_writer_open(&z, t_path("bad.pt"), NULL));
+    ckptio_zip_record rec[6];
+    zip_records(rec);
+    ckptio_completion *c = (ckptio_completion *)&rec; /* set to NULL on failure */
+    rec[3].item = 4;
+    CHECK_ERR(ckptio_snapshot_zip_async(s, z, rec, 6, &c), CKPTIO_E_USAGE);
+    CHECK(c == NULL && t_contains(ckptio_last_error(), "record 3 ('ar/data/2') reads item 4"));
+    zip_records(rec);
+    rec[2].name = "";
+    CHECK_ERR(ckptio_snapshot_zip_async(s, z, rec, 6, &c), CKPTIO_E_USAGE);
+    rec[2].name = "ar/data/1";
+    rec[4].size = 8;
+    CHECK_ERR(ckptio_snapshot_zip_async(s, z, rec, 6, &c), CKPTIO_E_USAGE);
+    rec[4].size = sizeof rec[4];
+    CHECK_ERR(ckptio_snapshot_zip_async(NULL, z, rec, 6, &c), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_snapshot_zip_async(s, z, NULL, 6, &c), CKPTIO_E_USAGE);
+    CHECK(usage(pool).lent == st.an + st.bn + 8);
+    /* Both still usable: the same call, right this time, but the disk fills. */
+    gate_install(1, ENOSPC);
+    CHECK_OK(ckptio_snapshot_zip_async(s, z, rec, 6, &c));
+    CHECK_ERR(ckptio_completion_wait(c, 60), -ENOSPC);
+    CHECK(t_contains(ckptio_last_error(), "bad.pt"));
+    CHECK(usage(pool).lent == 0);
+    ckptio_completion_free(c);
+    ckptio__vfs_set(NULL);
+    struct stat sb;
+    CHECK(stat(t_path("bad.pt"), &sb) < 0);
+    /* A snapshot that wrote what the cap could not hold has no whole items to give. */
+    CHECK_OK(ckptio_pool_set_max_bytes(pool, 512 << 10)); /* "b" (1 MiB) is written */
+    ckptio_writer *w;
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.staging_bytes = 4 * MiB;
+    CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
+    CHECK_OK(ckptio_snapshot_take(&s, pool, st.it, 4, w));
+    CHECK_OK(ckptio_zip_writer_open(&z, t_path("bad.pt"), NULL));
+    CHECK_ERR(ckptio_snapshot_zip_async(s, z, rec, 6, &c), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "without a writer"));
+    ckptio_zip_writer_close(z);
+    ckptio_snapshot_free(s);
+    ckptio_writer_close(w);
+    CHECK(stat(t_path("bad.pt"), &sb) < 0);
+    state_free(&st);
+    ckptio_pool_free(pool);
+    return 0;
+}
+
+/* A child forked while an archive is being written has no part in it (CKPTIO_E_STATE at
+ * once, its free leaves the parent's zip writer and threads alone) and saves as any
+ * process; the parent's archive is complete. */
+static int test_pool_zip_fork_in_flight(void)
+{
+    state st, want;
+    ckptio_pool *pool = begin(256 * MiB, &st, 16, MiB, 24);
+    CHECK(pool);
+    state_make(&want, 16, MiB, 24);
+    gate_install(0, 0);
+    ckptio_snapshot *s;
+    CHECK_OK(ckptio_snapshot_take(&s, pool, st.it, 4, NULL));
+    ckptio_zip_writer *z;
+    CHECK_OK(ckptio_zip_writer_open(&z, t_path("a.pt"), NULL));
+    ckptio_zip_record rec[6];
+    zip_records(rec);
+    ckptio_completion *c;
+    CHECK_OK(ckptio_snapshot_zip_async(s, z, rec, 6, &c));
+    while (fsyncs_seen() == 0) usleep(1000); /* the commit is inside its fsync */
+    int rc = run_child(pool, c, 25, CKPTIO_E_STATE);
+    CHECK(rc == 0 || rc == T_SKIP);
+    gate_release();
+    CHECK_OK(ckptio_completion_wait(c, 60));
+    ckptio_completion_free(c);
+    ckptio__vfs_set(NULL);
+    CHECK(zip_holds(t_path("a.pt"), &want) == 0);
+    state_free(&st);
+    state_free(&want);
+    ckptio_pool_free(pool);
+    return rc; /* T_SKIP where the child could not run */
+}
+
 /* ---- GPU memory, against the stand-in driver (or a real GPU with CKPTIO_TEST_REAL_GPU=1) ---- */
 
 static struct {
@@ -780,6 +948,9 @@ const ckptio_test tests_async_pool[] = {
     {"async/pool-dist", test_pool_dist, 0, 60},
     {"async/pool-dist-two-ranks", test_pool_dist_two_ranks, 0, 60},
     {"async/pool-usage", test_pool_usage_errors, 0, 60},
+    {"async/pool-zip", test_pool_zip, 0, 60},
+    {"async/pool-zip-errors", test_pool_zip_errors, 0, 60},
+    {"async/pool-zip-fork-in-flight", test_pool_zip_fork_in_flight, 0, 120},
     {"async/pool-gpu", test_pool_gpu, 0, 60},
     {"async/pool-gpu-plain", test_pool_gpu_plain, 0, 60},
     {"async/pool-gpu-pin-refused", test_pool_gpu_pin_refused, 0, 60},
