@@ -52,34 +52,62 @@ def default_max_host_bytes() -> int:
         return 4 << 30
 
 
-# The process's one pool (ckptio_pool), made at the first save: plain memory (OFF), until a
-# save holds device tensors: then AUTO, page-locked where CUDA works (AUTO makes the process's
-# CUDA context, which a host-only job should not pay for). A replaced pool lives on in C until
-# the save holding its buffers ends; the previous save is always waited for first.
-_POOL: _core.Pool | None = None
-_pool_auto = False
+def host_cap(max_host_bytes: Any) -> int:
+    """A ``max_host_bytes`` argument checked (an InvalidType, also a TypeError, if it is not
+    an int >= 0 or None); None is default_max_host_bytes()."""
+    if max_host_bytes is None:
+        return default_max_host_bytes()
+    if not isinstance(max_host_bytes, int) or isinstance(max_host_bytes, bool) or max_host_bytes < 0:
+        raise error(USAGE, f"max_host_bytes must be an int >= 0 or None, got {max_host_bytes!r}",
+                    InvalidType)  # fmt: skip
+    return max_host_bytes
+
+
+class HostPool:
+    """A ckptio_pool made at first use: plain memory (OFF) until a save holds device tensors,
+    then AUTO, page-locked where CUDA works (AUTO makes the process's CUDA context, which a
+    host-only job should not pay for). A replaced pool lives on in C until the save holding its
+    buffers ends."""
+
+    def __init__(self) -> None:
+        self.pool: _core.Pool | None = None
+        self._auto = False
+
+    def get(self, device: bool) -> _core.Pool:
+        if self.pool is None or (device and not self._auto):
+            if self.pool is not None:
+                self.pool.release()
+            self.pool = _core.Pool(pinned=_core.SWITCH_AUTO if device else _core.SWITCH_OFF)
+            self._auto = device
+        return self.pool
+
+    def release(self) -> int:
+        """Free the idle buffers; the bytes freed."""
+        return 0 if self.pool is None else self.pool.release()
+
+    def held(self) -> int:
+        """Bytes of every buffer the pool holds, lent or idle."""
+        return 0 if self.pool is None else self.pool.stats().held
+
+
+# The process's one pool, made at the first save; the previous save is always waited for first.
+_PROCESS = HostPool()
 
 
 def _pool(device: bool) -> _core.Pool:
-    global _POOL, _pool_auto
-    if _POOL is None or (device and not _pool_auto):
-        if _POOL is not None:
-            _POOL.release()
-        _POOL = _core.Pool(pinned=_core.SWITCH_AUTO if device else _core.SWITCH_OFF)
-        _pool_auto = device
-    return _POOL
+    return _PROCESS.get(device)
 
 
 def release_buffers() -> int:
     """Free the host buffers save_async keeps for reuse (they are kept between saves so that
     the next snapshot allocates nothing); returns the bytes freed. Buffers of a save still in
     flight are kept. Called at interpreter exit too."""
-    return 0 if _POOL is None else _POOL.release()
+    return _PROCESS.release()
 
 
 def _held_bytes() -> int:
     """Bytes of every buffer the pool holds, lent or idle (for tests and stats)."""
-    return 0 if _POOL is None else _POOL.stats().held
+    return _PROCESS.held()
 
 
 def _start_commit(s: _core.Snapshot, w: _core.Writer) -> Any:
@@ -193,6 +221,27 @@ class AsyncSave:
         return f"<ckptio.AsyncSave '{self.path}' {state}>"
 
 
+def started(path: str, t0: float, start: Callable[[], tuple[Any, str, Any]]) -> AsyncSave:
+    """The AsyncSave of ``start()``, which returns (a Completion, what Stats.gpu says, None),
+    or (None, what Stats.gpu says, a stats tuple) for a save made during the call. An I/O
+    error it raises (opening the file, writing what the cap could not hold) is the save's,
+    raised by wait(); other errors (in the tree itself) are raised here."""
+    h = AsyncSave(path, t0)
+    try:
+        c, h._gpu, st = start()
+    except (OSError, CheckpointError) as e:
+        h._fail(e)
+        return h
+    if c is None:
+        h._stats = Stats._from_core(st, time.perf_counter() - t0)
+        if h._gpu:
+            h._stats = dataclasses.replace(h._stats, gpu=h._gpu)
+        h._finished = True
+    else:
+        h._completion = c
+    return h
+
+
 # The one save in flight (a second waits for it).
 _LOCK = threading.Lock()
 _pending: AsyncSave | None = None
@@ -279,28 +328,31 @@ def _save_async(
     """save_async; ``after`` runs once the checkpoint is committed and the save is seen
     finished (by wait(), the next save, or exit), given the communicator the save used (None
     for a save of this process alone); its error is the save's error."""
-    global _pending
-    cap = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
-        raise error(USAGE, f"max_host_bytes must be an int >= 0, got {cap!r}", InvalidType)
+    cap = host_cap(max_host_bytes)
     p = dict(params(io_options, overwrite=overwrite))
     spath = os.fspath(path)
     c, t = _dist.save_comm(tree, comm, p, timeout)  # as save() decides, before any staging
+
+    def begin() -> AsyncSave:
+        if c is not None:
+            return _dist_async(tree, spath, c, p, cap, metadata, t)
+        t0 = time.perf_counter()
+        with pause_gc():
+            staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
+        return started(spath, t0, lambda: (*_snapshot(staged, spath, p, cap), None))
+
+    return one_at_a_time(begin, after)
+
+
+def one_at_a_time(begin: Callable[[], AsyncSave],
+                  after: Callable[[Any], None] | None = None) -> AsyncSave:  # fmt: skip
+    """Once the process's save in flight has finished (its error raised if nobody saw it),
+    ``begin()`` starts the next save, which becomes the one in flight; ``after`` as for
+    _save_async."""
+    global _pending
     with _LOCK:
         _wait_previous()
-        if c is not None:
-            h = _dist_async(tree, spath, c, p, cap, metadata, t)
-        else:
-            t0 = time.perf_counter()
-            with pause_gc():
-                staged = _stage(tree, metadata=metadata, gpu=p["gpu"])
-            h = AsyncSave(spath, t0)
-            try:
-                h._completion, h._gpu = _snapshot(staged, spath, p, cap)
-            except (OSError, CheckpointError) as e:
-                # An I/O error while writing what the cap could not hold (or opening the
-                # checkpoint): the save has failed, and says so on wait().
-                h._fail(e)
+        h = begin()
         h._after = after
         if h._finished and h._error is None and after is not None:
             try:  # saved during the call: committed already

@@ -210,6 +210,8 @@ int ckptio__pypeer_register(PyObject *m);    /* _core_peer.c: PeerServer, peer_p
 
 /* Set by their files' register functions; gpu_* take a Writer or a Reader. */
 extern ckptio__pyhandle_type ckptio__pyWriter_Type, ckptio__pyReader_Type;
+/* _core_file.c's ZipWriter type (zip_async takes one). */
+extern ckptio__pyhandle_type *const ckptio__pyZipWriter_Type;
 
 /* The destination of a read (_core_buffer.c): a Buffer (fast path) or any writable buffer,
  * plus an offset. Fills *ptr and *avail (bytes from ptr to the end); takes `view` if

@@ -553,7 +553,90 @@ out:
     return result;
 }
 
+/* zip_async(snapshot, zip_writer, records) -> Completion: ckptio_snapshot_zip_async. records:
+ * (name, data, align, crc) each, data bytes-like (copied) or an int (the snapshot's item). On
+ * success the completion owns both: the ZipWriter object is left closed, the Snapshot freed. */
+static PyObject *mod_zip_async(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *sobj, *zobj, *seq_obj;
+    if (!PyArg_ParseTuple(args, "OOO:zip_async", &sobj, &zobj, &seq_obj)) return NULL;
+    ckptio_snapshot *s = snapshot_of(sobj);
+    if (!s) return NULL;
+    if (!PyObject_TypeCheck(zobj, &ckptio__pyZipWriter_Type->type)) {
+        PyErr_SetString(PyExc_TypeError, "expected a ckptio._core.ZipWriter");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(seq_obj, "zip_async: records must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    ckptio_zip_record *rec = PyMem_Calloc((size_t)n + 1, sizeof *rec);
+    Py_buffer *views = PyMem_Calloc((size_t)n + 1, sizeof *views);
+    Py_ssize_t held = 0;
+    PyObject *out = NULL;
+    if (!rec || !views) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *data;
+        unsigned int align;
+        int crc;
+        rec[i].size = sizeof rec[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sOIp:zip_async record",
+                              &rec[i].name, &data, &align, &crc))
+            goto done;
+        rec[i].align = align;
+        rec[i].flags = crc ? 0 : CKPTIO_ZIP_NO_CRC;
+        if (PyLong_Check(data)) {
+            rec[i].item = PyLong_AsUnsignedLongLong(data);
+            if (PyErr_Occurred()) goto done;
+            continue;
+        }
+        if (PyObject_GetBuffer(data, &views[held], PyBUF_SIMPLE) < 0) goto done;
+        /* A zero-length record still gives bytes: data NULL would name an item. */
+        rec[i].data = views[held].len ? views[held].buf : "";
+        rec[i].len = (uint64_t)views[held].len;
+        held++;
+    }
+    ckptio_zip_writer *z = ckptio__pyhandle_enter(zobj);
+    if (!z) goto done;
+    ckptio__pyhandle *zh = (ckptio__pyhandle *)zobj;
+    ckptio_completion *c = NULL;
+    errbuf e = {""};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_snapshot_zip_async(s, z, rec, (size_t)n, &c);
+    errbuf_keep(&e, rc);
+    Py_END_ALLOW_THREADS
+    zh->busy = 0;
+    if (rc < 0) {
+        ckptio__pyraise(rc, e.text, &(ckptio__pywhere){.path = zh->path});
+        goto done;
+    }
+    out = completion_new(c, NULL, zh->path);
+    if (!out) {
+        ckptio_completion_free(c);
+        goto done;
+    }
+    ((SnapshotObject *)sobj)->s = NULL;
+    zh->h = NULL; /* the completion's now */
+    const ckptio__pyhandle_type *t = ckptio__pyhandle_type_of(zobj);
+    if (t->release) t->release(zh);
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(rec);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef async_functions[] = {
+    {"zip_async", mod_zip_async, METH_VARARGS,
+     "zip_async(snapshot, zip_writer, records) -> Completion: write records (name, bytes or "
+     "item index, align, crc) as a zip archive and commit it in the background (both become "
+     "the completion's)"},
     {"take", mod_take, METH_VARARGS,
      "take(pool, items, writer=None) -> Snapshot: copy items (as save_dist's) into the pool; "
      "what does not fit is written through writer now"},

@@ -230,6 +230,8 @@ FILE_HANDLE_TYPE(zip_writer, ZipWriter_Type, "ckptio._core.ZipWriter",
                  "atomically.",
                  ZipWriter_methods, "this archive", "I/O operation on closed zip writer")
 
+ckptio__pyhandle_type *const ckptio__pyZipWriter_Type = &ZipWriter_Type;
+
 /* file_read(path, [(file_offset, length, dst, dst_offset)], params) -> stats tuple */
 static PyObject *mod_file_read(PyObject *mod, PyObject *args)
 {

@@ -25,16 +25,11 @@ engine that does not have the attributes it sets, naming them.
 from __future__ import annotations
 
 import atexit
-import copy
 import os
-import queue
 import sys
-import threading
 import weakref
-from collections import OrderedDict
 from typing import Any
 
-import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
     CheckpointEngine as _DeepSpeedCheckpointEngine,
@@ -42,6 +37,8 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
 
 from . import _core
 from . import torch as _ctorch
+from ._async import AsyncSave, HostPool, host_cap
+from ._errors import CheckpointError
 from ._options import fsync_path, params
 from .ranks import _comm
 
@@ -85,7 +82,7 @@ def _rank() -> int:
     return ranks.rank if ranks is not None else 0
 
 
-# Engines with background saves, finished at interpreter exit (their thread is a daemon).
+# Engines with background saves, whose files are finished at interpreter exit.
 _LIVE: weakref.WeakSet[CheckpointEngine] = weakref.WeakSet()
 
 
@@ -102,69 +99,6 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
-class _Snapshot:
-    """A copy of a state dict that training may change as soon as save() returns.
-
-    Tensors are copied storage by storage, so views of one storage still share its copy (what
-    torch.save then writes once), and graph tensors (views of DeepSpeed's flat buffers) copy
-    too, which ``copy.deepcopy`` refuses; other objects are deep-copied (same memo). A copy
-    goes into a storage of the same size kept from the previous checkpoint where there is one:
-    fresh memory costs page faults, about as long as the copy itself.
-    """
-
-    def __init__(self, spare: dict[tuple[str, int], list[torch.UntypedStorage]]) -> None:
-        self.memo: dict[int, Any] = {}
-        self.storages: dict[tuple[Any, int, int], torch.UntypedStorage] = {}
-        self.spare = spare
-
-    def copy(self, obj: Any) -> Any:
-        done = self.memo.get(id(obj))
-        if done is not None:
-            return done
-        t = type(obj)
-        out: Any
-        if t is torch.Tensor or t is torch.nn.Parameter:
-            out = self._tensor(obj)
-        elif t is dict or t is OrderedDict:
-            out = t((k, self.copy(v)) for k, v in obj.items())
-        elif t is list:
-            out = [self.copy(v) for v in obj]
-        elif t is tuple:
-            out = tuple(self.copy(v) for v in obj)
-        else:
-            return copy.deepcopy(obj, self.memo)
-        self.memo[id(obj)] = out
-        self.memo.setdefault(id(self.memo), []).append(obj)  # keeps obj alive: ids stay unique
-        return out
-
-    def _tensor(self, t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        key = (t.device, s.data_ptr(), s.nbytes())
-        c = self.storages.get(key) if s.nbytes() else None
-        if c is None:
-            kept = self.spare.get((str(t.device), s.nbytes()))
-            c = kept.pop().copy_(s) if kept else s.clone()
-            self.storages[key] = c
-        out = torch.empty(0, dtype=t.dtype, device=t.device)
-        out.set_(c, t.storage_offset(), t.size(), t.stride())
-        if type(t) is torch.nn.Parameter:
-            return torch.nn.Parameter(out, requires_grad=t.requires_grad)
-        return out.requires_grad_(t.requires_grad)
-
-
-class _Pending:
-    """One background save: a snapshot of the state being written to ``path``."""
-
-    __slots__ = ("path", "state", "storages", "done", "error")
-
-    def __init__(self, path: str, snap: _Snapshot, state: Any) -> None:
-        self.path = path
-        self.state: Any = state
-        self.storages = list(snap.storages.values())
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
 class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
     """DeepSpeed's checkpoint engine interface, writing and reading through ckptio.
 
@@ -177,8 +111,12 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
 
     ``io_options``: ckptio.torch.save's ``io_options`` (``backend``, ``direct``, ``fsync``,
     ``crc32``, ...). ``decoupled``: save in the background (``save`` returns once the state is
-    copied; ``commit`` waits for the writes); None follows DeepSpeed's config
-    (``"checkpoint": {"writer": {"decoupled": true}}``).
+    pickled and its storages copied into the C engine's host buffers; ``commit`` waits for the
+    writes, which run on the engine's threads); None follows DeepSpeed's config
+    (``"checkpoint": {"writer": {"decoupled": true}}``). ``max_host_bytes`` caps the buffers
+    of a checkpoint's copies (default: a quarter of physical memory); a file whose storages
+    do not fit is written during its save() call. They are kept for the next checkpoint
+    (``release_buffers()`` frees them).
     """
 
     def __init__(
@@ -187,6 +125,7 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
         *,
         io_options: dict[str, Any] | None = None,
         decoupled: bool | None = None,
+        max_host_bytes: int | None = None,
     ) -> None:
         super().__init__(config_params)
         self.name = "ckptio"
@@ -196,13 +135,12 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
         self.decoupled = _decoupled_in(config_params) if decoupled is None else bool(decoupled)
         self._info: CheckpointCommitInfo | None = None
         self._save_latest = False
-        self._pending: list[_Pending] = []
-        # Snapshot storages kept for the next checkpoint's copies: those of the last one.
-        self._spare: dict[tuple[str, int], list[torch.UntypedStorage]] = {}
-        self._written: list[torch.UntypedStorage] = []
-        self._written_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        host_cap(max_host_bytes)  # checked now, not at the first save
+        self.max_host_bytes = max_host_bytes
+        self._pending: list[AsyncSave] = []  # this checkpoint's background saves, by file
+        # A pool of host buffers per file of a checkpoint (one save in flight per pool): the
+        # files are written side by side, and the next checkpoint's copies reuse the buffers.
+        self._pools: list[HostPool] = []
         # Set by install(): DeepSpeed then leaves `latest` to commit() (its own write of it has
         # no fsync), and this says whether the caller asked for it.
         self._latest_requested: bool | None = None
@@ -227,16 +165,14 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
         if not self.decoupled:
             _ctorch.save(state_dict, path, io_options=self.io_options)
             return
-        with torch.no_grad():
-            snap = _Snapshot(self._spare)
-            p = _Pending(path, snap, snap.copy(state_dict))
-        self._pending.append(p)
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._run, name="ckptio-deepspeed-save", daemon=True
-            )
-            self._thread.start()
-        self._queue.put(p)
+        slot = len(self._pending)
+        if slot == len(self._pools):
+            self._pools.append(HostPool())
+        budget = host_cap(self.max_host_bytes)
+        others = sum(pl.held() for i, pl in enumerate(self._pools) if i != slot)
+        self._pending.append(_ctorch.start_async(
+            state_dict, path, self.io_options, self._pools[slot], max(budget - others, 0)
+        ))  # fmt: skip
 
     def load(self, path: str, map_location: Any = None) -> Any:
         self._drain()
@@ -261,7 +197,6 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
             self._drain()
         except BaseException as e:  # reported to the other ranks before it is raised
             error = e
-        self._keep_written()
         failed = self._any_rank(error is not None)
         if error is not None:
             raise error
@@ -301,48 +236,30 @@ class CheckpointEngine(_DeepSpeedCheckpointEngine):  # type: ignore[misc]
 
     # internals
 
-    def _run(self) -> None:
-        while True:
-            p = self._queue.get()
-            if p is None:
-                return
-            try:
-                _ctorch.save(p.state, p.path, io_options=self.io_options)
-            except BaseException as e:
-                p.error = e
-            finally:
-                p.state = None
-                with self._written_lock:
-                    self._written += p.storages
-                p.storages = []
-                p.done.set()
-
-    def _keep_written(self) -> None:
-        """The storages of the checkpoint just written become the spares (older ones go)."""
-        with self._written_lock:
-            written, self._written = self._written, []
-        self._spare = {}
-        for c in written:
-            self._spare.setdefault((str(c.device), c.nbytes()), []).append(c)
-
     def release_buffers(self) -> None:
-        """Free the snapshot memory kept for the next decoupled save, and stop its thread."""
+        """Free the host buffers kept for the next decoupled save (after waiting for this
+        rank's saves in flight)."""
         self._drain()
-        if self._thread is not None:
-            self._queue.put(None)  # the thread holds this engine: let both go
-            self._thread = None
-        with self._written_lock:
-            self._written = []
-        self._spare = {}
+        for pl in self._pools:
+            pl.release()
+        self._pools = []
 
     def _drain(self) -> None:
-        """Wait for this rank's background saves; raise the first one's error."""
-        pending, self._pending = self._pending, []
+        """Wait for this rank's background saves; raise the first one's error (a ckptio error
+        as a RuntimeError too, as ckptio.torch.save raises it)."""
         first: BaseException | None = None
-        for p in pending:
-            p.done.wait()
-            if p.error is not None and first is None:
-                first = p.error
+        while self._pending:
+            h = self._pending[0]
+            try:
+                h.wait()
+            except KeyboardInterrupt:
+                raise  # still in flight: a later call waits again
+            except BaseException as e:
+                if first is None:
+                    first = e
+            self._pending.pop(0)
+        if isinstance(first, CheckpointError):
+            first = _ctorch._as_runtime_error(first)
         if first is not None:
             raise first
 

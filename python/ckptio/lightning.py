@@ -5,9 +5,10 @@
 checkpoint is a torch zip file written by ``ckptio.torch.save`` (stock ``torch.load``,
 ``LightningModule.load_from_checkpoint`` and Lightning's own loader read it), published
 atomically: a save that fails or is killed leaves the file that was at the path. With
-``async_save=True`` the call returns once ckptio has copied the checkpoint's tensors into its
-host buffers and the C engine writes and commits a ckptio checkpoint (a directory) in the
-background; ``load_checkpoint`` reads either kind (doc/lightning.md says why the two differ).
+``async_save=True`` the call returns once torch has pickled the checkpoint and ckptio has
+copied its storages into the C engine's host buffers; the engine's thread writes the same
+torch file in the background. ``load_checkpoint`` also reads the ckptio checkpoint
+directories that ``async_save=True`` wrote before ckptio 0.3.
 
 >>> import torch, tempfile, os, ckptio.lightning
 >>> io = ckptio.lightning.CheckpointIO()
@@ -26,15 +27,13 @@ import importlib
 import os
 import sys
 import threading
-import warnings
 import weakref
 from typing import Any
 
 import ckptio
 import ckptio.torch
 from . import _core
-from ._async import AsyncSave
-from ._errors import DuplicateTensor, InvalidType, UnsupportedDtype
+from ._async import AsyncSave, host_cap
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _Base
@@ -53,18 +52,13 @@ except ImportError:  # the standalone packages (pytorch_lightning + lightning_fa
 __all__ = ["CheckpointIO", "is_async_checkpoint"]
 
 #: Keys of ``io_options``: ckptio's I/O options (backend, direct, fsync, ...) and ``crc32``
-#: (the zip CRC-32s of the default, synchronous mode; see ckptio.torch.save).
+#: (the zip CRC-32s; see ckptio.torch.save).
 IO_OPTION_KEYS = tuple(k for k in ckptio.torch.SAVE_OPTIONS if k != "overwrite")
-
-# What ckptio.save_async raises, before anything is written, for a checkpoint its format cannot
-# hold (an object that is not a tensor or plain value, a key path two leaves share, a dtype
-# it does not store): such a checkpoint is written as a torch file instead.
-_NOT_STORABLE = (InvalidType, DuplicateTensor, UnsupportedDtype)
 
 
 def is_async_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` holds a committed checkpoint in ckptio's format (what
-    ``CheckpointIO(async_save=True)`` writes), rather than a torch file."""
+    ``CheckpointIO(async_save=True)`` wrote before ckptio 0.3), rather than a torch file."""
     p = os.fspath(path)
     return os.path.isdir(p) and bool(_core.is_checkpoint(p))
 
@@ -91,11 +85,9 @@ class CheckpointIO(_Base):  # type: ignore[misc]
     ``async_save=False`` (the default): ``save_checkpoint`` writes a torch zip file with
     ``ckptio.torch.save`` and returns once it is durable at ``path``.
 
-    ``async_save=True``: ``save_checkpoint`` returns once the checkpoint's tensors are copied
-    (``ckptio.save_async``; ``max_host_bytes`` caps that memory as there); the engine then
-    writes a ckptio checkpoint directory at ``path`` in the background. A checkpoint holding
-    a value ckptio's format cannot store (an object in the hyperparameters, say) is written
-    as a torch file during the call instead, with a warning.
+    ``async_save=True``: ``save_checkpoint`` returns once the checkpoint is pickled and its
+    storages copied (``ckptio.torch.save_async``; ``max_host_bytes`` caps that memory as
+    there); the engine's thread then writes the same torch file at ``path``.
 
     Either way, calls are ordered as if every save were synchronous: a save, a load or
     ``teardown`` first waits for a save in flight, and raises its error if it failed; removing
@@ -118,11 +110,7 @@ class CheckpointIO(_Base):  # type: ignore[misc]
         super().__init__()
         self.io_options = self._check_options(io_options)
         self.async_save = bool(async_save)
-        if max_host_bytes is not None and (
-            not isinstance(max_host_bytes, int) or isinstance(max_host_bytes, bool)
-            or max_host_bytes < 0
-        ):  # fmt: skip
-            raise TypeError(f"max_host_bytes must be an int >= 0 or None, got {max_host_bytes!r}")
+        host_cap(max_host_bytes)  # checked now, not at the first save
         self.max_host_bytes = max_host_bytes
         self._cv = threading.Condition()
         self._writing: str | None = None  # the path a torch-file save is writing now
@@ -163,19 +151,20 @@ class CheckpointIO(_Base):  # type: ignore[misc]
             self._settle(wait=True)
             if parent:
                 os.makedirs(parent, exist_ok=True)
+            aside = _set_aside(p)
             if self.async_save:
-                aside = _set_aside(p, want_dir=True)
                 started = False
                 try:
-                    started = self._start_async(checkpoint, p, opts)
+                    self._pending = ckptio.torch.save_async(
+                        checkpoint, p, io_options=opts, max_host_bytes=self.max_host_bytes
+                    )
+                    started = True
                 finally:
                     if aside and started:
                         self._doomed.append(aside)
                     elif aside:
                         os.rename(aside, p)
-                if started:
-                    return
-            aside = _set_aside(p, want_dir=False)
+                return
             self._writing = p
         ok = False
         try:
@@ -238,24 +227,6 @@ class CheckpointIO(_Base):  # type: ignore[misc]
     def _pending_path(self) -> str | None:
         return None if self._pending is None else self._pending.path
 
-    def _start_async(self, checkpoint: dict[str, Any], path: str, opts: dict[str, Any]) -> bool:
-        """Start the background save; False when the checkpoint holds what ckptio's format
-        cannot (nothing written then: the caller writes a torch file)."""
-        opts = {k: v for k, v in opts.items() if k != "crc32"}  # no zip records here
-        try:
-            self._pending = ckptio.save_async(
-                checkpoint, path, overwrite=True, max_host_bytes=self.max_host_bytes, **opts
-            )
-        except _NOT_STORABLE as e:
-            warnings.warn(
-                f"ckptio.lightning: this checkpoint cannot be saved in ckptio's format ({e}); "
-                f"'{path}' is written as a torch file during the call instead",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return False
-        return True
-
     def _settle(self, wait: bool) -> None:
         """Take the outcome of the background save if it has finished (or, with ``wait``,
         once it has): on success, do the removals it held back; on failure, drop them (the
@@ -286,14 +257,12 @@ class CheckpointIO(_Base):  # type: ignore[misc]
                 _remove(p)
 
 
-def _set_aside(path: str, want_dir: bool) -> str:
-    """Rename a checkpoint of the other kind at ``path`` (a torch file where a ckptio
-    checkpoint is to be written, or the reverse: the engine replaces only its own kind) out of
-    the way, to be removed once the new one is committed; its new name, or "" if none."""
-    if os.path.islink(path) or not os.path.exists(path):
-        return ""
-    if os.path.isdir(path) == want_dir or (os.path.isdir(path) and not _core.is_checkpoint(path)):
-        return ""  # the same kind (replaced atomically), or not a checkpoint: the save says so
+def _set_aside(path: str) -> str:
+    """Rename a ckptio checkpoint directory at ``path`` (what ``async_save=True`` wrote before
+    ckptio 0.3) out of the way of the torch file to be written there, to be removed once the
+    file is committed; its new name, or "" if none."""
+    if os.path.islink(path) or not os.path.isdir(path) or not _core.is_checkpoint(path):
+        return ""  # a file (replaced atomically), nothing, or not a checkpoint: the save says so
     aside = f"{path}.replaced-{os.getpid()}"
     os.rename(path, aside)
     return aside

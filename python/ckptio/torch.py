@@ -21,21 +21,26 @@ torch.Size([2, 3])
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import pickle
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 import torch as _torch
 
-from . import _core
+from . import _async, _core
+from ._async import _PROCESS, AsyncSave, HostPool, host_cap
+from ._dtypes import U8
 from ._errors import USAGE, CheckpointError, CheckpointExists, carry_values, error
 from ._options import IO_OPTIONS, Stats, params
 from .formats._torch_state import load_state_dict
+from .frameworks import _gpu
 
-__all__ = ["save", "load", "load_state_dict", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
+__all__ = ["save", "save_async", "load", "load_state_dict", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
 
 #: Alignment of every storage record in archives written by ckptio.torch.save.
 STORAGE_ALIGNMENT = 4096
@@ -153,25 +158,114 @@ def save(
         )
         return None
     t0 = time.perf_counter()
+    path = os.fspath(f)  # type: ignore[arg-type]
     p = params(opts, overwrite=overwrite)
-    from torch.utils.serialization import config
+    crc = _crc(crc32)
+    with _torch_errors():
+        try:
+            if _direct():
+                st = _save_zip(obj, path, p, crc, pickle_module, pickle_protocol,
+                               _disable_byteorder_record)  # fmt: skip
+            else:
+                raise _Unhooked
+        except _Unhooked:
+            st = _save_through_torch(obj, path, p, crc, pickle_module, pickle_protocol,
+                                     _disable_byteorder_record)  # fmt: skip
+    return Stats._from_core(st, time.perf_counter() - t0)
 
+
+def save_async(
+    obj: object,
+    f: str | os.PathLike[str],
+    pickle_module: Any = pickle,
+    pickle_protocol: int = _torch.serialization.DEFAULT_PROTOCOL,
+    *,
+    max_host_bytes: int | None = None,
+    io_options: dict[str, Any] | None = None,
+) -> AsyncSave:
+    """``torch.save(obj, f)`` in the background: returns a ``ckptio.AsyncSave`` once ``obj``'s
+    tensors may change; ``wait()`` gives the Stats once the file is durable at ``f``, or
+    raises the save's error.
+
+    During the call, torch pickles ``obj`` (as torch.save does) and the C engine copies every
+    storage into its pool of host buffers (the one ``ckptio.save_async`` uses: reused across
+    saves, freed by ``ckptio.release_buffers()``; CUDA storages are copied there straight from
+    the GPU, page-locked, where ckptio's GPU path runs). A thread of the engine's then writes the
+    archive (the same file ckptio.torch.save writes: stock torch.load reads it) and publishes
+    it atomically. Storages passing ``max_host_bytes`` (default: a quarter of physical memory)
+    are written during the call instead. One save runs at a time, shared with
+    ckptio.save_async: a call while one is in flight waits for it first, and the error of one
+    nobody waited for is raised by the next call. ``io_options`` as for save().
+    """
+    if not _is_path(f):
+        raise TypeError(f"save_async writes a file at a path, got {type(f).__name__}")
+    path = os.fspath(f)
+    return _async.one_at_a_time(
+        lambda: start_async(obj, path, io_options, _PROCESS, max_host_bytes, pickle_module,
+                            pickle_protocol)  # fmt: skip
+    )
+
+
+def start_async(obj: object, path: str, io_options: dict[str, Any] | None, pool: HostPool,
+                max_host_bytes: int | None, pickle_module: Any = pickle,
+                pickle_protocol: int = _torch.serialization.DEFAULT_PROTOCOL) -> AsyncSave:  # fmt: skip
+    """save_async's save, started on ``pool`` (one save in flight per pool: the pool's
+    previous save is waited for first), with no rule of the process's: ckptio.deepspeed keeps
+    a pool per file of a checkpoint, so that its files are written side by side."""
+    opts = _save_options(io_options, {})
+    overwrite = bool(opts.pop("overwrite", True))
+    crc = _crc(opts.pop("crc32", None))
+    cap = host_cap(max_host_bytes)
+    p = params(opts, overwrite=overwrite)
+    t0 = time.perf_counter()
+
+    def start() -> tuple[Any, str, Any]:
+        with _torch_errors():
+            try:
+                if _direct():
+                    return _start_zip(obj, path, p, crc, pickle_module, pickle_protocol, False,
+                                      pool, cap)  # fmt: skip
+                raise _Unhooked
+            except _Unhooked:  # written now
+                return None, "", _save_through_torch(obj, path, p, crc, pickle_module,
+                                                     pickle_protocol, False)  # fmt: skip
+
+    return _async.started(path, t0, start)
+
+
+def _start_zip_commit(snap: Any, zw: Any, records: list[tuple[str, Any, int, bool]]) -> Any:
+    """ckptio_snapshot_zip_async: the one place a background archive starts (tests hold it
+    here)."""
+    return _core.zip_async(snap, zw, records)
+
+
+def _crc(crc32: Any) -> bool:
+    """The crc32 option: None follows torch (set_crc32_options, on by default)."""
     if crc32 is None:
+        from torch.utils.serialization import config
+
         crc32 = config.save.compute_crc32  # type: ignore[attr-defined]
+    return bool(crc32)
+
+
+def _direct() -> bool:
+    """Whether archives go through ckptio's zip writer: not inside
+    torch.serialization.skip_data() (which writes no storage bytes: torch's own writer
+    does that), and with a torch whose ``_save`` ckptio knows."""
     ser = _torch.serialization
     skip = getattr(getattr(ser, "_serialization_tls", None), "skip_data", False)
-    direct = hasattr(ser, "_save") and not skip
+    return hasattr(ser, "_save") and not skip
+
+
+@contextlib.contextmanager
+def _torch_errors() -> Iterator[None]:
+    """Errors as torch.save raises them: a ckptio error is also a RuntimeError, and Ctrl-C
+    in a write is the KeyboardInterrupt itself (torch's own cleanup may fail after it and
+    hide it behind a RuntimeError)."""
     try:
         try:
-            if direct:
-                st = _save_zip(obj, os.fspath(f), p, bool(crc32), pickle_module,  # type: ignore[arg-type]
-                               pickle_protocol, _disable_byteorder_record)  # fmt: skip
-            else:
-                st = _save_through_torch(obj, os.fspath(f), p, crc32, pickle_module,  # type: ignore[arg-type]
-                                         pickle_protocol, _disable_byteorder_record)  # fmt: skip
+            yield
         except BaseException as e:
-            # After Ctrl-C in a write, torch's own cleanup may fail too and hide the
-            # KeyboardInterrupt behind a RuntimeError: raise the interrupt itself.
             cause: BaseException | None = e
             while cause is not None and not isinstance(cause, KeyboardInterrupt):
                 cause = cause.__context__
@@ -180,7 +274,6 @@ def save(
             raise
     except CheckpointError as e:
         raise _as_runtime_error(e) from None
-    return Stats._from_core(st, time.perf_counter() - t0)
 
 
 def _archive_name(path: str) -> str:
@@ -189,27 +282,105 @@ def _archive_name(path: str) -> str:
     return (stem[0] if stem[1] else stem[2]) or "archive"
 
 
-class _ZipRecords:
-    """The archive torch's ``_save`` writes its records into: each goes to ckptio's zip writer
-    (C: CRC-32 computed while the bytes are written) as it comes, so a storage torch copied off
-    an accelerator is freed after its record, as with torch's own writer."""
+class _Pickled(Exception):
+    """Raised into torch's ``_save`` at its first record after the pickle: the rest of the
+    archive is ckptio's to write."""
 
-    def __init__(self, zw: Any, prefix: str, crc: bool) -> None:
-        self._zw = zw
-        self._prefix = prefix
-        self._crc = crc
-        self.names: set[str] = set()
 
-    def write_record(self, name: str, data: Any, size: int) -> None:
-        if isinstance(data, str):
-            data = data.encode()
-        elif not isinstance(data, (bytes, bytearray, memoryview)):
-            # an untyped CPU storage: its bytes, without a copy
-            data = _torch.empty(0, dtype=_torch.uint8).set_(data).numpy()
-        if len(data) != size:
-            raise RuntimeError(f"record {name!r}: {len(data)} bytes given for {size}")
-        self._zw.add(f"{self._prefix}/{name}", data, STORAGE_ALIGNMENT, self._crc)
-        self.names.add(name)
+class _Unhooked(Exception):
+    """torch's ``_save`` pickled without a ``persistent_id`` ckptio could watch."""
+
+
+def _pickle(obj: object, pickle_module: Any, pickle_protocol: int) -> tuple[bytes, dict[str, Any]]:
+    """torch's own pickling of ``obj`` (its ``_save``: storage sharing, the dtype checks,
+    location tags, accelerator storages left where they are): ``data.pkl``'s bytes, and the
+    untyped storages it names, by key in torch's order. ``_save`` is stopped at its next
+    record; ckptio writes the records that follow (:func:`_records`)."""
+    ser = _torch.serialization
+    if hasattr(ser, "_check_dill_version"):
+        ser._check_dill_version(pickle_module)
+    storages: dict[str, Any] = {}
+    hooked = []
+    subclasses: list[type] = []
+
+    def watch(inner: Any) -> Any:
+        hooked.append(True)
+
+        def persistent_id(*args: Any) -> Any:
+            pid = inner(*args)
+            if pid is not None:  # ("storage", type, key, location, numel)
+                o = args[-1]
+                storages[pid[2]] = getattr(o, "_untyped_storage", o)
+            return pid
+
+        return persistent_id
+
+    class Pickler(pickle_module.Pickler):  # type: ignore[name-defined,misc]
+        def __init_subclass__(cls, **kw: Any) -> None:
+            # torch's pickler is a subclass defining persistent_id (torch >= 2.5)
+            super().__init_subclass__(**kw)
+            if "persistent_id" in cls.__dict__:
+                cls.persistent_id = watch(cls.__dict__["persistent_id"])
+                subclasses.append(cls)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            # older torch assigns persistent_id to its pickler
+            super().__setattr__(name, watch(value) if name == "persistent_id" else value)
+
+    class Module:  # what _save takes of a pickle module
+        pass
+
+    module = Module()
+    module.Pickler = Pickler  # type: ignore[attr-defined]
+    pkl: list[bytes] = []
+
+    class Records:
+        def write_record(self, name: str, data: Any, size: int) -> None:
+            if name != "data.pkl":
+                raise _Pickled
+            pkl.append(bytes(data))
+
+    try:
+        ser._save(obj, Records(), module, pickle_protocol, False)
+    except _Pickled:
+        pass
+    finally:
+        # torch's class would keep its closure, and every storage, alive until the next
+        # garbage collection (torch deletes the closure's name after its pickling, which
+        # the stop skipped)
+        for cls in subclasses:
+            del cls.persistent_id
+    # the classes above are garbage in a cycle: what their closures hold is handed on
+    out, found = dict(storages), bool(pkl and hooked)
+    storages.clear()
+    if not found:
+        raise _Unhooked
+    return pkl.pop(), out
+
+
+def _records(pkl: bytes, storages: dict[str, Any], disable_byteorder: bool) -> list[tuple[str, Any]]:
+    """The records of a torch archive, in the order torch.save writes them (without the
+    common prefix): the pickle, torch's format records, each storage (an untyped storage),
+    then what torch's archive writer adds at its end."""
+    alignment = getattr(_torch.serialization, "_get_storage_alignment", lambda: 64)()
+    out: list[tuple[str, Any]] = [
+        ("data.pkl", pkl), (".format_version", b"1"), (".storage_alignment", str(alignment).encode()),
+    ]  # fmt: skip
+    if not disable_byteorder:
+        out.append(("byteorder", sys.byteorder.encode()))
+    out += [(f"data/{key}", s) for key, s in storages.items()]
+    out.append(("version", b"3\n"))
+    if disable_byteorder:
+        out.append(("byteorder", sys.byteorder.encode()))
+    out.append((".data/serialization_id", _serialization_id().encode()))
+    return out
+
+
+def _host_bytes(storage: Any) -> Any:
+    """An untyped storage's bytes in host memory: its own for a CPU storage, else a copy."""
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    return _torch.empty(0, dtype=_torch.uint8).set_(storage).numpy()
 
 
 def _serialization_id() -> str:
@@ -221,27 +392,71 @@ def _serialization_id() -> str:
 
 def _save_zip(obj: object, path: str, p: Any, crc: bool, pickle_module: Any, pickle_protocol: int,
               disable_byteorder: bool) -> Any:  # fmt: skip
-    """torch's own ``_save`` (pickling, storage sharing, dtype checks, accelerator copies) into
-    ckptio's zip writer; then the records torch's archive writer adds at its end (the byte
-    order too, when ``_save`` left it out)."""
-    ser = _torch.serialization
-    if hasattr(ser, "_check_dill_version"):
-        ser._check_dill_version(pickle_module)
+    """torch.save's archive through ckptio's zip writer: torch's pickling, then the records."""
+    pkl, storages = _pickle(obj, pickle_module, pickle_protocol)
+    return _write_zip(pkl, storages, path, p, crc, disable_byteorder)
+
+
+def _write_zip(pkl: bytes, storages: dict[str, Any], path: str, p: Any, crc: bool,
+               disable_byteorder: bool) -> Any:  # fmt: skip
+    """Every record into ckptio's zip writer as it comes (an accelerator's storage copied to
+    the host one at a time, freed after its record); the stats tuple of the commit."""
+    prefix = _archive_name(path)
     with _core.ZipWriter(path, p) as zw:
-        zf = _ZipRecords(zw, _archive_name(path), crc)
-        ser._save(obj, zf, pickle_module, pickle_protocol, disable_byteorder)
-        zf.write_record("version", "3\n", 2)
-        if "byteorder" not in zf.names:
-            zf.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-        sid = _serialization_id()
-        zf.write_record(".data/serialization_id", sid, len(sid))
+        for name, data in _records(pkl, storages, disable_byteorder):
+            if not isinstance(data, bytes):
+                data = _host_bytes(data)
+            zw.add(f"{prefix}/{name}", data, STORAGE_ALIGNMENT, crc)
         return zw.commit()
 
 
-def _save_through_torch(obj: object, path: str, p: Any, crc32: Any, pickle_module: Any,
+def _start_zip(obj: object, path: str, p: Any, crc: bool, pickle_module: Any,
+               pickle_protocol: int, disable_byteorder: bool, pool: HostPool,
+               cap: int) -> tuple[Any, str, Any]:  # fmt: skip
+    """The background save of :func:`save_async`: torch's pickling, the storages copied into
+    ``pool``'s buffers (CUDA ones straight from the GPU where ckptio's GPU path runs), then
+    ckptio_snapshot_zip_async. What _async.started takes: (Completion, Stats.gpu, None), or
+    (None, "", stats) when the storages pass ``cap`` and the archive was written now."""
+    pkl, storages = _pickle(obj, pickle_module, pickle_protocol)
+    items: list[tuple[Any, ...]] = []
+    total = 0
+    device = False
+    for key, s in storages.items():
+        n = s.nbytes()
+        total += n
+        if s.device.type == "cuda" and _gpu.route():
+            device = True
+            items.append((f"data/{key}", U8, (n,), s.data_ptr(), None, None, 0, n,
+                          _gpu.torch_stream(s.device), s))  # fmt: skip
+        else:
+            items.append((f"data/{key}", U8, (n,), _host_bytes(s), None, None, 0))
+    if total > cap:  # written now, from the caller's memory
+        del items
+        return None, "", _write_zip(pkl, storages, path, p, crc, disable_byteorder)
+    pl = pool.get(device)
+    pl.set_max_bytes(max(cap, 1))
+    snap = _core.take(pl, items, None)
+    del items
+    gpu = "snapshot" if snap.stats().device_bytes else ""
+    prefix = _archive_name(path)
+    index = {name: i for i, name in enumerate(f"data/{k}" for k in storages)}
+    records = [(f"{prefix}/{name}", data if isinstance(data, bytes) else index[name],
+                STORAGE_ALIGNMENT, crc) for name, data in _records(pkl, storages, disable_byteorder)]  # fmt: skip
+    del storages
+    zw = _core.ZipWriter(path, p)
+    try:
+        return _start_zip_commit(snap, zw, records), gpu, None
+    except BaseException:
+        zw.close()
+        snap.free()
+        raise
+
+
+def _save_through_torch(obj: object, path: str, p: Any, crc32: bool, pickle_module: Any,
                         pickle_protocol: int, disable_byteorder: bool) -> Any:  # fmt: skip
-    """torch.save's own archive writer into ckptio's file writer: for what the zip writer does
-    not take (torch.serialization.skip_data(), which writes no storage bytes)."""
+    """torch.save's own archive writer into ckptio's file writer: the fallback for what the
+    zip writer does not take (torch.serialization.skip_data(), which writes no storage bytes,
+    or a torch whose pickling ckptio cannot watch); the archive is written during the call."""
     from torch.utils.serialization import config
 
     with _core.FileWriter(path, p) as fw:

@@ -103,20 +103,30 @@ def _kill_in_write(mode: str) -> None:
 
         ct._core.ZipWriter = Dying  # type: ignore[misc]
     else:
-        from ckptio import _async
+        from ckptio import torch as ct
 
-        def dying(snap: Any, w: Any) -> Any:
-            # max_host_bytes=0: the tensors were written during the call into the new
-            # checkpoint's temporary directory; the commit never runs.
-            os.kill(os.getpid(), signal.SIGKILL)
+        real_start = ct._start_zip_commit
 
-        _async._start_commit = dying  # type: ignore[assignment]
+        def dying(snap: Any, zw: Any, records: Any) -> Any:
+            # The engine's thread writes the archive: SIGKILL once its first bytes are in the
+            # temporary file (allocated whole at its start: its data shows the writes).
+            c = real_start(snap, zw, records)
+            root = sys.argv[1]
+            while True:
+                for name in os.listdir(root):
+                    if ".tmp-" in name:
+                        with open(os.path.join(root, name), "rb") as f:
+                            if f.read(4) == b"PK\x03\x04":
+                                os.kill(os.getpid(), signal.SIGKILL)
+                if c.done():
+                    return c  # written before any write was seen: the test says so
+
+        ct._start_zip_commit = dying  # type: ignore[assignment]
 
 
 def main() -> None:
     root, mode, epochs, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    io = ckptio.lightning.CheckpointIO(async_save=mode == "async",
-                                       max_host_bytes=0 if mode == "async" else None)  # fmt: skip
+    io = ckptio.lightning.CheckpointIO(async_save=mode == "async")
     real_save = io.save_checkpoint
     calls = 0
 

@@ -57,9 +57,11 @@ class Held:
             self.c.close()
 
 
-def hold(monkeypatch: pytest.MonkeyPatch, ev: threading.Event, name: str) -> None:
-    real = getattr(_async, name)
-    monkeypatch.setattr(_async, name, lambda *args: Held(ev, real, *args))
+def hold(monkeypatch: pytest.MonkeyPatch, ev: threading.Event, name: str,
+         module: Any = _async) -> None:  # fmt: skip
+    """Background saves started by ``module.name`` start only once ``ev`` is set."""
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args: Held(ev, real, *args))
 
 
 @pytest.fixture
@@ -217,11 +219,11 @@ def test_pool_reuses_exact_size_buffers(tmp_path: pathlib.Path) -> None:
     ckptio.release_buffers()
     state = {"a": np.ones(10_001, np.uint8), "b": np.ones((3, 7), np.float32)}
     ckptio.save_async(state, tmp_path / "1").wait()
-    assert _async._POOL is not None
-    u = _async._POOL.stats()
+    assert _async._PROCESS.pool is not None
+    u = _async._PROCESS.pool.stats()
     assert u.held == 10_001 + 84 and u.buffers == 2  # exact sizes, no rounding
     ckptio.save_async(state, tmp_path / "2").wait()
-    assert _async._POOL.stats().allocations == u.allocations  # the same buffers, reused
+    assert _async._PROCESS.pool.stats().allocations == u.allocations  # the same buffers, reused
     # A different state under a small cap: the unused sizes go first.
     ckptio.save_async({"c": np.ones(20_000, np.uint8)}, tmp_path / "3", max_host_bytes=20_000).wait()
     assert _async._held_bytes() == 20_000
@@ -649,7 +651,7 @@ def test_interrupt_before_the_commit_starts(
     monkeypatch.setattr(_async, "_start_commit", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ckptio.save_async({"a": np.ones(1 << 20, np.uint8)}, tmp_path / "c")
-    assert _async._POOL is not None and _async._POOL.stats().lent == 0
+    assert _async._PROCESS.pool is not None and _async._PROCESS.pool.stats().lent == 0
     assert not (tmp_path / "c").exists() and leftovers(tmp_path) == []
 
 

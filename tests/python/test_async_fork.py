@@ -121,7 +121,7 @@ fork_in_flight(lambda: None, lambda: h.wait().bytes)
     # child's copies do not wait for the parent's copy threads.
     "copier": r"""
 ckptio.save_async({"big": np.ones(65 << 20, np.uint8)}, d + "/parent").wait()
-assert _async._POOL is not None and _async._POOL.stats().held >= 65 << 20
+assert _async._PROCESS.pool is not None and _async._PROCESS.pool.stats().held >= 65 << 20
 
 fork(child_saves)
 print("parent saved", flush=True)

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,9 @@ def test_two_ranks_every_stage_resumes_exactly(tmp_path: Path) -> None:
 
 
 def test_save_killed_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    """SIGKILL while step 4's first file is half written (synchronous, then decoupled):
-    ``latest`` names step 2, which a fresh process resumes from exactly."""
+    """SIGKILL while step 4's first file is half written (synchronous), or once the engine's
+    thread has begun writing it (decoupled: it may have finished by then): ``latest`` names
+    step 2, which a fresh process resumes from exactly; no file is left half written."""
     runs = {}
     for mode in ("sync", "decoupled"):
         job = {"stage": 2, "dir": str(tmp_path / mode), "steps": 6, "save_at": [2, 4],
@@ -186,8 +188,11 @@ def test_save_killed_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) ->
         save_dir = tmp_path / mode
         _check_files(save_dir, ["global_step2"])
         step4 = save_dir / "global_step4"
-        done = [f.name for f in step4.iterdir() if ".tmp-" not in f.name] if step4.exists() else []
-        assert "mp_rank_00_model_states.pt" not in done, done
+        done = [f for f in step4.iterdir() if ".tmp-" not in f.name] if step4.exists() else []
+        if mode == "sync":
+            assert "mp_rank_00_model_states.pt" not in [f.name for f in done], done
+        for f in done:  # what was published is whole
+            assert torch.load(f, map_location="cpu", weights_only=False), f
 
     jobs: list[dict[str, Any]] = [{"stage": 2, "dir": str(tmp_path / "ref"), "steps": 6}]
     jobs += [{"stage": 2, "dir": str(tmp_path / m), "steps": 6, "resume": True} for m in runs]
@@ -215,12 +220,15 @@ def test_decoupled_snapshot_and_failed_saves(tmp_path: Path) -> None:
     base = torch.arange(12, dtype=torch.float32)
     state = {"a": base[:6], "b": base[6:].view(2, 3), "opt": {"step": 3}}
     ce = cds.CheckpointEngine(decoupled=True)
+    threads = set(threading.enumerate())
     (tmp_path / "t1").mkdir()
     for tag in ("t1", "t2"):  # t2's copy goes into the storage kept from t1
         info = CheckpointCommitInfo(tag=tag, save_dir=str(tmp_path), save_latest=True)
         ce.create(info)
         (tmp_path / tag).mkdir(exist_ok=True)
         ce.save(state, str(tmp_path / tag / "s.pt"))
+        ce.save({"other": base[:2]}, str(tmp_path / tag / "o.pt"))  # beside the first
+        assert set(threading.enumerate()) == threads  # written by the C engine's threads
         base.add_(100)  # changed at once; the checkpoint keeps the values at save()
         state["opt"]["step"] += 1
         assert ce.get_commit_info() is info
@@ -231,6 +239,9 @@ def test_decoupled_snapshot_and_failed_saves(tmp_path: Path) -> None:
         assert torch.equal(back["a"], first[:6]) and torch.equal(back["b"].flatten(), first[6:])
         assert back["a"].untyped_storage().data_ptr() == back["b"].untyped_storage().data_ptr()
         assert back["opt"]["step"] == (3 if tag == "t1" else 4)
+        assert torch.equal(torch.load(tmp_path / tag / "o.pt")["other"], first[:2])
+    # Two pools, one per file; t2's copies reused t1's buffers.
+    assert len(ce._pools) == 2 and all(pl.pool.stats().allocations == 1 for pl in ce._pools)
 
     bad = CheckpointCommitInfo(tag="t3", save_dir=str(tmp_path), save_latest=True)
     ce.create(bad)

@@ -8,6 +8,7 @@ import doctest
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,6 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO  # noqa: E402
 
 import ckptio  # noqa: E402
 import ckptio.lightning  # noqa: E402
-from ckptio import _async  # noqa: E402
 from ckptio.lightning import CheckpointIO, is_async_checkpoint  # noqa: E402
 
 import lightning_child as lc  # noqa: E402
@@ -70,18 +70,13 @@ def test_fit_keeps_two_and_resumes_exactly(
     names = sorted(os.listdir(d))
     assert names == ["epoch=1-step=16.ckpt", "epoch=2-step=24.ckpt"], names
     newest = d / names[-1]
-    if mode == "sync":
-        for name, step in zip(names, (16, 24)):
-            assert (d / name).is_file()
-            ck = torch.load(d / name, weights_only=True)  # stock torch.load
-            assert ck["global_step"] == step and ck["optimizer_states"][0]["state"]
-        ck = torch.load(newest, weights_only=True)
-        again = lc.Tiny.load_from_checkpoint(newest)  # Lightning's own loader, not the plugin
-        assert torch.equal(again.net[0].weight, m.net[0].weight)
-    else:
-        assert all(is_async_checkpoint(d / n) for n in names)
-        ck = ckptio.load(newest)
-        assert ck["global_step"] == 24 and ck["optimizer_states"][0]["state"]
+    for name, step in zip(names, (16, 24)):  # torch files, in both modes
+        assert (d / name).is_file()
+        ck = torch.load(d / name, weights_only=True)  # stock torch.load
+        assert ck["global_step"] == step and ck["optimizer_states"][0]["state"]
+    ck = torch.load(newest, weights_only=True)
+    again = lc.Tiny.load_from_checkpoint(newest)  # Lightning's own loader, not the plugin
+    assert torch.equal(again.net[0].weight, m.net[0].weight)
     for k, v in m.state_dict().items():
         assert torch.equal(ck["state_dict"][k], v), k
     # Resumed into the same directory: saving goes on, and the older of the two is removed
@@ -99,8 +94,7 @@ def test_inside_lightnings_async_checkpoint_io(tmp_path: pathlib.Path, mode: str
     io.teardown()  # the wrapper's teardown does not reach the plugin it wraps
     names = sorted(os.listdir(d))
     assert names == ["epoch=1-step=16.ckpt", "epoch=2-step=24.ckpt"], names
-    load = (lambda p: torch.load(p, weights_only=True)) if mode == "sync" else ckptio.load
-    ck = load(d / names[-1])
+    ck = torch.load(d / names[-1], weights_only=True)
     assert ck["global_step"] == 24
     for k, v in m.state_dict().items():
         assert torch.equal(ck["state_dict"][k], v), k
@@ -155,13 +149,13 @@ class Failed:
 def failing(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Every background save fails once the event is set."""
 
-    def start(snap: Any, w: Any) -> Failed:
-        w.close()  # the writer aborts: nothing is published
+    def start(snap: Any, zw: Any, records: Any) -> Failed:
+        zw.close()  # the writer aborts: nothing is published
         snap.free()
         return Failed()
 
     Failed.ended = threading.Event()
-    monkeypatch.setattr(_async, "_start_commit", start)
+    monkeypatch.setattr(ckptio.torch, "_start_zip_commit", start)
     return Failed.ended
 
 
@@ -192,7 +186,7 @@ def test_removal_waits_for_the_save_in_flight(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    hold(monkeypatch, gate, "_start_commit")  # no byte written until the gate opens
+    hold(monkeypatch, gate, "_start_zip_commit", ckptio.torch)  # no byte written until the gate opens
     io = CheckpointIO(async_save=True)
     old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
     CheckpointIO().save_checkpoint(state(1), old)
@@ -201,7 +195,7 @@ def test_removal_waits_for_the_save_in_flight(
     assert old.is_file() and not new.exists()  # removed only once new.ckpt is committed
     gate.set()
     io.teardown()
-    assert not old.exists() and is_async_checkpoint(new)
+    assert not old.exists() and new.is_file()
     assert io.load_checkpoint(new)["global_step"] == 2
     # Removing the path being written waits for that save, then removes it.
     gate.clear()
@@ -215,7 +209,7 @@ def test_exit_finishes_the_save_and_its_removals(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gate = threading.Event()
-    hold(monkeypatch, gate, "_start_commit")
+    hold(monkeypatch, gate, "_start_zip_commit", ckptio.torch)
     io = CheckpointIO(async_save=True)
     old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
     CheckpointIO().save_checkpoint(state(1), old)
@@ -238,26 +232,30 @@ def test_exit_prints_an_error_no_call_took(
     io.teardown()  # reported once
 
 
-def test_one_path_changes_kind_atomically(tmp_path: pathlib.Path) -> None:
+def test_an_older_async_checkpoint_is_replaced_atomically(tmp_path: pathlib.Path) -> None:
+    """A ckptio checkpoint directory that async_save=True wrote before 0.3: still loaded, and
+    replaced by the torch file a save writes at its path (removed once that is committed)."""
     p = tmp_path / "last.ckpt"
-    sync, background = CheckpointIO(), CheckpointIO(async_save=True)
-    sync.save_checkpoint(state(1), p)
-    background.save_checkpoint(state(2), p)  # a ckptio checkpoint where a torch file was
-    background.teardown()
-    assert is_async_checkpoint(p) and sync.load_checkpoint(p)["global_step"] == 2
-    sync.save_checkpoint(state(3), p)  # and back
-    assert p.is_file() and torch.load(p, weights_only=True)["global_step"] == 3
-    assert os.listdir(tmp_path) == ["last.ckpt"]
+    ckptio.save(state(1), p)  # what async_save=True wrote before
+    assert is_async_checkpoint(p)
+    for io in (CheckpointIO(), CheckpointIO(async_save=True)):
+        assert io.load_checkpoint(p)["global_step"] == 1
+        io.save_checkpoint(state(2), p)
+        io.teardown()
+        assert p.is_file() and torch.load(p, weights_only=True)["global_step"] == 2
+        assert os.listdir(tmp_path) == ["last.ckpt"]
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        ckptio.save(state(1), p)
 
 
-def test_what_ckptio_cannot_store_is_saved_as_a_torch_file(tmp_path: pathlib.Path) -> None:
+def test_async_keeps_what_only_pickle_holds(tmp_path: pathlib.Path) -> None:
+    """Hyperparameters of any picklable type are kept in the background too (a torch file)."""
     io = CheckpointIO(async_save=True)
     ck = {**state(4), "hyper_parameters": {"args": argparse.Namespace(lr=0.1)}}
-    with pytest.warns(RuntimeWarning, match="written as a torch file"):
-        io.save_checkpoint(ck, tmp_path / "x.ckpt")
-    assert (tmp_path / "x.ckpt").is_file()
+    io.save_checkpoint(ck, tmp_path / "x.ckpt")
+    io.teardown()
     back = io.load_checkpoint(tmp_path / "x.ckpt", weights_only=False)
-    assert back["hyper_parameters"]["args"].lr == 0.1
+    assert back["hyper_parameters"]["args"].lr == 0.1 and back["global_step"] == 4
 
 
 def test_options_and_missing_files(
@@ -300,7 +298,7 @@ def test_save_killed_mid_write_keeps_the_previous_checkpoint(
     files = [f for t in left for f in [t, *sorted(t.rglob("*"))] if f.is_file()]
     # Its files are allocated whole at the start: data, not only their size, shows the writes.
     assert files and any(head(f).strip(b"\0") for f in files), left
-    load = (lambda p: torch.load(p, weights_only=True)) if mode == "sync" else ckptio.load
+    load = lambda p: torch.load(p, weights_only=True)  # noqa: E731
     assert load(d / "last.ckpt")["global_step"] == 16  # the previous last.ckpt, whole
     assert load(d / "epoch=2-step=24.ckpt")["global_step"] == 24
     # fit(ckpt_path="last"): Lightning's own search of the directory finds last.ckpt (and

@@ -394,3 +394,75 @@ def test_drop_ins_installed_over_torch_save_and_load(tmp_path: pathlib.Path, mon
     assert equal(torch.load(path, mmap=True), obj)
     torch.save(obj, path, _use_new_zipfile_serialization=False)
     assert equal(torch.load(path), obj)
+
+
+# ---- save_async: the same archive, written by the C engine's thread ----
+
+
+def records(path: pathlib.Path) -> dict[str, bytes]:
+    """An archive's records by name, without its common prefix and its serialization id."""
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+        return {n.split("/", 1)[1]: z.read(n) for n in z.namelist()
+                if not n.endswith("serialization_id")}  # fmt: skip
+
+
+def test_save_async_writes_save_s_archive_as_it_was(tmp_path: pathlib.Path) -> None:
+    """The same records, in the same order and places, as ckptio.torch.save of the state at
+    the call; views keep one storage; the caller's tensors may change as soon as it returns."""
+    base = torch.arange(24, dtype=torch.float32)
+    obj = {"a": base[:12].view(3, 4), "b": base[12:], "h": torch.ones(5, dtype=torch.bfloat16),
+           "t": base[::2], "e": torch.empty(0, 3), "step": 3, "meta": {"name": "x"}}  # fmt: skip
+    ct.save(obj, tmp_path / "s.pt")
+    h = ct.save_async(obj, tmp_path / "a.pt")
+    base.add_(100)
+    obj["meta"]["name"] = "changed"
+    st = h.wait()
+    assert st.bytes >= 24 * 4 and h.stall_seconds >= 0
+    assert records(tmp_path / "a.pt") == records(tmp_path / "s.pt")
+    with zipfile.ZipFile(tmp_path / "a.pt") as za, zipfile.ZipFile(tmp_path / "s.pt") as zs:
+        assert [(i.filename[2:], i.header_offset) for i in za.infolist()] == [
+            (i.filename[2:], i.header_offset) for i in zs.infolist()]  # fmt: skip
+    back = torch.load(tmp_path / "a.pt", weights_only=True)  # stock torch.load
+    assert torch.equal(back["b"], torch.arange(12, 24, dtype=torch.float32))
+    assert back["meta"]["name"] == "x" and back["step"] == 3
+    assert back["a"].untyped_storage().data_ptr() == back["t"].untyped_storage().data_ptr()
+
+
+def test_save_async_cap_errors_and_order(tmp_path: pathlib.Path) -> None:
+    obj = sd()
+    # Storages past max_host_bytes: written during the call, finished when it returns.
+    h = ct.save_async(obj, tmp_path / "now.pt", max_host_bytes=0)
+    assert h.done() and equal(torch.load(tmp_path / "now.pt", weights_only=True), obj)
+    # An error in the object (unpicklable) is the call's; nothing is written.
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        ct.save_async({"f": lambda: 0}, tmp_path / "bad.pt")
+    # An I/O error is the save's, raised by wait() (a RuntimeError too, as torch.save's).
+    h = ct.save_async(obj, tmp_path / "now.pt", io_options={"overwrite": False})
+    with pytest.raises(RuntimeError, match="already exists"):
+        h.wait()
+    with pytest.raises(TypeError, match="max_host_bytes"):
+        ct.save_async(obj, tmp_path / "x.pt", max_host_bytes=-1)
+    with pytest.raises(TypeError, match="path"):
+        ct.save_async(obj, io.BytesIO())  # type: ignore[arg-type]
+    # One at a time, with ckptio.save_async: the next call waits for the one in flight.
+    first = ct.save_async({"w": torch.zeros(1 << 20)}, tmp_path / "1.pt")
+    second = ckptio.save_async({"w": torch.ones(3)}, tmp_path / "2")
+    assert first.done()
+    second.wait()
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+
+
+def test_save_async_under_skip_data_is_save_s_fallback(tmp_path: pathlib.Path) -> None:
+    """Inside skip_data() (no storage bytes) the file is save()'s, written during the call."""
+    obj = {"w": torch.randn(1000, 10), "step": 7}
+    with torch.serialization.skip_data():
+        h = ct.save_async(obj, tmp_path / "a.pt")
+        assert h.done()
+        ct.save(obj, tmp_path / "s.pt")
+    h.wait()
+    # (no storage bytes: holes, whose CRCs torch leaves unchecked)
+    names = [[n.split("/", 1)[1] for n in zipfile.ZipFile(tmp_path / f).namelist()]
+             for f in ("a.pt", "s.pt")]  # fmt: skip
+    assert names[0] == names[1]
+    assert torch.load(tmp_path / "a.pt", weights_only=True)["w"].shape == (1000, 10)
