@@ -322,6 +322,7 @@ def install(
     *,
     io_options: dict[str, Any] | None = None,
     decoupled: bool | None = None,
+    max_host_bytes: int | None = None,
 ) -> CheckpointEngine:
     """Make ``engine.save_checkpoint``/``load_checkpoint`` write and read through ckptio.
 
@@ -332,8 +333,8 @@ def install(
     ``save_checkpoint`` leave ``latest`` to ckptio's commit (written after every rank's files
     are durable, and durably); ``load_checkpoint`` first commits a decoupled save still
     pending, so ``latest`` names the newest checkpoint. Calling it again replaces the engine
-    it installed. Returns the CheckpointEngine; ``decoupled`` and ``io_options`` as there
-    (``decoupled=None`` keeps what DeepSpeed's config chose).
+    it installed. Returns the CheckpointEngine; ``decoupled``, ``io_options`` and
+    ``max_host_bytes`` as there (``decoupled=None`` keeps what DeepSpeed's config chose).
     """
     _check_engine(engine)
     old = engine.checkpoint_engine
@@ -342,7 +343,8 @@ def install(
     if old.is_decoupled() or isinstance(old, CheckpointEngine):
         old.cleanup()  # commits what it holds; DeepSpeed's decoupled engine also stops its process
     new = CheckpointEngine(
-        getattr(engine, "_config", None), io_options=io_options, decoupled=decoupled
+        getattr(engine, "_config", None), io_options=io_options, decoupled=decoupled,
+        max_host_bytes=max_host_bytes,
     )
     engine.checkpoint_engine = new
     _writes_model_states(engine, new)
