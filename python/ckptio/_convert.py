@@ -565,8 +565,10 @@ class _Rebuilt:
 
 class TorchSink:
     """A torch.save zip archive written into the engine's temporary file by ckptio's zip writer:
-    data.pkl first (the tree, storages data/<i>), then one stored record per tensor as its bytes
-    arrive, each at a multiple of 64 (torch.load(mmap=True) needs it), CRCs computed in C."""
+    the records ckptio.torch.save writes, in its order (ckptio.torch._records), with data.pkl
+    made here from the tree (its tensors are not in memory: torch's own pickling needs them),
+    each storage record streamed as its bytes arrive, at a multiple of 64 (torch.load(mmap=True)
+    needs it), CRCs computed in C."""
 
     is_dir = False
 
@@ -575,12 +577,17 @@ class TorchSink:
         self.zw: Any = None
 
     def begin(self, tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, bytes], tmp: str) -> None:  # fmt: skip
+        from .torch import _records
+
         tree, metas = _sink_tree(tensors, meta)
         self.sizes = [_nbytes(m) for m in metas]
         pkl = _data_pkl(tree, {id(m): i for i, m in enumerate(metas)})
+        recs = _records(pkl, {str(i): i for i in range(len(metas))}, False)
+        last = [name for name, _ in recs].index("version")  # the storages end there
+        head, self.tail = recs[: last - len(metas)], recs[last:]
         self.zw = _core.ZipWriter(tmp, {"staging_bytes": 16 << 20})
-        self.zw.add(f"{self.archive}/data.pkl", pkl)
-        self.zw.add(f"{self.archive}/byteorder", b"little")
+        for name, data in head:
+            self.zw.add(f"{self.archive}/{name}", data)
 
     def write(self, index: int, offset: int, data: memoryview) -> None:
         if offset == 0:
@@ -589,7 +596,8 @@ class TorchSink:
             self.zw.append(data)
 
     def end(self) -> None:
-        self.zw.add(f"{self.archive}/version", b"3\n")
+        for name, data in self.tail:
+            self.zw.add(f"{self.archive}/{name}", data)
         self.zw.commit()
         self.zw.close()
 
