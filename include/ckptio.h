@@ -1474,6 +1474,14 @@ typedef struct ckptio_landing {
 CKPTIO_API int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n,
                                    ckptio_landing *out, ckptio_block **blocks, size_t *n_blocks);
 CKPTIO_API void ckptio_block_free(void *base); /* accepts NULL */
+/* The same choice for `n` byte ranges of a file that ckptio_file_read will read (their `dst`
+ * ignored): a range of 4096 bytes or more gets a block of its own with `lead` bytes before it,
+ * its file offset's distance from the alignment below, so a direct read lands in place; smaller
+ * ranges share blocks of 4 MiB at 64-byte alignment. Set each range's dst to blocks[block].base
+ * + at, then read. On success *blocks (free() it) holds *n_blocks blocks, each the caller's to
+ * free with ckptio_block_free; on failure nothing is left allocated. Since 0.3. */
+CKPTIO_API int ckptio_file_place(const ckptio_range *ranges, size_t n, ckptio_landing *out,
+                                 ckptio_block **blocks, size_t *n_blocks);
 #endif /* CKPTIO_EXPERIMENTAL */
 
 /* ------------------------------------------------------------------------------------------ */

@@ -497,6 +497,45 @@ static int test_place(void)
     return 0;
 }
 
+/* The same choice for byte ranges of any file: a block of its own for 4 KiB or more, with
+ * the lead that puts its first byte where the file has it in its page (so a direct read lands
+ * in place), slab places for smaller ones; ckptio_file_read into them returns the bytes. */
+static int test_file_place(void)
+{
+    enum { PN = 4 };
+    const size_t len = 2 * MiB;
+    unsigned char *want = t_alloc(len);
+    t_fill(want, len, 41);
+    const char *path = t_path("f");
+    CHECK(t_write_file(path, want, len) == 0);
+    uint64_t off[PN] = {100, 8192, 5000, 4096 * 3 + 64}, n[PN] = {3000, 0, 64, 700000};
+    ckptio_range rg[PN];
+    for (size_t i = 0; i < PN; i++)
+        rg[i] = (ckptio_range){.size = sizeof rg[0], .offset = off[i], .len = n[i]};
+    ckptio_landing land[PN] = {{.size = sizeof(ckptio_landing)}};
+    ckptio_block *blocks;
+    size_t nb;
+    CHECK_OK(ckptio_file_place(rg, PN, land, &blocks, &nb));
+    CHECK(nb == 2); /* one slab (3000 and 64 bytes), one block of its own */
+    CHECK(land[1].block == CKPTIO_NO_BLOCK);
+    CHECK(land[0].block == land[2].block && land[2].at % 64 == 0 && land[2].at >= 3000);
+    CHECK(land[3].block != land[0].block && land[3].lead == 64 && land[3].at == 64);
+    CHECK(land[3].capacity >= n[3] && (land[3].at + land[3].capacity) % ckptio_alignment() == 0);
+    for (size_t i = 0; i < PN; i++)
+        if (land[i].block != CKPTIO_NO_BLOCK)
+            rg[i].dst = (uint8_t *)blocks[land[i].block].base + land[i].at;
+    CHECK_OK(ckptio_file_read(path, rg, PN, NULL, NULL));
+    for (size_t i = 0; i < PN; i++)
+        if (n[i]) CHECK(!memcmp(rg[i].dst, want + off[i], n[i]));
+    for (size_t b = 0; b < nb; b++) ckptio_block_free(blocks[b].base);
+    free(blocks);
+    land[0].size = 4;
+    CHECK_ERR(ckptio_file_place(rg, PN, land, &blocks, &nb), CKPTIO_E_USAGE);
+    CHECK(nb == 0 && !blocks);
+    t_free(want, len);
+    return 0;
+}
+
 /* Read every tensor of `ck` shared as reader (index, count); the parts must come in rotation
  * from part `index`, cover every region once, and the bytes must match. */
 static int shared_check(const char *ck, size_t n, const uint64_t *sizes, unsigned char **want,
@@ -602,5 +641,6 @@ const ckptio_test tests_reads[] = {
     {"reads/file_read_cached", test_file_read_cached, T_PER_BACKEND, 60},
     {"reads/shared_rotation", test_shared_rotation, T_PER_BACKEND, 120},
     {"reads/place", test_place, 0, 60},
+    {"reads/file-place", test_file_place, 0, 60},
     {0},
 };

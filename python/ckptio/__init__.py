@@ -25,7 +25,7 @@ module level or inside a function; tests/python/test_structure.py checks it from
   (Shard, RankLocal, the multi-rank save), ranks/_share (shared reads of replicated loads).
 - save and load: _save, _mapped, _into, _load, _async, _manager.
 - formats: the front ends of other layouts: safetensors, formats/_hf (which adds its reader
-  to _load's), orbax, formats/_torch_state, formats/_torch_dcp, _convert (the ckptio
+  to _load's), orbax, formats/_torch_state, formats/_torch_dcp, formats/_torch_zip, _convert (the ckptio
   command's `python -m ckptio._convert`).
 - public: this module, ckptio.torch and __main__, and the training frameworks' hooks, each
   imported only by name: ckptio.deepspeed (DeepSpeed's checkpoint engine), ckptio.lightning

@@ -565,7 +565,7 @@ class _Rebuilt:
 
 class TorchSink:
     """A torch.save zip archive written into the engine's temporary file by ckptio's zip writer:
-    the records ckptio.torch.save writes, in its order (ckptio.torch._records), with data.pkl
+    the records ckptio.torch.save writes, in its order (formats/_torch_zip.records), with data.pkl
     made here from the tree (its tensors are not in memory: torch's own pickling needs them),
     each storage record streamed as its bytes arrive, at a multiple of 64 (torch.load(mmap=True)
     needs it), CRCs computed in C."""
@@ -577,12 +577,12 @@ class TorchSink:
         self.zw: Any = None
 
     def begin(self, tensors: list[tuple[str, int, tuple[int, ...]]], meta: dict[str, bytes], tmp: str) -> None:  # fmt: skip
-        from .torch import _records
+        from .formats._torch_zip import records
 
         tree, metas = _sink_tree(tensors, meta)
         self.sizes = [_nbytes(m) for m in metas]
         pkl = _data_pkl(tree, {id(m): i for i, m in enumerate(metas)})
-        recs = _records(pkl, {str(i): i for i in range(len(metas))}, False)
+        recs = records(pkl, {str(i): i for i in range(len(metas))}, False)
         last = [name for name, _ in recs].index("version")  # the storages end there
         head, self.tail = recs[: last - len(metas)], recs[last:]
         self.zw = _core.ZipWriter(tmp, {"staging_bytes": 16 << 20})

@@ -199,6 +199,11 @@ int ckptio__pybuffer_register(PyObject *m); /* _core_buffer.c: Buffer */
 /* A Buffer that owns `base` (from ckptio_reader_place: it frees it as ckptio_block_free does),
  * or NULL with an exception set (then `base` is still the caller's). */
 PyObject *ckptio__pybuffer_adopt(void *base, Py_ssize_t len);
+/* [(Buffer or None, at, capacity, lead)] for n landings in nb placed blocks (each becomes a
+ * Buffer that frees it; `blocks` itself is freed), or NULL with an exception set (every block
+ * freed). */
+PyObject *ckptio__pylandings(ckptio_block *blocks, size_t nb, const ckptio_landing *land,
+                             size_t n);
 int ckptio__pywriter_register(PyObject *m); /* _core_writer.c: Writer, AddItem, stage_arrays */
 int ckptio__pyreader_register(PyObject *m); /* _core_reader.c: Reader and its records */
 int ckptio__pyfile_register(PyObject *m);   /* _core_file.c: FileWriter, file_read */

@@ -243,3 +243,28 @@ int ckptio__pybuffer_register(PyObject *m)
     if (PyType_Ready(&Buffer_Type) < 0) return -1;
     return PyModule_AddObjectRef(m, "Buffer", (PyObject *)&Buffer_Type);
 }
+
+PyObject *ckptio__pylandings(ckptio_block *blocks, size_t nb, const ckptio_landing *land, size_t n)
+{
+    /* Each block is a Buffer from here on: it frees the memory. */
+    size_t b = 0;
+    PyObject *res = NULL, *bufs = PyList_New((Py_ssize_t)nb);
+    for (; bufs && b < nb; b++) {
+        PyObject *buf = ckptio__pybuffer_adopt(blocks[b].base, (Py_ssize_t)blocks[b].len);
+        if (!buf) break;
+        PyList_SET_ITEM(bufs, (Py_ssize_t)b, buf);
+    }
+    if (b == nb) res = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; res && i < n; i++) {
+        const ckptio_landing *l = &land[i];
+        PyObject *buf = l->block == CKPTIO_NO_BLOCK ? Py_None : PyList_GET_ITEM(bufs, l->block);
+        PyObject *t = Py_BuildValue("(OKKK)", buf, (unsigned long long)l->at,
+                                    (unsigned long long)l->capacity, (unsigned long long)l->lead);
+        if (!t) Py_CLEAR(res);
+        else PyList_SET_ITEM(res, (Py_ssize_t)i, t);
+    }
+    for (size_t k = b; k < nb; k++) ckptio_block_free(blocks[k].base);
+    free(blocks);
+    Py_XDECREF(bufs);
+    return res;
+}

@@ -232,6 +232,49 @@ FILE_HANDLE_TYPE(zip_writer, ZipWriter_Type, "ckptio._core.ZipWriter",
 
 ckptio__pyhandle_type *const ckptio__pyZipWriter_Type = &ZipWriter_Type;
 
+/* file_place([(file_offset, length)]) -> [(Buffer or None, at, capacity, lead)]: memory the
+ * library chose for each range of a file (ckptio_file_place), its blocks as Buffers. */
+static PyObject *mod_file_place(PyObject *mod, PyObject *seq)
+{
+    (void)mod;
+    PyObject *fast = PySequence_Fast(seq, "file_place expects a sequence of (offset, length)");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    ckptio_range *rg = PyMem_Calloc((size_t)n + 1, sizeof *rg);
+    ckptio_landing *land = PyMem_Calloc((size_t)n + 1, sizeof *land);
+    PyObject *res = NULL;
+    if (!rg || !land) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long off, len;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "KK:file_place range", &off,
+                              &len))
+            goto out;
+        rg[i] = (ckptio_range){.size = sizeof rg[i], .offset = off, .len = len};
+    }
+    land[0].size = sizeof *land;
+    ckptio_block *blocks = NULL;
+    size_t nb = 0;
+    int rc;
+    char msg[1024] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = ckptio_file_place(rg, (size_t)n, land, &blocks, &nb);
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        ckptio__pyraise(rc, msg, NULL);
+        goto out;
+    }
+    res = ckptio__pylandings(blocks, nb, land, (size_t)n);
+out:
+    PyMem_Free(rg);
+    PyMem_Free(land);
+    Py_DECREF(fast);
+    return res;
+}
+
 /* file_read(path, [(file_offset, length, dst, dst_offset)], params) -> stats tuple */
 static PyObject *mod_file_read(PyObject *mod, PyObject *args)
 {
@@ -300,6 +343,9 @@ out:
 }
 
 static PyMethodDef file_functions[] = {
+    {"file_place", mod_file_place, METH_O,
+     "file_place([(offset, length)]) -> [(Buffer or None, at, capacity, lead)]: memory the "
+     "library chose for each range of a file"},
     {"file_read", mod_file_read, METH_VARARGS,
      "file_read(path, [(offset, length, dst, dst_offset)], params=None) -> stats tuple"},
     {NULL, NULL, 0, NULL},

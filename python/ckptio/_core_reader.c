@@ -363,8 +363,8 @@ static PyObject *Reader_place(PyObject *self, PyObject *seq)
     ckptio_landing *land = NULL;
     uint64_t *dims = NULL;
     ckptio_block *blocks = NULL;
-    size_t nb = 0, b = 0;
-    PyObject *bufs = NULL, *res = NULL;
+    size_t nb = 0;
+    PyObject *res = NULL;
     if (!fast) goto out;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     PyObject **items = PySequence_Fast_ITEMS(fast);
@@ -393,27 +393,9 @@ static PyObject *Reader_place(PyObject *self, PyObject *seq)
         ckptio__pyhandle_fail(self, rc, n == 1 ? tensor_name(r, regs[0].tensor) : NULL);
         goto out;
     }
-    /* Each block is a Buffer from here on: it frees the memory. */
-    bufs = PyList_New((Py_ssize_t)nb);
-    for (; bufs && b < nb; b++) {
-        PyObject *buf = ckptio__pybuffer_adopt(blocks[b].base, (Py_ssize_t)blocks[b].len);
-        if (!buf) break;
-        PyList_SET_ITEM(bufs, (Py_ssize_t)b, buf);
-    }
-    if (b < nb) goto out;
-    res = PyList_New(n);
-    for (Py_ssize_t i = 0; res && i < n; i++) {
-        const ckptio_landing *l = &land[i];
-        PyObject *buf = l->block == CKPTIO_NO_BLOCK ? Py_None : PyList_GET_ITEM(bufs, l->block);
-        PyObject *t = Py_BuildValue("(OKKK)", buf, (unsigned long long)l->at,
-                                    (unsigned long long)l->capacity, (unsigned long long)l->lead);
-        if (!t) Py_CLEAR(res);
-        else PyList_SET_ITEM(res, i, t);
-    }
+    res = ckptio__pylandings(blocks, nb, land, (size_t)n);
+    blocks = NULL; /* the Buffers' now, or freed */
 out:
-    for (size_t k = b; k < nb; k++) ckptio_block_free(blocks[k].base);
-    free(blocks);
-    Py_XDECREF(bufs);
     PyMem_Free(regs);
     PyMem_Free(land);
     PyMem_Free(dims);

@@ -39,8 +39,6 @@ Region = Any  # a slice, an int, Ellipsis, None (a new axis), or a tuple of them
 
 _ALIGN: int = _core.alignment
 _region = _core.read_region
-# Tensors smaller than this share slabs of memory instead of taking a page each.
-_SMALL = 4096
 # Fresh memory costs a page fault per page (zeroing, page tables). "none": the read takes them
 # (in the kernel, while other requests are in flight on the device); "prefault": another
 # thread faults the buffers in, in order, while the read runs. Measured here
@@ -130,7 +128,7 @@ class _Alloc:
             _region(index, offset, shape, buf, at, cap, lead)
             for (index, offset, shape), (buf, at, cap, lead) in zip(self.specs, places)
         ]
-        fresh = [p[0] for p in places if p[2] >= _SMALL]  # blocks of their own
+        fresh = list({id(p[0]): p[0] for p in places if p[0] is not None}.values())  # each block once
         if share is not None:
             from .ranks import _share
 
@@ -232,13 +230,12 @@ def _region_box(
                 inner.append(slice(None, None, step) if step != 1 else slice(None))
         else:
             j = operator.index(i)  # an integer index drops the dimension
-            if j < -dim:
+            if not -dim <= j < dim:  # also where another dimension's slice is empty
                 raise error(
                     RANGE, f"tensor '{name}': index {j} is out of bounds for a dimension of {dim}"
                 )
             if j < 0:
                 j += dim
-            # j >= dim: the library refuses the box, naming the file and tensor.
             off.append(j)
             size.append(1)
             inner.append(0)

@@ -259,7 +259,22 @@ done:
     return out;
 }
 
+/* st_dtypes() -> [(name, ckptio code or 0)]: the library's table of safetensors dtypes. */
+static PyObject *mod_st_dtypes(PyObject *mod, PyObject *unused)
+{
+    (void)mod, (void)unused;
+    PyObject *out = PyList_New(0);
+    for (int i = 1; out && i < CKPTIO_ST_COUNT; i++) {
+        PyObject *t = Py_BuildValue("(si)", ckptio_st_dtype_name(i), ckptio_st_dtype_ckptio(i));
+        if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+    return out;
+}
+
 static PyMethodDef st_methods[] = {
+    {"st_dtypes", mod_st_dtypes, METH_NOARGS,
+     "st_dtypes() -> [(safetensors dtype name, ckptio dtype code or 0)]"},
     {"st_parse", mod_st_parse, METH_VARARGS,
      "st_parse(header, file_size, declared=len(header)) -> ([(name, dtype, code, shape, begin, "
      "end)] in file order, metadata dict or None)"},

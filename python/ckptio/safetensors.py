@@ -25,19 +25,18 @@ tensor([3., 4., 5.])
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from . import _core, _dtypes
 from ._errors import DTYPE, USAGE, CheckpointError, InvalidType, error
-from ._load import prefaulting
 from ._options import Stats, params
+from .formats._hf import NO_CODE, HFReader
 
 __all__ = ["save_file", "load_file", "safe_open", "last_stats", "DATA_ALIGNMENT"]
 
@@ -46,50 +45,39 @@ PathLike = str | os.PathLike[str]
 #: Where the data of files written by save_file starts, and how large tensors are laid out.
 DATA_ALIGNMENT = 4096
 
-_ALIGN: int = _core.alignment
-# Tensors smaller than this are read into memory of their own exact size (a copy through
-# staging costs nothing at that size); larger ones into page-aligned buffers, in place.
-_SMALL = 64 << 10
+# safetensors dtype -> ckptio's dtype code, 0 where ckptio has none: the library's table.
+_CODES: dict[str, int] = dict(_core.st_dtypes())
+_ST_OF_CODE = {code: st for st, code in _CODES.items() if code}
 
-# safetensors dtype -> (bytes per element, torch dtype name, numpy dtype name; "ml_dtypes:"
-# names need the ml_dtypes package). F4 and F6_* pack elements below a byte: not loadable.
-DTYPES: dict[str, tuple[int, str, str]] = {
-    "BOOL": (1, "bool", "bool"),
-    "U8": (1, "uint8", "uint8"),
-    "I8": (1, "int8", "int8"),
-    "F8_E5M2": (1, "float8_e5m2", "ml_dtypes:float8_e5m2"),
-    "F8_E4M3": (1, "float8_e4m3fn", "ml_dtypes:float8_e4m3fn"),
-    "F8_E8M0": (1, "float8_e8m0fnu", "ml_dtypes:float8_e8m0fnu"),
-    "F8_E4M3FNUZ": (1, "float8_e4m3fnuz", "ml_dtypes:float8_e4m3fnuz"),
-    "F8_E5M2FNUZ": (1, "float8_e5m2fnuz", "ml_dtypes:float8_e5m2fnuz"),
-    "I16": (2, "int16", "int16"),
-    "U16": (2, "uint16", "uint16"),
-    "F16": (2, "float16", "float16"),
-    "BF16": (2, "bfloat16", "ml_dtypes:bfloat16"),
-    "I32": (4, "int32", "int32"),
-    "U32": (4, "uint32", "uint32"),
-    "F32": (4, "float32", "float32"),
-    "C64": (8, "complex64", "complex64"),
-    "F64": (8, "float64", "float64"),
-    "I64": (8, "int64", "int64"),
-    "U64": (8, "uint64", "uint64"),
-}
+_ST_OF_NAME = {name: st for st, name in NO_CODE.items()}
 
-_FRAMEWORKS = {"pt": "pt", "torch": "pt", "np": "np", "numpy": "np", "jax": "jax", "flax": "jax"}
-
-
-def _round_up(n: int, a: int = _ALIGN) -> int:
-    return (n + a - 1) // a * a
+# safetensors' framework names -> ckptio's adapters
+_FRAMEWORKS = {"pt": "torch", "torch": "torch", "np": "numpy", "numpy": "numpy", "jax": "jax",
+               "flax": "jax"}  # fmt: skip
 
 
 # ---- dtypes ------------------------------------------------------------------------------
+
+
+def itemsize(st: str) -> int:
+    """Bytes per element of a loadable safetensors dtype."""
+    code = _CODES.get(st, 0)
+    return _dtypes.ITEMSIZE[code] if code else 1
+
+
+def loadable(st: str) -> bool:
+    """Whether ckptio reads tensors of safetensors dtype ``st`` (not F4 and F6_*)."""
+    return bool(_CODES.get(st)) or st in NO_CODE
 
 
 def torch_dtype(st: str, name: str, path: str) -> Any:
     """The torch dtype of safetensors dtype ``st`` (tensor ``name`` of ``path``)."""
     import torch
 
-    dt = getattr(torch, DTYPES[st][1], None) if st in DTYPES else None
+    from .frameworks._torch import tables
+
+    code = _CODES.get(st, 0)
+    dt = tables()[1].get(code) if code else getattr(torch, NO_CODE.get(st, "-"), None)
     if not isinstance(dt, torch.dtype):
         raise error(
             DTYPE, f"{path}: tensor '{name}' has safetensors dtype {st}, which ckptio cannot load "
@@ -100,50 +88,40 @@ def torch_dtype(st: str, name: str, path: str) -> Any:
 
 def np_dtype(st: str, name: str, path: str) -> np.dtype[Any]:
     """The numpy dtype of safetensors dtype ``st`` (bf16 and float8 through ml_dtypes)."""
-    spec = DTYPES.get(st)
-    if spec is not None:
-        npname = spec[2]
-        if not npname.startswith("ml_dtypes:"):
-            return np.dtype(npname)
-        try:
-            import ml_dtypes
-
-            found = getattr(ml_dtypes, npname[10:], None)
-        except ImportError:  # pragma: no cover - ml_dtypes comes with our requirements
-            found = None
-        if found is not None:
-            return np.dtype(found)
+    code = _CODES.get(st, 0)
+    found: Any = None
+    if code:
+        found = _dtypes.code_to_np().get(code)
+    elif st in NO_CODE:
+        m = _dtypes.ml_dtypes()
+        found = getattr(m, NO_CODE[st], None) if m is not None else None
+    if found is not None:
+        return np.dtype(found)
     raise error(
         DTYPE, f"{path}: tensor '{name}' has safetensors dtype {st}, which ckptio cannot load as "
-        "a numpy array" + (" (install ml_dtypes)" if spec is not None else ""),
+        "a numpy array" + (" (install ml_dtypes)" if loadable(st) else ""),
     )  # fmt: skip
 
 
 def _st_of_torch(t: Any, name: str) -> str:
+    from .frameworks._torch import tables
+
+    code = tables()[0].get(t.dtype)
     want = str(t.dtype).removeprefix("torch.")
-    for st, (_size, tname, _np) in DTYPES.items():
-        if tname == want:
-            return st
-    raise error(DTYPE, f"tensor '{name}': torch.{want} has no safetensors dtype")
+    st = _ST_OF_CODE.get(code) if code else _ST_OF_NAME.get(want)
+    if st is None:
+        raise error(DTYPE, f"tensor '{name}': torch.{want} has no safetensors dtype")
+    return st
 
 
 def _st_of_np(dt: np.dtype[Any], name: str) -> str:
-    global _NP_ST
-    if _NP_ST is None:
-        table = {}
-        for st in DTYPES:
-            try:
-                table[np_dtype(st, "", "")] = st
-            except CheckpointError:  # pragma: no cover - without ml_dtypes
-                pass
-        _NP_ST = table
-    found = _NP_ST.get(dt)
-    if found is None:
+    code = _dtypes.np_to_code().get(dt)
+    st = _ST_OF_CODE.get(code) if code else None
+    if st is None and dt.kind == "V" and dt.names is None:  # an ml_dtypes float8
+        st = _ST_OF_NAME.get(dt.name)
+    if st is None:
         raise error(DTYPE, f"tensor '{name}': numpy dtype {dt} has no safetensors dtype")
-    return found
-
-
-_NP_ST: dict[np.dtype[Any], str] | None = None
+    return st
 
 
 # ---- headers -----------------------------------------------------------------------------
@@ -247,55 +225,17 @@ def _os_error(e: OSError, path: str) -> CheckpointError:
     return _from_code(code, name, f"cannot open '{path}': {e.strerror}")
 
 
-# ---- reading -----------------------------------------------------------------------------
+# ---- reading ----------------------------------------------------------------------------
 
 
-class _File:
-    """One safetensors file open in the library's reader (``_core.open_foreign``): its
-    tensors as Entry objects, read as regions, with the stats of each read apart."""
-
-    __slots__ = ("path", "r", "entries", "index", "_last")
-
-    def __init__(self, path: PathLike, p: dict[str, int]) -> None:
-        self.path = os.fspath(path)
-        try:
-            self.r = _core.open_foreign(self.path, p)
-        except CheckpointError as e:
-            raise _with_path(e, self.path) if self.path not in str(e) else e from None
-        recs = self.r.tensors()
-        sts = self.r.st_dtypes()
-        found = []
-        for i, (t, st) in enumerate(zip(recs, sts)):
-            c = self.r.chunks(i)[0]
-            shape = tuple(t.shape)
-            if t.dtype == _dtypes.BYTES:  # served as bytes: the safetensors shape is known
-                shape = shape[:-1] if st in DTYPES else _st_shape(self.path, t.name)
-            code = 0 if t.dtype == _dtypes.BYTES else t.dtype
-            e = Entry(t.name, st, code, shape, c.file_offset, t.nbytes)
-            found.append((c.file_offset, i, e))
-        found.sort(key=lambda x: (x[0], x[1]))
-        self.entries = {e.name: e for _off, _i, e in found}  # in file order
-        self.index = {e.name: i for _off, i, e in found}
-        self._last: tuple[int, int, int, float] = (0, 0, 0, 0.0)
-
-    def entry(self, name: str) -> Entry:
-        e = self.entries.get(name)
-        if e is None:
-            raise error("CKPTIO_E_NOT_FOUND", f"{self.path}: no tensor '{name}' in this file")
-        return e
-
-    def read(self, regions: list[Any], fresh: list[Any], fresh_bytes: int) -> Any:
-        """Read the regions; the IOStats of this read alone."""
-        prefaulting(fresh, fresh_bytes, self.r.read, regions)
-        t = self.r.stats()
-        b, io, n, sec = self._last
-        self._last = (t.bytes, t.io_bytes, t.tensors, t.seconds)
-        b, io, n, sec = t.bytes - b, t.io_bytes - io, t.tensors - n, t.seconds - sec
-        gbps = b / sec / 1e9 if sec > 0 else 0.0
-        return _core.IOStats((b, io, n, sec, gbps, t.backend, t.direct, t.alignment))
-
-    def close(self) -> None:
-        self.r.close()
+def _open(filename: PathLike, io_options: dict[str, Any] | None) -> Any:
+    """The reader of every ckptio load of safetensors (ckptio.formats._hf.HFReader: the
+    library's foreign reader, the planner, placement in C)."""
+    path = os.fspath(filename)
+    try:
+        return HFReader(path, **(io_options or {}))
+    except CheckpointError as e:
+        raise _with_path(e, path) if path not in str(e) else e from None
 
 
 def _st_shape(path: str, name: str) -> tuple[int, ...]:
@@ -303,60 +243,18 @@ def _st_shape(path: str, name: str) -> tuple[int, ...]:
     return read_header(path).entry(name).shape
 
 
-def _whole(f: _File, e: Entry, regions: list[Any], fresh: list[Any]) -> tuple[Any, int]:
-    """Memory for all of tensor ``e`` and its region: (buffer, offset of its first byte). A
-    small tensor gets exact memory of its own (as stock safetensors gives each tensor its own
-    storage: a slab shared with others would go whole into a torch.save of one of them); a big
-    one the block the reader places it in (ckptio_reader_place: page-aligned, placed in its
-    page as the tensor is in its file's, with room before it, so the read lands in place)."""
-    n = e.nbytes
-    i = f.index[e.name]
-    if n == 0:
-        return None, 0
-    if n < _SMALL:
-        small = np.empty(n, np.uint8)
-        regions.append(_core.read_region(i, None, None, small, 0, n))
-        return small, 0
-    ((buf, at, cap, lead),) = f.r.place([(i, None, None)])
-    fresh.append(buf)
-    regions.append(_core.read_region(i, None, None, buf, at, cap, lead))
-    return buf, at
-
-
-def _tensor(fw: str, buf: Any, at: int, e: Entry, shape: tuple[int, ...], device: Any) -> Any:
-    """The framework object of ``shape`` over ``buf`` at ``at`` (None: an empty tensor)."""
-    count = 1
-    for d in shape:
-        count *= d
-    if fw == "pt":
-        import torch
-
-        dt = torch_dtype(e.dtype, e.name, "")
-        if buf is None or count == 0:
-            t = torch.empty(shape, dtype=dt)
-        else:
-            t = torch.frombuffer(buf, dtype=dt, count=count, offset=at).reshape(shape)
-        if device is not None and str(device) != "cpu":
-            t = t.to(device)
-        return t
-    npdt = np_dtype(e.dtype, e.name, "")
-    a = np.empty(shape, npdt) if buf is None else np.ndarray(shape, npdt, buf, at)
-    if fw == "jax":
-        import jax
-
-        dev = device
-        if isinstance(dev, str):
-            dev = jax.devices(dev)[0] if dev != "cpu" else jax.devices("cpu")[0]
-        return jax.device_put(a, dev)
-    return a
-
-
-def _check_dtype(fw: str, e: Entry, path: str) -> None:
-    """Refuse, naming the tensor and file, a dtype the framework cannot hold, before reading."""
-    if fw == "pt":
-        torch_dtype(e.dtype, e.name, path)
-    else:
-        np_dtype(e.dtype, e.name, path)
+def _entries(r: Any) -> dict[str, Entry]:
+    """The file's tensors as safetensors names them, in the order of their data in the file."""
+    found = []
+    for i, (t, st) in enumerate(zip(r._r.tensors(), r._r.st_dtypes())):
+        c = r._r.chunks(i)[0]
+        shape = tuple(t.shape)
+        if t.dtype == _dtypes.BYTES:  # served as bytes: the safetensors shape is known
+            shape = shape[:-1] if st in NO_CODE else _st_shape(r.path, t.name)
+        code = 0 if t.dtype == _dtypes.BYTES else t.dtype
+        found.append((c.file_offset, i, Entry(t.name, st, code, shape, c.file_offset, t.nbytes)))
+    found.sort(key=lambda x: (x[0], x[1]))
+    return {e.name: e for _off, _i, e in found}
 
 
 def _framework(framework: str) -> str:
@@ -378,35 +276,44 @@ def last_stats() -> Stats | None:
     return _last
 
 
-def _record(st: Any, t0: float, nbytes: int | None = None) -> None:
-    """Keep the stats of a read; ``nbytes``: the tensor bytes it delivered, where its ranges
-    also covered the page edges around them (``io_bytes`` keeps what was moved)."""
-    global _last
-    if st is not None:
-        s = Stats._from_core(st, time.perf_counter() - t0)
-        if nbytes is not None:
-            gbps = nbytes / s.seconds / 1e9 if s.seconds else 0.0
-            s = dataclasses.replace(s, bytes=nbytes, gbps=gbps)
-        _last = s
+class _Reads:
+    """The stats of each read of one reader, apart (the reader's own are cumulative)."""
+
+    def __init__(self, r: Any) -> None:
+        self.r = r
+        self.seen = (0, 0, 0, 0.0)
+
+    def record(self, t0: float, nbytes: int) -> None:
+        """Keep the last read's stats; ``nbytes``: the tensor bytes it delivered (its ranges
+        may also have covered the page edges around them: ``io_bytes`` keeps what was moved)."""
+        global _last
+        t = self.r._r.stats()
+        b, io, n, sec = self.seen
+        self.seen = (t.bytes, t.io_bytes, t.tensors, t.seconds)
+        b, io, n, sec = t.bytes - b, t.io_bytes - io, t.tensors - n, t.seconds - sec
+        if not b and not io:
+            return  # nothing was read (empty tensors)
+        gbps = nbytes / sec / 1e9 if sec > 0 else 0.0
+        st = _core.IOStats((nbytes, io, n, sec, gbps, t.backend, t.direct, t.alignment))
+        _last = Stats._from_core(st, time.perf_counter() - t0)
 
 
-def _load(
-    f: _File, names: Iterable[str], fw: str, device: Any, p: dict[str, int]
-) -> dict[str, Any]:
+def _load(r: Any, reads: _Reads, names: list[str] | None, fw: str, device: Any) -> dict[str, Any]:
+    """Tensors ``names`` (None: all) in one plan and one batched read, each where the library
+    places it (a page-aligned block of its own for 4 KiB or more, in place)."""
     t0 = time.perf_counter()
-    wanted = [f.entry(n) for n in names]
-    for e in wanted:
-        _check_dtype(fw, e, f.path)
-    regions: list[Any] = []
-    fresh: list[Any] = []
-    placed = [_whole(f, e, regions, fresh) for e in wanted]
-    if regions:
-        try:
-            st = f.read(regions, fresh, sum(len(b) for b in fresh))
-        except CheckpointError as ex:
-            raise _with_path(ex, f.path) if f.path not in str(ex) else ex from None
-        _record(st, t0, sum(e.nbytes for e in wanted))
-    return {e.name: _tensor(fw, b, at, e, e.shape, device) for e, (b, at) in zip(wanted, placed)}
+    tensors = r.tensors()
+    wanted = list(tensors) if names is None else names
+    for n in wanted:
+        if n not in tensors:
+            raise error("CKPTIO_E_NOT_FOUND", f"{r.path}: no tensor '{n}' in this file")
+    if names is None:
+        out = r.load(framework=fw, device=device)
+    else:
+        out = {n: r.read(n, framework=fw) for n in wanted}
+        out = {n: _place(fw, t, device) for n, t in out.items()}
+    reads.record(t0, sum(tensors[n].nbytes for n in wanted))
+    return dict(out)
 
 
 def load_file(
@@ -418,20 +325,16 @@ def load_file(
 ) -> dict[str, Any]:
     """``safetensors.torch.load_file``: every tensor of ``filename``, by name.
 
-    All tensors are read in one batched read, each into its own page-aligned memory (freed with
-    its tensor). ``device``: where torch tensors go ("cpu", "cuda:0"; through host memory), or
-    a jax device for ``framework="jax"``. ``framework``: "pt" (torch, the default), "np"
-    (numpy; bf16 and float8 as ml_dtypes) or "jax". ``io_options``: ckptio's I/O options
-    (backend, direct, ...). A dtype the framework cannot hold raises UnsupportedDtype naming
-    the tensor; a damaged header CorruptCheckpoint naming the file.
+    All tensors are planned and read in one batched read, each into its own page-aligned memory
+    (small ones share aligned slabs), freed with its tensor. ``device``: where torch tensors go
+    ("cpu", "cuda:0"), or a jax device for ``framework="jax"``. ``framework``: "pt" (torch, the
+    default), "np" (numpy; bf16 and float8 as ml_dtypes) or "jax". ``io_options``: ckptio's
+    I/O options (backend, direct, ...). A dtype the framework cannot hold raises
+    UnsupportedDtype naming the tensor; a damaged header CorruptCheckpoint naming the file.
     """
     fw = _framework(framework)
-    p = params(io_options or {})
-    f = _File(filename, p)
-    try:
-        return _load(f, list(f.entries), fw, device, p)
-    finally:
-        f.close()
+    with _open(filename, io_options) as r:
+        return _load(r, _Reads(r), None, fw, device)
 
 
 # ---- writing -----------------------------------------------------------------------------
@@ -488,7 +391,7 @@ def _layout(
     element size (each still starts on a multiple of its element size)."""
 
     def nbytes(it: tuple[str, str, tuple[int, ...], Any]) -> int:
-        n = DTYPES[it[1]][0]
+        n = itemsize(it[1])
         for d in it[2]:
             n *= d
         return n
@@ -496,7 +399,7 @@ def _layout(
     sized = [(it, nbytes(it)) for it in items]
     first = [x for x in sized if x[1] % DATA_ALIGNMENT == 0]
     rest = [x for x in sized if x[1] % DATA_ALIGNMENT != 0]
-    rest.sort(key=lambda x: -DTYPES[x[0][1]][0])
+    rest.sort(key=lambda x: -itemsize(x[0][1]))
     out = []
     at = 0
     for (name, st, shape, get), n in first + rest:
@@ -610,13 +513,14 @@ class safe_open:  # noqa: N801 - the name safetensors gives it
     ) -> None:
         self._fw = _framework(framework)
         self._device = device
-        self._p = params(io_options or {})
-        self._f: _File | None = _File(filename, self._p)
+        self._r: Any = _open(filename, io_options)
+        self._reads = _Reads(self._r)
+        self._entries = _entries(self._r)
 
-    def _file(self) -> _File:
-        if self._f is None:
+    def _reader(self) -> Any:
+        if self._r is None:
             raise error("CKPTIO_E_STATE", "the file is closed")
-        return self._f
+        return self._r
 
     def __enter__(self) -> safe_open:
         return self
@@ -625,67 +529,50 @@ class safe_open:  # noqa: N801 - the name safetensors gives it
         self.close()
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-        self._f = None
+        if self._r is not None:
+            self._r.close()
+        self._r = None
 
     def keys(self) -> list[str]:
-        return sorted(self._file().entries)
+        self._reader()
+        return sorted(self._entries)
 
     def offset_keys(self) -> list[str]:
         """The names in the order of their data in the file."""
-        return list(self._file().entries)
+        self._reader()
+        return list(self._entries)
 
     def metadata(self) -> dict[str, str] | None:
-        m = self._file().r.meta()
+        m = self._reader()._r.meta()
         return {k: v.decode() for k, v in m.items()} if m else None
 
     def get_tensor(self, name: str) -> Any:
-        return _load(self._file(), [name], self._fw, self._device, self._p)[name]
+        return _load(self._reader(), self._reads, [name], self._fw, self._device)[name]
 
     def get_tensors(self) -> dict[str, Any]:
-        f = self._file()
-        return _load(f, list(f.entries), self._fw, self._device, self._p)
+        return _load(self._reader(), self._reads, None, self._fw, self._device)
 
     def get_slice(self, name: str) -> _Slice:
-        return _Slice(self, self._file().entry(name))
+        self._reader()
+        e = self._entries.get(name)
+        if e is None:
+            raise error("CKPTIO_E_NOT_FOUND", f"{self._r.path}: no tensor '{name}' in this file")
+        return _Slice(self, e)
 
     def _read_slice(self, e: Entry, index: Any) -> Any:
-        from ._load import _region_box
-
-        f = self._file()
-        _check_dtype(self._fw, e, f.path)
+        r = self._reader()
         t0 = time.perf_counter()
         # sl[None] adds a dimension, as in numpy and torch; None alone is read()'s "whole".
-        off, size, inner = _region_box((None,) if index is None else index, e.shape, e.name)
-        for o, s, d in zip(off, size, e.shape):
-            if o + s > d:
-                raise error(
-                    "CKPTIO_E_RANGE",
-                    f"{f.path}: tensor '{e.name}': index {o} is out of bounds for a dimension "
-                    f"of {d}",
-                )
-        item = DTYPES[e.dtype][0]
-        n = item
-        for d in size:
-            n *= d
-        buf: Any = None
-        if n:
-            # The library plans the box's runs (coalescing near ones) and reads only them.
-            buf = np.empty(n, np.uint8) if n < _SMALL else _core.Buffer(_round_up(n))
-            cap = n if n < _SMALL else len(buf)
-            raw = (0,) if e.code == 0 else ()  # served as bytes with a trailing 1 (F8_E8M0)
-            reg = _core.read_region(f.index[e.name], off + raw, size + (1,) * len(raw), buf, 0, cap)
-            fresh = [buf] if n >= _SMALL else []
-            _record(f.read([reg], fresh, n if fresh else 0), t0)
-        obj = _tensor(self._fw if self._fw != "jax" else "np", buf, 0, e, size, None)
-        if inner:
-            obj = obj[inner]
+        region = (None,) if index is None else index
+        # The library plans the box's runs (coalescing near ones) and reads only them.
+        obj = r.read(e.name, region, framework="numpy" if self._fw == "jax" else self._fw)
+        self._reads.record(t0, obj.nbytes if hasattr(obj, "nbytes") else 0)
         return _place(self._fw, obj, self._device)
 
 
 def _place(fw: str, obj: Any, device: Any) -> Any:
-    if fw == "pt":
+    """``obj`` (read into host memory) on ``device``."""
+    if fw == "torch":
         if device is not None and str(device) != "cpu":
             return obj.to(device)
         return obj

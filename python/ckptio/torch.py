@@ -25,7 +25,6 @@ import contextlib
 import inspect
 import os
 import pickle
-import sys
 import time
 from collections.abc import Iterator
 from typing import IO, Any
@@ -38,6 +37,7 @@ from ._dtypes import U8
 from ._errors import USAGE, CheckpointError, CheckpointExists, carry_values, error
 from ._options import IO_OPTIONS, Stats, params
 from .formats._torch_state import load_state_dict
+from .formats._torch_zip import records as _records
 from .frameworks import _gpu
 
 __all__ = ["save", "save_async", "load", "load_state_dict", "STORAGE_ALIGNMENT", "SAVE_OPTIONS"]
@@ -54,9 +54,6 @@ _ZIP_MAGIC = b"PK\x03\x04"
 # the drop-ins (torch.save = ckptio.torch.save) does not send them back to themselves.
 _TORCH_SAVE = _torch.serialization.save
 _TORCH_LOAD = _torch.serialization.load
-# Storage records smaller than this are loaded into torch-allocated memory, larger ones into
-# page-aligned buffers the reads land in with no copy.
-_SMALL_RECORD = 64 << 10
 _TRUE = ("1", "y", "yes", "true")
 
 
@@ -358,36 +355,11 @@ def _pickle(obj: object, pickle_module: Any, pickle_protocol: int) -> tuple[byte
     return pkl.pop(), out
 
 
-def _records(pkl: bytes, storages: dict[str, Any], disable_byteorder: bool) -> list[tuple[str, Any]]:
-    """The records of a torch archive, in the order torch.save writes them (without the
-    common prefix): the pickle, torch's format records, each storage (an untyped storage),
-    then what torch's archive writer adds at its end."""
-    alignment = getattr(_torch.serialization, "_get_storage_alignment", lambda: 64)()
-    out: list[tuple[str, Any]] = [
-        ("data.pkl", pkl), (".format_version", b"1"), (".storage_alignment", str(alignment).encode()),
-    ]  # fmt: skip
-    if not disable_byteorder:
-        out.append(("byteorder", sys.byteorder.encode()))
-    out += [(f"data/{key}", s) for key, s in storages.items()]
-    out.append(("version", b"3\n"))
-    if disable_byteorder:
-        out.append(("byteorder", sys.byteorder.encode()))
-    out.append((".data/serialization_id", _serialization_id().encode()))
-    return out
-
-
 def _host_bytes(storage: Any) -> Any:
     """An untyped storage's bytes in host memory: its own for a CPU storage, else a copy."""
     if storage.device.type != "cpu":
         storage = storage.cpu()
     return _torch.empty(0, dtype=_torch.uint8).set_(storage).numpy()
-
-
-def _serialization_id() -> str:
-    """Forty digits, as torch's writer gives each archive (torch.load logs it)."""
-    import secrets
-
-    return f"{secrets.randbits(64):020d}{secrets.randbits(64):020d}"
 
 
 def _save_zip(obj: object, path: str, p: Any, crc: bool, pickle_module: Any, pickle_protocol: int,
@@ -553,28 +525,21 @@ class _PreRead:
 
 
 def _read_storages(path: str, zf: Any, p: tuple[int, ...]) -> dict[str, _torch.Tensor]:
-    """Every ``data/<key>`` record, each into its own page-aligned buffer, in one batched read.
-
-    One buffer per storage (not one for the whole file) so that each tensor's memory is freed
-    with it: keeping a small tensor does not keep the file's other storages alive.
-    """
+    """Every ``data/<key>`` record, in one batched read, each where the library places it
+    (ckptio_file_place: a page-aligned block of its own for 4 KiB or more, which the read
+    lands in; 64-byte-aligned places in shared slabs for the small ones, so that many small
+    storages cost no page each). Each storage's memory is freed with its tensors: keeping a
+    small tensor does not keep the file's large storages alive."""
+    names = [n for n in zf.get_all_records() if n.startswith("data/")]
+    spans = [(zf.get_record_offset(n), zf.get_record_size(n)) for n in names]
     ranges: list[tuple[int, int, Any, int]] = []
     out: dict[str, _torch.Tensor] = {}
-    for name in zf.get_all_records():
-        if not name.startswith("data/"):
+    for name, (off, n), (buf, at, _cap, _lead) in zip(names, spans, _core.file_place(spans)):
+        if buf is None:
+            out[name] = _torch.empty(0, dtype=_torch.uint8)
             continue
-        n = zf.get_record_size(name)
-        if n < _SMALL_RECORD:
-            # torch's own allocation, exact size: a page per scalar would add up in state
-            # dicts of many small tensors; reading these few bytes with a copy costs nothing.
-            t = _torch.empty(n, dtype=_torch.uint8)
-            if n:
-                ranges.append((zf.get_record_offset(name), n, t.numpy(), 0))
-        else:
-            buf = _core.Buffer(n)
-            ranges.append((zf.get_record_offset(name), n, buf, 0))
-            t = _torch.frombuffer(buf, dtype=_torch.uint8)  # the tensor keeps buf alive
-        out[name] = t
+        ranges.append((off, n, buf, at))
+        out[name] = _torch.frombuffer(buf, dtype=_torch.uint8, count=n, offset=at)  # keeps buf
     if ranges:
         ranges.sort(key=lambda r: r[0])
         _core.file_read(path, ranges, p)

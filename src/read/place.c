@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Destinations the reader chooses: a block of its own for each large region, slabs for the rest. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,70 @@ static uint64_t lead_of(const ckptio_reader *r, const box *bx, uint64_t align)
     return lead % es ? 0 : lead;
 }
 
+/* Where the next region of `nb` bytes lands (`lead` bytes before it usable: its file offset's
+ * distance from the alignment below), in a block of its own or the current slab. */
+typedef struct placer {
+    ckptio__vec blocks;
+    uint64_t used, slab, align; /* the current slab: block index and bytes used */
+} placer;
+
+static int place_next(placer *pl, uint64_t nb, uint64_t lead, ckptio_landing *l)
+{
+    *l = (ckptio_landing){.size = sizeof *l, .block = CKPTIO_NO_BLOCK};
+    if (nb >= OWN_BYTES) {
+        uint64_t len = lead ? ckptio__align_up(lead + nb, pl->align) : nb;
+        CKPTIO__TRY(new_block(&pl->blocks, len, pl->align));
+        *l = (ckptio_landing){.size = sizeof *l, .block = (uint32_t)(pl->blocks.len - 1),
+                              .at = lead, .capacity = ckptio__align_up(lead + nb, pl->align) - lead,
+                              .lead = lead};
+    } else if (nb) {
+        uint64_t at = ckptio__align_up(pl->used, 64);
+        if (pl->slab == NONE || at + nb > SLAB_BYTES) {
+            CKPTIO__TRY(new_block(&pl->blocks, SLAB_BYTES, pl->align));
+            pl->slab = pl->blocks.len - 1;
+            at = 0;
+        }
+        pl->used = at + nb;
+        *l = (ckptio_landing){.size = sizeof *l, .block = (uint32_t)pl->slab, .at = at,
+                              .capacity = nb};
+    }
+    return 0;
+}
+
+static void placer_init(placer *pl)
+{
+    ckptio__vec_init(&pl->blocks, sizeof(ckptio_block));
+    pl->used = 0;
+    pl->slab = NONE;
+    pl->align = ckptio_alignment();
+}
+
+/* Hand the blocks over (rc 0) or free them. */
+static int placer_end(placer *pl, int rc, ckptio_block **blocks, size_t *n_blocks)
+{
+    if (rc < 0) {
+        for (size_t b = 0; b < pl->blocks.len; b++)
+            free(CKPTIO__VEC_AT(&pl->blocks, ckptio_block, b)->base);
+        ckptio__vec_free(&pl->blocks);
+        return rc;
+    }
+    *blocks = pl->blocks.items;
+    *n_blocks = pl->blocks.len;
+    return 0;
+}
+
+/* The caller's landing array: its stride, from out[0].size. */
+static int landing_stride(ckptio__msg *m, const char *fn, size_t n, const ckptio_landing *out,
+                          uint32_t *stride)
+{
+    *stride = n ? out[0].size : 0;
+    if (n && *stride < sizeof(ckptio_landing))
+        return ckptio__fail(m, CKPTIO_E_USAGE,
+                            "%s: out[0].size is %u; set it to sizeof(ckptio_landing) (%zu here)",
+                            fn, *stride, sizeof(ckptio_landing));
+    return 0;
+}
+
 int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n,
                         ckptio_landing *out, ckptio_block **blocks, size_t *n_blocks)
 {
@@ -52,17 +117,11 @@ int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n
         return ckptio__fail(&r->msg, CKPTIO_E_USAGE, "ckptio_reader_place: NULL argument");
     *blocks = NULL;
     *n_blocks = 0;
-    uint32_t stride = n ? out[0].size : 0;
-    if (n && stride < sizeof(ckptio_landing))
-        return ckptio__fail(&r->msg, CKPTIO_E_USAGE,
-                            "ckptio_reader_place: out[0].size is %u; set it to "
-                            "sizeof(ckptio_landing) (%zu here)",
-                            stride, sizeof(ckptio_landing));
-    const uint64_t align = ckptio_alignment();
-    ckptio__vec bv;
-    ckptio__vec_init(&bv, sizeof(ckptio_block));
+    uint32_t stride;
+    CKPTIO__TRY(landing_stride(&r->msg, "ckptio_reader_place", n, out, &stride));
+    placer pl;
+    placer_init(&pl);
     int rc = 0;
-    uint64_t used = 0, slab = NONE; /* the current slab: block index and bytes used */
     for (size_t i = 0; i < n; i++) {
         ckptio_region reg;
         box bx;
@@ -72,38 +131,43 @@ int ckptio_reader_place(ckptio_reader *r, const ckptio_region *regions, size_t n
         reg.dst = &reg;
         reg.capacity = UINT64_MAX;
         CKPTIO__CHECK(ckptio__read_prepare_region(r, &reg, i, &bx));
-        ckptio_landing l = {.size = sizeof l, .block = CKPTIO_NO_BLOCK};
-        uint64_t nb = bx.bytes;
-        if (nb >= OWN_BYTES) {
-            uint64_t lead = lead_of(r, &bx, align);
-            uint64_t len = lead ? ckptio__align_up(lead + nb, align) : nb;
-            CKPTIO__CHECK(new_block(&bv, len, align));
-            l = (ckptio_landing){.size = sizeof l, .block = (uint32_t)(bv.len - 1), .at = lead,
-                                 .capacity = ckptio__align_up(lead + nb, align) - lead,
-                                 .lead = lead};
-        } else if (nb) {
-            uint64_t at = ckptio__align_up(used, 64);
-            if (slab == NONE || at + nb > SLAB_BYTES) {
-                CKPTIO__CHECK(new_block(&bv, SLAB_BYTES, align));
-                slab = bv.len - 1;
-                at = 0;
-            }
-            used = at + nb;
-            l = (ckptio_landing){.size = sizeof l, .block = (uint32_t)slab, .at = at,
-                                 .capacity = nb};
-        }
+        ckptio_landing l;
+        uint64_t lead = bx.bytes >= OWN_BYTES ? lead_of(r, &bx, pl.align) : 0;
+        CKPTIO__CHECK(place_next(&pl, bx.bytes, lead, &l));
         memcpy((uint8_t *)out + i * (size_t)stride, &l, sizeof l);
     }
 out:
     if (rc < 0) {
-        for (size_t b = 0; b < bv.len; b++) free(CKPTIO__VEC_AT(&bv, ckptio_block, b)->base);
-        ckptio__vec_free(&bv);
         if (rc == -ENOMEM && !r->msg.text[0])
             ckptio__fail(&r->msg, rc, "out of memory placing the tensors of '%s'", r->path);
         ckptio__refail(NULL, &r->msg, rc, NULL, NULL);
-        return rc;
     }
-    *blocks = bv.items;
-    *n_blocks = bv.len;
-    return 0;
+    return placer_end(&pl, rc, blocks, n_blocks);
+}
+
+int ckptio_file_place(const ckptio_range *ranges, size_t n, ckptio_landing *out,
+                      ckptio_block **blocks, size_t *n_blocks)
+{
+    if ((n && (!ranges || !out)) || !blocks || !n_blocks)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_file_place: NULL argument");
+    *blocks = NULL;
+    *n_blocks = 0;
+    uint32_t stride;
+    CKPTIO__TRY(landing_stride(NULL, "ckptio_file_place", n, out, &stride));
+    const uint32_t rstride = n ? ranges[0].size : 0;
+    if (n && rstride < offsetof(ckptio_range, dst) + sizeof(void *))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "ckptio_file_place: ranges[0].size is %u; set it to "
+                            "sizeof(ckptio_range) (%zu here)", rstride, sizeof(ckptio_range));
+    placer pl;
+    placer_init(&pl);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const ckptio_range *g = (const void *)((const uint8_t *)ranges + i * (size_t)rstride);
+        ckptio_landing l;
+        rc = place_next(&pl, g->len, g->offset % pl.align, &l);
+        if (rc == 0) memcpy((uint8_t *)out + i * (size_t)stride, &l, sizeof l);
+    }
+    if (rc < 0) ckptio__fail(NULL, rc, "ckptio_file_place: out of memory for %zu ranges", n);
+    return placer_end(&pl, rc, blocks, n_blocks);
 }

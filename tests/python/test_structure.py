@@ -33,6 +33,7 @@ FLOORS: list[tuple[str, list[str]]] = [
                        "ckptio._async", "ckptio._tiers", "ckptio._manager"]),
     ("formats", ["ckptio.formats", "ckptio.safetensors", "ckptio.formats._hf",
                  "ckptio.orbax", "ckptio.formats._torch_state", "ckptio.formats._torch_dcp",
+                 "ckptio.formats._torch_zip",
                  "ckptio._convert"]),
     ("public", ["ckptio", "ckptio.torch", "ckptio.__main__",
                 "ckptio.lightning", "ckptio.hf", "ckptio.deepspeed"]),

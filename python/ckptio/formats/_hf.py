@@ -24,7 +24,6 @@ from .._errors import DTYPE, error
 from .._load import PathLike, Reader, TensorInfo
 from .._stage import is_url
 from .._tree import Node
-from ..safetensors import DTYPES
 
 __all__ = ["handles", "HFReader", "INDEX_NAME"]
 
@@ -32,6 +31,13 @@ __all__ = ["handles", "HFReader", "INDEX_NAME"]
 INDEX_NAME = "model.safetensors.index.json"
 _INDEX_SUFFIX = ".safetensors.index.json"
 _FORMAT_FW = {"pt": "torch", "torch": "torch", "flax": "jax", "jax": "jax"}
+
+#: The 8-bit safetensors dtypes ckptio has no code for (its reader serves them as bytes), by
+#: the name torch and ml_dtypes give each. F4 and F6_* pack elements below a byte: not loadable.
+NO_CODE: dict[str, str] = {
+    "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}  # fmt: skip
 
 
 def handles(path: Any) -> bool:
@@ -102,12 +108,12 @@ class HFReader(Reader):
             for r, st in zip(self._r.tensors(), self._r.st_dtypes()):
                 node: Node = {"t": "tensor", "f": fw}
                 if r.dtype == _dtypes.BYTES:  # no ckptio code: raw bytes, the dtype named here
-                    if st not in DTYPES:
+                    if st not in NO_CODE:
                         node["unsupported"] = st
                     elif fw == "torch":
-                        node["dtype"] = DTYPES[st][1]
+                        node["dtype"] = NO_CODE[st]
                     else:
-                        node["dtype"] = DTYPES[st][2]
+                        node["dtype"] = "ml_dtypes:" + NO_CODE[st]
                 names.append(r.name)
                 nodes.append(node)
             self._root = {"t": "dict", "k": names, "v": nodes}
