@@ -353,8 +353,9 @@ out:
 }
 
 /* place([(index, offset, shape), ...]) -> [(Buffer or None, at, capacity, lead), ...]: memory
- * the library chose for each region (ckptio_reader_place), its blocks as Buffers. */
-static PyObject *Reader_place(PyObject *self, PyObject *seq)
+ * the library chose for each region (ckptio_reader_place), its blocks as Buffers; with `read`,
+ * the regions are read into it too (one call: place_read). */
+static PyObject *place_regions(PyObject *self, PyObject *seq, int read)
 {
     ckptio_reader *r = ckptio__pyhandle_enter(self);
     if (!r) return NULL;
@@ -388,8 +389,19 @@ static PyObject *Reader_place(PyObject *self, PyObject *seq)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = ckptio_reader_place(r, regs, (size_t)n, land, &blocks, &nb);
+    for (Py_ssize_t i = 0; read && rc == 0 && i < n; i++) {
+        const ckptio_landing *l = &land[i];
+        if (l->block == CKPTIO_NO_BLOCK) continue; /* no bytes: dst stays NULL */
+        regs[i].dst = (uint8_t *)blocks[l->block].base + l->at;
+        regs[i].capacity = l->capacity;
+        regs[i].lead = l->lead;
+    }
+    if (read && rc == 0) rc = ckptio_reader_read(r, regs, (size_t)n);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
+        for (size_t b = 0; b < nb; b++) ckptio_block_free(blocks[b].base);
+        free(blocks);
+        blocks = NULL;
         ckptio__pyhandle_fail(self, rc, n == 1 ? tensor_name(r, regs[0].tensor) : NULL);
         goto out;
     }
@@ -403,6 +415,17 @@ out:
     ckptio__pyhandle_leave(self, 0, NULL);
     if (PyErr_Occurred()) Py_CLEAR(res);
     return res;
+}
+
+static PyObject *Reader_place(PyObject *self, PyObject *seq)
+{
+    return place_regions(self, seq, 0);
+}
+
+/* place_read([(index, offset, shape), ...]) -> as place, the regions read into that memory. */
+static PyObject *Reader_place_read(PyObject *self, PyObject *seq)
+{
+    return place_regions(self, seq, 1);
 }
 
 static PyObject *Reader_verify(PyObject *self, PyObject *unused)
@@ -485,6 +508,9 @@ static PyMethodDef Reader_methods[] = {
     {"place", Reader_place, METH_O,
      "place([(index, offset, shape)]) -> [(Buffer or None, at, capacity, lead)]: memory the "
      "library chose for each region, to read into"},
+    {"place_read", Reader_place_read, METH_O,
+     "place_read([(index, offset, shape)]) -> as place, each region read into its memory: "
+     "one plan, one batched read"},
     {"verify", Reader_verify, METH_NOARGS, "check every checksum"},
     {"st_dtypes", Reader_st_dtypes, METH_NOARGS,
      "[safetensors dtype name or None] in tensor order (open_foreign readers)"},

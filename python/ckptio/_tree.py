@@ -137,7 +137,7 @@ def flatten(
     classify: Callable[[Any], Any] | None = None,
     on_array: Callable[[str, np.ndarray], Node | int] | None = None,
     stage_dict: Callable[
-        [dict[Any, Any], str, set[str]], tuple[list[Any], list[Any], list[Any], list[int]]
+        [dict[Any, Any], str, set[str]], tuple[list[Any], list[Any], list[Any], list[Any]]
     ]
     | None = None,
     _plain_only: bool = False,
@@ -149,10 +149,11 @@ def flatten(
     naming the path follows); exact numpy arrays are numpy's without asking.
     ``on_array(name, array)``, if given, takes every exact numpy.ndarray leaf (the saver's fast
     path) and returns its node (or NUMPY_LEAF); such leaves are not listed in the result.
-    ``stage_dict(d, prefix, names)`` (the saver's C loop, ckptio._core.stage_arrays) goes
-    further for dicts: it stages their arrays itself and returns (the keys and values it saw,
-    children, indices left to Python); the node takes those keys, even if another thread
-    changed the dict.
+    ``stage_dict(d, prefix, names)`` (the saver's C walk, ckptio._core.stage_arrays) goes
+    further for dicts: it stages their arrays, and walks the plain dicts nested in them, itself,
+    and returns (the keys and values it saw, children, and the entries left to Python as
+    (children list, index, key, value, key prefix)); the node takes those keys, even if another
+    thread changed the dict.
     """
     tensors: list[tuple[str, Any, Node]] = []
     names: set[str] = set()
@@ -185,8 +186,8 @@ def flatten(
             append = children.append
             if stage_dict is not None and not _plain_only:
                 keys, vals, children, todo = stage_dict(obj, prefix, names)
-                for i in todo:
-                    children[i] = visit(vals[i], prefix + _key_str(keys[i], path))
+                for lst, i, k, v, pre in todo:  # nested dicts' entries too
+                    lst[i] = visit(v, pre + _key_str(k, pre[:-1]))
             else:
                 keys = list(obj.keys())
                 for k in keys:
