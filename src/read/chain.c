@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What a delta checkpoint and its base share: the base's identity and reads of its boxes. */
+/* The public open, whose reader reads the boxes of a delta checkpoint's base through the
+ * public read (the top of the read room: it calls down into every other file of it). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -8,40 +9,7 @@
 
 #include "../common/box.h"
 #include "chain.h"
-
-int ckptio__manifest_file_sum(const char *dir, uint64_t *sum, ckptio__msg *msg)
-{
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/manifest", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ckptio__fail(msg, -errno, "base checkpoint '%s' has no readable manifest: %s", dir,
-                            strerror(errno));
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? 2 * cap : 1 << 16;
-            uint8_t *b = realloc(buf, cap);
-            if (!b) {
-                rc = -ENOMEM;
-                break;
-            }
-            buf = b;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) rc = ckptio__fail(msg, -EIO, "reading '%s' failed", path);
-            break;
-        }
-    }
-    fclose(f);
-    if (rc == 0) *sum = ckptio__hash(buf, len);
-    free(buf);
-    return rc;
-}
+#include "reader.h"
 
 int ckptio__base_read(ckptio_reader *r, const char *name, uint32_t ndim, uint64_t esize,
                       const uint64_t *box, uint64_t a, uint64_t b, uint8_t *dst, ckptio__msg *msg)
@@ -67,4 +35,11 @@ int ckptio__base_read(ckptio_reader *r, const char *name, uint32_t ndim, uint64_
         return ckptio__fail(msg, rc, "reading tensor '%s' of the base checkpoint '%s' failed: %s",
                             name, ckptio_reader_path(r), ckptio_reader_errmsg(r));
     return 1;
+}
+
+int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p)
+{
+    int rc = ckptio__read_open(out, path, p);
+    if (rc == 0) (*out)->base_read = ckptio__base_read;
+    return rc;
 }

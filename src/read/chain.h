@@ -1,13 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What a delta checkpoint and its base share: the base's identity and reads of its boxes. */
+/* Reads of the boxes of a delta checkpoint's base, through the public read. */
 #ifndef CKPTIO_CHAIN_H
 #define CKPTIO_CHAIN_H
 
 #include "../common/common.h"
-
-/* XXH3-64 of the whole manifest file of the checkpoint at `dir`: how a delta checkpoint names
- * its base (doc/format.md section 11.3). 0 or -errno, with *msg naming the file. */
-CKPTIO__HIDDEN int ckptio__manifest_file_sum(const char *dir, uint64_t *sum, ckptio__msg *msg);
 
 /* Raw bytes [a, b) (row-major over the box's own shape, whole elements of esize bytes) of the
  * box `box` (offset[ndim] then shape[ndim], in tensor coordinates) of tensor `name`, read from

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../codec/codec.h"
-#include "chain.h"
+#include "open.h"
 #include "reader.h"
 
 typedef struct ckptio__decoder {
@@ -44,7 +44,7 @@ uint64_t ckptio__read_block_at(const ckptio__manifest *m, const ckptio__mchunk *
     return at;
 }
 
-void ckptio__read_decoder_free(ckptio_reader *r)
+static void decoder_free(ckptio_reader *r)
 {
     ckptio__decoder *d = r->dec;
     if (!d) return;
@@ -61,6 +61,7 @@ static int decoder_start(ckptio_reader *r, unsigned n)
     ckptio__decoder *d = calloc(1, sizeof *d);
     if (!d) return -ENOMEM;
     r->dec = d;
+    r->free_decoder = decoder_free;
     d->n = n;
     d->block = r->m->csum_block;
     d->ctx = calloc(n, sizeof *d->ctx);
@@ -164,8 +165,9 @@ static int open_base(ckptio_reader *r, uint64_t chunk)
                           "it is not the checkpoint these deltas were made against (its "
                           "manifest's checksum is %016llx, the delta checkpoint recorded %016llx)",
                           (unsigned long long)sum, (unsigned long long)m->base_sum);
-    if (rc == 0 && (rc = ckptio_reader_open(&r->base, path, NULL)) < 0)
+    if (rc == 0 && (rc = ckptio__read_open(&r->base, path, NULL)) < 0)
         ckptio__fail(&r->msg, rc, "%s", ckptio_last_error());
+    if (rc == 0) r->base->base_read = r->base_read; /* the base's own base, if it has one */
     if (rc < 0) {
         char why[sizeof r->msg.text];
         snprintf(why, sizeof why, "%s", r->msg.text);
@@ -200,8 +202,12 @@ static int base_bytes(ckptio_reader *r, const seg *s, uint8_t *dst)
                                "it was saved against",
                                name, r->path, ckptio_reader_path(r->base));
     uint64_t B = m->csum_block, a = s->blk0 * B, b = CKPTIO__MIN((s->blk0 + s->nblk) * B, c->raw_len);
-    int rc = ckptio__base_read(r->base, name, t->ndim, ckptio_dtype_size((int)t->dtype),
-                               m->dims + c->dims, a, b, dst, &r->msg);
+    if (!r->base_read) /* a reader not opened by ckptio_reader_open */
+        return ckptio__fail(&r->msg, CKPTIO_E_UNSUPPORTED,
+                            "tensor '%s' of '%s' is a delta, which this reader cannot resolve; "
+                            "open the checkpoint with ckptio_reader_open", name, r->path);
+    int rc = r->base_read(r->base, name, t->ndim, ckptio_dtype_size((int)t->dtype),
+                          m->dims + c->dims, a, b, dst, &r->msg);
     return rc < 0 ? rc : 0;
 }
 

@@ -353,6 +353,8 @@ out:
     return rc;
 }
 
+static int open_foreign_file(ckptio_reader *r, uint32_t i);
+
 int ckptio_reader_open_foreign(ckptio_reader **out, const char *path, const ckptio_params *p)
 {
     if (!out || !path || !*path) {
@@ -364,6 +366,7 @@ int ckptio_reader_open_foreign(ckptio_reader **out, const char *path, const ckpt
     double t0 = ckptio__now();
     ckptio_reader *r = NULL;
     int rc = ckptio__read_new(path, p, &r);
+    if (rc >= 0) r->open_foreign_file = open_foreign_file;
     if (rc >= 0) rc = open_foreign(r, path);
     if (rc >= 0) rc = ckptio__read_setup(r);
     if (rc < 0) return ckptio__read_fail_open(r, rc);
@@ -382,7 +385,8 @@ int ckptio_reader_st_dtype(const ckptio_reader *r, size_t index)
     return r->dir ? (int)r->m->tensors[index].reserved : 0; /* foreign.c keeps it there */
 }
 
-int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i)
+/* Open data file i of a foreign reader: r->dir/<name>, links followed (r->open_foreign_file). */
+static int open_foreign_file(ckptio_reader *r, uint32_t i)
 {
     rfile *f = &r->files[i];
     char *full = join(r->dir, fname(r, i)), *real = NULL, *parent = NULL;

@@ -2,6 +2,7 @@
 /* Opening a checkpoint to read: its manifest, its data files (striped ones too), queries. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "../io/vfd.h"
 #include "../io/vfs.h"
 #include "../codec/codec.h"
+#include "open.h"
 #include "reader.h"
 
 /* Index of `key` among n entries sorted by name, entry i's name being at strtab + *(uint64_t
@@ -136,7 +138,7 @@ static int open_remote(ckptio_reader *r, uint8_t **buf, uint64_t *len)
     return rc;
 }
 
-int ckptio_reader_open(ckptio_reader **out, const char *path, const ckptio_params *p)
+int ckptio__read_open(ckptio_reader **out, const char *path, const ckptio_params *p)
 {
     if (!out || !path || !*path) {
         if (out) *out = NULL;
@@ -181,6 +183,11 @@ out:
     return ckptio__read_fail_open(r, rc);
 }
 
+bool ckptio__read_verifying(const ckptio_reader *r, const ckptio__mchunk *c)
+{
+    return r->cfg.checksums && c->n_csums > 0 && r->m->csum_algo != CKPTIO__CSUM_NONE;
+}
+
 int ckptio__read_new(const char *path, const ckptio_params *p, ckptio_reader **out)
 {
     ckptio_reader *r = *out = calloc(1, sizeof *r);
@@ -220,7 +227,7 @@ void ckptio_reader_close(ckptio_reader *r)
     ckptio__ring_fini(&r->ring);
     ckptio__gpu_fini(&r->gpu);
     ckptio__workers_stop(r->workers);
-    ckptio__read_decoder_free(r);
+    if (r->free_decoder) r->free_decoder(r);
     ckptio_reader_close(r->base);
     if (r->files)
         for (uint64_t i = 0; i < r->m->n_files; i++) ckptio__read_close_rfile(&r->files[i]);
@@ -362,7 +369,7 @@ int ckptio__read_open_file(ckptio_reader *r, uint32_t i)
     rfile *f = &r->files[i];
     if (f->fd >= 0) return 0;
     uint32_t root = r->m->files[i].root;
-    if (r->dir) return ckptio__read_open_foreign_file(r, i);
+    if (r->dir) return r->open_foreign_file(r, i);
     if (r->place.store) return open_remote_file(r, i);
     if (root) return open_striped(r, i);
     int rc = ckptio__read_open_rfile(f, r->dirfd, fname(r, i), r->cfg.direct, r->cfg.cache);
@@ -520,4 +527,38 @@ int ckptio_reader_read_stats(const ckptio_reader *r, ckptio_read_stats *out)
     st.device_bytes = r->stats.io_bytes;
     memcpy(out, &st, CKPTIO__MIN((size_t)out->size, sizeof st));
     return 0;
+}
+
+int ckptio__manifest_file_sum(const char *dir, uint64_t *sum, ckptio__msg *msg)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/manifest", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ckptio__fail(msg, -errno, "base checkpoint '%s' has no readable manifest: %s", dir,
+                            strerror(errno));
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? 2 * cap : 1 << 16;
+            uint8_t *b = realloc(buf, cap);
+            if (!b) {
+                rc = -ENOMEM;
+                break;
+            }
+            buf = b;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) rc = ckptio__fail(msg, -EIO, "reading '%s' failed", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0) *sum = ckptio__hash(buf, len);
+    free(buf);
+    return rc;
 }

@@ -9,11 +9,6 @@
 
 /* ---- planning ---- */
 
-bool ckptio__read_verifying(const ckptio_reader *r, const ckptio__mchunk *c)
-{
-    return r->cfg.checksums && c->n_csums > 0 && r->m->csum_algo != CKPTIO__CSUM_NONE;
-}
-
 extent ckptio__read_chunk_extent(const ckptio_reader *r, uint64_t chunk)
 {
     const ckptio__mchunk *c = &r->m->chunks[chunk];

@@ -95,6 +95,16 @@ struct ckptio_reader {
     /* A checkpoint or files in a store that is no local file system (store/store.h): the
      * place names are read from (its store NULL otherwise). */
     ckptio__place place;
+    /* Calls back up the read room, set by the files above open.c (calls go down otherwise):
+     * freeing the decoder (decode.c, once it made one), opening data file i of a foreign
+     * reader (foreign.c), and reading a box of the base checkpoint through the public read
+     * (chain.c: set by ckptio_reader_open, and given by a delta reader to the base it opens;
+     * NULL in a reader of safetensors files, which hold no deltas). */
+    void (*free_decoder)(ckptio_reader *r);
+    int (*open_foreign_file)(ckptio_reader *r, uint32_t i);
+    int (*base_read)(ckptio_reader *r, const char *name, uint32_t ndim, uint64_t esize,
+                     const uint64_t *box, uint64_t a, uint64_t b, uint8_t *dst,
+                     ckptio__msg *msg);
 };
 
 /* One read or verify operation: what to read (pieces, segs), then how (ios, in file order;
@@ -179,6 +189,12 @@ CKPTIO__HIDDEN int ckptio__read_open_file(ckptio_reader *r, uint32_t i);
 
 CKPTIO__HIDDEN int64_t ckptio__read_find_tensor(const ckptio_reader *r, const char *name);
 
+/* ckptio_reader_open without its base_read hook (chain.c's public open sets it). */
+CKPTIO__HIDDEN int ckptio__read_open(ckptio_reader **out, const char *path, const ckptio_params *p);
+
+/* Whether chunk c's reads verify its checksums. */
+CKPTIO__HIDDEN bool ckptio__read_verifying(const ckptio_reader *r, const ckptio__mchunk *c);
+
 /* A reader for `path` with its options resolved and nothing open yet: *out is set, even on
  * failure (then close it with ckptio__read_fail_open). */
 CKPTIO__HIDDEN int ckptio__read_new(const char *path, const ckptio_params *p, ckptio_reader **out);
@@ -187,14 +203,18 @@ CKPTIO__HIDDEN int ckptio__read_setup(ckptio_reader *r);
 /* Close the half-open r (may be NULL) and raise its message as the open's failure. */
 CKPTIO__HIDDEN int ckptio__read_fail_open(ckptio_reader *r, int rc);
 
-/* ---- foreign.c: safetensors files and Hugging Face directories ---- */
+/* ---- scatter.c: what reads and decodes share ---- */
 
-/* Open data file i of a foreign reader: r->dir/<name>, links followed. */
-CKPTIO__HIDDEN int ckptio__read_open_foreign_file(ckptio_reader *r, uint32_t i);
+/* Damaged bytes [x, x + len) of the segment's chunk (stored offsets): verify counts the chunk;
+ * the lowest (file, offset) is remembered for the report. CKPTIO_E_CHECKSUM, or 0 when the
+ * plan counts damage instead of failing (verify). */
+CKPTIO__HIDDEN int ckptio__read_note_bad(const ckptio_reader *r, plan *pl, const seg *s,
+                                         uint64_t x, uint64_t len);
+
+/* Copy the parts of a piece's runs that fall in [a, b) out of the staging buffer. */
+CKPTIO__HIDDEN void ckptio__read_scatter(plan *pl, const seg *s, const uint8_t *base);
 
 /* ---- plan.c: planning ---- */
-
-CKPTIO__HIDDEN bool ckptio__read_verifying(const ckptio_reader *r, const ckptio__mchunk *c);
 
 CKPTIO__HIDDEN extent ckptio__read_chunk_extent(const ckptio_reader *r, uint64_t chunk);
 
@@ -244,20 +264,10 @@ CKPTIO__HIDDEN int ckptio__read_plan_coded(ckptio_reader *r, plan *pl, seg proto
  * off), on the workers. Damage is noted as a checksum mismatch would be. */
 CKPTIO__HIDDEN int ckptio__read_decode_io(ckptio_reader *r, plan *pl, size_t first, size_t last,
                                           const uint8_t *buf, uint64_t off);
-CKPTIO__HIDDEN void ckptio__read_decoder_free(ckptio_reader *r);
 /* A coded chunk cannot be handed out as file bytes (mmap, GDS): CKPTIO_E_UNSUPPORTED. */
 CKPTIO__HIDDEN bool ckptio__chunk_coded(const ckptio__mchunk *c);
 
 /* ---- execute.c: running a plan ---- */
-
-/* Damaged bytes [x, x + len) of the segment's chunk (stored offsets): verify counts the chunk;
- * the lowest (file, offset) is remembered for the report. CKPTIO_E_CHECKSUM, or 0 when the
- * plan counts damage instead of failing (verify). */
-CKPTIO__HIDDEN int ckptio__read_note_bad(const ckptio_reader *r, plan *pl, const seg *s,
-                                         uint64_t x, uint64_t len);
-
-/* Copy the parts of a piece's runs that fall in [a, b) out of the staging buffer. */
-CKPTIO__HIDDEN void ckptio__read_scatter(plan *pl, const seg *s, const uint8_t *base);
 
 /* The segments of io i, [*first, *last). */
 CKPTIO__HIDDEN void ckptio__read_io_segs(const plan *pl, size_t i, size_t *first, size_t *last);

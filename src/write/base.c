@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../read/chain.h"
+#include "../read/open.h"
 #include "writer.h"
 
 /* The path of directory `to` relative to directory `from`, both absolute and resolved. */

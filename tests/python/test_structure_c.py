@@ -172,11 +172,6 @@ def test_src_floors_name_real_rooms() -> None:
 OBJECTS = ROOT / "build" / "libckptio.so.0.1.0.p"
 
 #: Files that still call each other around a loop (whole loops, sorted): known, to go.
-KNOWN_CALL_CIRCLES: set[tuple[str, ...]] = {
-    ("read/chain.c", "read/decode.c", "read/execute.c", "read/foreign.c", "read/open.c",
-     "read/plan.c", "read/regions.c"),
-}
-
 
 def _nm(obj: pathlib.Path, *flags: str) -> list[list[str]]:
     out = subprocess.run(["nm", *flags, str(obj)], capture_output=True, text=True, check=True)
@@ -233,14 +228,12 @@ def built_calls() -> tuple[dict[str, str], dict[str, set[str]]]:
 
 def test_src_rooms_call_down(built_calls: tuple[dict[str, str], dict[str, set[str]]]) -> None:
     """A room calls its own files and rooms on lower floors only (no call up or beside), and
-    no files call each other around a loop; the known exceptions are listed to be removed."""
+    no files call each other around a loop."""
     defs, uses = built_calls
     assert len(defs) > 300 and len(uses) > 60, (len(defs), len(uses))  # really read
     up = calls_up(defs, uses)
     assert sorted(up) == [], "calls into a room beside or above"
-    loops = call_circles(defs, uses)
-    assert sorted(loops - KNOWN_CALL_CIRCLES) == [], "files calling each other around a loop"
-    assert sorted(KNOWN_CALL_CIRCLES - loops) == [], "gone: take them off KNOWN_CALL_CIRCLES"
+    assert sorted(call_circles(defs, uses)) == [], "files calling each other around a loop"
 
 
 def test_call_check_sees_a_call_up() -> None:
