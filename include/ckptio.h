@@ -277,8 +277,9 @@ typedef struct ckptio_writer ckptio_writer;
  * Fork: a writer, reader or zip writer open in a process that forks stays the parent's. The
  * child may only close its copy (a finalizer does): that frees the child's memory and nothing
  * else (no thread is joined, the parent's temporary directory and uploads are left alone).
- * Other calls on an inherited handle, commit among them, are not supported: its threads are the
- * parent's. Since 0.3. */
+ * Other calls on an inherited writer (adds, commit) and reads and verifies of an inherited
+ * reader fail with CKPTIO_E_STATE, saying so: its threads are the parent's (a reader's
+ * queries, which need none, still answer). Since 0.3. */
 CKPTIO_API int ckptio_writer_open(ckptio_writer **out, const char *path, const ckptio_params *p);
 
 /* Add one chunk of a tensor: the box [chunk_offset, chunk_offset + chunk_shape) of a global

@@ -11,8 +11,9 @@
 
 /* A DataLoader's workers fork a training process every epoch, with whatever ckptio handles it
  * holds open; a child may drop them (a finalizer closes them). Each test forks with a handle
- * whose threads run, lets the child close it, and checks that the child returns at once and
- * that the parent's handle goes on as if nothing happened. */
+ * whose threads run, checks that the child's other calls on it are refused (not left waiting
+ * on threads it does not have), lets the child close it, and checks that the child returns at
+ * once and that the parent's handle goes on as if nothing happened. */
 
 #define N (6u << 20)
 
@@ -28,6 +29,38 @@
         }                                                                                      \
         CHECK(t_reap(pid_, 10) == 0);                                                          \
     } while (0)
+
+/* In the child: every call but close on the parent's handle is refused with CKPTIO_E_STATE
+ * naming the fork (its threads are the parent's), then the child closes it. */
+static int refuses_writer(ckptio_writer *w, const uint8_t *a)
+{
+    uint64_t shape[1] = {4096};
+    CHECK_ERR(ckptio_writer_add(w, "b", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, 4096),
+              CKPTIO_E_STATE);
+    CHECK(t_contains(ckptio_last_error(), "forked this one"));
+    CHECK_ERR(ckptio_writer_commit(w), CKPTIO_E_STATE);
+    ckptio_writer_close(w);
+    return 0;
+}
+
+static int refuses_reader(ckptio_reader *r, uint8_t *b)
+{
+    CHECK_ERR(ckptio_reader_read_tensor(r, "a", b, N), CKPTIO_E_STATE);
+    CHECK(t_contains(ckptio_last_error(), "forked this one"));
+    uint64_t bad = 0;
+    CHECK_ERR(ckptio_reader_verify(r, &bad), CKPTIO_E_STATE);
+    CHECK(ckptio_reader_num_tensors(r) == 1); /* what needs no thread still answers */
+    ckptio_reader_close(r);
+    return 0;
+}
+
+static int refuses_zip(ckptio_zip_writer *z, const uint8_t *a)
+{
+    CHECK_ERR(ckptio_zip_writer_add(z, "archive/data/9", a, 64, 64, 0), CKPTIO_E_STATE);
+    CHECK_ERR(ckptio_zip_writer_commit(z), CKPTIO_E_STATE);
+    ckptio_zip_writer_close(z);
+    return 0;
+}
 
 /* Whether checkpoint `path` holds tensor "a" equal to a's N bytes. */
 static int holds(const char *path, const uint8_t *a)
@@ -54,7 +87,7 @@ static int test_writer(void)
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), NULL));
     CHECK_OK(ckptio_writer_add(w, "a", CKPTIO_DT_U8, 1, shape, NULL, NULL, a, N));
     CHECK_OK(ckptio_writer_flush(w));
-    IN_CHILD(ckptio_writer_close(w)); /* the parent's: left alone */
+    IN_CHILD(_exit(refuses_writer(w, a))); /* the parent's: left alone */
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     CHECK(!holds(t_path("ck"), a));
@@ -81,7 +114,7 @@ static int test_reader(void)
     ckptio_reader *r = NULL;
     CHECK_OK(ckptio_reader_open(&r, t_path("ck"), &p));
     CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
-    IN_CHILD(ckptio_reader_close(r)); /* the parent's: left alone */
+    IN_CHILD(_exit(refuses_reader(r, b))); /* the parent's: left alone */
     memset(b, 0, N);
     CHECK_OK(ckptio_reader_read_tensor(r, "a", b, N));
     uint64_t bad = 1;
@@ -102,7 +135,7 @@ static int test_zip(void)
     ckptio_zip_writer *z = NULL;
     CHECK_OK(ckptio_zip_writer_open(&z, t_path("m.pt"), NULL));
     CHECK_OK(ckptio_zip_writer_add(z, "archive/data/0", a, N, 64, 0));
-    IN_CHILD(ckptio_zip_writer_close(z)); /* the parent's: left alone */
+    IN_CHILD(_exit(refuses_zip(z, a))); /* the parent's: left alone */
     CHECK_OK(ckptio_zip_writer_add(z, "archive/data/1", a, 4096, 64, 0));
     CHECK_OK(ckptio_zip_writer_commit(z));
     ckptio_zip_writer_close(z);

@@ -102,7 +102,12 @@ enum { CKPTIO__H_OPEN, CKPTIO__H_COMMITTED, CKPTIO__H_FAILED };
 typedef struct ckptio__handle_state {
     int state; /* CKPTIO__H_*; zero (open) on a calloc'd handle */
     int err;   /* the poisoning error, once failed */
+    int pid;   /* the process that opened it (ckptio__handle_init); 0: not recorded */
 } ckptio__handle_state;
+/* This process's id, kept by forksafe.c (updated in a forked child before anything runs). */
+CKPTIO__HIDDEN extern int ckptio__pid;
+/* Record the process opening the handle (forksafe.c: starts keeping ckptio__pid). */
+CKPTIO__HIDDEN void ckptio__handle_init(ckptio__handle_state *h);
 /* Fail the handle with `code` if it is still open (the first error sticks); returns code. */
 static inline int ckptio__handle_poison(ckptio__handle_state *h, int code)
 {
@@ -112,14 +117,17 @@ static inline int ckptio__handle_poison(ckptio__handle_state *h, int code)
     }
     return code;
 }
-/* 0 if the handle is open, else its error (CKPTIO_E_STATE once committed) with a message in m
+/* 0 if the handle is open and this process's, else its error (CKPTIO_E_STATE once committed,
+ * or in a child of the process that opened it, whose threads it uses) with a message in m
  * naming `path`. Inline: every add of a small tensor asks. */
 CKPTIO__HIDDEN int ckptio__handle_unusable(const ckptio__handle_state *h, ckptio__msg *m,
                                            const char *path);
 static inline int ckptio__handle_usable(const ckptio__handle_state *h, ckptio__msg *m,
                                         const char *path)
 {
-    return CKPTIO__LIKELY(h->state == CKPTIO__H_OPEN) ? 0 : ckptio__handle_unusable(h, m, path);
+    return CKPTIO__LIKELY(h->state == CKPTIO__H_OPEN && (h->pid == ckptio__pid || !h->pid))
+               ? 0
+               : ckptio__handle_unusable(h, m, path);
 }
 
 /* Checked arithmetic: false on overflow. */

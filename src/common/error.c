@@ -217,6 +217,12 @@ int ckptio__refail(ckptio__msg *dst, const ckptio__msg *src, int code, const cha
 
 int ckptio__handle_unusable(const ckptio__handle_state *h, ckptio__msg *m, const char *path)
 {
+    if (h->pid && h->pid != ckptio__pid)
+        return ckptio__fail(m, CKPTIO_E_STATE,
+                            "the writer for '%s' belongs to process %d, which forked this one: "
+                            "its threads are that process's, so here it can only be closed (the "
+                            "parent's save goes on there); open a writer of this process's own",
+                            path, h->pid);
     if (h->state == CKPTIO__H_FAILED)
         return ckptio__fail(m, h->err, "writer for '%s' failed earlier (%s); close it and save "
                             "again", path, ckptio_strerror(h->err));

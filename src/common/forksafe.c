@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The engine's one pthread_atfork list: objects whose locks, threads and descriptors a fork must not tear. */
+#include <unistd.h>
+
 #include "forksafe.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ckptio__forksafe *g_list;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+int ckptio__pid;
 
 /* The list's lock first, then each object's: the order every other path takes them in. */
 static void prepare(void)
@@ -21,6 +25,7 @@ static void parent(void)
 
 static void child(void)
 {
+    ckptio__pid = (int)getpid(); /* first: the objects' handlers may ask */
     for (ckptio__forksafe *f = g_list; f; f = f->next) {
         f->child(f->obj);
         pthread_mutex_unlock(f->mu);
@@ -30,7 +35,14 @@ static void child(void)
 
 static void install(void)
 {
+    ckptio__pid = (int)getpid();
     pthread_atfork(prepare, parent, child);
+}
+
+void ckptio__handle_init(ckptio__handle_state *h)
+{
+    pthread_once(&g_once, install);
+    h->pid = ckptio__pid;
 }
 
 void ckptio__forksafe_lock(void)

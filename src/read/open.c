@@ -193,6 +193,7 @@ int ckptio__read_new(const char *path, const ckptio_params *p, ckptio_reader **o
     ckptio_reader *r = *out = calloc(1, sizeof *r);
     if (!r) return ckptio__fail(NULL, -ENOMEM, "out of memory opening '%s'", path);
     r->dirfd = -1;
+    ckptio__handle_init(&r->hs);
     r->path = strdup(path);
     CKPTIO__RET_IF(!r->path, -ENOMEM);
     CKPTIO__TRY(ckptio__cfg_resolve(p, &r->cfg, &r->msg));

@@ -95,6 +95,7 @@ struct ckptio_reader {
     /* A checkpoint or files in a store that is no local file system (store/store.h): the
      * place names are read from (its store NULL otherwise). */
     ckptio__place place;
+    ckptio__handle_state hs; /* its pid only: the process whose threads its reads use */
     /* Calls back up the read room, set by the files above open.c (calls go down otherwise):
      * freeing the decoder (decode.c, once it made one), opening data file i of a foreign
      * reader (foreign.c), and reading a box of the base checkpoint through the public read

@@ -138,8 +138,20 @@ int ckptio_reader_gpu_stats(const ckptio_reader *r, ckptio_gpu_stats *out)
     return 0;
 }
 
+/* Reads run on the reader's threads (its ring, its workers), which a forked child has none of. */
+static int owned(ckptio_reader *r)
+{
+    if (r->hs.pid == ckptio__pid) return 0;
+    return ckptio__fail(&r->msg, CKPTIO_E_STATE,
+                        "the reader of '%s' belongs to process %d, which forked this one: its "
+                        "threads are that process's, so here it can only be closed; open the "
+                        "checkpoint again in this process",
+                        r->path, r->hs.pid);
+}
+
 int ckptio__read_range(ckptio_reader *r, const ckptio_region *regions, size_t first, size_t n)
 {
+    CKPTIO__TRY(owned(r));
     double t0 = ckptio__now();
     plan pl;
     ckptio__read_plan_init(&pl, r->files, r->m->csum_block, r->cfg.request, r->buf_size);
@@ -207,6 +219,7 @@ int ckptio_reader_verify(ckptio_reader *r, uint64_t *bad_chunks)
     if (bad_chunks) *bad_chunks = 0;
     if (!r) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_verify: reader is NULL");
     ckptio__msg_clear(&r->msg);
+    CKPTIO__TRY(owned(r));
     if (r->dir)
         return ckptio__fail(&r->msg, CKPTIO_E_UNSUPPORTED,
                             "'%s': safetensors files carry no checksums: there is nothing to "

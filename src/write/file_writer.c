@@ -27,6 +27,7 @@ int ckptio_file_writer_open(ckptio_file_writer **out, const char *path, const ck
 int ckptio__file_writer_init(ckptio_file_writer *f, const char *path, const ckptio_params *p)
 {
     f->t_open = ckptio__now();
+    ckptio__handle_init(&f->hs);
     int rc;
     CKPTIO__CHECK(ckptio__cfg_resolve(p, &f->cfg, &f->msg));
     /* Saving to a symlink writes through to its target, as torch.save does: the temporary file

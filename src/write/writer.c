@@ -61,6 +61,7 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     ckptio_writer *w = calloc(1, sizeof *w);
     if (!w) return ckptio__fail(NULL, -ENOMEM, "out of memory opening a writer for '%s'", path);
     w->fd = -1;
+    ckptio__handle_init(&w->hs);
     w->is_part = part;
     w->t_open = ckptio__now();
     ckptio__vec_init(&w->tensors, sizeof(wtensor));
