@@ -126,7 +126,10 @@ def _kill_in_write(mode: str) -> None:
 
 def main() -> None:
     root, mode, epochs, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    io = ckptio.lightning.CheckpointIO(async_save=mode == "async")
+    # Async: 1 MiB of staging, so that the engine's thread writes the 32 MiB file in many
+    # writes, the first long before the commit (the window the kill aims at).
+    opts = {"staging_bytes": 1 << 20} if mode == "async" else None
+    io = ckptio.lightning.CheckpointIO(async_save=mode == "async", io_options=opts)
     real_save = io.save_checkpoint
     calls = 0
 
