@@ -158,10 +158,9 @@ static uint64_t dir_bytes(const char *dir)
     uint64_t sum = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        char p[4096];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) sum += (uint64_t)st.st_size;
+        struct stat st; /* by the directory's descriptor: no path to build (or to truncate) */
+        if (fstatat(dirfd(d), de->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
     }
     closedir(d);
     return sum;
