@@ -34,7 +34,7 @@ import torch as _torch
 from . import _async, _core
 from ._async import _PROCESS, AsyncSave, HostPool, host_cap
 from ._dtypes import U8
-from ._errors import USAGE, CheckpointError, CheckpointExists, carry_values, error
+from ._errors import USAGE, CheckpointError, CheckpointExists, LimitExceeded, carry_values, error
 from ._options import IO_OPTIONS, Stats, params
 from .formats._torch_state import load_state_dict
 from .formats._torch_zip import records as _records
@@ -390,24 +390,24 @@ def _start_zip(obj: object, path: str, p: Any, crc: bool, pickle_module: Any,
     ckptio_snapshot_zip_async. What _async.started takes: (Completion, Stats.gpu, None), or
     (None, "", stats) when the storages pass ``cap`` and the archive was written now."""
     pkl, storages = _pickle(obj, pickle_module, pickle_protocol)
+    if sum(s.nbytes() for s in storages.values()) > cap:  # written now, from their memory
+        return None, "", _write_zip(pkl, storages, path, p, crc, disable_byteorder)
     items: list[tuple[Any, ...]] = []
-    total = 0
     device = False
     for key, s in storages.items():
         n = s.nbytes()
-        total += n
         if s.device.type == "cuda" and _gpu.route():
             device = True
             items.append((f"data/{key}", U8, (n,), s.data_ptr(), None, None, 0, n,
                           _gpu.torch_stream(s.device), s))  # fmt: skip
         else:
             items.append((f"data/{key}", U8, (n,), _host_bytes(s), None, None, 0))
-    if total > cap:  # written now, from the caller's memory
-        del items
-        return None, "", _write_zip(pkl, storages, path, p, crc, disable_byteorder)
     pl = pool.get(device)
     pl.set_max_bytes(max(cap, 1))
-    snap = _core.take(pl, items, None)
+    try:
+        snap = _core.take(pl, items, None)
+    except LimitExceeded:  # the pool's room is less than the cap: written now instead
+        return None, "", _write_zip(pkl, storages, path, p, crc, disable_byteorder)
     del items
     gpu = "snapshot" if snap.stats().device_bytes else ""
     prefix = _archive_name(path)
