@@ -566,6 +566,29 @@ CKPTIO_API int ckptio_peer_fetch(const char *host, int port, const char *name, c
 CKPTIO_API int ckptio_part_copy(const char *src, const char *dst, const ckptio_peer_opts *o,
                                 uint64_t *bytes);
 
+/* One destination of ckptio_part_spread: a peer's server (host and port: the part is kept as
+ * `name` under its root, as ckptio_peer_push), or with host NULL a directory on a file system
+ * (dst: as ckptio_part_copy). `size` = sizeof(ckptio_part_dest), set by the caller; rc, bytes
+ * and errmsg are the outcome. Since 0.3. */
+typedef struct ckptio_part_dest {
+    uint32_t size;
+    const char *host;
+    int port;
+    const char *dst;
+    int rc;           /* out: 0 once this destination verified (peer) and published the part */
+    uint64_t bytes;   /* out: bytes sent or written */
+    char errmsg[1024]; /* out: why, when rc < 0 */
+} ckptio_part_dest;
+
+/* Send the committed checkpoint `src` to every destination in one pass: each of its files is
+ * read once (O_DIRECT where its file system takes it) and sent to each peer and written to each
+ * directory; with one destination the kernel copies it (sendfile, copy_file_range). A
+ * destination that fails drops out, the others go on. o->max_rate paces the pass; o->flags
+ * apply to the directories (a peer always verifies). Returns 0 when every destination has the
+ * part, else the first failed one's rc, with its errmsg in ckptio_last_error(). */
+CKPTIO_API int ckptio_part_spread(const char *src, const char *name, ckptio_part_dest *d,
+                                  size_t n, const ckptio_peer_opts *o);
+
 /* One byte range of a file to read into dst (dst must hold `len` bytes; as with regions, pass
  * dst aligned to ckptio_alignment() for reads with no copy). `size` = sizeof(ckptio_range), as
  * for ckptio_region; since 0.2. */

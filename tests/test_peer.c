@@ -303,6 +303,72 @@ static int test_fork(void)
     return 0;
 }
 
+/* One pass to two peers and two directories: every destination has the part whole, verified.
+ * One that fails (nobody listens, a directory that cannot be made, a peer that refuses the
+ * part) drops out; the others still get it, and the call returns the first failure. */
+static int test_spread(void)
+{
+    CHECK(make_part(t_path("src"), 21) == 0);
+    ckptio_peer *p1 = NULL, *p2 = NULL;
+    CHECK_OK(ckptio_peer_open(&p1, t_path("node1"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p2, t_path("node2"), "127.0.0.1", 0));
+    int port1 = ckptio_peer_port(p1), port2 = ckptio_peer_port(p2);
+    ckptio_peer_opts o = {.timeout = 20, .flags = CKPTIO_PEER_VERIFY};
+    ckptio_part_dest d[4] = {
+        {.size = sizeof d[0], .host = "127.0.0.1", .port = port1},
+        {.size = sizeof d[0], .host = "127.0.0.1", .port = port2},
+        {.size = sizeof d[0], .dst = t_path("pers/5/rank0")},
+        {.size = sizeof d[0], .dst = "/dev/shm/ckptio-spread-test/5/rank0"},
+    };
+    size_t nd = exists("/dev/shm") ? 4 : 3;
+    CHECK_OK(ckptio_part_spread(t_path("src"), "5/rank0", d, nd, &o));
+    for (size_t i = 0; i < nd; i++) CHECK(d[i].rc == 0 && d[i].bytes == d[0].bytes && !d[i].errmsg[0]);
+    CHECK(d[0].bytes >= N_FLOATS * 4);
+    CHECK(same_part(t_path("node1/5/rank0"), 21) == 0 && same_part(t_path("node2/5/rank0"), 21) == 0);
+    CHECK(same_part(t_path("pers/5/rank0"), 21) == 0);
+    CHECK(only(t_path("node1/5"), "rank0") && only(t_path("pers/5"), "rank0"));
+    if (nd == 4) {
+        CHECK(same_part(d[3].dst, 21) == 0);
+        CHECK(t_sh("rm -rf /dev/shm/ckptio-spread-test") == 0);
+    }
+    /* paced: the pass goes in small pieces, to both peers */
+    o.max_rate = 256u << 20;
+    CHECK_OK(ckptio_part_spread(t_path("src"), "6/rank0", d, 2, &o));
+    CHECK(same_part(t_path("node1/6/rank0"), 21) == 0 && same_part(t_path("node2/6/rank0"), 21) == 0);
+    o.max_rate = 0;
+
+    /* nobody listens at port2 any more; a directory under a file cannot be made */
+    ckptio_peer_close(p2);
+    CHECK(t_sh("touch '%s'", t_path("afile")) == 0);
+    d[2].dst = t_path("afile/7/rank0");
+    d[3].dst = t_path("pers/7/rank0");
+    CHECK_ERR(ckptio_part_spread(t_path("src"), "7/rank0", d, 4, &o), -ECONNREFUSED);
+    CHECK(t_contains(ckptio_last_error(), "cannot connect to the peer at 127.0.0.1"));
+    CHECK(d[0].rc == 0 && same_part(t_path("node1/7/rank0"), 21) == 0);
+    CHECK(d[1].rc == -ECONNREFUSED && t_contains(d[1].errmsg, "cannot connect"));
+    CHECK(d[2].rc == -ENOTDIR && t_contains(d[2].errmsg, "afile"));
+    CHECK(d[3].rc == 0 && same_part(t_path("pers/7/rank0"), 21) == 0);
+    CHECK(d[3].bytes == d[0].bytes);
+
+    /* a damaged part: the peer refuses it and says why; an unverified copy takes it */
+    CHECK(make_part(t_path("bad"), 22) == 0);
+    CHECK(flip_byte(t_path("bad")) == 0);
+    o.flags = 0;
+    d[1].dst = t_path("pers/8/rank0");
+    d[1].host = NULL;
+    CHECK_ERR(ckptio_part_spread(t_path("bad"), "8/rank0", d, 2, &o), CKPTIO_E_CHECKSUM);
+    CHECK(t_contains(ckptio_last_error(), "part '8/rank0' not kept"));
+    CHECK(d[0].rc == CKPTIO_E_CHECKSUM && !exists(t_path("node1/8/rank0")));
+    CHECK(d[1].rc == 0 && exists(t_path("pers/8/rank0/manifest")));
+
+    /* nothing to send: every destination says so */
+    CHECK_ERR(ckptio_part_spread(t_path("nothing"), "9/rank0", d, 2, &o), CKPTIO_E_NOT_CHECKPOINT);
+    CHECK(d[0].rc == CKPTIO_E_NOT_CHECKPOINT && d[1].rc == CKPTIO_E_NOT_CHECKPOINT);
+    CHECK(t_contains(d[1].errmsg, "not a committed checkpoint"));
+    ckptio_peer_close(p1);
+    return 0;
+}
+
 static int test_misuse(void)
 {
     ckptio_peer *p = (ckptio_peer *)1;
@@ -314,6 +380,18 @@ static int test_misuse(void)
     CHECK_ERR(ckptio_peer_push(NULL, "127.0.0.1", 1, "1/rank0", NULL, NULL), CKPTIO_E_USAGE);
     CHECK_ERR(ckptio_peer_fetch("127.0.0.1", 0, "1/rank0", "x", NULL, NULL), CKPTIO_E_USAGE);
     CHECK_ERR(ckptio_part_copy(NULL, "x", NULL, NULL), CKPTIO_E_USAGE);
+    ckptio_part_dest d = {.size = sizeof d, .host = "127.0.0.1", .port = 1};
+    CHECK_ERR(ckptio_part_spread("x", "1/rank0", &d, 0, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_part_spread("x", "../up", &d, 1, NULL), CKPTIO_E_USAGE);
+    d.port = 0;
+    CHECK_ERR(ckptio_part_spread("x", "1/rank0", &d, 1, NULL), CKPTIO_E_USAGE);
+    d.host = NULL;
+    CHECK_ERR(ckptio_part_spread("x", "1/rank0", &d, 1, NULL), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "needs a host or a dst"));
+    d.size = 4;
+    d.dst = "y";
+    CHECK_ERR(ckptio_part_spread("x", NULL, &d, 1, NULL), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "sizeof(ckptio_part_dest)"));
     CHECK(ckptio_peer_port(NULL) == CKPTIO_E_USAGE);
     ckptio_peer_close(NULL);
     return 0;
@@ -325,6 +403,7 @@ const ckptio_test tests_peer[] = {
     {"peer/broken_transfer", test_broken_transfer, 0, 0},
     {"peer/close_midway", test_close_midway, 0, 0},
     {"peer/fork", test_fork, 0, 60},
+    {"peer/spread", test_spread, 0, 60},
     {"peer/misuse", test_misuse, 0, 0},
     {0},
 };

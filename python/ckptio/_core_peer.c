@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ckptio._core's peer tier: PeerServer, peer_push, peer_fetch and part_copy (ckptio_peer_*). */
+/* ckptio._core's peer tier: PeerServer, peer_push, peer_fetch, part_copy and part_spread (ckptio_peer_*, ckptio_part_*). */
 #include "_core.h"
 
 typedef struct {
@@ -176,6 +176,66 @@ static PyObject *mod_part_copy(PyObject *mod, PyObject *args)
     return ret;
 }
 
+/* part_spread(src, name, dests, timeout, max_rate, verify) -> [(rc, bytes, errname, message)]
+ * dests: (host, port) for a peer, a path for a directory; one entry per dest, rc 0 for those
+ * that have the part. */
+static PyObject *mod_part_spread(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *src = NULL, *seq = NULL, *dests = NULL, *out = NULL;
+    const char *name;
+    double timeout;
+    unsigned long long rate;
+    int verify;
+    if (!PyArg_ParseTuple(args, "O&sOdKp:part_spread", PyUnicode_FSConverter, &src, &name, &dests,
+                          &timeout, &rate, &verify))
+        return NULL;
+    seq = PySequence_Fast(dests, "part_spread: dests must be a sequence");
+    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+    ckptio_part_dest *d = seq && n ? PyMem_Calloc((size_t)n, sizeof *d) : NULL;
+    PyObject **keep = seq && n ? PyMem_Calloc((size_t)n, sizeof *keep) : NULL; /* dst bytes */
+    if (seq && n && (!d || !keep)) PyErr_NoMemory();
+    for (Py_ssize_t i = 0; d && keep && !PyErr_Occurred() && i < n; i++) {
+        PyObject *x = PySequence_Fast_GET_ITEM(seq, i);
+        d[i].size = sizeof d[i];
+        if (PyTuple_Check(x)) {
+            if (!PyArg_ParseTuple(x, "si:part_spread destination", &d[i].host, &d[i].port)) break;
+        } else if (!PyUnicode_FSConverter(x, &keep[i])) {
+            break;
+        } else {
+            d[i].dst = PyBytes_AS_STRING(keep[i]);
+        }
+    }
+    if (seq && !PyErr_Occurred()) {
+        ckptio_peer_opts o = opts_of(timeout, rate, verify);
+        int rc;
+        char msg[1024] = "";
+        Py_BEGIN_ALLOW_THREADS
+        rc = ckptio_part_spread(PyBytes_AS_STRING(src), name, d, (size_t)n, &o);
+        if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
+        Py_END_ALLOW_THREADS
+        if (rc < 0 && (n == 0 || rc == CKPTIO_E_USAGE)) {
+            raise_at(rc, msg, PyBytes_AS_STRING(src));
+        } else if ((out = PyList_New(n))) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                PyObject *t = Py_BuildValue("iKzs", d[i].rc, (unsigned long long)d[i].bytes,
+                                            d[i].rc ? ckptio_errname(d[i].rc) : NULL, d[i].errmsg);
+                if (!t) {
+                    Py_CLEAR(out);
+                    break;
+                }
+                PyList_SET_ITEM(out, i, t);
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; keep && i < n; i++) Py_XDECREF(keep[i]);
+    PyMem_Free(keep);
+    PyMem_Free(d);
+    Py_XDECREF(seq);
+    Py_DECREF(src);
+    return out;
+}
+
 static PyMethodDef peer_functions[] = {
     {"peer_push", mod_peer_push, METH_VARARGS,
      "peer_push(src, host, port, name, timeout, max_rate) -> bytes sent (the peer verified "
@@ -183,6 +243,9 @@ static PyMethodDef peer_functions[] = {
     {"peer_fetch", mod_peer_fetch, METH_VARARGS,
      "peer_fetch(host, port, name, dst, timeout, verify) -> bytes received"},
     {"part_copy", mod_part_copy, METH_VARARGS, "part_copy(src, dst, verify) -> bytes copied"},
+    {"part_spread", mod_part_spread, METH_VARARGS,
+     "part_spread(src, name, dests, timeout, max_rate, verify) -> [(rc, bytes, errname, "
+     "message)] per destination: (host, port) a peer, a path a directory; one read of the part"},
     {NULL, NULL, 0, NULL},
 };
 

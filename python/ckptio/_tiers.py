@@ -69,8 +69,8 @@ def _default_addr() -> str:
 
 
 def _persist(src: str, dst: str) -> None:
-    """Copy the committed part ``src`` to ``dst``: a directory (ckptio_part_copy) or an object
-    store URL (the convert engine, ckptio to ckptio: every block read is verified, the tree and
+    """Copy the committed part ``src`` to ``dst`` on its own (the pushes' pass takes it where it
+    can): a directory (ckptio_part_copy) or an object store URL (the convert engine, ckptio to ckptio: every block read is verified, the tree and
     metadata kept, the manifest written last)."""
     if is_url(dst):
         _core.convert(src, dst, {"from": "ckptio", "to": "ckptio", "overwrite": True,
@@ -451,28 +451,46 @@ class Tiers:
         job.local_ok = True
         r["local_s"] = time.perf_counter() - t
         src = self.part(self.local, job.step)
+        persist_to = self.part(self.directory, job.step) if job.persisted_ok is not None else None
+        # The pushes and the persistent copy go in one pass over the part (ckptio_part_spread:
+        # each file read once). Not the copy into an object store (the convert engine writes
+        # it after), nor one under max_rate, which paces the network, not the disk.
+        in_pass = persist_to is not None and not is_url(persist_to) and not self.max_rate
+        dests: list[Any] = [(p["addr"], int(p["port"])) for p in self.targets]
+        if in_pass:
+            dests.append(persist_to)
         t = time.perf_counter()
+        try:
+            outcome = _core.part_spread(src, f"{job.step}/rank{self.rank}", dests, self.timeout,
+                                        self.max_rate, False) if dests else []  # fmt: skip
+        except (OSError, CheckpointError) as e:
+            outcome = [(-1, 0, None, str(e))] * len(dests)
+        pass_s = time.perf_counter() - t
         ok = True
-        for p in self.targets:
-            try:
-                r["replicate_bytes"] += _core.peer_push(src, p["addr"], int(p["port"]),
-                    f"{job.step}/rank{self.rank}", self.timeout, self.max_rate)  # fmt: skip
+        for p, (rc, nbytes, _name, msg) in zip(self.targets, outcome):
+            if rc == 0:
+                r["replicate_bytes"] += nbytes
                 r["replicated_to"].append(p["node"])
-            except (OSError, CheckpointError) as e:
+            else:
                 ok = False
                 r["errors"].append(f"replicating step {job.step} of rank {self.rank} to node "
-                                   f"{p['node']} (rank {p['rank']}) failed: {e}")  # fmt: skip
-        r["replicate_s"] = time.perf_counter() - t
+                                   f"{p['node']} (rank {p['rank']}) failed: {msg}")  # fmt: skip
+        r["replicate_s"] = pass_s if self.targets else 0.0
         job.replicated_ok = ok
-        if job.persisted_ok is not None:
+        if persist_to is not None:
             t = time.perf_counter()
             try:
-                _persist(src, self.part(self.directory, job.step))
+                if in_pass:
+                    rc, _n, name, msg = outcome[-1]
+                    if rc:
+                        raise _from_code(rc, name or "", msg)
+                else:
+                    _persist(src, persist_to)
                 job.persisted_ok = True
             except (OSError, CheckpointError) as e:
                 r["errors"].append(f"copying step {job.step} of rank {self.rank} to the "
                                    f"persistent tier failed: {e}")  # fmt: skip
-            r["persist_s"] = time.perf_counter() - t
+            r["persist_s"] = pass_s if in_pass else time.perf_counter() - t
         local_doomed, persistent_doomed = self._prune_plan(job)
         for s in local_doomed:
             _remove_step(self.local, s)

@@ -360,53 +360,195 @@ static void nopipe_end(nopipe *np)
     pthread_sigmask(SIG_SETMASK, &np->old, NULL);
 }
 
-static int send_each_file(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
+/* ---- a pass over a part's files: each file read once, sent or written to every sink ---- */
+
+/* Where a pass sends a part: a peer's connection, or a transaction's directory. */
+typedef struct sink {
+    int sock;        /* a connection (>= 0), or -1 */
+    ckptio__txn *t;  /* else: the files are created in t's directory */
+    int out;         /* t: the file being written (-1: none) */
+    int rc;          /* 0 while it takes the part; else why it stopped (m says) */
+    uint64_t bytes;  /* bytes sent or written */
+    const char *who; /* "the peer at host:port", or the part's path */
+    ckptio__msg m;
+} sink;
+
+#define SPREAD_CHUNK (4u << 20) /* the buffer of a pass with several sinks */
+#define SPREAD_ALIGN 4096u      /* what O_DIRECT reads of the part are aligned to */
+
+static int write_all(int fd, const uint8_t *p, size_t n);
+
+static int sink_fail(sink *s, int rc, const char *rel)
+{
+    if (s->sock >= 0)
+        return s->rc = ckptio__fail(&s->m, rc, "sending '%s' to %s broke off: %s", rel, s->who,
+                                    strerror(-rc));
+    return s->rc = ckptio__fail(&s->m, rc, "cannot write '%s/%s': %s", s->t->tmp_path, rel,
+                                strerror(-rc));
+}
+
+/* Start file `rel` of `size` bytes on sink s (its record on a connection; a file created in a
+ * transaction's directory). */
+static void sink_begin(sink *s, const char *rel, uint64_t size)
+{
+    if (s->sock < 0) {
+        int fd = create_in(s->t->tmp_fd, rel, &s->m, s->t->tmp_path);
+        if (fd < 0) s->rc = fd;
+        else s->out = fd;
+        return;
+    }
+    size_t len = strlen(rel);
+    uint8_t h[12];
+    put32(h, (uint32_t)len);
+    put64(h + 4, size);
+    int rc = send_all(s->sock, h, 4);
+    if (rc == 0) rc = send_all(s->sock, rel, len);
+    if (rc == 0) rc = send_all(s->sock, h + 4, 8);
+    if (rc < 0) sink_fail(s, rc, rel);
+}
+
+/* End the file on sink s: a written file is fsynced and closed. */
+static void sink_end(sink *s, const char *rel)
+{
+    if (s->out < 0) return;
+    if (s->rc == 0 && fdatasync(s->out) < 0)
+        s->rc = ckptio__fail(&s->m, -errno, "cannot fsync '%s/%s': %s", s->t->tmp_path, rel,
+                             strerror(errno));
+    close(s->out);
+    s->out = -1;
+}
+
+static void sink_put(sink *s, const uint8_t *buf, size_t n, const char *rel)
+{
+    int rc = s->sock >= 0 ? send_all(s->sock, buf, n) : write_all(s->out, buf, n);
+    if (rc < 0) sink_fail(s, rc, rel);
+    else s->bytes += n;
+}
+
+/* The whole file `in` to one sink, copied by the kernel: sendfile(2) to a connection,
+ * copy_file_range(2) to a file (sendfile between the files where it refuses: EXDEV across
+ * file systems on older kernels). */
+static void sink_move(sink *s, int in, uint64_t size, const char *path, const char *rel, pacer *pc)
+{
+    bool in_kernel = s->sock < 0;
+    for (uint64_t left = size; s->rc == 0 && left;) {
+        size_t want = (size_t)CKPTIO__MIN(left, (uint64_t)(pc->rate ? 64u << 10 : 64u << 20));
+        ssize_t n = in_kernel ? copy_file_range(in, NULL, s->out, NULL, want, 0)
+                              : sendfile(s->sock >= 0 ? s->sock : s->out, in, NULL, want);
+        if (n < 0 && in_kernel && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
+                                   errno == EOPNOTSUPP)) {
+            in_kernel = false;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && s->sock >= 0) sink_fail(s, errno == EAGAIN ? -ETIMEDOUT : -errno, rel);
+        else if (n < 0)
+            s->rc = ckptio__fail(&s->m, -errno, "cannot copy '%s' to '%s': %s", path,
+                                 s->t->tmp_path, strerror(errno));
+        else if (n == 0)
+            s->rc = ckptio__fail(&s->m, CKPTIO_E_CORRUPT, "'%s' shrank while it was copied", path);
+        else {
+            left -= (uint64_t)n;
+            s->bytes += (uint64_t)n;
+            pace(pc, (uint64_t)n);
+        }
+    }
+}
+
+/* A file of the part, read by a pass with several sinks: O_DIRECT where the file system takes
+ * it (a local tier on NVMe that the save wrote with O_DIRECT is read from the device, not
+ * through the page cache), else through the page cache (tmpfs). */
+typedef struct source {
+    int fd;
+    bool direct;
+} source;
+
+static int source_open(source *src, const char *path, ckptio__msg *m)
+{
+    src->direct = true;
+    src->fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (src->fd < 0 && errno == EINVAL) {
+        src->direct = false;
+        src->fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    return src->fd < 0 ? ckptio__fail(m, -errno, "cannot open '%s': %s", path, strerror(errno)) : 0;
+}
+
+/* Up to `want` bytes at `off` (aligned for O_DIRECT); fewer only at the file's end. */
+static ssize_t source_read(source *src, uint8_t *buf, size_t want, uint64_t off)
+{
+    for (;;) {
+        size_t ask = src->direct ? ckptio__align_up(want, SPREAD_ALIGN) : want;
+        ssize_t n = pread(src->fd, buf, ask, (off_t)off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EINVAL && src->direct) { /* unaligned after a short read */
+            int flags = fcntl(src->fd, F_GETFL);
+            if (flags < 0 || fcntl(src->fd, F_SETFL, flags & ~O_DIRECT) < 0) return -errno;
+            src->direct = false;
+            continue;
+        }
+        return n < 0 ? -errno : (ssize_t)CKPTIO__MIN((size_t)n, want);
+    }
+}
+
+/* Send the files of the part at `dir` to every sink, each file read once: with one sink left,
+ * by the kernel (sink_move); with more, into one buffer and out to each. A sink that fails
+ * stops there (its rc and m say why) and the others go on; an end record closes each
+ * connection's stream. < 0 (m says why) only when the part itself cannot be read: then no
+ * sink has it. */
+static int send_pass(const char *dir, sink *s, size_t n, pacer *pc, ckptio__msg *m)
 {
     files f = {0};
+    uint8_t *buf = NULL;
     int rc = list_files(dir, "", &f, m);
     for (size_t i = 0; rc == 0 && i < f.n; i++) {
-        size_t len = strlen(f.rel[i]);
-        uint8_t h[12];
-        put32(h, (uint32_t)len);
-        if ((rc = send_all(sock, h, 4)) < 0 || (rc = send_all(sock, f.rel[i], len)) < 0) break;
-        put64(h, f.size[i]);
-        if ((rc = send_all(sock, h, 8)) < 0) break;
+        const char *rel = f.rel[i];
+        size_t live = 0;
+        for (size_t k = 0; k < n; k++)
+            if (s[k].rc == 0 && (sink_begin(&s[k], rel, f.size[i]), s[k].rc == 0)) live++;
+        if (!live) break;
         char *path = NULL;
-        if (asprintf(&path, "%s/%s", dir, f.rel[i]) < 0) {
+        if (asprintf(&path, "%s/%s", dir, rel) < 0) {
             rc = -ENOMEM;
             break;
         }
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) rc = ckptio__fail(m, -errno, "cannot open '%s': %s", path, strerror(errno));
-        for (uint64_t left = f.size[i]; rc == 0 && left;) {
-            size_t want = (size_t)CKPTIO__MIN(left, (uint64_t)(pc->rate ? 64u << 10 : 64u << 20));
-            ssize_t n = sendfile(sock, fd, NULL, want);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
-            else if (n == 0) rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "'%s' shrank while it was sent", path);
-            else {
-                left -= (uint64_t)n;
-                *bytes += (uint64_t)n;
-                pace(pc, (uint64_t)n);
+        source src = {-1, false};
+        if (live == 1) {
+            int in = open(path, O_RDONLY | O_CLOEXEC);
+            if (in < 0) rc = ckptio__fail(m, -errno, "cannot open '%s': %s", path, strerror(errno));
+            for (size_t k = 0; in >= 0 && k < n; k++)
+                if (s[k].rc == 0) sink_move(&s[k], in, f.size[i], path, rel, pc);
+            if (in >= 0) close(in);
+        } else if (!buf && posix_memalign((void **)&buf, SPREAD_ALIGN, SPREAD_CHUNK)) {
+            buf = NULL;
+            rc = -ENOMEM;
+        } else if ((rc = source_open(&src, path, m)) == 0) {
+            size_t chunk = pc->rate ? 64u << 10 : SPREAD_CHUNK;
+            for (uint64_t off = 0; rc == 0 && live && off < f.size[i];) {
+                ssize_t got = source_read(&src, buf, (size_t)CKPTIO__MIN(f.size[i] - off, (uint64_t)chunk), off);
+                if (got <= 0) {
+                    rc = got < 0 ? ckptio__fail(m, (int)got, "cannot read '%s': %s", path, strerror((int)-got))
+                                 : ckptio__fail(m, CKPTIO_E_CORRUPT, "'%s' shrank while it was sent", path);
+                    break;
+                }
+                live = 0;
+                for (size_t k = 0; k < n; k++)
+                    if (s[k].rc == 0 && (sink_put(&s[k], buf, (size_t)got, rel), s[k].rc == 0)) live++;
+                off += (uint64_t)got;
+                pace(pc, (uint64_t)got);
             }
+            close(src.fd);
         }
-        if (fd >= 0) close(fd);
+        for (size_t k = 0; k < n; k++) sink_end(&s[k], rel);
         free(path);
     }
-    if (rc == 0) {
+    for (size_t k = 0; rc == 0 && k < n; k++) {
         uint8_t end[4] = {0};
-        rc = send_all(sock, end, 4);
+        int r = s[k].rc == 0 && s[k].sock >= 0 ? send_all(s[k].sock, end, 4) : 0;
+        if (r < 0) sink_fail(&s[k], r, "the end record");
     }
+    free(buf);
     files_free(&f);
-    return rc;
-}
-
-static int send_files(int sock, const char *dir, pacer *pc, uint64_t *bytes, ckptio__msg *m)
-{
-    nopipe np;
-    nopipe_begin(&np);
-    int rc = send_each_file(sock, dir, pc, bytes, m);
-    nopipe_end(&np);
     return rc;
 }
 
@@ -574,8 +716,11 @@ static void serve_get(int fd, const char *path)
     }
     if (send_reply(fd, 0, "") < 0) return;
     pacer pc = {0, 0, ckptio__now()};
-    uint64_t bytes = 0;
-    send_files(fd, path, &pc, &bytes, &m); /* a failure shows as a short stream there */
+    sink s = {.sock = fd, .out = -1, .who = "the fetching rank"};
+    nopipe np;
+    nopipe_begin(&np);
+    send_pass(path, &s, 1, &pc, &m); /* a failure shows as a short stream there */
+    nopipe_end(&np);
 }
 
 static void *conn_thread(void *arg)
@@ -830,36 +975,96 @@ static int dial(const char *host, int port, double timeout, ckptio__msg *m)
     return fd;
 }
 
+/* Check a destination of ckptio_part_spread; its outcome cleared. */
+static int dest_check(ckptio_part_dest *d, const char *name)
+{
+    if (d->size < sizeof *d)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: a destination's size is %u, "
+                            "not sizeof(ckptio_part_dest) = %zu", d->size, sizeof *d);
+    d->rc = 0;
+    d->bytes = 0;
+    d->errmsg[0] = '\0';
+    if (d->host && (d->port <= 0 || d->port > 65535))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: port %d of '%s' is not a TCP port",
+                            d->port, d->host);
+    if (d->host && (!name || !safe_rel(name)))
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: '%s' is not a relative part name",
+                            name ? name : "(null)");
+    if (!d->host && !d->dst)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: a destination needs a host or a dst");
+    return 0;
+}
+
+int ckptio_part_spread(const char *src, const char *name, ckptio_part_dest *d, size_t n,
+                       const ckptio_peer_opts *o)
+{
+    ckptio__msg m = {0};
+    if (!src || !d || !n) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: src and destinations are required");
+    for (size_t i = 0; i < n; i++) CKPTIO__TRY(dest_check(&d[i], name));
+    sink *s = calloc(n, sizeof *s);
+    ckptio__txn *t = calloc(n, sizeof *t);
+    char (*who)[160] = calloc(n, sizeof *who);
+    if (!s || !t || !who) {
+        free(s);
+        free(t);
+        free(who);
+        return ckptio__fail(NULL, -ENOMEM, "ckptio_part_spread: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) s[i].sock = s[i].out = -1;
+    int rc = 0;
+    if (ckptio_is_checkpoint(src) != 1)
+        rc = ckptio__fail(&m, CKPTIO_E_NOT_CHECKPOINT, "'%s' is not a committed checkpoint to send", src);
+    nopipe np;
+    nopipe_begin(&np);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        s[i].who = who[i];
+        if (d[i].host) {
+            snprintf(who[i], sizeof who[i], "the peer at %s:%d", d[i].host, d[i].port);
+            int fd = dial(d[i].host, d[i].port, o ? o->timeout : 0, &s[i].m);
+            if (fd < 0) s[i].rc = fd;
+            else if ((s[i].sock = fd, s[i].rc = send_request(fd, PEER_PUT, name)) < 0)
+                sink_fail(&s[i], s[i].rc, "the request");
+        } else {
+            snprintf(who[i], sizeof who[i], "%s", d[i].dst);
+            s[i].t = &t[i];
+            s[i].rc = begin_part(&t[i], d[i].dst, &s[i].m);
+        }
+    }
+    pacer pc = {o ? o->max_rate : 0, 0, ckptio__now()};
+    if (rc == 0) rc = send_pass(src, s, n, &pc, &m);
+    for (size_t i = 0; i < n; i++) {
+        if (rc < 0 && s[i].rc == 0) s[i].rc = ckptio__refail(&s[i].m, &m, rc, NULL, NULL);
+        /* A peer's reply says why, even when it stopped reading early. */
+        if (s[i].sock >= 0 && (s[i].rc == 0 || s[i].rc == -EPIPE || s[i].rc == -ECONNRESET)) {
+            int r2 = recv_reply(s[i].sock, s[i].who, &s[i].m);
+            if (s[i].rc == 0 || r2 < 0) s[i].rc = r2;
+        }
+        if (s[i].t && s[i].rc == 0) s[i].rc = finish_part(&t[i], o ? o->flags : 0, d[i].dst, &s[i].m);
+        if (s[i].sock >= 0) close(s[i].sock);
+        if (s[i].t) ckptio__txn_fini(&t[i]);
+        d[i].rc = s[i].rc;
+        d[i].bytes = s[i].bytes;
+        snprintf(d[i].errmsg, sizeof d[i].errmsg, "%s",
+                 s[i].rc == 0 ? "" : s[i].m.text[0] ? s[i].m.text : strerror(-s[i].rc));
+    }
+    nopipe_end(&np);
+    size_t bad = 0;
+    while (bad < n && d[bad].rc == 0) bad++;
+    rc = bad < n ? ckptio__refail(NULL, &s[bad].m, d[bad].rc, d[bad].errmsg, NULL) : 0;
+    free(s);
+    free(t);
+    free(who);
+    return rc;
+}
+
 int ckptio_peer_push(const char *src, const char *host, int port, const char *name,
                      const ckptio_peer_opts *o, uint64_t *bytes)
 {
-    if (!src || !host || !name || port <= 0 || port > 65535)
-        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_push: src, host, port and name are required");
-    if (!safe_rel(name))
-        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_push: '%s' is not a relative part name", name);
-    ckptio__msg m = {0};
-    uint64_t sent = 0;
-    if (ckptio_is_checkpoint(src) != 1)
-        return ckptio__fail(NULL, CKPTIO_E_NOT_CHECKPOINT, "'%s' is not a committed checkpoint to send", src);
-    double timeout = o ? o->timeout : 0;
-    int fd = dial(host, port, timeout, &m);
-    int rc = fd;
-    if (fd >= 0) {
-        pacer pc = {o ? o->max_rate : 0, 0, ckptio__now()};
-        char who[128];
-        snprintf(who, sizeof who, "the peer at %s:%d", host, port);
-        rc = send_request(fd, PEER_PUT, name);
-        if (rc == 0) rc = send_files(fd, src, &pc, &sent, &m);
-        if (rc < 0 && !m.text[0])
-            ckptio__fail(&m, rc, "sending '%s' to the peer at %s:%d broke off: %s", src, host, port,
-                         strerror(-rc));
-        /* The peer's reply says why, even when it stopped reading early. */
-        int r2 = rc == 0 || rc == -EPIPE || rc == -ECONNRESET ? recv_reply(fd, who, &m) : rc;
-        if (rc == 0 || r2 < 0) rc = r2;
-        close(fd);
-    }
-    if (bytes) *bytes = sent;
-    return rc < 0 ? ckptio__refail(NULL, &m, rc, "replicating a part", NULL) : 0;
+    if (!host) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_push: src, host, port and name are required");
+    ckptio_part_dest d = {.size = sizeof d, .host = host, .port = port};
+    int rc = ckptio_part_spread(src, name, &d, 1, o);
+    if (bytes) *bytes = d.bytes;
+    return rc;
 }
 
 int ckptio_peer_fetch(const char *host, int port, const char *name, const char *dst,
@@ -887,53 +1092,9 @@ int ckptio_peer_fetch(const char *host, int port, const char *name, const char *
 
 int ckptio_part_copy(const char *src, const char *dst, const ckptio_peer_opts *o, uint64_t *bytes)
 {
-    if (!src || !dst) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_copy: src and dst are required");
-    if (ckptio_is_checkpoint(src) != 1)
-        return ckptio__fail(NULL, CKPTIO_E_NOT_CHECKPOINT, "'%s' is not a committed checkpoint to copy", src);
-    ckptio__msg m = {0};
-    ckptio__txn t = {0};
-    files f = {0};
-    uint64_t done = 0;
-    int rc = begin_part(&t, dst, &m);
-    if (rc == 0) rc = list_files(src, "", &f, &m);
-    for (size_t i = 0; rc == 0 && i < f.n; i++) {
-        char *path = NULL;
-        if (asprintf(&path, "%s/%s", src, f.rel[i]) < 0) {
-            rc = -ENOMEM;
-            break;
-        }
-        int in = open(path, O_RDONLY | O_CLOEXEC);
-        int out = in < 0 ? -1 : create_in(t.tmp_fd, f.rel[i], &m, t.tmp_path);
-        if (in < 0) rc = ckptio__fail(&m, -errno, "cannot open '%s': %s", path, strerror(errno));
-        else if (out < 0) rc = out;
-        bool in_kernel = true; /* copy_file_range, until it refuses (EXDEV across file
-                                * systems on older kernels): then sendfile between the files */
-        for (uint64_t left = f.size[i]; rc == 0 && left;) {
-            size_t want = (size_t)CKPTIO__MIN(left, (uint64_t)(1u << 30));
-            ssize_t n = in_kernel ? copy_file_range(in, NULL, out, NULL, want, 0) : sendfile(out, in, NULL, want);
-            if (n < 0 && in_kernel && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
-                                       errno == EOPNOTSUPP)) {
-                in_kernel = false;
-                continue;
-            }
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0)
-                rc = ckptio__fail(&m, n < 0 ? -errno : CKPTIO_E_CORRUPT, "cannot copy '%s' to '%s': %s",
-                                  path, t.tmp_path, n < 0 ? strerror(errno) : "it shrank");
-            else {
-                left -= (uint64_t)n;
-                done += (uint64_t)n;
-            }
-        }
-        if (rc == 0 && fdatasync(out) < 0)
-            rc = ckptio__fail(&m, -errno, "cannot fsync '%s/%s': %s", t.tmp_path, f.rel[i], strerror(errno));
-        if (out >= 0) close(out);
-        if (in >= 0) close(in);
-        free(path);
-    }
-    if (rc == 0) rc = finish_part(&t, o ? o->flags : 0, dst, &m);
-    files_free(&f);
-    ckptio__txn_fini(&t);
-    if (bytes) *bytes = done;
-    return rc < 0 ? ckptio__refail(NULL, &m, rc, "copying a part", NULL) : 0;
+    if (!dst) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_copy: src and dst are required");
+    ckptio_part_dest d = {.size = sizeof d, .dst = dst};
+    int rc = ckptio_part_spread(src, NULL, &d, 1, o);
+    if (bytes) *bytes = d.bytes;
+    return rc;
 }

@@ -681,6 +681,27 @@ def test_one_process_local_tier_in_host_memory(tmp_path: pathlib.Path) -> None:
         shutil.rmtree(local, ignore_errors=True)
 
 
+def test_one_process_persistent_copy_that_fails_is_reported(tmp_path: pathlib.Path) -> None:
+    """The persistent copy goes in the pushes' pass; where it cannot be made (a file stands
+    where its step's folder goes) the save reports why, the local part stays, and the next
+    step is copied."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    persist.mkdir()
+    (persist / "1").write_bytes(b"in the way")
+    m = ckptio.Manager(persist, local=str(local), persist_every=1, node="solo")
+    m.save(1, part(0, 1))
+    m.wait_until_finished()
+    errors = m.last_save["errors"]
+    assert len(errors) == 1 and "to the persistent tier failed" in errors[0], m.last_save
+    assert str(persist / "1") in errors[0], errors
+    assert parts(local / "1") == {"rank0"}
+    m.save(2, part(0, 2))
+    m.wait_until_finished()
+    m.close()
+    assert m.last_save["errors"] == [] and m.last_save["persist_s"] is not None, m.last_save
+    assert same(ckptio.load(persist / "2" / "rank0"), 0, 2)
+
+
 def test_one_process_no_complete_step(tmp_path: pathlib.Path) -> None:
     m = ckptio.Manager(tmp_path / "persist", local=str(tmp_path / "local"), node="solo")
     with pytest.raises(ckptio.CheckpointError) as info:
