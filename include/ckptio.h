@@ -581,9 +581,10 @@ typedef struct ckptio_part_dest {
 } ckptio_part_dest;
 
 /* Send the committed checkpoint `src` to every destination in one pass: each of its files is
- * read once (O_DIRECT where its file system takes it) and sent to each peer and written to each
- * directory; with one destination the kernel copies it (sendfile, copy_file_range). A
- * destination that fails drops out, the others go on. o->max_rate paces the pass; o->flags
+ * read once (O_DIRECT where its file system takes it), a few chunks ahead of the slowest
+ * destination, and each destination takes the chunks on a thread of its own (sent to a peer,
+ * written to a directory), so none waits on another; with one destination the kernel copies
+ * it (sendfile, copy_file_range). A destination that fails drops out, the others go on. o->max_rate paces the pass; o->flags
  * apply to the directories (a peer always verifies). Returns 0 when every destination has the
  * part, else the first failed one's rc, with its errmsg in ckptio_last_error(). */
 CKPTIO_API int ckptio_part_spread(const char *src, const char *name, ckptio_part_dest *d,

@@ -303,6 +303,25 @@ static int test_fork(void)
     return 0;
 }
 
+/* A peer that reads 1 MiB of what it is sent, then hangs up (its process dies). */
+typedef struct quitter {
+    int lfd;
+} quitter;
+
+static void *quit_midway(void *arg)
+{
+    quitter *q = arg;
+    int fd = accept(q->lfd, NULL, NULL);
+    static char sink[1u << 16];
+    for (size_t got = 0; fd >= 0 && got < (1u << 20);) {
+        ssize_t n = read(fd, sink, sizeof sink);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    if (fd >= 0) close(fd);
+    return NULL;
+}
+
 /* One pass to two peers and two directories: every destination has the part whole, verified.
  * One that fails (nobody listens, a directory that cannot be made, a peer that refuses the
  * part) drops out; the others still get it, and the call returns the first failure. */
@@ -360,6 +379,25 @@ static int test_spread(void)
     CHECK(t_contains(ckptio_last_error(), "part '8/rank0' not kept"));
     CHECK(d[0].rc == CKPTIO_E_CHECKSUM && !exists(t_path("node1/8/rank0")));
     CHECK(d[1].rc == 0 && exists(t_path("pers/8/rank0/manifest")));
+
+    /* a peer that hangs up midway: the directory beside it still gets the part */
+    quitter q = {socket(AF_INET, SOCK_STREAM, 0)};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    CHECK(q.lfd >= 0 && bind(q.lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(q.lfd, 1) == 0);
+    CHECK(getsockname(q.lfd, (struct sockaddr *)&a, &alen) == 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, quit_midway, &q) == 0);
+    d[0].port = ntohs(a.sin_port);
+    d[1].dst = t_path("pers/10/rank0");
+    int rc = ckptio_part_spread(t_path("src"), "10/rank0", d, 2, &o);
+    pthread_join(th, NULL);
+    close(q.lfd);
+    CHECK(rc < 0 && d[0].rc == rc && d[0].bytes < N_FLOATS * 4);
+    CHECK(t_contains(d[0].errmsg, "127.0.0.1"));
+    CHECK(d[1].rc == 0 && same_part(t_path("pers/10/rank0"), 21) == 0);
+    d[0].port = port1;
 
     /* nothing to send: every destination says so */
     CHECK_ERR(ckptio_part_spread(t_path("nothing"), "9/rank0", d, 2, &o), CKPTIO_E_NOT_CHECKPOINT);

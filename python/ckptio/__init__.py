@@ -23,7 +23,8 @@ module level or inside a function; tests/python/test_structure.py checks it from
 - staging: _stage, a tree walked into the host buffers a save writes from.
 - ranks: ranks/_comm (communicators and the one comm resolver, resolve()), ranks/_dist
   (Shard, RankLocal, the multi-rank save), ranks/_share (shared reads of replicated loads).
-- save and load: _save, _mapped, _into, _load, _async, _manager.
+- save and load: _save, _mapped, _into, _load, _async, _tiers (the Manager's local, peer and
+  persistent tiers), _manager.
 - formats: the front ends of other layouts: safetensors, formats/_hf (which adds its reader
   to _load's), orbax, formats/_torch_state, formats/_torch_dcp, formats/_torch_zip, _convert (the ckptio
   command's `python -m ckptio._convert`).

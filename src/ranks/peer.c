@@ -373,7 +373,8 @@ typedef struct sink {
     ckptio__msg m;
 } sink;
 
-#define SPREAD_CHUNK (4u << 20) /* the buffer of a pass with several sinks */
+#define SPREAD_CHUNK (4u << 20) /* a slot of the ring of a pass with several sinks */
+#define SPREAD_SLOTS 4u         /* chunks read ahead of the slowest sink */
 #define SPREAD_ALIGN 4096u      /* what O_DIRECT reads of the part are aligned to */
 
 static int write_all(int fd, const uint8_t *p, size_t n);
@@ -491,15 +492,140 @@ static ssize_t source_read(source *src, uint8_t *buf, size_t want, uint64_t off)
     }
 }
 
+/* One file's chunks, read once by the caller into a ring of slots and taken by every sink on
+ * a thread of its own: the read runs ahead of the slowest sink by the ring's slots, and no sink
+ * waits on another (a push is not held back by the persistent copy's disk, nor by a slower
+ * peer). */
+typedef struct relay {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint8_t *slot[SPREAD_SLOTS];
+    size_t len[SPREAD_SLOTS];
+    uint64_t filled; /* chunks read so far */
+    bool ended;      /* no more: the file's end, or its read failed */
+    const char *rel;
+} relay;
+
+typedef struct taker {
+    relay *r;
+    sink *s;
+    uint64_t taken; /* chunks this sink has sent or written; UINT64_MAX once it failed */
+    pthread_t thread;
+    bool started;
+} taker;
+
+static void *take_chunks(void *arg)
+{
+    taker *k = arg;
+    relay *r = k->r;
+    for (uint64_t c = 0;; c++) {
+        pthread_mutex_lock(&r->lock);
+        while (r->filled <= c && !r->ended) pthread_cond_wait(&r->cond, &r->lock);
+        bool have = r->filled > c;
+        const uint8_t *p = r->slot[c % SPREAD_SLOTS];
+        size_t len = r->len[c % SPREAD_SLOTS];
+        pthread_mutex_unlock(&r->lock);
+        if (!have) break;
+        sink_put(k->s, p, len, r->rel);
+        pthread_mutex_lock(&r->lock);
+        k->taken = k->s->rc == 0 ? c + 1 : UINT64_MAX;
+        pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+        if (k->s->rc) break;
+    }
+    return NULL;
+}
+
+/* Whether chunk c may be read into its slot (every sink has taken the chunk that was there),
+ * and how many sinks still take chunks. Under the lock. */
+static bool slot_free(const taker *k, size_t nk, uint64_t c, size_t *live)
+{
+    bool free_ = true;
+    *live = 0;
+    for (size_t i = 0; i < nk; i++) {
+        if (k[i].taken == UINT64_MAX) continue;
+        ++*live;
+        if (c >= SPREAD_SLOTS && k[i].taken < c + 1 - SPREAD_SLOTS) free_ = false;
+    }
+    return free_;
+}
+
+/* File `path` (`size` bytes) to every live sink through a relay over `ring` (SPREAD_SLOTS
+ * chunks of `chunk` bytes). < 0 (m says why) when the file cannot be read. */
+static int relay_file(const char *path, const char *rel, uint64_t size, sink *s, size_t n,
+                      uint8_t *ring, size_t chunk, pacer *pc, ckptio__msg *m)
+{
+    source src = {-1, false};
+    CKPTIO__TRY(source_open(&src, path, m));
+    relay r = {.rel = rel};
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_cond_init(&r.cond, NULL);
+    for (unsigned i = 0; i < SPREAD_SLOTS; i++) r.slot[i] = ring + (size_t)i * chunk;
+    taker *k = calloc(n, sizeof *k);
+    size_t nk = 0;
+    if (!k) {
+        close(src.fd);
+        return ckptio__fail(m, -ENOMEM, "out of memory sending '%s'", path);
+    }
+    /* The takers block every signal: the application's (Ctrl-C) belong to the caller. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (size_t i = 0; i < n; i++) {
+        if (s[i].rc) continue;
+        k[nk] = (taker){.r = &r, .s = &s[i]};
+        int e = pthread_create(&k[nk].thread, NULL, take_chunks, &k[nk]);
+        if (e) {
+            s[i].rc = ckptio__fail(&s[i].m, -e, "cannot start a thread to send '%s' to %s: %s",
+                                   rel, s[i].who, strerror(e));
+            continue;
+        }
+        k[nk++].started = true;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = 0;
+    for (uint64_t c = 0, off = 0; off < size; c++) {
+        size_t live;
+        pthread_mutex_lock(&r.lock);
+        while (!slot_free(k, nk, c, &live)) pthread_cond_wait(&r.cond, &r.lock);
+        pthread_mutex_unlock(&r.lock);
+        if (!live) break;
+        size_t want = (size_t)CKPTIO__MIN(size - off, (uint64_t)chunk);
+        ssize_t got = source_read(&src, r.slot[c % SPREAD_SLOTS], want, off);
+        if (got <= 0) {
+            rc = got < 0 ? ckptio__fail(m, (int)got, "cannot read '%s': %s", path, strerror((int)-got))
+                         : ckptio__fail(m, CKPTIO_E_CORRUPT, "'%s' shrank while it was sent", path);
+            break;
+        }
+        pthread_mutex_lock(&r.lock);
+        r.len[c % SPREAD_SLOTS] = (size_t)got;
+        r.filled = c + 1;
+        pthread_cond_broadcast(&r.cond);
+        pthread_mutex_unlock(&r.lock);
+        off += (uint64_t)got;
+        pace(pc, (uint64_t)got);
+    }
+    pthread_mutex_lock(&r.lock);
+    r.ended = true;
+    pthread_cond_broadcast(&r.cond);
+    pthread_mutex_unlock(&r.lock);
+    for (size_t i = 0; i < nk; i++) pthread_join(k[i].thread, NULL);
+    free(k);
+    pthread_cond_destroy(&r.cond);
+    pthread_mutex_destroy(&r.lock);
+    close(src.fd);
+    return rc;
+}
+
 /* Send the files of the part at `dir` to every sink, each file read once: with one sink left,
- * by the kernel (sink_move); with more, into one buffer and out to each. A sink that fails
- * stops there (its rc and m say why) and the others go on; an end record closes each
- * connection's stream. < 0 (m says why) only when the part itself cannot be read: then no
- * sink has it. */
+ * by the kernel (sink_move); with more, through a relay (relay_file). A sink that fails stops
+ * there (its rc and m say why) and the others go on; an end record closes each connection's
+ * stream. < 0 (m says why) only when the part itself cannot be read: then no sink has it. */
 static int send_pass(const char *dir, sink *s, size_t n, pacer *pc, ckptio__msg *m)
 {
     files f = {0};
-    uint8_t *buf = NULL;
+    uint8_t *ring = NULL;
+    size_t chunk = pc->rate ? 64u << 10 : SPREAD_CHUNK;
     int rc = list_files(dir, "", &f, m);
     for (size_t i = 0; rc == 0 && i < f.n; i++) {
         const char *rel = f.rel[i];
@@ -512,32 +638,17 @@ static int send_pass(const char *dir, sink *s, size_t n, pacer *pc, ckptio__msg 
             rc = -ENOMEM;
             break;
         }
-        source src = {-1, false};
         if (live == 1) {
             int in = open(path, O_RDONLY | O_CLOEXEC);
             if (in < 0) rc = ckptio__fail(m, -errno, "cannot open '%s': %s", path, strerror(errno));
             for (size_t k = 0; in >= 0 && k < n; k++)
                 if (s[k].rc == 0) sink_move(&s[k], in, f.size[i], path, rel, pc);
             if (in >= 0) close(in);
-        } else if (!buf && posix_memalign((void **)&buf, SPREAD_ALIGN, SPREAD_CHUNK)) {
-            buf = NULL;
-            rc = -ENOMEM;
-        } else if ((rc = source_open(&src, path, m)) == 0) {
-            size_t chunk = pc->rate ? 64u << 10 : SPREAD_CHUNK;
-            for (uint64_t off = 0; rc == 0 && live && off < f.size[i];) {
-                ssize_t got = source_read(&src, buf, (size_t)CKPTIO__MIN(f.size[i] - off, (uint64_t)chunk), off);
-                if (got <= 0) {
-                    rc = got < 0 ? ckptio__fail(m, (int)got, "cannot read '%s': %s", path, strerror((int)-got))
-                                 : ckptio__fail(m, CKPTIO_E_CORRUPT, "'%s' shrank while it was sent", path);
-                    break;
-                }
-                live = 0;
-                for (size_t k = 0; k < n; k++)
-                    if (s[k].rc == 0 && (sink_put(&s[k], buf, (size_t)got, rel), s[k].rc == 0)) live++;
-                off += (uint64_t)got;
-                pace(pc, (uint64_t)got);
-            }
-            close(src.fd);
+        } else if (!ring && posix_memalign((void **)&ring, SPREAD_ALIGN, (size_t)SPREAD_SLOTS * chunk)) {
+            ring = NULL;
+            rc = ckptio__fail(m, -ENOMEM, "out of memory sending '%s'", path);
+        } else {
+            rc = relay_file(path, rel, f.size[i], s, n, ring, chunk, pc, m);
         }
         for (size_t k = 0; k < n; k++) sink_end(&s[k], rel);
         free(path);
@@ -547,7 +658,7 @@ static int send_pass(const char *dir, sink *s, size_t n, pacer *pc, ckptio__msg 
         int r = s[k].rc == 0 && s[k].sock >= 0 ? send_all(s[k].sock, end, 4) : 0;
         if (r < 0) sink_fail(&s[k], r, "the end record");
     }
-    free(buf);
+    free(ring);
     files_free(&f);
     return rc;
 }
