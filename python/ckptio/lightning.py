@@ -116,6 +116,9 @@ class CheckpointIO(_Base):  # type: ignore[misc]
         self._writing: str | None = None  # the path a torch-file save is writing now
         self._pending: AsyncSave | None = None  # the background save not yet seen finished
         self._doomed: list[str] = []  # removals waiting for the save in flight to commit
+        # (set-aside name, path): an older checkpoint directory moved out of the way of the
+        # save in flight, put back if that save fails
+        self._aside: tuple[str, str] | None = None
         self._pid = os.getpid()
         # Not seen by any call before the interpreter exits: finished then (ckptio's own exit
         # handler, registered earlier, runs after this one and reports nothing twice).
@@ -162,6 +165,7 @@ class CheckpointIO(_Base):  # type: ignore[misc]
                 finally:
                     if aside and started:
                         self._doomed.append(aside)
+                        self._aside = (aside, p)
                     elif aside:
                         os.rename(aside, p)
                 return
@@ -232,7 +236,7 @@ class CheckpointIO(_Base):  # type: ignore[misc]
         once it has): on success, do the removals it held back; on failure, drop them (the
         older checkpoints stay) and raise its error. Call with the lock held."""
         if os.getpid() != self._pid:  # a forked child: the parent's save and removals
-            self._pending, self._doomed, self._pid = None, [], os.getpid()
+            self._pending, self._doomed, self._aside, self._pid = None, [], None, os.getpid()
         h = self._pending
         if h is not None:
             if not wait and not h.done():
@@ -250,8 +254,12 @@ class CheckpointIO(_Base):  # type: ignore[misc]
             self._after_save(True)
 
     def _after_save(self, ok: bool) -> None:
-        """The save in flight has ended: do (``ok``) or drop the removals it held back."""
+        """The save in flight has ended: do (``ok``) or drop the removals it held back (and
+        put back the older checkpoint it had moved aside, where nothing took its place)."""
         doomed, self._doomed = self._doomed, []
+        aside, self._aside = self._aside, None
+        if not ok and aside is not None and not os.path.lexists(aside[1]):
+            os.rename(*aside)
         if ok:
             for p in doomed:
                 _remove(p)

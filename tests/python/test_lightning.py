@@ -248,6 +248,22 @@ def test_an_older_async_checkpoint_is_replaced_atomically(tmp_path: pathlib.Path
         ckptio.save(state(1), p)
 
 
+def test_an_older_checkpoint_stays_when_the_background_save_fails(
+    tmp_path: pathlib.Path, failing: threading.Event
+) -> None:
+    """The older ckptio directory moved aside for a background save comes back, under its own
+    name, when that save fails: nothing named `.replaced-<pid>` is left."""
+    p = tmp_path / "last.ckpt"
+    ckptio.save(state(1), p)
+    io = CheckpointIO(async_save=True)
+    io.save_checkpoint(state(2), p)
+    failing.set()
+    with pytest.raises(ckptio.CheckpointIOError, match="disk on fire"):
+        io.teardown()
+    assert os.listdir(tmp_path) == ["last.ckpt"] and is_async_checkpoint(p)
+    assert io.load_checkpoint(p)["global_step"] == 1
+
+
 def test_async_keeps_what_only_pickle_holds(tmp_path: pathlib.Path) -> None:
     """Hyperparameters of any picklable type are kept in the background too (a torch file)."""
     io = CheckpointIO(async_save=True)
