@@ -67,6 +67,22 @@ def plain(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str)) if x is not None else None
 
 
+def tier_thread_rchar() -> int | None:
+    """Bytes the Manager's job thread ("ckptio-tiers") has read so far, by /proc's per-thread
+    rchar (every read, pread, sendfile and copy_file_range counts the bytes it moves); None
+    before the thread exists or where /proc has no such file."""
+    import threading
+
+    t = next((t for t in threading.enumerate() if t.name == "ckptio-tiers"), None)
+    if t is None or t.native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{t.native_id}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def rank_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="tier_cell.py rank")
     ap.add_argument("--phase", choices=("save", "restore"), required=True)
@@ -113,10 +129,13 @@ def rank_main(argv: list[str]) -> None:
                 dist.barrier()  # every rank's background work of the save before has ended
                 t0 = time.perf_counter()
                 if kind == "manager":
+                    read0 = tier_thread_rchar()
                     m.save(2 + i, tree)
                     t1 = time.perf_counter()
                     m.wait_until_finished()
-                    rec = {"last_save": plain(m.last_save)}
+                    read1 = tier_thread_rchar()
+                    rec = {"last_save": plain(m.last_save),
+                           "tier_read_bytes": read1 - read0 if read0 is not None and read1 is not None else None}
                 else:
                     h = ckptio.save_async(tree, a.async_path, overwrite=True)
                     t1 = time.perf_counter()
@@ -361,7 +380,13 @@ HOW = {
             "copy), and ckptio.save_async(tree, <tmpfs path>, overwrite=True) timed until it returns, then waited for; "
             "a barrier before each, so no background work of another rank overlaps; a save's job stall is its slowest "
             "rank's",
-    "replication": "each rank's last_save['replicate_bytes'] / last_save['replicate_s'] of the timed save",
+    "replication": "each rank's last_save['replicate_bytes'] / last_save['replicate_s'] of the timed save (since the "
+                   "persistent copy goes in the pushes' pass, replicate_s is that pass's seconds: the copy's bytes "
+                   "are written in it too)",
+    "background": "a Manager save's wait_until_finished after it returned (local write, pushes, persistent copy, "
+                  "retention), the slowest rank's per save; tier_reads_of_state: the bytes its ckptio-tiers thread read "
+                  "(/proc/self/task/<tid>/io rchar, which counts read, pread, sendfile and copy_file_range alike) over "
+                  "the rank's state, median over ranks and saves",
     "peer": "the last node's local root deleted, every rank relaunched (an untimed 1 MiB ckptio.save and load first: "
             "the first I/O call of a process sets up the engine): m.restore() timed on each rank; its ranks fetch "
             "their parts from the other node's root (tmpfs), the others load their own",
@@ -397,6 +422,14 @@ def summarize_rounds(rounds: list[dict[str, Any]], a: argparse.Namespace) -> dic
         xs = [x[k] for x in saves if isinstance(x.get(k), (int, float))]
         s[f"last_save_{k}"] = round(med(xs), 4) if xs else None
     s["save_errors"] = sorted({e for x in saves for e in x.get("errors", [])})
+    # The background of a Manager save (local write, pushes, persistent copy, retention): the
+    # job's slowest rank's, per save; and what its job thread read, over the rank's state.
+    bg = [max(d["manager"][i]["background_s"] for d in rr["save"]) for rr in rounds for i in range(a.saves)]
+    s["manager_background_s"] = round(med(bg), 4)
+    s["manager_background_s_runs"] = [round(x, 4) for x in bg]
+    reads = [x["tier_read_bytes"] / d["bytes"] for rr in rounds for d in rr["save"] for x in d["manager"]
+             if x.get("tier_read_bytes") is not None and d.get("bytes")]  # fmt: skip
+    s["tier_reads_of_state"] = round(med(reads), 3) if reads else None
     s["stall_x_async"] = round(s["manager_stall_s"] / s["async_stall_s"], 3) if s["async_stall_s"] else 0.0
     # Each Manager save against the save_async next to it (same round, same pair).
     s["stall_x_async_pairs"] = [round(x / y, 3) if y else 0.0 for x, y in zip(s["manager_stall_s_runs"], s["async_stall_s_runs"], strict=True)]
@@ -482,6 +515,8 @@ def summarize(doc: dict[str, Any]) -> str:
          f"each pair {' '.join(f'{x:.2f}' for x in s['stall_x_async_pairs'])})"),
         (f"  {'after the stall (per rank, medians)':42s} local write {fmt(s['last_save_local_s'])}, replication "
          f"{fmt(s['last_save_replicate_s'])}, persistent copy {fmt(s['last_save_persist_s'])}"),
+        (f"  {'background of a save (slowest rank)':42s} {s['manager_background_s']:.3f} s; the job thread read "
+         + (f"{s['tier_reads_of_state']:.2f}x the rank's state" if s.get("tier_reads_of_state") is not None else "(no /proc figure)")),
         (f"  {'replication rate per byte':42s} {s['replicate_gbps']:.3f} GB/s (replicate_bytes / replicate_s, "
          f"{human(int(s['replicate_bytes_per_rank']))} per rank)"),
     ]  # fmt: skip
