@@ -426,6 +426,10 @@ static int test_misuse(void)
     d.host = NULL;
     CHECK_ERR(ckptio_part_spread("x", "1/rank0", &d, 1, NULL), CKPTIO_E_USAGE);
     CHECK(t_contains(ckptio_last_error(), "needs a host or a dst"));
+    d.dst = "s3://bucket/7/rank0";
+    CHECK_ERR(ckptio_part_spread("x", NULL, &d, 1, NULL), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "ckptio_convert"));
+    CHECK_ERR(ckptio_part_copy("x", "gs://bucket/7/rank0", NULL, NULL), CKPTIO_E_USAGE);
     d.size = 4;
     d.dst = "y";
     CHECK_ERR(ckptio_part_spread("x", NULL, &d, 1, NULL), CKPTIO_E_USAGE);

@@ -22,6 +22,7 @@
 #include "../commit/txn.h"
 #include "../common/forksafe.h"
 #include "../io/params.h"
+#include "../store/store.h"
 
 /* The wire, little-endian, one request per connection:
  *   request  "CKPR" u32 version u32 op u32 name_len name
@@ -1103,6 +1104,11 @@ static int dest_check(ckptio_part_dest *d, const char *name)
                             name ? name : "(null)");
     if (!d->host && !d->dst)
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: a destination needs a host or a dst");
+    int remote = d->host ? 0 : ckptio__store_remote(d->dst, NULL);
+    if (remote < 0) return remote;
+    if (remote)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: '%s' is in an object store; a part "
+                            "goes there through ckptio_convert (ckptio to ckptio)", d->dst);
     return 0;
 }
 
