@@ -81,7 +81,7 @@ def side_tree(rev: str, trees: str, log: Any) -> tuple[str, str, str]:
     step(py, "-m", "pip", "install", "--no-build-isolation", "-q", "-e", tree)
     env_bin = os.path.dirname(sys.executable)
     meson = os.path.join(env_bin, "meson")
-    if not os.path.isdir(os.path.join(tree, "build")):
+    if not os.path.exists(os.path.join(tree, "build", "build.ninja")):  # build/ may hold pip's cp311/
         step(meson, "setup", "build")
     step(meson, "compile", "-C", "build")
     open(os.path.join(tree, ".ab-ready"), "w").close()
