@@ -10,8 +10,8 @@ A side is a commit (a detached worktree under --trees, made once and kept: its o
 site-packages chain to this checkout's .venv for the dependencies, ckptio installed editable,
 and build/ configured and compiled for build/tools) or "." (this checkout as it is). In the
 command, {python} is the side's interpreter, {out} the run's result folder (OUT/<side>-<i>),
-{tree} the side's checkout; it runs in {tree}, with this checkout's .venv/bin on PATH (the local
-object stores' servers). Each run's output goes to OUT/<side>-<i>.log; OUT/ab.json lists the
+{tree} the side's checkout ("." runs with the interpreter running ab.py); it runs in {tree},
+with this checkout's .venv/bin on PATH (the local object stores' servers). Each run's output goes to OUT/<side>-<i>.log; OUT/ab.json lists the
 runs in the order they ran, with the commits, exit codes, start times and seconds.
 """
 
@@ -56,9 +56,13 @@ def git(*args: str, cwd: str = ROOT) -> str:
 def side_tree(rev: str, trees: str, log: Any) -> tuple[str, str, str]:
     """(checkout, its python, its commit) for ``rev``: "." is this checkout as it is; a commit
     gets a worktree of its own, built the first time."""
-    if rev == ".":
-        dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
-        return ROOT, os.path.join(ROOT, ".venv", "bin", "python"), git("rev-parse", "HEAD") + dirty
+    if rev == ".":  # the interpreter running this script: this checkout's venv, whatever its name
+        try:
+            dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+            commit = git("rev-parse", "HEAD") + dirty
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown (no git checkout)"
+        return ROOT, sys.executable, commit
     sha = git("rev-parse", "--verify", rev + "^{commit}")
     tree = os.path.join(trees, "ckptio-" + sha[:12])
     py = os.path.join(tree, ".venv-ab", "bin", "python")
