@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -311,7 +312,10 @@ typedef struct quitter {
 static void *quit_midway(void *arg)
 {
     quitter *q = arg;
-    int fd = accept(q->lfd, NULL, NULL);
+    struct pollfd pf = {.fd = q->lfd, .events = POLLIN};
+    int fd = poll(&pf, 1, 20000) == 1 ? accept(q->lfd, NULL, NULL) : -1; /* bounded: never hangs */
+    struct timeval tv = {.tv_sec = 20};
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     static char sink[1u << 16];
     for (size_t got = 0; fd >= 0 && got < (1u << 20);) {
         ssize_t n = read(fd, sink, sizeof sink);
