@@ -34,7 +34,8 @@ def main() -> None:
         for i in range(n_max):
             part = np.random.default_rng(i).random((a.part_mib << 20) // 8)
             ckptio.save({"w": part}, f"{a.root}/src{i}", overwrite=True)
-        servers = [_core.PeerServer(f"{a.root}/recv{j}", "127.0.0.1", 0) for j in range(2)]
+        key = os.urandom(32)  # the job's key, as a Manager's rank 0 draws it
+        servers = [_core.PeerServer(f"{a.root}/recv{j}", "127.0.0.1", 0, key) for j in range(2)]
         for n in a.pushes:
             walls, each = [], []
             for r in range(a.rounds):
@@ -43,7 +44,7 @@ def main() -> None:
                 def push(i: int, r: int = r, took: list[float] = took) -> None:
                     t = time.perf_counter()
                     _core.peer_push(f"{a.root}/src{i}", "127.0.0.1", servers[i % 2].port,
-                                    f"{r}/rank{i}", 60.0, 0)
+                                    f"{r}/rank{i}", 60.0, 0, key)
                     took[i] = time.perf_counter() - t
 
                 t0 = time.perf_counter()

@@ -531,23 +531,36 @@ CKPTIO_API const char *ckptio_zip_writer_errmsg(const ckptio_zip_writer *z);
  * A "part" is one rank's committed checkpoint directory under a node's local root, named
  * relative to that root ("<step>/rank<R>"). Parts travel between ranks over TCP and are
  * published by the receiver only once complete (a "<name>.tmp-<pid>.<n>" directory renamed into
- * place, as every ckptio commit): a sender or receiver killed halfway leaves no part. */
+ * place, as every ckptio commit): a sender or receiver killed halfway leaves no part.
+ * Every connection begins with both sides proving that they hold the job's key (HMAC-SHA256
+ * over fresh nonces of both sides), before any name or byte of a part is exchanged; the
+ * request is bound to that connection. A server answers a client that fails with nothing of
+ * its own, and logs the client's address on stderr. The part's bytes travel in the clear:
+ * what this does and does not protect is in doc/tiers.md. */
 typedef struct ckptio_peer ckptio_peer;
 
 #define CKPTIO_PEER_VERIFY 1u /* verify every block's checksum before publishing a part */
+#define CKPTIO_PEER_KEY_MIN 16 /* bytes of a job's key, at least (32 random ones: as good as any) */
+#define CKPTIO_PEER_KEY_MAX 64
 
 typedef struct ckptio_peer_opts {
-    double timeout;    /* seconds any one send or receive may wait (<= 0: no limit) */
+    double timeout;    /* seconds any one send or receive may wait (<= 0: no limit; a server:
+                        * 120) */
     uint64_t max_rate; /* push: bytes per second at most (0: no limit) */
     unsigned flags;    /* fetch, copy: CKPTIO_PEER_VERIFY (a push is always verified) */
+    const unsigned char *key; /* the job's key, the same on every rank, never written anywhere:
+                               * required by a server and by every call that talks to one */
+    size_t key_len;           /* CKPTIO_PEER_KEY_MIN..CKPTIO_PEER_KEY_MAX */
 } ckptio_peer_opts;
 
 /* Serve the parts under `root` and receive the parts other ranks push: listen on `addr`
- * (an address or host name; NULL or "": every interface) and `port` (0: any free one), on a
- * thread of ckptio's, one more per connection. A pushed part is verified (every block against
- * its checksum) before it is published; a part that fails is not kept, and the pusher is told
- * why. */
-CKPTIO_API int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port);
+ * (an address or host name; NULL or "": every interface, which a job should not need: name
+ * the address the job's ranks talk on) and `port` (0: any free one), on a thread of ckptio's,
+ * one more per connection. o->key is required (the server copies it); o->timeout bounds a
+ * silent connection. A pushed part is verified (every block against its checksum) before it
+ * is published; a part that fails is not kept, and the pusher is told why. */
+CKPTIO_API int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port,
+                                const ckptio_peer_opts *o);
 /* The port the server listens on. */
 CKPTIO_API int ckptio_peer_port(const ckptio_peer *p);
 /* Stop listening, break off transfers in progress (their parts are not kept), free. NULL ok. */
@@ -558,7 +571,9 @@ CKPTIO_API void ckptio_peer_close(ckptio_peer *p);
 CKPTIO_API int ckptio_peer_push(const char *src, const char *host, int port, const char *name,
                                 const ckptio_peer_opts *o, uint64_t *bytes);
 /* Fetch part `name` from the server at host:port into directory `dst` (created, or replaced
- * only once the new one is complete). -ENOENT: the peer holds no such committed part. */
+ * only once the new one is complete). -ENOENT: the peer holds no such committed part. A part
+ * received, fetched or pushed, is made owner-only (0700 directories, 0600 files, whatever the
+ * umask), as is each directory made above it. */
 CKPTIO_API int ckptio_peer_fetch(const char *host, int port, const char *name, const char *dst,
                                  const ckptio_peer_opts *o, uint64_t *bytes);
 /* Copy the committed checkpoint `src` to directory `dst` on a file system (copy_file_range,
@@ -589,6 +604,13 @@ typedef struct ckptio_part_dest {
  * part, else the first failed one's rc, with its errmsg in ckptio_last_error(). */
 CKPTIO_API int ckptio_part_spread(const char *src, const char *name, ckptio_part_dest *d,
                                   size_t n, const ckptio_peer_opts *o);
+
+/* The SHA-256 of the manifest the reader read (32 bytes into out). The manifest holds every
+ * block's checksum and the metadata, so the digest names one committed checkpoint's exact
+ * contents: a copy (ckptio_peer_fetch, ckptio_part_copy) has its original's digest, another
+ * save of the same tensors another. The peer tier's step records are made of them
+ * (doc/tiers.md). CKPTIO_E_UNSUPPORTED for a foreign reader. Since 0.3. */
+CKPTIO_API int ckptio_reader_digest(const ckptio_reader *r, unsigned char out[32]);
 
 /* One byte range of a file to read into dst (dst must hold `len` bytes; as with regions, pass
  * dst aligned to ckptio_alignment() for reads with no copy). `size` = sizeof(ckptio_range), as

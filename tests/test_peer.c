@@ -13,9 +13,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include "test.h"
 
 #define N_FLOATS (3u << 20) /* 12 MiB: several blocks */
+
+/* The job's key of these tests, and options carrying it. */
+static const unsigned char KEY[32] = "the key of the job these ranks r";
+#define JOB_KEY .key = KEY, .key_len = sizeof KEY
+static const ckptio_peer_opts SERVER = {JOB_KEY};
 
 /* A checkpoint at `path` of one f32 tensor "w" filled from `seed`. */
 static int make_part(const char *path, uint64_t seed)
@@ -74,12 +82,16 @@ static int test_push_fetch_copy(void)
 {
     CHECK(make_part(t_path("src"), 5) == 0);
     ckptio_peer *p = NULL;
-    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0, &SERVER));
     int port = ckptio_peer_port(p);
     CHECK(port > 0);
-    ckptio_peer_opts o = {.timeout = 20};
+    ckptio_peer_opts o = {.timeout = 20, JOB_KEY};
     uint64_t sent = 0, got = 0, copied = 0;
-    CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "7/rank3", &o, &sent));
+    mode_t umask_was = umask(0); /* a part received is owner-only, whatever the umask */
+    int pushed = ckptio_peer_push(t_path("src"), "127.0.0.1", port, "7/rank3", &o, &sent);
+    umask(umask_was);
+    CHECK_OK(pushed);
+    CHECK(t_sh("test -z \"$(find '%s' -perm /077)\"", t_path("node1/7")) == 0);
     CHECK(sent >= N_FLOATS * 4);
     CHECK(same_part(t_path("node1/7/rank3"), 5) == 0);
     CHECK(only(t_path("node1/7"), "rank3"));
@@ -107,6 +119,7 @@ static int test_push_fetch_copy(void)
     /* missing parts, names outside the root */
     CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "8/rank3", t_path("node0/8/rank3"), &o, NULL), -ENOENT);
     CHECK(t_contains(ckptio_last_error(), "no committed part"));
+    CHECK(!t_contains(ckptio_last_error(), t_path("node1")));
     CHECK(!exists(t_path("node0/8/rank3")));
     CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "../src", t_path("x"), &o, NULL), CKPTIO_E_USAGE);
     CHECK_ERR(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "/abs", &o, NULL), CKPTIO_E_USAGE);
@@ -126,9 +139,9 @@ static int test_corrupt_refused(void)
     CHECK(make_part(t_path("src"), 9) == 0);
     CHECK(flip_byte(t_path("src")) == 0);
     ckptio_peer *p = NULL;
-    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0, &SERVER));
     int port = ckptio_peer_port(p);
-    ckptio_peer_opts o = {.timeout = 20, .flags = CKPTIO_PEER_VERIFY};
+    ckptio_peer_opts o = {.timeout = 20, .flags = CKPTIO_PEER_VERIFY, JOB_KEY};
     CHECK_ERR(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "2/rank0", &o, NULL), CKPTIO_E_CHECKSUM);
     CHECK(t_contains(ckptio_last_error(), "fail their checksums"));
     CHECK(t_contains(ckptio_last_error(), "part '2/rank0' not kept"));
@@ -170,22 +183,85 @@ static int settles(const char *dir)
     return 0;
 }
 
+/* HMAC-SHA256(key, label || a || b), as the wire says (src/ranks/peer.h), written here anew. */
+static void hmac3(const unsigned char *key, size_t klen, const char *label, const uint8_t *a,
+                  const uint8_t *b, uint8_t out[32])
+{
+    uint8_t msg[128];
+    size_t ll = strlen(label);
+    memcpy(msg, label, ll);
+    memcpy(msg + ll, a, 32);
+    memcpy(msg + ll + 32, b, 32);
+    unsigned n = 0;
+    HMAC(EVP_sha256(), key, (int)klen, msg, ll + 64, out, &n);
+}
+
+static int read_all(int fd, void *buf, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t r = read(fd, (uint8_t *)buf + got, n - got);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* A client's side of the authentication, by hand: 0 with the session's key once the server
+ * proved it holds `key` (and was sent this side's proof), -1 otherwise. `proof` 0 sends a
+ * wrong proof instead. */
+static int hand_auth(int fd, const unsigned char *key, size_t klen, int proof, uint8_t session[32])
+{
+    uint8_t hello[40], back[72], mine[32], theirs[32];
+    le32(hello, 0x41504b43u);
+    le32(hello + 4, 2);
+    for (int i = 0; i < 32; i++) hello[8 + i] = (uint8_t)rand();
+    if (write(fd, hello, 40) != 40 || read_all(fd, back, 72) < 0) return -1;
+    hmac3(key, klen, "ckptio peer 2 server", hello + 8, back + 8, theirs);
+    hmac3(key, klen, "ckptio peer 2 client", hello + 8, back + 8, mine);
+    hmac3(key, klen, "ckptio peer 2 session", hello + 8, back + 8, session);
+    if (!proof) mine[0] ^= 1;
+    if (write(fd, mine, 32) != 32) return -1;
+    return memcmp(theirs, back + 40, 32) == 0 ? 0 : -1;
+}
+
+/* A request of op for `name`, its MAC under `session`. */
+static int hand_request(int fd, const uint8_t session[32], uint32_t op, const char *name)
+{
+    uint8_t h[256];
+    size_t len = strlen(name);
+    le32(h, 0x52504b43u);
+    le32(h + 4, 2);
+    le32(h + 8, op);
+    le32(h + 12, (uint32_t)len);
+    memcpy(h + 16, name, len);
+    unsigned n = 0;
+    HMAC(EVP_sha256(), session, 32, h, 16 + len, h + 16 + len, &n);
+    return write(fd, h, 48 + len) == (ssize_t)(48 + len) ? 0 : -1;
+}
+
+/* The server's reply: its status, its message in text (NUL-ended). */
+static int hand_reply(int fd, char *text, size_t cap)
+{
+    uint8_t h[8];
+    if (read_all(fd, h, 8) < 0) return 1;
+    uint32_t len = (uint32_t)h[4] | (uint32_t)h[5] << 8 | (uint32_t)h[6] << 16 | (uint32_t)h[7] << 24;
+    if (len >= cap || read_all(fd, text, len) < 0) return 1;
+    text[len] = '\0';
+    return (int32_t)((uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24);
+}
+
 /* A sender that dies halfway (its connection closes after part of a file): the receiver keeps
  * nothing, and removes its temporary directory. Garbage requests are refused. */
 static int test_broken_transfer(void)
 {
     ckptio_peer *p = NULL;
-    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0, &SERVER));
     int port = ckptio_peer_port(p);
     int fd = dial(port);
     CHECK(fd >= 0);
-    uint8_t h[64];
-    const char *name = "4/rank1";
-    le32(h, 0x52504b43u);
-    le32(h + 4, 1);
-    le32(h + 8, 1); /* PUT */
-    le32(h + 12, (uint32_t)strlen(name));
-    CHECK(write(fd, h, 16) == 16 && write(fd, name, strlen(name)) == (ssize_t)strlen(name));
+    uint8_t h[64], session[32];
+    CHECK(hand_auth(fd, KEY, sizeof KEY, 1, session) == 0);
+    CHECK(hand_request(fd, session, 1 /* PUT */, "4/rank1") == 0);
     le32(h, 8);
     memcpy(h + 4, "manifest", 8);
     memset(h + 12, 0, 8);
@@ -196,31 +272,102 @@ static int test_broken_transfer(void)
     close(fd); /* the sender dies */
     CHECK(settles(t_path("node1/4")));
     CHECK(!exists(t_path("node1/4/rank1")));
-    /* a request that is not one */
+    /* a request that is not one: refused, told nothing */
+    char text[256];
     fd = dial(port);
     CHECK(fd >= 0);
     CHECK(write(fd, "GET / HTTP/1.1\r\n\r\n", 18) == 18);
     shutdown(fd, SHUT_WR);
+    CHECK(hand_reply(fd, text, sizeof text) == -EACCES);
+    CHECK(strcmp(text, "not authenticated") == 0);
     CHECK(read(fd, h, sizeof h) <= 0);
     close(fd);
     /* a file name that climbs out */
     fd = dial(port);
-    le32(h, 0x52504b43u);
-    le32(h + 4, 1);
-    le32(h + 8, 1);
-    le32(h + 12, 7);
-    memcpy(h + 16, "5/rank0", 7);
-    le32(h + 23, 9);
-    memcpy(h + 27, "../escape", 9);
-    memset(h + 36, 0, 8); /* its size: 0 */
-    CHECK(write(fd, h, 44) == 44);
-    uint8_t reply[8];
-    CHECK(read(fd, reply, 8) == 8);
-    CHECK((int32_t)(reply[0] | reply[1] << 8 | reply[2] << 16 | (uint32_t)reply[3] << 24) == CKPTIO_E_CORRUPT);
+    CHECK(hand_auth(fd, KEY, sizeof KEY, 1, session) == 0);
+    CHECK(hand_request(fd, session, 1, "5/rank0") == 0);
+    le32(h, 9);
+    memcpy(h + 4, "../escape", 9);
+    memset(h + 13, 0, 8); /* its size: 0 */
+    CHECK(write(fd, h, 21) == 21);
+    CHECK(hand_reply(fd, text, sizeof text) == CKPTIO_E_CORRUPT);
     close(fd);
     CHECK(!exists(t_path("escape")));
     CHECK(settles(t_path("node1/5")));
     CHECK(!exists(t_path("node1/5/rank0")));
+    ckptio_peer_close(p);
+    return 0;
+}
+
+/* A client without the job's key (none, another, or the key with one byte changed) fetches
+ * nothing and publishes nothing, by the library's calls or by hand; the server tells it
+ * nothing of itself, and a request recorded on one connection is refused on another. */
+static int test_outsider(void)
+{
+    CHECK(t_sh("mkdir -p '%s'", t_path("node1/7")) == 0);
+    CHECK(make_part(t_path("node1/7/rank0"), 31) == 0);
+    CHECK(make_part(t_path("forged"), 32) == 0);
+    ckptio_peer *p = NULL;
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0, &SERVER));
+    int port = ckptio_peer_port(p);
+    unsigned char off[sizeof KEY];
+    memcpy(off, KEY, sizeof KEY);
+    off[sizeof off - 1] ^= 1;
+    ckptio_peer_opts o = {.timeout = 10, .flags = CKPTIO_PEER_VERIFY, .key = off, .key_len = sizeof off};
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("stolen"), &o, NULL), -EACCES);
+    CHECK(t_contains(ckptio_last_error(), "do not hold the same job key"));
+    CHECK_ERR(ckptio_peer_push(t_path("forged"), "127.0.0.1", port, "8/rank0", &o, NULL), -EACCES);
+    CHECK_ERR(ckptio_peer_push(t_path("forged"), "127.0.0.1", port, "7/rank0", &o, NULL), -EACCES);
+    o.key_len = 15; /* too short to be a key */
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("stolen"), &o, NULL), CKPTIO_E_USAGE);
+    o.key = NULL;
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("stolen"), &o, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_peer_push(t_path("forged"), "127.0.0.1", port, "8/rank0", &o, NULL), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_peer_push(t_path("forged"), "127.0.0.1", port, "8/rank0", NULL, NULL), CKPTIO_E_USAGE);
+    /* by hand: a wrong proof, then a right one whose request is replayed on a new connection */
+    uint8_t session[32], h[8];
+    char text[256];
+    int fd = dial(port);
+    CHECK(fd >= 0 && hand_auth(fd, off, sizeof off, 1, session) < 0); /* the server's proof fails */
+    CHECK(hand_reply(fd, text, sizeof text) == -EACCES && strcmp(text, "not authenticated") == 0);
+    close(fd);
+    fd = dial(port);
+    CHECK(fd >= 0 && hand_auth(fd, KEY, sizeof KEY, 0, session) == 0);
+    CHECK(hand_request(fd, session, 2 /* GET */, "7/rank0") == 0);
+    CHECK(hand_reply(fd, text, sizeof text) == -EACCES && strcmp(text, "not authenticated") == 0);
+    CHECK(read(fd, h, sizeof h) <= 0);
+    close(fd);
+    uint8_t old[32];
+    fd = dial(port);
+    CHECK(fd >= 0 && hand_auth(fd, KEY, sizeof KEY, 1, old) == 0);
+    close(fd);
+    fd = dial(port);
+    CHECK(fd >= 0 && hand_auth(fd, KEY, sizeof KEY, 1, session) == 0);
+    CHECK(hand_request(fd, old, 2, "7/rank0") == 0); /* the MAC of another session */
+    CHECK(hand_reply(fd, text, sizeof text) == -EACCES && strcmp(text, "not authenticated") == 0);
+    close(fd);
+    /* an old client's request, without authentication */
+    fd = dial(port);
+    uint8_t req[23];
+    le32(req, 0x52504b43u);
+    le32(req + 4, 1);
+    le32(req + 8, 2);
+    le32(req + 12, 7);
+    memcpy(req + 16, "7/rank0", 7);
+    CHECK(fd >= 0 && write(fd, req, sizeof req) == (ssize_t)sizeof req);
+    CHECK(hand_reply(fd, text, sizeof text) == -EACCES && strcmp(text, "not authenticated") == 0);
+    close(fd);
+    CHECK(!exists(t_path("stolen")));
+    CHECK(!exists(t_path("node1/8")));
+    CHECK(same_part(t_path("node1/7/rank0"), 31) == 0);
+    /* with the key, the same calls work; a missing part's answer names no path */
+    o.key = KEY;
+    o.key_len = sizeof KEY;
+    CHECK_OK(ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("got"), &o, NULL));
+    CHECK(same_part(t_path("got"), 31) == 0);
+    CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "9/rank0", t_path("none"), &o, NULL), -ENOENT);
+    CHECK(t_contains(ckptio_last_error(), "holds no committed part '9/rank0'"));
+    CHECK(!t_contains(ckptio_last_error(), t_path("node1")));
     ckptio_peer_close(p);
     return 0;
 }
@@ -234,7 +381,7 @@ typedef struct pusher {
 static void *push_slowly(void *arg)
 {
     pusher *u = arg;
-    ckptio_peer_opts o = {.timeout = 20, .max_rate = 4u << 20}; /* 12 MiB in 3 s */
+    ckptio_peer_opts o = {.timeout = 20, .max_rate = 4u << 20, JOB_KEY}; /* 12 MiB in 3 s */
     u->rc = ckptio_peer_push(u->src, "127.0.0.1", u->port, "6/rank0", &o, NULL);
     return NULL;
 }
@@ -245,7 +392,7 @@ static int test_close_midway(void)
 {
     CHECK(make_part(t_path("src"), 11) == 0);
     ckptio_peer *p = NULL;
-    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0, &SERVER));
     pusher u = {t_path("src"), ckptio_peer_port(p), 0};
     pthread_t th;
     CHECK(pthread_create(&th, NULL, push_slowly, &u) == 0);
@@ -271,9 +418,9 @@ static int test_fork(void)
 {
     CHECK(make_part(t_path("src"), 12) == 0);
     ckptio_peer *p = NULL;
-    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p, t_path("node1"), "127.0.0.1", 0, &SERVER));
     int port = ckptio_peer_port(p);
-    ckptio_peer_opts o = {.timeout = 10};
+    ckptio_peer_opts o = {.timeout = 10, JOB_KEY};
     CHECK_OK(ckptio_peer_push(t_path("src"), "127.0.0.1", port, "1/rank0", &o, NULL));
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -333,10 +480,10 @@ static int test_spread(void)
 {
     CHECK(make_part(t_path("src"), 21) == 0);
     ckptio_peer *p1 = NULL, *p2 = NULL;
-    CHECK_OK(ckptio_peer_open(&p1, t_path("node1"), "127.0.0.1", 0));
-    CHECK_OK(ckptio_peer_open(&p2, t_path("node2"), "127.0.0.1", 0));
+    CHECK_OK(ckptio_peer_open(&p1, t_path("node1"), "127.0.0.1", 0, &SERVER));
+    CHECK_OK(ckptio_peer_open(&p2, t_path("node2"), "127.0.0.1", 0, &SERVER));
     int port1 = ckptio_peer_port(p1), port2 = ckptio_peer_port(p2);
-    ckptio_peer_opts o = {.timeout = 20, .flags = CKPTIO_PEER_VERIFY};
+    ckptio_peer_opts o = {.timeout = 20, .flags = CKPTIO_PEER_VERIFY, JOB_KEY};
     ckptio_part_dest d[4] = {
         {.size = sizeof d[0], .host = "127.0.0.1", .port = port1},
         {.size = sizeof d[0], .host = "127.0.0.1", .port = port2},
@@ -414,10 +561,10 @@ static int test_spread(void)
 static int test_misuse(void)
 {
     ckptio_peer *p = (ckptio_peer *)1;
-    CHECK_ERR(ckptio_peer_open(&p, NULL, NULL, 0), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_peer_open(&p, NULL, NULL, 0, &SERVER), CKPTIO_E_USAGE);
     CHECK(p == NULL);
-    CHECK_ERR(ckptio_peer_open(&p, t_dir(), NULL, 70000), CKPTIO_E_USAGE);
-    CHECK(ckptio_peer_open(&p, t_dir(), "no.such.host.invalid", 0) < 0);
+    CHECK_ERR(ckptio_peer_open(&p, t_dir(), NULL, 70000, &SERVER), CKPTIO_E_USAGE);
+    CHECK(ckptio_peer_open(&p, t_dir(), "no.such.host.invalid", 0, &SERVER) < 0);
     CHECK(t_contains(ckptio_last_error(), "cannot resolve"));
     CHECK_ERR(ckptio_peer_push(NULL, "127.0.0.1", 1, "1/rank0", NULL, NULL), CKPTIO_E_USAGE);
     CHECK_ERR(ckptio_peer_fetch("127.0.0.1", 0, "1/rank0", "x", NULL, NULL), CKPTIO_E_USAGE);
@@ -447,6 +594,7 @@ const ckptio_test tests_peer[] = {
     {"peer/push_fetch_copy", test_push_fetch_copy, 0, 0},
     {"peer/corrupt_refused", test_corrupt_refused, 0, 0},
     {"peer/broken_transfer", test_broken_transfer, 0, 0},
+    {"peer/outsider", test_outsider, 0, 0},
     {"peer/close_midway", test_close_midway, 0, 0},
     {"peer/fork", test_fork, 0, 60},
     {"peer/spread", test_spread, 0, 60},

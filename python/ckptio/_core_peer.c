@@ -16,18 +16,21 @@ static PyObject *raise_at(int rc, const char *msg, const char *path)
     return NULL;
 }
 
-/* PeerServer(root, addr, port=0): serves and receives the parts under root. */
+/* PeerServer(root, addr, port, key): serves and receives the parts under root. */
 static int peer_init(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"root", "addr", "port", NULL};
+    static char *names[] = {"root", "addr", "port", "key", NULL};
     PeerServer *s = (PeerServer *)self;
     PyObject *root = NULL;
     const char *addr = NULL;
     int port = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&z|i:PeerServer", names, PyUnicode_FSConverter,
-                                     &root, &addr, &port))
+    Py_buffer key = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&ziy*:PeerServer", names, PyUnicode_FSConverter,
+                                     &root, &addr, &port, &key))
         return -1;
+    ckptio_peer_opts o = {.key = key.buf, .key_len = (size_t)key.len};
     if (s->peer) {
+        PyBuffer_Release(&key);
         Py_DECREF(root);
         PyErr_SetString(PyExc_RuntimeError, "PeerServer already open");
         return -1;
@@ -35,9 +38,10 @@ static int peer_init(PyObject *self, PyObject *args, PyObject *kw)
     int rc;
     char msg[1024] = "";
     Py_BEGIN_ALLOW_THREADS
-    rc = ckptio_peer_open(&s->peer, PyBytes_AS_STRING(root), addr, port);
+    rc = ckptio_peer_open(&s->peer, PyBytes_AS_STRING(root), addr, port, &o);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&key);
     if (rc < 0) raise_at(rc, msg, PyBytes_AS_STRING(root));
     Py_DECREF(root);
     return rc < 0 ? -1 : 0;
@@ -83,8 +87,8 @@ static PyTypeObject PeerServerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ckptio._core.PeerServer",
     .tp_basicsize = sizeof(PeerServer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PeerServer(root, addr, port=0): a rank's server of the parts under root "
-              "(ckptio_peer_open)",
+    .tp_doc = "PeerServer(root, addr, port, key): a rank's server of the parts under root, to "
+              "the holders of the job's key (ckptio_peer_open)",
     .tp_new = PyType_GenericNew,
     .tp_init = peer_init,
     .tp_dealloc = peer_dealloc,
@@ -92,14 +96,15 @@ static PyTypeObject PeerServerType = {
     .tp_getset = peer_getset,
 };
 
-/* Options from (timeout, max_rate, verify). */
-static ckptio_peer_opts opts_of(double timeout, unsigned long long rate, int verify)
+/* Options from (timeout, max_rate, verify, key: a buffer, or one with buf NULL). */
+static ckptio_peer_opts opts_of(double timeout, unsigned long long rate, int verify, const Py_buffer *key)
 {
     return (ckptio_peer_opts){.timeout = timeout, .max_rate = rate,
-                              .flags = verify ? CKPTIO_PEER_VERIFY : 0};
+                              .flags = verify ? CKPTIO_PEER_VERIFY : 0, .key = key->buf,
+                              .key_len = (size_t)key->len};
 }
 
-/* peer_push(src, host, port, name, timeout, max_rate) -> bytes sent */
+/* peer_push(src, host, port, name, timeout, max_rate, key) -> bytes sent */
 static PyObject *mod_peer_push(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -108,10 +113,11 @@ static PyObject *mod_peer_push(PyObject *mod, PyObject *args)
     int port;
     double timeout;
     unsigned long long rate;
-    if (!PyArg_ParseTuple(args, "O&sisdK:peer_push", PyUnicode_FSConverter, &src, &host, &port,
-                          &name, &timeout, &rate))
+    Py_buffer key = {0};
+    if (!PyArg_ParseTuple(args, "O&sisdKz*:peer_push", PyUnicode_FSConverter, &src, &host, &port,
+                          &name, &timeout, &rate, &key))
         return NULL;
-    ckptio_peer_opts o = opts_of(timeout, rate, 1);
+    ckptio_peer_opts o = opts_of(timeout, rate, 1, &key);
     uint64_t bytes = 0;
     int rc;
     char msg[1024] = "";
@@ -119,13 +125,14 @@ static PyObject *mod_peer_push(PyObject *mod, PyObject *args)
     rc = ckptio_peer_push(PyBytes_AS_STRING(src), host, port, name, &o, &bytes);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&key);
     PyObject *ret = rc < 0 ? raise_at(rc, msg, PyBytes_AS_STRING(src))
                            : PyLong_FromUnsignedLongLong(bytes);
     Py_DECREF(src);
     return ret;
 }
 
-/* peer_fetch(host, port, name, dst, timeout, verify) -> bytes received */
+/* peer_fetch(host, port, name, dst, timeout, verify, key) -> bytes received */
 static PyObject *mod_peer_fetch(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -133,10 +140,11 @@ static PyObject *mod_peer_fetch(PyObject *mod, PyObject *args)
     const char *host, *name;
     int port, verify;
     double timeout;
-    if (!PyArg_ParseTuple(args, "sisO&dp:peer_fetch", &host, &port, &name, PyUnicode_FSConverter,
-                          &dst, &timeout, &verify))
+    Py_buffer key = {0};
+    if (!PyArg_ParseTuple(args, "sisO&dpz*:peer_fetch", &host, &port, &name, PyUnicode_FSConverter,
+                          &dst, &timeout, &verify, &key))
         return NULL;
-    ckptio_peer_opts o = opts_of(timeout, 0, verify);
+    ckptio_peer_opts o = opts_of(timeout, 0, verify, &key);
     uint64_t bytes = 0;
     int rc;
     char msg[1024] = "";
@@ -144,6 +152,7 @@ static PyObject *mod_peer_fetch(PyObject *mod, PyObject *args)
     rc = ckptio_peer_fetch(host, port, name, PyBytes_AS_STRING(dst), &o, &bytes);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&key);
     PyObject *ret = rc < 0 ? raise_at(rc, msg, PyBytes_AS_STRING(dst))
                            : PyLong_FromUnsignedLongLong(bytes);
     Py_DECREF(dst);
@@ -161,7 +170,8 @@ static PyObject *mod_part_copy(PyObject *mod, PyObject *args)
         Py_XDECREF(src);
         return NULL;
     }
-    ckptio_peer_opts o = opts_of(0, 0, verify);
+    Py_buffer none = {0};
+    ckptio_peer_opts o = opts_of(0, 0, verify, &none);
     uint64_t bytes = 0;
     int rc;
     char msg[1024] = "";
@@ -176,7 +186,7 @@ static PyObject *mod_part_copy(PyObject *mod, PyObject *args)
     return ret;
 }
 
-/* part_spread(src, name, dests, timeout, max_rate, verify) -> [(rc, bytes, errname, message)]
+/* part_spread(src, name, dests, timeout, max_rate, verify, key) -> [(rc, bytes, errname, message)]
  * dests: (host, port) for a peer, a path for a directory; one entry per dest, rc 0 for those
  * that have the part. */
 static PyObject *mod_part_spread(PyObject *mod, PyObject *args)
@@ -187,8 +197,9 @@ static PyObject *mod_part_spread(PyObject *mod, PyObject *args)
     double timeout;
     unsigned long long rate;
     int verify;
-    if (!PyArg_ParseTuple(args, "O&sOdKp:part_spread", PyUnicode_FSConverter, &src, &name, &dests,
-                          &timeout, &rate, &verify))
+    Py_buffer key = {0};
+    if (!PyArg_ParseTuple(args, "O&sOdKpz*:part_spread", PyUnicode_FSConverter, &src, &name, &dests,
+                          &timeout, &rate, &verify, &key))
         return NULL;
     seq = PySequence_Fast(dests, "part_spread: dests must be a sequence");
     Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
@@ -207,7 +218,7 @@ static PyObject *mod_part_spread(PyObject *mod, PyObject *args)
         }
     }
     if (seq && !PyErr_Occurred()) {
-        ckptio_peer_opts o = opts_of(timeout, rate, verify);
+        ckptio_peer_opts o = opts_of(timeout, rate, verify, &key);
         int rc;
         char msg[1024] = "";
         Py_BEGIN_ALLOW_THREADS
@@ -232,19 +243,20 @@ static PyObject *mod_part_spread(PyObject *mod, PyObject *args)
     PyMem_Free(keep);
     PyMem_Free(d);
     Py_XDECREF(seq);
+    PyBuffer_Release(&key);
     Py_DECREF(src);
     return out;
 }
 
 static PyMethodDef peer_functions[] = {
     {"peer_push", mod_peer_push, METH_VARARGS,
-     "peer_push(src, host, port, name, timeout, max_rate) -> bytes sent (the peer verified "
-     "and published the part)"},
+     "peer_push(src, host, port, name, timeout, max_rate, key) -> bytes sent (the peer "
+     "verified and published the part)"},
     {"peer_fetch", mod_peer_fetch, METH_VARARGS,
-     "peer_fetch(host, port, name, dst, timeout, verify) -> bytes received"},
+     "peer_fetch(host, port, name, dst, timeout, verify, key) -> bytes received"},
     {"part_copy", mod_part_copy, METH_VARARGS, "part_copy(src, dst, verify) -> bytes copied"},
     {"part_spread", mod_part_spread, METH_VARARGS,
-     "part_spread(src, name, dests, timeout, max_rate, verify) -> [(rc, bytes, errname, "
+     "part_spread(src, name, dests, timeout, max_rate, verify, key) -> [(rc, bytes, errname, "
      "message)] per destination: (host, port) a peer, a path a directory; one read of the part"},
     {NULL, NULL, 0, NULL},
 };

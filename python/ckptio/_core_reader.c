@@ -176,6 +176,17 @@ static PyObject *Reader_get_meta(PyObject *self, PyObject *args)
     return PyBytes_FromStringAndSize(val, (Py_ssize_t)len);
 }
 
+static PyObject *Reader_digest(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ckptio_reader *r = ckptio__pyhandle_get(self);
+    if (!r) return NULL;
+    unsigned char d[32];
+    int rc = ckptio_reader_digest(r, d);
+    if (rc < 0) return ckptio__pyhandle_fail(self, rc, NULL);
+    return PyBytes_FromStringAndSize((const char *)d, sizeof d);
+}
+
 /* Tensor, offset and shape of region tuple t (ReadRegion's first three fields) into *rg; its
  * offset and shape go to dims + *used. */
 static int parse_box(PyObject *self, ckptio_reader *r, PyObject *t, ckptio_region *rg,
@@ -500,6 +511,7 @@ static PyMethodDef Reader_methods[] = {
      "chunks(index) -> [ChunkRecord(offset, shape, file, file_offset, stored_bytes, nbytes)]"},
     {"meta", Reader_meta, METH_NOARGS, "all metadata as {key: bytes}"},
     {"get_meta", Reader_get_meta, METH_VARARGS, "get_meta(key) -> bytes or None"},
+    {"digest", Reader_digest, METH_NOARGS, "digest() -> the SHA-256 of the manifest read (32 bytes)"},
     {"read", Reader_read, METH_O,
      "read([ReadRegion(index, offset, shape, dst, dst_offset, capacity, lead)]): one batched read"},
     {"read_shared", Reader_read_shared, METH_VARARGS,

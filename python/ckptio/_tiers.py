@@ -7,11 +7,13 @@ published only once complete and verified) is the C engine's (ckptio_peer_*)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import json
 import os
 import queue
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -24,6 +26,7 @@ from . import _core
 from ._async import AsyncSave, _background_comm, _save_async
 from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
 from ._load import load
+from ._options import params as _params
 from ._stage import is_url
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
@@ -35,6 +38,17 @@ _PART = re.compile(r"rank(0|[1-9][0-9]*)")
 # In an object store a persistent part is "<step>.rank<R>": a checkpoint directly under the
 # prefix, which is what an object store's listing of checkpoints finds.
 _OBJ_PART = re.compile(r"(0|[1-9][0-9]*)\.rank(0|[1-9][0-9]*)")
+_OBJ_RECORD = re.compile(r"(0|[1-9][0-9]*)\.record")
+# A step's record, beside its parts: "<step>/record" (in an object store "<step>.record"), a
+# checkpoint of no tensors whose metadata holds {"job", "step", "world", "time", "digests"}: the
+# job's id, and the SHA-256 of each rank's manifest (ckptio_reader_digest) in that tier. It is
+# written once the ranks agree the step is complete (in the persistent tier: complete there),
+# committed as any checkpoint (whole or absent, its manifest checked when read). A restore
+# takes a part only when its digest is the record's.
+_RECORD_KEY = "ckptio_tier.record"
+# The job's id: a checkpoint "ckptio-job" in the persistent tier, made by the job's first
+# Manager. A restarted job reads it again; another job (another persistent tier) has its own.
+_JOB_NAME = "ckptio-job"
 
 
 def _retire(path: str) -> None:
@@ -57,15 +71,47 @@ def _retire(path: str) -> None:
             raise
 
 
-def _default_addr() -> str:
-    """The address the other nodes reach this one at: CKPTIO_PEER_ADDR, else the host name's."""
+def _job_host(comm: Communicator | None) -> str | None:
+    """The host of the job's rendezvous, which every rank reaches: JAX's coordinator, or
+    MASTER_ADDR (torchrun, and the launchers that follow it); None when neither is known."""
+    if isinstance(comm, _comm.JaxCommunicator):
+        with contextlib.suppress(Exception):
+            from jax._src import distributed
+
+            addr = distributed.global_state.coordinator_address
+            if addr:
+                return str(addr).rsplit(":", 1)[0].strip("[]")
+    return os.environ.get("MASTER_ADDR") or None
+
+
+def _default_addr(comm: Communicator | None) -> str:
+    """The address this rank's server listens on and the other ranks reach it at:
+    CKPTIO_PEER_ADDR, else this host's address on the interface that routes to the job's
+    rendezvous host (no packet is sent: a UDP socket is only connected), else the host name's.
+    Never every interface: a server is reachable where the job talks, no further."""
     a = os.environ.get("CKPTIO_PEER_ADDR")
     if a:
         return a
+    host = _job_host(comm)
+    if host:
+        with contextlib.suppress(OSError), socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM
+        ) as s:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def _private_dir(path: str) -> None:
+    """Make ``path`` (and what is missing above it) a directory of its owner's only (0700),
+    whatever the umask: what the tiers hold below it is no one else's to read."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(path, 0o700)
 
 
 def _persist(src: str, dst: str) -> None:
@@ -90,6 +136,79 @@ def _part_world(path: str) -> int | None:
         return int(w) if w is not None else None
     except ValueError:
         return None
+
+
+def _digest(path: str) -> str:
+    """The SHA-256 of the manifest of the part at ``path`` (ckptio_reader_digest), in hex."""
+    with _core.Reader(path, None) as r:
+        return r.digest().hex()
+
+
+def _record_path(root: str, step: int) -> str:
+    return f"{root}/{step}.record" if is_url(root) else os.path.join(root, str(step), "record")
+
+
+def _write_record(path: str, rec: dict[str, Any]) -> None:
+    """Commit ``rec`` at ``path`` as a checkpoint of no tensors (whole or absent), replacing
+    an older one. A local tier's record is owner-only, as its parts."""
+    with _core.Writer(path, _params({}, overwrite=True)) as w:
+        w.set_meta(_RECORD_KEY, json.dumps(rec, sort_keys=True).encode())
+        w.commit()
+
+
+def _read_record(path: str) -> dict[str, Any] | None:
+    """The record at ``path``, or None (none there, or not one that reads back whole)."""
+    try:
+        with _core.Reader(path, None) as r:
+            raw = r.get_meta(_RECORD_KEY)
+        rec = json.loads(raw) if raw is not None else None
+    except (OSError, CheckpointError, ValueError):
+        return None
+    ok = (isinstance(rec, dict) and isinstance(rec.get("step"), int)
+          and isinstance(rec.get("digests"), list) and isinstance(rec.get("world"), int))  # fmt: skip
+    return rec if ok else None
+
+
+def _records_in(root: str, job: str, world: int, others: list[int] | None = None) -> dict[int, Any]:
+    """{step: record} of the records under ``root`` that job ``job`` of ``world`` ranks
+    wrote; the steps of records written by another job (or of another size) are appended to
+    ``others``."""
+    out: dict[int, Any] = {}
+    if is_url(root):
+        steps = [int(m.group(1)) for n in _core.list_checkpoints(root)
+                 if (m := _OBJ_RECORD.fullmatch(n))]  # fmt: skip
+    else:
+        try:
+            steps = [int(n) for n in os.listdir(root) if _STEP.fullmatch(n)]
+        except FileNotFoundError:
+            steps = []
+    for st in steps:
+        rec = _read_record(_record_path(root, st))
+        if rec is None:
+            continue
+        if rec.get("job") == job and rec["world"] == world and rec["step"] == st \
+                and len(rec["digests"]) == world:  # fmt: skip
+            out[st] = rec
+        elif others is not None:
+            others.append(st)
+    return out
+
+
+def _job_id(directory: str) -> str:
+    """This job's id (see _JOB_NAME): read from the persistent tier, or made there."""
+    path = f"{directory}/{_JOB_NAME}" if is_url(directory) else os.path.join(directory, _JOB_NAME)
+    rec = None
+    with contextlib.suppress(OSError, CheckpointError, ValueError):
+        with _core.Reader(path, None) as r:
+            raw = r.get_meta("ckptio_tier.job")
+        rec = raw.decode() if raw else None
+    if rec:
+        return rec
+    job = secrets.token_hex(16)
+    with _core.Writer(path, _params({})) as w:  # never replaces one made meanwhile
+        w.set_meta("ckptio_tier.job", job.encode())
+        w.commit()
+    return job
 
 
 def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
@@ -133,7 +252,7 @@ def _remove_step(root: str, step: int) -> None:
     manifest first)."""
     if is_url(root):
         for name in _core.list_checkpoints(root):
-            m = _OBJ_PART.fullmatch(name)
+            m = _OBJ_PART.fullmatch(name) or _OBJ_RECORD.fullmatch(name)
             if m and int(m.group(1)) == step:
                 _core.remove_checkpoint(f"{root}/{name}")
         return
@@ -235,9 +354,11 @@ def _decide_saved(all_: list[dict[str, Any]]) -> dict[str, Any]:
     if len(steps) != 1 or None in steps:
         return {"complete": None, "persisted": None}
     s = all_[0]["step"]
-    whole = all(a["local"] and a["replicated"] for a in all_)
-    pers = all(a["persisted"] for a in all_)
-    return {"complete": s if whole else None, "persisted": s if pers else None}
+    whole = all(a["local"] and a["replicated"] and a["digest"] for a in all_)
+    pers = all(a["persisted"] and a["pdigest"] for a in all_)
+    return {"complete": s if whole else None, "persisted": s if pers else None, "time": time.time(),
+            "digests": [a["digest"] for a in all_] if whole else None,
+            "pdigests": [a["pdigest"] for a in all_] if pers else None}  # fmt: skip
 
 
 class _Job:
@@ -257,6 +378,9 @@ class _Job:
         self.local_ok = False
         self.replicated_ok = False
         self.persisted_ok: bool | None = None  # None: not a persisted save
+        self.digest: str | None = None  # of the local part's manifest, once committed
+        self.pdigest: str | None = None  # of the persistent part's
+        self.settled = False  # the ranks agreed on it (and its records are written)
         self.error: BaseException | None = None  # the local save's: raised by wait
         self.agreed: dict[str, Any] | None = None  # the ranks' verdict, from the job's thread
         self.done = threading.Event()
@@ -298,30 +422,51 @@ class Tiers:
         self.timeout = timeout
         self.node = node or os.environ.get("CKPTIO_NODE") or socket.gethostname()
         self.max_rate = int(os.environ.get("CKPTIO_PEER_MAX_RATE", "0") or 0)
-        os.makedirs(self.local, exist_ok=True)
+        _private_dir(self.local)
         if not is_url(self.directory):
             os.makedirs(self.directory, exist_ok=True)
-        addr = _default_addr()
-        bind = addr if os.environ.get("CKPTIO_PEER_ADDR") else ""
+        # The job's key, drawn by rank 0 and sent over the job's communicator: every
+        # connection between two ranks' peer tiers proves both hold it (ckptio_peer_*). It is
+        # kept in this object only, never written or printed. The job's id comes with it.
+        first: dict[str, Any] = {}
+        if self.rank == 0:
+            try:
+                first = {"job": _job_id(self.directory), "key": secrets.token_hex(32)}
+            except (OSError, CheckpointError) as e:
+                first = {"error": f"rank 0 cannot read or make the job's id in '{directory}': {e}"}
+        if comm is not None and self.size > 1:
+            data = json.dumps(first).encode() if self.rank == 0 else None
+            first = json.loads(comm.broadcast(0, data, self.timeout))
+        if "error" in first:
+            raise _from_code(-errno.EIO, "EIO", str(first["error"]))
+        self.job_id: str = first["job"]
+        self._key: bytes = bytes.fromhex(first["key"])
+        del first
+        addr = _default_addr(comm)
         self.server: Any = None  # a job of one process has no peers to serve
         if self.size > 1:
-            self.server = _core.PeerServer(self.local, bind,
-                                           int(os.environ.get("CKPTIO_PEER_PORT", "0")))
+            self.server = _core.PeerServer(self.local, addr,
+                                           int(os.environ.get("CKPTIO_PEER_PORT", "0")), self._key)
+        others: list[int] = []
         me = {"rank": self.rank, "node": self.node, "addr": addr,
               "port": self.server.port if self.server else 0, "root": self.local,
-              "held": _steps_in(self.local, self.size)}  # fmt: skip
-        directory, size = self.directory, self.size
+              "held": _steps_in(self.local),
+              "records": _records_in(self.local, self.job_id, self.size, others)}  # fmt: skip
+        directory, size, job_id = self.directory, self.size, self.job_id
 
         def exchange(all_: list[dict[str, Any]]) -> dict[str, Any]:
             # The addresses, and the newest steps complete on disk when the job (re)starts:
-            # what the first save's retention may rely on.
+            # what the first save's retention may rely on (a step counts only with its record).
             holders = _holders(all_)
-            pers = _steps_in(directory, size)
-            whole = [s for s in set(holders) | set(pers)
+            recorded = {int(s) for a in all_ for s in a["records"]}
+            pers_recs = _records_in(directory, job_id, size)
+            pers = _steps_in(directory)
+            whole = [s for s in recorded | set(pers_recs)
                      if all(holders.get(s, {}).get(r) or r in pers.get(s, []) for r in range(size))]
-            return {"peers": [{k: a[k] for k in ("rank", "node", "addr", "port")} for a in all_],
+            return {"peers": [{k: a[k] for k in ("rank", "node", "addr", "port", "root")}
+                              for a in all_],
                     "complete": max(whole, default=None),
-                    "persisted": max((s for s, rs in pers.items() if len(set(rs)) >= size),
+                    "persisted": max((s for s in pers_recs if len(set(pers.get(s, []))) >= size),
                                      default=None)}  # fmt: skip
 
         known = self._decide(me, exchange)
@@ -333,6 +478,8 @@ class Tiers:
         self.node_ranks = {n: sorted(p["rank"] for p in self.peers if p["node"] == n)
                            for n in self.nodes}  # fmt: skip
         self.leader = self.node_ranks[self.node][0] == self.rank  # tends the node's root
+        # writes the step records of its root: the lowest rank using it
+        self.recorder = _places(self.peers, self.nodes)[(self.node, self.local)] == self.rank
         self.targets = self._targets()
         self.saves = 0
         self.complete: int | None = known["complete"]  # newest step complete for the whole job
@@ -389,20 +536,14 @@ class Tiers:
     def save(self, step: int, tree: Any, metadata: Mapping[str, str] | None,
              max_host_bytes: int | None, options: dict[str, Any]) -> None:  # fmt: skip
         t0 = time.perf_counter()
-        try:
-            self.finish()
-        finally:
-            # Where the background job could not agree (no background communicator), the ranks
-            # agree here, a failed rank too (its step counts incomplete) before it raises.
-            if self.bg is None:
-                self._apply(self._decide(self._mine(self.job), _decide_saved))
+        self._settle()
         meta = dict(metadata or {})
         meta.update({"ckptio_tier.world": str(self.size), "ckptio_tier.rank": str(self.rank),
                      "ckptio_tier.step": str(step), "ckptio_tier.node": self.node})  # fmt: skip
         persist = self.persist_every is not None and self.saves % self.persist_every == 0
         self.saves += 1
         path = self.part(self.local, step)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _private_dir(os.path.dirname(path))
         h = _save_async(_localize(tree), path, max_host_bytes=max_host_bytes, overwrite=True,
                         metadata=meta, io_options=options)  # fmt: skip
         job = _Job(step, h, self.complete, self.persisted)
@@ -433,12 +574,43 @@ class Tiers:
         try:
             self._work(job)
         finally:
-            if self.bg is not None:  # every rank's job takes part, a failed one too
+            if self.bg is not None or self.size == 1:  # every rank's job, a failed one too
                 try:
                     job.agreed = self._decide(self._mine(job), _decide_saved, self.bg)
+                    job.settled = True
+                    self._record(job, job.agreed)
                 except Exception as e:
                     job.report["errors"].append(f"the ranks could not agree whether step "
                                                 f"{job.step} is complete: {e}")  # fmt: skip
+
+    def _settle(self) -> None:
+        """finish(); and where the background job could not agree (no background
+        communicator), the ranks agree here on the last save, a failed rank too (its step
+        counts incomplete) before it raises, and its records are written."""
+        try:
+            self.finish()
+        finally:
+            job = self.job
+            if self.bg is None and self.size > 1 and not (job and job.settled):
+                got = self._decide(self._mine(job), _decide_saved)
+                if job is not None:
+                    job.settled = True
+                    try:
+                        self._record(job, got)
+                    except (OSError, CheckpointError) as e:
+                        print(f"ckptio.Manager: rank {self.rank}: {e}", file=sys.stderr)
+                self._apply(got)
+
+    def _record(self, job: _Job, got: dict[str, Any]) -> None:
+        """Write the step records the verdict ``got`` on ``job``'s step calls for: in this
+        rank's local root (its recorder), once the step is complete for the whole job; in the
+        persistent tier (rank 0), once complete there."""
+        base = {"job": self.job_id, "step": job.step, "world": self.size, "time": got["time"]}
+        if got["complete"] == job.step and self.recorder:
+            _write_record(_record_path(self.local, job.step), dict(base, digests=got["digests"]))
+        if got["persisted"] == job.step and self.rank == 0:
+            _write_record(_record_path(self.directory, job.step),
+                          dict(base, digests=got["pdigests"]))
 
     def _work(self, job: _Job) -> None:
         r = job.report
@@ -448,9 +620,14 @@ class Tiers:
         except BaseException as e:
             job.error = e
             return
+        src = self.part(self.local, job.step)
+        try:
+            job.digest = _digest(src)
+        except (OSError, CheckpointError) as e:
+            job.error = e
+            return
         job.local_ok = True
         r["local_s"] = time.perf_counter() - t
-        src = self.part(self.local, job.step)
         persist_to = self.part(self.directory, job.step) if job.persisted_ok is not None else None
         # The pushes and the persistent copy go in one pass over the part (ckptio_part_spread:
         # each file read once). Not the copy into an object store (the convert engine writes
@@ -462,7 +639,7 @@ class Tiers:
         t = time.perf_counter()
         try:
             outcome = _core.part_spread(src, f"{job.step}/rank{self.rank}", dests, self.timeout,
-                                        self.max_rate, False) if dests else []  # fmt: skip
+                                        self.max_rate, False, self._key) if dests else []  # fmt: skip
         except (OSError, CheckpointError) as e:
             outcome = [(-1, 0, None, str(e))] * len(dests)
         pass_s = time.perf_counter() - t
@@ -484,8 +661,10 @@ class Tiers:
                     rc, _n, name, msg = outcome[-1]
                     if rc:
                         raise _from_code(rc, name or "", msg)
+                    job.pdigest = job.digest  # a copy of the part's files, the manifest's too
                 else:
                     _persist(src, persist_to)
+                    job.pdigest = _digest(persist_to)  # converted: a manifest of its own
                 job.persisted_ok = True
             except (OSError, CheckpointError) as e:
                 r["errors"].append(f"copying step {job.step} of rank {self.rank} to the "
@@ -518,7 +697,9 @@ class Tiers:
     def _mine(job: _Job | None) -> dict[str, Any]:
         return {"step": job.step if job else None, "local": bool(job and job.local_ok),
                 "replicated": bool(job and job.replicated_ok),
-                "persisted": None if job is None else job.persisted_ok}  # fmt: skip
+                "persisted": None if job is None else job.persisted_ok,
+                "digest": job.digest if job else None,
+                "pdigest": job.pdigest if job else None}  # fmt: skip
 
     def _apply(self, got: dict[str, Any]) -> None:
         if got["complete"] is not None:
@@ -550,31 +731,52 @@ class Tiers:
     def restore(self, step: int | None, like: Any, load_options: dict[str, Any]) -> Any:
         t_all = time.perf_counter()
         try:
-            self.finish()
+            self._settle()
         except (OSError, CheckpointError) as e:  # that step is incomplete: restore says why
             print(f"ckptio.Manager: rank {self.rank}: the last save failed: {e}", file=sys.stderr)
         secs = {"plan": 0.0, "fetch": 0.0, "load": 0.0, "agree": 0.0}
         t = time.perf_counter()
+        others: list[int] = []
         mine = {"rank": self.rank, "node": self.node, "root": self.local,
-                "held": _steps_in(self.local, self.size)}  # fmt: skip
+                "held": _steps_in(self.local),
+                "records": _records_in(self.local, self.job_id, self.size, others),
+                "others": others}  # fmt: skip
         size = self.size
         directory = self.directory
         order = self.nodes
+        job_id = self.job_id
 
         def plan(all_: list[dict[str, Any]]) -> dict[str, Any]:
+            # A step is a candidate only with its record (the newest of the roots', and the
+            # persistent tier's): each rank's part must then have the digest it names.
             places = _places(all_, order)
             holders = _holders(all_, order)
-            pers = _steps_in(directory, size)
+            pers = _steps_in(directory)
+            pothers: list[int] = []
+            pers_recs = _records_in(directory, job_id, size, pothers)
+            recs: dict[int, Any] = {}
+            for a in all_:
+                for st, rec in a["records"].items():
+                    if int(st) not in recs or rec["time"] > recs[int(st)]["time"]:
+                        recs[int(st)] = rec
             cands = []
-            for st in sorted(set(holders) | set(pers), reverse=True):
+            for st in sorted(set(recs) | set(pers_recs), reverse=True):
                 if step is not None and st != step:
                     continue
-                per = {r: {"holders": sorted(holders.get(st, {}).get(r, []),
+                lr, pr = recs.get(st), pers_recs.get(st)
+                per = {r: {"holders": sorted(holders.get(st, {}).get(r, []) if lr else [],
                                              key=lambda h: (order.index(all_[h]["node"]), h)),
-                           "persistent": r in pers.get(st, [])} for r in range(size)}
+                           "digest": lr["digests"][r] if lr else None,
+                           "persistent": pr is not None and r in pers.get(st, []),
+                           "pdigest": pr["digests"][r] if pr else None} for r in range(size)}
                 if all(v["holders"] or v["persistent"] for v in per.values()):
                     cands.append({"step": st, "ranks": per})
-            return {"candidates": cands,
+            held = set(holders) | set(pers)
+            # steps whose parts no record of this job vouches for: another job's, or saves
+            # that never completed
+            foreign = sorted({int(x) for a in all_ for x in a["others"]} | set(pothers)
+                             | (held - set(recs) - set(pers_recs)))  # fmt: skip
+            return {"candidates": cands, "unrecorded": foreign,
                     "place": {str(a["rank"]): places[(a["node"], a["root"])] for a in all_}}
 
         decided = self._decide(mine, plan)
@@ -594,13 +796,18 @@ class Tiers:
                 self.complete = max(s, self.complete or -1)
                 secs["total"] = time.perf_counter() - t_all
                 self.last_restore = {"step": s, "source": source, "path": path,
-                    "failed": failed, "seconds": secs, "bytes": nbytes}  # fmt: skip
+                    "failed": failed, "unrecorded": decided["unrecorded"], "seconds": secs,
+                    "bytes": nbytes}  # fmt: skip
                 return out
         what = f"step {step}" if step is not None else "any step"
+        unrecorded = decided["unrecorded"]
         raise _from_code(-errno.ENOENT, "ENOENT",
             f"rank {self.rank}: no complete copy of {what} for all {size} ranks in the local "
             f"tiers ('{self.local}' on node {self.node} and its peers) or the persistent tier "
-            f"('{directory}'); parts saved by a job of another number of ranks are not counted"
+            f"('{directory}'); a step counts only with its record, written once every rank's "
+            f"part of it was complete, naming this job ({self.job_id}) and {size} ranks"
+            + (f"; steps held without one (another job's, or unfinished): {unrecorded}"
+               if unrecorded else "")
             + (f"; copies that failed: {failed}" if failed else ""),
         )  # fmt: skip
 
@@ -626,9 +833,18 @@ class Tiers:
                     t = time.perf_counter()
                     try:
                         nbytes = _core.peer_fetch(where["addr"], int(where["port"]),
-                            f"{step}/rank{self.rank}", local, self.timeout, True)  # fmt: skip
+                            f"{step}/rank{self.rank}", local, self.timeout, True,
+                            self._key)  # fmt: skip
                     finally:
                         fetch_s += time.perf_counter() - t
+                want = v["pdigest"] if kind == "persistent" else v["digest"]
+                got = _digest(path)
+                if got != want:
+                    raise _from_code(-errno.EBADMSG, "EBADMSG",
+                        f"rank {self.rank}'s part of step {step} at '{path}' is not the one this "
+                        f"job committed: its manifest's SHA-256 is {got[:16]}..., the step "
+                        f"record's {str(want)[:16]}... (another job's part, an earlier "
+                        f"attempt's, or a forgery); not used")  # fmt: skip
                 t = time.perf_counter()
                 try:
                     out = self._load(path, like, load_options)
@@ -642,8 +858,11 @@ class Tiers:
                 failed.append(rec)
                 print(f"ckptio.Manager: rank {self.rank}: the {kind} copy of step {step} is "
                       f"unusable, trying the next source: {rec['error']}", file=sys.stderr)  # fmt: skip
-                if kind != "persistent" and os.path.isdir(path):
-                    _retire(path)  # a damaged copy is neither served nor listed again
+                foreign = isinstance(e, CheckpointError) and e.code == -errno.EBADMSG
+                if kind != "persistent" and os.path.isdir(path) and not (kind == "local" and foreign):
+                    # a damaged copy is neither served nor listed again (a part that is only
+                    # not this job's stays where it was: it may be another job's)
+                    _retire(path)
         return _MISSING, None, None, 0, fetch_s, load_s
 
     def _load(self, path: str, like: Any, load_options: dict[str, Any]) -> Any:

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "../commit/txn.h"
 #include "../common/forksafe.h"
 #include "../io/params.h"
@@ -27,6 +30,9 @@
 
 struct ckptio_peer {
     char *root;
+    unsigned char key[CKPTIO_PEER_KEY_MAX]; /* the job's */
+    size_t key_len;
+    double timeout; /* seconds a connection may stay silent */
     int lfd;
     int port;
     int wake[2]; /* closing writes here: the accept loop wakes and ends */
@@ -79,7 +85,8 @@ static int splice_in(int sock, const int pp[2], int fd, uint64_t *left, uint64_t
     return 0;
 }
 
-/* Receive file records into the transaction's directory until the end record. */
+/* Receive file records into the transaction's directory until the end record (owner-only
+ * files: a part received goes into a node's local tier). */
 static int recv_files(int sock, ckptio__txn *t, const char *who, uint64_t *bytes, ckptio__msg *m)
 {
     uint8_t *buf = malloc(PEER_CHUNK);
@@ -105,7 +112,7 @@ static int recv_files(int sock, ckptio__txn *t, const char *who, uint64_t *bytes
             break;
         }
         uint64_t size = ckptio__peer_get64(h);
-        int fd = ckptio__peer_create_in(t->tmp_fd, rel, m, t->tmp_path);
+        int fd = ckptio__peer_create_in(t->tmp_fd, rel, true, m, t->tmp_path);
         if (fd < 0) {
             rc = fd;
             break;
@@ -149,6 +156,7 @@ static int part_path(const char *root, const char *name, char **out)
 typedef struct conn {
     ckptio_peer *p;
     int fd;
+    char from[INET6_ADDRSTRLEN + 16]; /* the client's address and port, for the log */
 } conn;
 
 static void serve_put(int fd, const char *name, const char *path)
@@ -156,7 +164,7 @@ static void serve_put(int fd, const char *name, const char *path)
     ckptio__msg m = {0};
     ckptio__txn t = {0};
     uint64_t bytes = 0;
-    int rc = ckptio__peer_begin_part(&t, path, &m);
+    int rc = ckptio__peer_begin_part(&t, path, true, &m);
     if (rc == 0) rc = recv_files(fd, &t, "the sending rank", &bytes, &m);
     if (rc == 0) rc = ckptio__peer_finish_part(&t, CKPTIO_PEER_VERIFY, path, &m);
     ckptio__txn_fini(&t); /* not published: its directory goes */
@@ -170,12 +178,12 @@ static void serve_put(int fd, const char *name, const char *path)
     if (rc == 0) ckptio__peer_send_reply(fd, 0, "");
 }
 
-static void serve_get(int fd, const char *path)
+static void serve_get(int fd, const char *name, const char *path)
 {
     ckptio__msg m = {0};
     if (ckptio_is_checkpoint(path) != 1) {
-        char text[PATH_MAX + 64];
-        snprintf(text, sizeof text, "no committed part at '%s'", path);
+        char text[PEER_MAX_NAME + 64];
+        snprintf(text, sizeof text, "it holds no committed part '%s'", name);
         ckptio__peer_send_reply(fd, -ENOENT, text);
         return;
     }
@@ -188,29 +196,54 @@ static void serve_get(int fd, const char *path)
     ckptio__peer_nopipe_end(&np);
 }
 
+/* A refused client is told nothing of the server (not its root, not what it holds), and
+ * the server's log names the client. */
+static void refuse(int fd, const char *from, const char *why)
+{
+    fprintf(stderr, "ckptio peer server: refused the connection from %s: %s\n", from, why);
+    ckptio__peer_send_reply(fd, -EACCES, "not authenticated");
+}
+
+void ckptio__peer_serve(const char *root, const unsigned char *key, size_t klen, int fd, const char *from)
+{
+    uint8_t session[PEER_MAC], mac[PEER_MAC];
+    const char *why = NULL;
+    int rc = ckptio__peer_server_auth(fd, key, klen, session, &why);
+    if (rc == -EACCES) refuse(fd, from, why);
+    if (rc < 0) return;
+    uint8_t h[16 + PEER_MAX_NAME];
+    if (ckptio__peer_recv_all(fd, h, 16) < 0) return;
+    uint32_t op = ckptio__peer_get32(h + 8), len = ckptio__peer_get32(h + 12);
+    if (ckptio__peer_get32(h) != PEER_MAGIC || ckptio__peer_get32(h + 4) != PEER_VERSION || len >= PEER_MAX_NAME) {
+        refuse(fd, from, "its request is malformed");
+        return;
+    }
+    if (ckptio__peer_recv_all(fd, h + 16, len) < 0 || ckptio__peer_recv_all(fd, mac, sizeof mac) < 0) return;
+    uint8_t want[PEER_MAC];
+    if (ckptio__peer_mac(session, h, 16 + len, want) < 0 || !ckptio__peer_mac_equal(want, mac)) {
+        refuse(fd, from, "its request does not carry this session's MAC (replayed, or altered on the way)");
+        return;
+    }
+    char name[PEER_MAX_NAME + 1];
+    memcpy(name, h + 16, len);
+    name[len] = '\0';
+    char *path = NULL;
+    rc = strlen(name) == len ? part_path(root, name, &path) : CKPTIO_E_USAGE;
+    if (rc < 0) ckptio__peer_send_reply(fd, rc, "not a part name");
+    else if (op == PEER_PUT) serve_put(fd, name, path);
+    else if (op == PEER_GET) serve_get(fd, name, path);
+    else ckptio__peer_send_reply(fd, CKPTIO_E_USAGE, "unknown request");
+    free(path);
+}
+
 static void *conn_thread(void *arg)
 {
     conn *c = arg;
     ckptio_peer *p = c->p;
     int fd = c->fd;
+    ckptio__peer_set_timeout(fd, p->timeout);
+    ckptio__peer_serve(p->root, p->key, p->key_len, fd, c->from);
     free(c);
-    ckptio__peer_set_timeout(fd, PEER_SERVE_TIMEOUT);
-    uint8_t h[16];
-    if (ckptio__peer_recv_all(fd, h, sizeof h) == 0 && ckptio__peer_get32(h) == PEER_MAGIC && ckptio__peer_get32(h + 4) == PEER_VERSION &&
-        ckptio__peer_get32(h + 12) < PEER_MAX_NAME) {
-        uint32_t op = ckptio__peer_get32(h + 8), len = ckptio__peer_get32(h + 12);
-        char *name = calloc(1, (size_t)len + 1);
-        char *path = NULL;
-        if (name && ckptio__peer_recv_all(fd, name, len) == 0) {
-            int rc = part_path(p->root, name, &path);
-            if (rc < 0) ckptio__peer_send_reply(fd, rc, "not a part name of this root");
-            else if (op == PEER_PUT) serve_put(fd, name, path);
-            else if (op == PEER_GET) serve_get(fd, path);
-            else ckptio__peer_send_reply(fd, CKPTIO_E_USAGE, "unknown request");
-        }
-        free(path);
-        free(name);
-    }
     pthread_mutex_lock(&p->lock);
     for (int i = 0; i < p->nconns; i++)
         if (p->conns[i] == fd) p->conns[i] = p->conns[--p->nconns];
@@ -219,6 +252,23 @@ static void *conn_thread(void *arg)
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
     return NULL;
+}
+
+/* "host:port" of a client. */
+static void name_addr(const struct sockaddr_storage *ss, char *out, size_t n)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        port = ntohs(a->sin6_port);
+    } else if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        port = ntohs(a->sin_port);
+    }
+    snprintf(out, n, "%s:%d", host, port);
 }
 
 static void *accept_thread(void *arg)
@@ -234,7 +284,9 @@ static void *accept_thread(void *arg)
             break;
         }
         if (pf[1].revents) break;
-        int fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(p->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
         if (fd < 0) continue;
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -249,6 +301,7 @@ static void *accept_thread(void *arg)
         if (grown && !p->stopping) {
             c->p = p;
             c->fd = fd;
+            name_addr(&ss, c->from, sizeof c->from);
             p->conns[p->nconns++] = fd;
             p->active++;
             if (pthread_create(&t, &at, conn_thread, c) != 0) {
@@ -297,12 +350,14 @@ static void fork_child(void *obj)
     p->stopping = p->forked = true;
 }
 
-int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port)
+int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int port,
+                     const ckptio_peer_opts *o)
 {
     if (!out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_open: out is required");
     *out = NULL;
     if (!root || !*root || port < 0 || port > 65535)
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_open: a root and a port in 0..65535 are required");
+    CKPTIO__TRY(ckptio__peer_key_check(o ? o->key : NULL, o ? o->key_len : 0, "ckptio_peer_open"));
     ckptio__msg m = {0};
     struct addrinfo *ai = NULL;
     int rc = resolve(addr, port, 1, &ai, &m);
@@ -313,6 +368,9 @@ int ckptio_peer_open(ckptio_peer **out, const char *root, const char *addr, int 
         free(p);
         return ckptio__fail(NULL, -ENOMEM, "out of memory");
     }
+    memcpy(p->key, o->key, o->key_len);
+    p->key_len = o->key_len;
+    p->timeout = o->timeout > 0 ? o->timeout : PEER_SERVE_TIMEOUT;
     p->lfd = p->wake[0] = p->wake[1] = -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cond, NULL);
@@ -353,6 +411,7 @@ out:
     if (p->wake[1] >= 0) close(p->wake[1]);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->cond);
+    OPENSSL_cleanse(p->key, sizeof p->key);
     free(p->root);
     free(p);
     return ckptio__refail(NULL, &m, rc, "ckptio_peer_open", NULL);
@@ -390,6 +449,7 @@ void ckptio_peer_close(ckptio_peer *p)
     pthread_cond_destroy(&p->cond);
     free(p->conns);
     free(p->root);
+    OPENSSL_cleanse(p->key, sizeof p->key);
     free(p);
 }
 
@@ -441,7 +501,7 @@ static int dial(const char *host, int port, double timeout, ckptio__msg *m)
 }
 
 /* Check a destination of ckptio_part_spread; its outcome cleared. */
-static int dest_check(ckptio_part_dest *d, const char *name)
+static int dest_check(ckptio_part_dest *d, const char *name, const ckptio_peer_opts *o)
 {
     if (d->size < sizeof *d)
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: a destination's size is %u, "
@@ -452,6 +512,7 @@ static int dest_check(ckptio_part_dest *d, const char *name)
     if (d->host && (d->port <= 0 || d->port > 65535))
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: port %d of '%s' is not a TCP port",
                             d->port, d->host);
+    if (d->host) CKPTIO__TRY(ckptio__peer_key_check(o ? o->key : NULL, o ? o->key_len : 0, "ckptio_part_spread"));
     if (d->host && (!name || !ckptio__peer_safe_rel(name)))
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: '%s' is not a relative part name",
                             name ? name : "(null)");
@@ -470,7 +531,7 @@ int ckptio_part_spread(const char *src, const char *name, ckptio_part_dest *d, s
 {
     ckptio__msg m = {0};
     if (!src || !d || !n) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_part_spread: src and destinations are required");
-    for (size_t i = 0; i < n; i++) CKPTIO__TRY(dest_check(&d[i], name));
+    for (size_t i = 0; i < n; i++) CKPTIO__TRY(dest_check(&d[i], name, o));
     sink *s = calloc(n, sizeof *s);
     ckptio__txn *t = calloc(n, sizeof *t);
     char (*who)[160] = calloc(n, sizeof *who);
@@ -490,14 +551,17 @@ int ckptio_part_spread(const char *src, const char *name, ckptio_part_dest *d, s
         s[i].who = who[i];
         if (d[i].host) {
             snprintf(who[i], sizeof who[i], "the peer at %s:%d", d[i].host, d[i].port);
-            int fd = dial(d[i].host, d[i].port, o ? o->timeout : 0, &s[i].m);
+            uint8_t session[PEER_MAC];
+            int fd = dial(d[i].host, d[i].port, o->timeout, &s[i].m);
             if (fd < 0) s[i].rc = fd;
-            else if ((s[i].sock = fd, s[i].rc = ckptio__peer_send_request(fd, PEER_PUT, name)) < 0)
+            else if ((s[i].sock = fd, s[i].rc = ckptio__peer_client_auth(fd, o->key, o->key_len, s[i].who, session, &s[i].m)) < 0)
+                s[i].sock = (close(fd), -1); /* a server refused or unproven hears nothing more */
+            else if ((s[i].rc = ckptio__peer_send_request(fd, session, PEER_PUT, name)) < 0)
                 ckptio__peer_sink_fail(&s[i], s[i].rc, "the request");
         } else {
             snprintf(who[i], sizeof who[i], "%s", d[i].dst);
             s[i].t = &t[i];
-            s[i].rc = ckptio__peer_begin_part(&t[i], d[i].dst, &s[i].m);
+            s[i].rc = ckptio__peer_begin_part(&t[i], d[i].dst, false, &s[i].m);
         }
     }
     pacer pc = {o ? o->max_rate : 0, 0, ckptio__now()};
@@ -537,25 +601,35 @@ int ckptio_peer_push(const char *src, const char *host, int port, const char *na
     return rc;
 }
 
+int ckptio__peer_fetch_on(int fd, const unsigned char *key, size_t klen, const char *name,
+                          const char *dst, unsigned flags, const char *who, uint64_t *bytes,
+                          ckptio__msg *m)
+{
+    ckptio__txn t = {0};
+    uint8_t session[PEER_MAC];
+    int rc = ckptio__peer_client_auth(fd, key, klen, who, session, m);
+    if (rc == 0) rc = ckptio__peer_begin_part(&t, dst, true, m);
+    if (rc == 0) rc = ckptio__peer_send_request(fd, session, PEER_GET, name);
+    if (rc == 0) rc = ckptio__peer_recv_reply(fd, who, m);
+    if (rc == 0) rc = recv_files(fd, &t, who, bytes, m);
+    if (rc == 0) rc = ckptio__peer_finish_part(&t, flags, dst, m);
+    ckptio__txn_fini(&t);
+    return rc;
+}
+
 int ckptio_peer_fetch(const char *host, int port, const char *name, const char *dst,
                       const ckptio_peer_opts *o, uint64_t *bytes)
 {
     if (!dst || !host || !name || port <= 0 || port > 65535)
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_peer_fetch: host, port, name and dst are required");
+    CKPTIO__TRY(ckptio__peer_key_check(o ? o->key : NULL, o ? o->key_len : 0, "ckptio_peer_fetch"));
     ckptio__msg m = {0};
-    ckptio__txn t = {0};
     uint64_t got = 0;
     char who[128];
     snprintf(who, sizeof who, "the peer at %s:%d", host, port);
-    int fd = -1;
-    int rc = ckptio__peer_begin_part(&t, dst, &m);
-    if (rc == 0) rc = fd = dial(host, port, o ? o->timeout : 0, &m);
-    if (rc >= 0) rc = ckptio__peer_send_request(fd, PEER_GET, name);
-    if (rc == 0) rc = ckptio__peer_recv_reply(fd, who, &m);
-    if (rc == 0) rc = recv_files(fd, &t, who, &got, &m);
-    if (rc == 0) rc = ckptio__peer_finish_part(&t, o ? o->flags : 0, dst, &m);
+    int fd = dial(host, port, o->timeout, &m);
+    int rc = fd < 0 ? fd : ckptio__peer_fetch_on(fd, o->key, o->key_len, name, dst, o->flags, who, &got, &m);
     if (fd >= 0) close(fd);
-    ckptio__txn_fini(&t);
     if (bytes) *bytes = got;
     return rc < 0 ? ckptio__refail(NULL, &m, rc, "fetching a part from a peer", NULL) : 0;
 }

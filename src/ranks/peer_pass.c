@@ -41,7 +41,7 @@ int ckptio__peer_sink_fail(sink *s, int rc, const char *rel)
 static void sink_begin(sink *s, const char *rel, uint64_t size)
 {
     if (s->sock < 0) {
-        int fd = ckptio__peer_create_in(s->t->tmp_fd, rel, &s->m, s->t->tmp_path);
+        int fd = ckptio__peer_create_in(s->t->tmp_fd, rel, false, &s->m, s->t->tmp_path);
         if (fd < 0) s->rc = fd;
         else s->out = fd;
         return;

@@ -191,19 +191,20 @@ bool ckptio__peer_safe_rel(const char *rel)
     return true;
 }
 
-/* Create `rel` for writing in the transaction's directory, making its directories. */
-int ckptio__peer_create_in(int dirfd, const char *rel, ckptio__msg *m, const char *where)
+/* Create `rel` for writing in the transaction's directory, making its directories; private:
+ * owner-only (a part received into a node's local tier). */
+int ckptio__peer_create_in(int dirfd, const char *rel, bool private_, ckptio__msg *m, const char *where)
 {
     char buf[PATH_MAX];
     if (strlen(rel) >= sizeof buf) return ckptio__fail(m, CKPTIO_E_CORRUPT, "%s: path too long", where);
     strcpy(buf, rel);
     for (char *s = strchr(buf, '/'); s; s = strchr(s + 1, '/')) {
         *s = '\0';
-        if (mkdirat(dirfd, buf, 0755) < 0 && errno != EEXIST)
+        if (mkdirat(dirfd, buf, private_ ? 0700 : 0755) < 0 && errno != EEXIST)
             return ckptio__fail(m, -errno, "%s: cannot create '%s': %s", where, buf, strerror(errno));
         *s = '/';
     }
-    int fd = openat(dirfd, rel, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = openat(dirfd, rel, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, private_ ? 0600 : 0644);
     if (fd < 0) return ckptio__fail(m, -errno, "%s: cannot create '%s': %s", where, rel, strerror(errno));
     return fd;
 }
@@ -231,7 +232,7 @@ static int verify_part(const char *path, const char *what, ckptio__msg *m)
 }
 
 /* `dir` and the directories above it, as mkdir -p. */
-static int make_dirs(const char *dir, ckptio__msg *m)
+static int make_dirs(const char *dir, mode_t mode, ckptio__msg *m)
 {
     char buf[PATH_MAX];
     if (strlen(dir) >= sizeof buf) return ckptio__fail(m, -ENAMETOOLONG, "'%s': path too long", dir);
@@ -240,7 +241,7 @@ static int make_dirs(const char *dir, ckptio__msg *m)
         if (*s != '/' && *s) continue;
         char c = *s;
         *s = '\0';
-        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        if (mkdir(buf, mode) < 0 && errno != EEXIST)
             return ckptio__fail(m, -errno, "cannot create '%s': %s", buf, strerror(errno));
         if (!c) return 0;
         *s = c;
@@ -248,16 +249,20 @@ static int make_dirs(const char *dir, ckptio__msg *m)
 }
 
 /* Begin the transaction of part `dst` (its parent directories made), replacing what is there
- * only once the new part is published. */
-int ckptio__peer_begin_part(ckptio__txn *t, const char *dst, ckptio__msg *m)
+ * only once the new part is published; private: the directories made and the temporary one
+ * owner-only, whatever the umask (a part received into a node's local tier). */
+int ckptio__peer_begin_part(ckptio__txn *t, const char *dst, bool private_, ckptio__msg *m)
 {
     char *parent = ckptio__parent_dir(dst);
     if (!parent) return -ENOMEM;
-    int rc = make_dirs(parent, m);
+    int rc = make_dirs(parent, private_ ? 0700 : 0755, m);
     free(parent);
     if (rc < 0) return rc;
-    return ckptio__txn_begin(t, dst, CKPTIO__TXN_DIR, CKPTIO__TXN_OVERWRITE | CKPTIO__TXN_FSYNC,
-                             CKPTIO_OFF, m);
+    CKPTIO__TRY(ckptio__txn_begin(t, dst, CKPTIO__TXN_DIR, CKPTIO__TXN_OVERWRITE | CKPTIO__TXN_FSYNC,
+                                  CKPTIO_OFF, m));
+    if (private_ && fchmod(t->tmp_fd, 0700) < 0)
+        return ckptio__fail(m, -errno, "cannot make '%s' private: %s", t->tmp_path, strerror(errno));
+    return 0;
 }
 
 /* Verify (when asked) what the transaction's directory holds, then publish it. */
@@ -321,14 +326,16 @@ int ckptio__peer_write_all(int fd, const uint8_t *p, size_t n)
     return 0;
 }
 
-int ckptio__peer_send_request(int sock, uint32_t op, const char *name)
+int ckptio__peer_send_request(int sock, const uint8_t session[PEER_MAC], uint32_t op, const char *name)
 {
     size_t len = strlen(name);
-    uint8_t h[16];
+    if (len >= PEER_MAX_NAME) return -ENAMETOOLONG;
+    uint8_t h[16 + PEER_MAX_NAME + PEER_MAC];
     ckptio__peer_put32(h, PEER_MAGIC);
     ckptio__peer_put32(h + 4, PEER_VERSION);
     ckptio__peer_put32(h + 8, op);
     ckptio__peer_put32(h + 12, (uint32_t)len);
-    int rc = ckptio__peer_send_all(sock, h, sizeof h);
-    return rc < 0 ? rc : ckptio__peer_send_all(sock, name, len);
+    memcpy(h + 16, name, len);
+    if (ckptio__peer_mac(session, h, 16 + len, h + 16 + len) < 0) return -EIO;
+    return ckptio__peer_send_all(sock, h, 16 + len + PEER_MAC);
 }

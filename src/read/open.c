@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,8 @@ int ckptio__read_open(ckptio_reader **out, const char *path, const ckptio_params
     }
     CKPTIO__CHECK(ckptio__read_manifest(r->dirfd, r->path, &r->msg, &buf, &len));
 decode:;
+    unsigned dn = 0;
+    r->has_digest = EVP_Digest(buf, (size_t)len, r->digest, &dn, EVP_sha256(), NULL) && dn == 32;
     char err[512] = "";
     rc = ckptio__manifest_decode(buf, len, &r->m, err, sizeof err);
     if (rc < 0) {
@@ -527,6 +530,15 @@ int ckptio_reader_read_stats(const ckptio_reader *r, ckptio_read_stats *out)
     st.size = out->size;
     st.device_bytes = r->stats.io_bytes;
     memcpy(out, &st, CKPTIO__MIN((size_t)out->size, sizeof st));
+    return 0;
+}
+
+int ckptio_reader_digest(const ckptio_reader *r, unsigned char out[32])
+{
+    if (!r || !out) return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_digest: r and out are required");
+    if (!r->has_digest)
+        return ckptio__fail(NULL, CKPTIO_E_UNSUPPORTED, "'%s' has no manifest of ckptio's to digest", r->path);
+    memcpy(out, r->digest, sizeof r->digest);
     return 0;
 }
 

@@ -79,6 +79,8 @@ struct ckptio_reader {
     char *path;
     int dirfd;
     ckptio__manifest *m;
+    uint8_t digest[32]; /* SHA-256 of the manifest's bytes (ckptio_reader_digest) */
+    bool has_digest;    /* a checkpoint of ckptio's own (a foreign reader has none) */
     rfile *files;
     ckptio__ring ring; /* started on first read */
     ckptio__stripes stripes; /* striped: ckptio_reader_set_roots, the stripe directories */

@@ -162,8 +162,19 @@ def wait_for(what: str, cond: Callable[[], T], timeout: float, launch: Launch) -
 
 # ---- what is on disk ----
 def parts(d: pathlib.Path) -> set[str]:
-    """The committed checkpoints (rank<R>) in the folder of one step."""
-    return set(_core.list_checkpoints(str(d))) if d.is_dir() else set()
+    """The committed parts (rank<R>) in the folder of one step (its record aside)."""
+    if not d.is_dir():
+        return set()
+    return {n for n in _core.list_checkpoints(str(d)) if n.startswith("rank")}
+
+
+def record(d: pathlib.Path) -> dict[str, Any] | None:
+    """The step record in the folder of one step, or None."""
+    try:
+        with ckptio.open(d / "record") as r:
+            return json.loads(r.metadata["ckptio_tier.record"])
+    except (OSError, ckptio.CheckpointError):
+        return None
 
 
 def complete_steps(job: Job, n: int) -> list[int]:
