@@ -98,8 +98,9 @@ CKPTIO__HIDDEN int ckptio__peer_key_check(const unsigned char *key, size_t len, 
  * < 0 with m saying why (-EACCES: the server does not hold the key; nothing was sent to it). */
 CKPTIO__HIDDEN int ckptio__peer_client_auth(int fd, const unsigned char *key, size_t klen, const char *who,
                                             uint8_t session[PEER_MAC], ckptio__msg *m);
-/* The server's side: 0 with the session's key, or < 0 with *why (for the server's log only:
- * the client is told nothing of it). */
+/* The server's side: 0 with the session's key; -EACCES for a client that began and failed
+ * (*why says how, for the server's log only: the client is told nothing of it); another < 0
+ * for a connection that ended before it began. */
 CKPTIO__HIDDEN int ckptio__peer_server_auth(int fd, const unsigned char *key, size_t klen,
                                             uint8_t session[PEER_MAC], const char **why);
 CKPTIO__HIDDEN int ckptio__peer_mac(const uint8_t session[PEER_MAC], const void *p, size_t len, uint8_t out[PEER_MAC]);

@@ -123,9 +123,13 @@ int ckptio__peer_server_auth(int fd, const unsigned char *key, size_t klen,
     *why = "no nonce or no HMAC";
     if (nonce(back + 8) < 0 || derive(key, klen, hello + 8, back + 8, back + 8 + PEER_NONCE, client, session) < 0)
         return -EIO;
-    *why = "the connection closed during the authentication";
-    if (ckptio__peer_send_all(fd, back, sizeof back) < 0 || ckptio__peer_recv_all(fd, proof, sizeof proof) < 0)
-        return -EPIPE;
+    if (ckptio__peer_send_all(fd, back, sizeof back) < 0) return -EPIPE;
+    if (ckptio__peer_recv_all(fd, proof, sizeof proof) < 0) {
+        /* what a client does when this server's proof fails for it: it holds another key */
+        *why = "it began the authentication but gave no proof of the job's key (a client with "
+               "another key hangs up here)";
+        return -EACCES;
+    }
     if (!ckptio__peer_mac_equal(client, proof)) {
         *why = "its proof of the job's key is wrong";
         return -EACCES;

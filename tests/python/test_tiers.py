@@ -9,12 +9,15 @@ starts is killed in a finally block."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import json
 import os
 import pathlib
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -106,7 +109,8 @@ def started(
     try:
         for i, (argv, extra) in enumerate(zip(argvs, envs)):
             env = dict(os.environ, CKPTIO_TEST_OUT=str(out), CKPTIO_PEER_ADDR="127.0.0.1",
-                       OMP_NUM_THREADS="1", **extra)
+                       OMP_NUM_THREADS="1")
+            env.update(extra)
             with open(out / f"log-{i}.txt", "wb") as log:
                 procs.append(subprocess.Popen(argv, env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
@@ -292,6 +296,22 @@ def test_layout_of_a_save(saved: Job) -> None:
                                 "ckptio_tier.step": str(s),
                                 "ckptio_tier.node": "n0" if r < 2 else "n1"}, (p, meta)
                 assert same(ckptio.load(p), r, s), p
+    # Each step's record, in every tier: this job's, naming each part's manifest digest.
+    jobs = set()
+    for d in (*saved.roots, saved.persist):
+        for s in (2, 3):
+            rec = record(d / str(s))
+            assert rec is not None and rec["step"] == s and rec["world"] == 4, (d, s, rec)
+            for r in range(4):
+                with _core.Reader(str(d / str(s) / f"rank{r}"), None) as reader:
+                    assert rec["digests"][r] == reader.digest().hex(), (d, s, r)
+            jobs.add(rec["job"])
+    assert len(jobs) == 1, jobs
+    # The local roots are their owner's only, and so are the parts received there.
+    for root in saved.roots:
+        assert root.stat().st_mode & 0o077 == 0, oct(root.stat().st_mode)
+        for s in ("2", "3"):
+            assert (root / s).stat().st_mode & 0o077 == 0, (root, s)
 
 
 # ---- 1. a node's local tier deleted ----
@@ -464,6 +484,147 @@ def test_a_job_of_another_size_is_refused(saved: Job, tmp_path: pathlib.Path) ->
     for r, v in res.items():
         assert "error" in v, f"rank {r} of 2 restored a part of a 4-rank step: {v}"
         assert issubclass(getattr(ckptio, v["error"], Exception), ckptio.CheckpointError), v
+
+
+# ---- 6. trust: a stranger on the network, another job, an earlier attempt ----
+def wire_reply(addr: str, port: int, data: bytes) -> tuple[int, bytes]:
+    """Send ``data`` to a peer server as the first bytes of a connection: its reply's status
+    and message (status 1: no reply)."""
+    with socket.create_connection((addr, port), timeout=10) as c:
+        c.sendall(data)
+        got = b""
+        with contextlib.suppress(OSError):
+            while chunk := c.recv(4096):
+                got += chunk
+    if len(got) < 8:
+        return 1, got
+    status, n = struct.unpack("<iI", got[:8])
+    return status, got[8:8 + n]
+
+
+def listening_on(port: int) -> list[str]:
+    """The IPv4 addresses a TCP socket listens on at ``port`` (/proc/net/tcp)."""
+    found = []
+    for line in pathlib.Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        addr, p = f[1].split(":")
+        if int(p, 16) == port and f[3] == "0A":  # LISTEN
+            found.append(socket.inet_ntoa(struct.pack("<I", int(addr, 16))))
+    return found
+
+
+def test_an_outsider_reads_and_plants_nothing(tmp_path: pathlib.Path) -> None:
+    """A process outside the job (the library, no key of the job's: its own, or the job's with
+    one byte changed) connects to every rank's server: each fetch of each committed part, each
+    push of a forged newer step under each rank's name, each request by hand (the old
+    protocol's, plain HTTP) is refused; the refusals carry nothing of the server's (no path,
+    no name); each server logs the outsider's address; nothing is published; and the next
+    restore() returns the job's own newest step exactly."""
+    job = Job(tmp_path)
+    forged = tmp_path / "forged"
+    ckptio.save(part(0, 9), forged)  # a self-consistent part (its checksums hold)
+    # No CKPTIO_PEER_ADDR: each server listens on the interface that routes to MASTER_ADDR
+    # (127.0.0.1 here), not on every interface.
+    with torch_ranks(job, "serve", TWO_NODES, env={"CKPTIO_PEER_ADDR": ""}, steps=[1, 2],
+                     kw=KW) as launch:
+        out = launch.out
+        serving = wait_for("every rank serving", lambda: sorted(out.glob("serving-*.json"))
+                           if len(list(out.glob("serving-*.json"))) == 4 else [],
+                           LAUNCH_TIMEOUT, launch)  # fmt: skip
+        servers = [json.loads(f.read_text()) for f in serving]
+        for sv in servers:
+            assert sv["addr"] == "127.0.0.1" and listening_on(sv["port"]) == ["127.0.0.1"], sv
+        off_by_one = bytes.fromhex((out / "key-off-by-one").read_text())
+        tried = refused = 0
+        for key in (os.urandom(32), off_by_one):
+            for sv in servers:
+                for st in (1, 2, 3):
+                    for r in range(4):
+                        tried += 2
+                        with pytest.raises(ckptio.CheckpointError) as e:
+                            _core.peer_fetch(sv["addr"], sv["port"], f"{st}/rank{r}",
+                                             str(tmp_path / "stolen" / f"{st}-{r}"), 10, True, key)
+                        refused += e.value.code == -errno.EACCES
+                        with pytest.raises(ckptio.CheckpointError) as e:
+                            _core.peer_push(str(forged), sv["addr"], sv["port"], f"3/rank{r}",
+                                            10, 0, key)
+                        refused += e.value.code == -errno.EACCES
+        assert refused == tried == 2 * 4 * 3 * 4 * 2
+        old = struct.pack("<IIII", 0x52504B43, 1, 2, 7) + b"2/rank0"
+        for sv in servers:
+            for data in (old, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"):
+                status, msg = wire_reply(sv["addr"], sv["port"], data)
+                assert (status, msg) == (-errno.EACCES, b"not authenticated"), (status, msg)
+        (out / "go").touch()
+        codes = launch.finish()
+        tails = launch.tails()
+    assert codes == [0] * 4, (codes, tails)
+    assert not (tmp_path / "stolen").exists() or not any((tmp_path / "stolen").iterdir())
+    for root in job.roots:
+        assert step_dirs(root) == ["1", "2"], os.listdir(root)
+        assert leftovers(root) == []
+    logs = "".join(f.read_text(errors="replace") for f in out.glob("log-*.txt"))
+    assert logs.count("refused the connection from 127.0.0.1:") == tried + 2 * 4, tails
+    res = run_torch(job, "restore", TWO_NODES, kw=KW)
+    check_restored(res, 2)
+    for r, v in res.items():
+        assert v["last_restore"]["failed"] == [] and v["last_restore"]["unrecorded"] == [], v
+
+
+def test_another_job_in_the_same_local_tier_is_never_restored(tmp_path: pathlib.Path) -> None:
+    """Job A saves steps 1, 2 and 3 (no persistent copies); job B, its own persistent tier,
+    saves steps 2 and 3 of other bytes into the same local roots (replacing A's parts and
+    records there). A restarted restores step 1, the newest step of its own, and reports 2 and
+    3 as held without its record; with persistent copies of A's, A restores its step 3 from
+    them."""
+    for sub in "abcd":
+        (tmp_path / sub).mkdir()
+    a = Job(tmp_path / "a")
+    b = Job(tmp_path / "b")
+    b.roots = a.roots
+    kw = dict(replicas=1, persist_every=None, local_keep=3)
+    run_torch(a, "save", TWO_NODES, steps=[1, 2, 3], kw=kw)
+    other = {str(s): [2 * SMALL] * 4 for s in (2, 3)}
+    run_torch(b, "save", TWO_NODES, steps=[2, 3], sizes=other, kw=kw)
+    rec_a, rec_b = record(a.roots[0] / "1"), record(a.roots[0] / "3")
+    assert rec_a and rec_b and rec_a["job"] != rec_b["job"], (rec_a, rec_b)
+    res = run_torch(a, "restore", TWO_NODES, kw=kw)
+    check_restored(res, 1)
+    for r, v in res.items():
+        assert v["last_restore"]["unrecorded"] == [2, 3], v["last_restore"]
+    # With A's steps also in its persistent tier: A's own step 3, from there.
+    c = Job(tmp_path / "c")
+    d = Job(tmp_path / "d")
+    d.roots = c.roots
+    kw = dict(replicas=1, persist_every=1, local_keep=3)
+    run_torch(c, "save", TWO_NODES, steps=[1, 2, 3], kw=kw)
+    run_torch(d, "save", TWO_NODES, steps=[2, 3], sizes=other, kw=kw)
+    res = run_torch(c, "restore", TWO_NODES, kw=kw)
+    check_restored(res, 3)  # same(): SMALL bytes, A's, not B's
+    assert set(sources(res).values()) == {"persistent"}, res
+
+
+def test_a_replica_from_an_earlier_attempt_is_reported_and_skipped(tmp_path: pathlib.Path) -> None:
+    """Step 2 saved, then saved again by the restarted job with other bytes (its second
+    attempt). Rank 1's replica on n1 from the first attempt is put back in place, and rank 1's
+    own copy lost: the restore refuses the stale replica (its digest is not the record's),
+    reports it, and takes the second attempt's bytes from the persistent tier."""
+    job = Job(tmp_path)
+    kw = dict(replicas=1, persist_every=1, local_keep=2, keep=2)
+    run_torch(job, "save", TWO_NODES, steps=[1, 2], kw=kw)
+    stale = tmp_path / "stale-rank1"
+    shutil.copytree(job.roots[1] / "2" / "rank1", stale)
+    second = {"2": [2 * SMALL] * 4}
+    run_torch(job, "save", TWO_NODES, steps=[2], sizes=second, kw=kw)
+    shutil.rmtree(job.roots[1] / "2" / "rank1")
+    shutil.copytree(stale, job.roots[1] / "2" / "rank1")
+    shutil.rmtree(job.roots[0] / "2" / "rank1")
+    res = run_torch(job, "restore", TWO_NODES, sizes=second, kw=kw)
+    check_restored(res, 2)  # same(): the second attempt's bytes, on every rank
+    assert sources(res)[1] == "persistent", res
+    failed = res[1]["last_restore"]["failed"]
+    assert [(f["step"], f["source"]) for f in failed] == [(2, "peer")], failed
+    assert "not the one this job committed" in failed[0]["error"], failed
 
 
 def test_restart_in_another_order_on_four_nodes(tmp_path: pathlib.Path) -> None:
@@ -643,6 +804,27 @@ def test_one_process_local_tier(tmp_path: pathlib.Path) -> None:
     shutil.rmtree(local)
     m = ckptio.Manager(persist, local=str(local), persist_every=1, node="solo")
     assert same(m.restore(), 0, 3) and m.last_restore["source"] == "persistent"
+    m.close()
+
+
+def test_one_process_local_tier_is_private_whatever_the_umask(tmp_path: pathlib.Path) -> None:
+    """With umask 0, and a local root that already existed open to all: the root and each step
+    folder made 0700; the part still loads back; the step's record is there."""
+    local = tmp_path / "local"
+    local.mkdir(mode=0o777)
+    os.chmod(local, 0o777)
+    was = os.umask(0)
+    try:
+        m = ckptio.Manager(tmp_path / "persist", local=str(local), persist_every=None, node="solo")
+        m.save(1, part(0, 1))
+        m.wait_until_finished()
+    finally:
+        os.umask(was)
+    assert local.stat().st_mode & 0o777 == 0o700, oct(local.stat().st_mode)
+    assert (local / "1").stat().st_mode & 0o777 == 0o700, oct((local / "1").stat().st_mode)
+    rec = record(local / "1")
+    assert rec is not None and rec["step"] == 1 and rec["world"] == 1, rec
+    assert same(m.restore(), 0, 1)
     m.close()
 
 

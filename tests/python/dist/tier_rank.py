@@ -12,7 +12,10 @@ that rank SIGKILLs itself before save(step) is called, or as soon as it returns)
 (false: a rank of the job will be killed from outside, so no barrier after the saves),
 "deleter" (dtensor: the rank that deletes its node's root), "loader" (iterate a torch DataLoader
 with that many worker processes after each save: they fork this process, as a training loop's
-do every epoch). Each rank writes what happened
+do every epoch). Mode "serve" saves "steps", then writes its server's address and port as
+serving-RANK.json in $CKPTIO_TEST_OUT (rank 0 also the job's key with its last byte changed,
+as key-off-by-one: what a test's outsider tries), and keeps serving until the file "go"
+appears there (60 s at most). Each rank writes what happened
 (with "removed": what it removed through shutil.rmtree) as TAG-RANK.json (TAG: the mode) in
 $CKPTIO_TEST_OUT."""
 
@@ -110,6 +113,31 @@ def save() -> dict[str, Any]:
     return res
 
 
+def serve() -> dict[str, Any]:
+    m = manager()
+    for s in run["steps"]:
+        m.save(s, torch_part(s))
+    m.wait_until_finished()
+    dist.barrier()
+    t = m._tiers
+    assert t is not None
+    out = os.environ["CKPTIO_TEST_OUT"]
+    if rank == 0:
+        off = bytearray(t._key)
+        off[-1] ^= 1
+        with open(os.path.join(out, "key-off-by-one"), "w") as f:
+            f.write(off.hex())
+    with open(os.path.join(out, f"serving-{rank}.json.tmp"), "w") as f:
+        json.dump({"addr": t.peers[rank]["addr"], "port": t.server.port}, f)
+    os.rename(os.path.join(out, f"serving-{rank}.json.tmp"), os.path.join(out, f"serving-{rank}.json"))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "go")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.barrier()
+    m.close()
+    return {"saved": run["steps"]}
+
+
 def restore() -> dict[str, Any]:
     m = manager()
     t0 = time.monotonic()
@@ -170,7 +198,7 @@ def dtensors() -> dict[str, Any]:
 
 
 try:
-    result = {"save": save, "restore": restore, "dtensor": dtensors}[mode]()
+    result = {"save": save, "restore": restore, "dtensor": dtensors, "serve": serve}[mode]()
 except Exception as e:
     result = failure(e)
 emit(mode, dict(rank=rank, pid=os.getpid(), node=os.environ.get("CKPTIO_NODE"), removed=removed,
