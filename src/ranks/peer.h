@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The peer tier's insides, shared by its three files: peer_wire.c (bytes on a socket, the files
- * of a part, its transactions), peer_pass.c (one pass sending a part to every destination) and
- * peer.c (the server, and the public calls). Each calls only the ones before it. */
+/* The peer tier's insides, shared by its four files: peer_wire.c (bytes on a socket, the files
+ * of a part, its transactions), peer_auth.c (the authentication of a connection and its
+ * request), peer_pass.c (one pass sending a part to every destination) and peer.c (the server,
+ * and the public calls). Each calls only the ones before it. */
 #ifndef CKPTIO_RANKS_PEER_H
 #define CKPTIO_RANKS_PEER_H
 
@@ -88,10 +89,10 @@ CKPTIO__HIDDEN void ckptio__peer_pace(pacer *p, uint64_t n);
 CKPTIO__HIDDEN void ckptio__peer_nopipe_begin(nopipe *np);
 CKPTIO__HIDDEN void ckptio__peer_nopipe_end(nopipe *np);
 CKPTIO__HIDDEN int ckptio__peer_write_all(int fd, const uint8_t *p, size_t n);
-/* The request, with its MAC under the session's key. */
-CKPTIO__HIDDEN int ckptio__peer_send_request(int sock, const uint8_t session[PEER_MAC], uint32_t op, const char *name);
 
 /* peer_auth.c */
+/* The request, with its MAC under the session's key. */
+CKPTIO__HIDDEN int ckptio__peer_send_request(int sock, const uint8_t session[PEER_MAC], uint32_t op, const char *name);
 /* CKPTIO_E_USAGE (naming fn) unless key holds CKPTIO_PEER_KEY_MIN..MAX bytes. */
 CKPTIO__HIDDEN int ckptio__peer_key_check(const unsigned char *key, size_t len, const char *fn);
 /* The client's side of the authentication on a connected socket: 0 with the session's key, or

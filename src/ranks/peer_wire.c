@@ -325,17 +325,3 @@ int ckptio__peer_write_all(int fd, const uint8_t *p, size_t n)
     }
     return 0;
 }
-
-int ckptio__peer_send_request(int sock, const uint8_t session[PEER_MAC], uint32_t op, const char *name)
-{
-    size_t len = strlen(name);
-    if (len >= PEER_MAX_NAME) return -ENAMETOOLONG;
-    uint8_t h[16 + PEER_MAX_NAME + PEER_MAC];
-    ckptio__peer_put32(h, PEER_MAGIC);
-    ckptio__peer_put32(h + 4, PEER_VERSION);
-    ckptio__peer_put32(h + 8, op);
-    ckptio__peer_put32(h + 12, (uint32_t)len);
-    memcpy(h + 16, name, len);
-    if (ckptio__peer_mac(session, h, 16 + len, h + 16 + len) < 0) return -EIO;
-    return ckptio__peer_send_all(sock, h, 16 + len + PEER_MAC);
-}
