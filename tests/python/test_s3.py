@@ -310,7 +310,10 @@ attempt(run)
     assert r["steps"] == [3, 4], r  # keep=1 counts complete steps before the one being written
     keys = list_keys(s3server.client(), s3server.bucket, s3prefix + "/")
     assert f"{s3prefix}/4.rank0/manifest" in keys
-    assert not [k for k in keys if k.startswith((f"{s3prefix}/1.rank0/", f"{s3prefix}/2.rank0/"))]
+    # the step's record beside its part, and the job's id; old steps' records go with them
+    assert f"{s3prefix}/4.record/manifest" in keys and f"{s3prefix}/ckptio-job/manifest" in keys
+    assert not [k for k in keys if k.startswith((f"{s3prefix}/1.rank0/", f"{s3prefix}/2.rank0/",
+                                                 f"{s3prefix}/1.record/", f"{s3prefix}/2.record/"))]
 
 
 RANK_SAVE = r"""
