@@ -62,12 +62,14 @@ test-sanitize: deps
 	TSAN_OPTIONS=halt_on_error=1 $(BUILD)-tsan/tests/ckptio-tests
 
 # Bounded libFuzzer runs under ASan+UBSan, the library itself instrumented for coverage: the
-# manifest decoder, then the partial-manifest merge, each for half of FUZZ_SECONDS (default 60).
+# manifest decoder, the partial-manifest merge, the safetensors header parser, the block codecs
+# and the peer tier's wire (both ends of a connection over a socketpair), one after another,
+# each for an equal share of FUZZ_SECONDS (default 60).
 # New inputs go to $(BUILD)-fuzz/corpus-new/<target>, never into the stored corpora; a crash
 # leaves its reproducer in $(BUILD)-fuzz/ and fails the target. A 64 KiB input must never need
 # more than 256 MiB (-malloc_limit_mb).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := manifest merge safetensors codec
+FUZZ_TARGETS := manifest merge safetensors codec peer
 .PHONY: fuzz
 fuzz: deps
 	@[ -f $(BUILD)-fuzz/build.ninja ] || CC=clang $(MESON) setup $(BUILD)-fuzz -Dfuzzers=true \
@@ -76,7 +78,7 @@ fuzz: deps
 	@k=$(words $(FUZZ_TARGETS)); half=$$(( ($(FUZZ_SECONDS) + k - 1) / k )); \
 	for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(BUILD)-fuzz/corpus-new/$$t; echo "fuzz-$$t: $$half s"; \
-		( cd $(BUILD)-fuzz && ./fuzz/fuzz-$$t -max_total_time=$$half -max_len=65536 \
+		( cd $(BUILD)-fuzz && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ./fuzz/fuzz-$$t -max_total_time=$$half -max_len=65536 \
 			-malloc_limit_mb=256 -rss_limit_mb=2048 -print_final_stats=1 \
 			corpus-new/$$t $(CURDIR)/fuzz/corpus/$$t >fuzz-$$t.log 2>&1 ); rc=$$?; \
 		if [ $$rc = 0 ]; then grep -E '^(Done|stat::number_of_executed_units)' $(BUILD)-fuzz/fuzz-$$t.log; \

@@ -360,10 +360,22 @@ static int test_outsider(void)
     CHECK(!exists(t_path("stolen")));
     CHECK(!exists(t_path("node1/8")));
     CHECK(same_part(t_path("node1/7/rank0"), 31) == 0);
-    /* with the key, the same calls work; a missing part's answer names no path */
+    /* a server serves 256 connections at once, no more: the others are closed (and logged);
+     * once those end, it serves again */
+    int held[256];
+    for (int i = 0; i < 256; i++) CHECK((held[i] = dial(port)) >= 0);
     o.key = KEY;
     o.key_len = sizeof KEY;
-    CHECK_OK(ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("got"), &o, NULL));
+    usleep(200000); /* the server has taken them all */
+    CHECK(ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("crowded"), &o, NULL) < 0);
+    CHECK(!exists(t_path("crowded")));
+    for (int i = 0; i < 256; i++) close(held[i]);
+    /* with the key, the same calls work (once the server's threads saw those close); a
+     * missing part's answer names no path */
+    int rc = -1;
+    for (int i = 0; i < 100 && rc < 0; i++)
+        if ((rc = ckptio_peer_fetch("127.0.0.1", port, "7/rank0", t_path("got"), &o, NULL)) < 0) usleep(100000);
+    CHECK_OK(rc);
     CHECK(same_part(t_path("got"), 31) == 0);
     CHECK_ERR(ckptio_peer_fetch("127.0.0.1", port, "9/rank0", t_path("none"), &o, NULL), -ENOENT);
     CHECK(t_contains(ckptio_last_error(), "holds no committed part '9/rank0'"));
@@ -590,6 +602,22 @@ static int test_misuse(void)
     return 0;
 }
 
+/* The fuzz corpus of the wire (fuzz/fuzz_peer.c says what an input holds): every seed runs
+ * through both ends of a connection, within the harness's checks (no temporary part left, a
+ * failure that says why) and, in the sanitizer builds, without a report. */
+static int test_fuzz_corpus(void)
+{
+#ifdef CKPTIO_FUZZ_PEER_REPLAY
+    CHECK(t_sh("TMPDIR='%s' %s %s", t_dir(), CKPTIO_FUZZ_PEER_REPLAY,
+               CKPTIO_SOURCE_ROOT "/fuzz/corpus/peer") == 0);
+    /* and it removed its directory */
+    CHECK(t_sh("test -z \"$(ls -A '%s' | grep ckptio-fuzz-peer)\"", t_dir()) == 0);
+    return 0;
+#else
+    return T_SKIP;
+#endif
+}
+
 const ckptio_test tests_peer[] = {
     {"peer/push_fetch_copy", test_push_fetch_copy, 0, 0},
     {"peer/corrupt_refused", test_corrupt_refused, 0, 0},
@@ -599,5 +627,6 @@ const ckptio_test tests_peer[] = {
     {"peer/fork", test_fork, 0, 60},
     {"peer/spread", test_spread, 0, 60},
     {"peer/misuse", test_misuse, 0, 0},
+    {"peer/fuzz_corpus", test_fuzz_corpus, 0, 0},
     {0},
 };

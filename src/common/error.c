@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Error codes, their names and texts, and the per-handle / per-thread messages. */
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ const char *ckptio_strerror(int code)
     }
     /* strerror() is not guaranteed thread-safe; strerrordesc_np (glibc >= 2.32) is static. */
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-    const char *s = strerrordesc_np(-code);
+    const char *s = code > INT_MIN ? strerrordesc_np(-code) : NULL; /* -INT_MIN overflows */
     if (s) return s;
 #endif
     return "unknown error";
@@ -41,7 +42,7 @@ const char *ckptio_errname(int code)
     default: break;
     }
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-    const char *s = strerrorname_np(-code);
+    const char *s = code > INT_MIN ? strerrorname_np(-code) : NULL;
     if (s) return s;
 #endif
     return "EUNKNOWN";

@@ -208,17 +208,18 @@ void ckptio__peer_serve(const char *root, const unsigned char *key, size_t klen,
 {
     uint8_t session[PEER_MAC], mac[PEER_MAC];
     const char *why = NULL;
-    int rc = ckptio__peer_server_auth(fd, key, klen, session, &why);
+    double end = ckptio__now() + PEER_AUTH_SECONDS; /* for the authentication and the request */
+    int rc = ckptio__peer_server_auth(fd, key, klen, end, session, &why);
     if (rc == -EACCES) refuse(fd, from, why);
     if (rc < 0) return;
     uint8_t h[16 + PEER_MAX_NAME];
-    if (ckptio__peer_recv_all(fd, h, 16) < 0) return;
+    if (ckptio__peer_recv_by(fd, h, 16, end) < 0) return;
     uint32_t op = ckptio__peer_get32(h + 8), len = ckptio__peer_get32(h + 12);
     if (ckptio__peer_get32(h) != PEER_MAGIC || ckptio__peer_get32(h + 4) != PEER_VERSION || len >= PEER_MAX_NAME) {
         refuse(fd, from, "its request is malformed");
         return;
     }
-    if (ckptio__peer_recv_all(fd, h + 16, len) < 0 || ckptio__peer_recv_all(fd, mac, sizeof mac) < 0) return;
+    if (ckptio__peer_recv_by(fd, h + 16, len, end) < 0 || ckptio__peer_recv_by(fd, mac, sizeof mac, end) < 0) return;
     uint8_t want[PEER_MAC];
     if (ckptio__peer_mac(session, h, 16 + len, want) < 0 || !ckptio__peer_mac_equal(want, mac)) {
         refuse(fd, from, "its request does not carry this session's MAC (replayed, or altered on the way)");
@@ -298,7 +299,8 @@ static void *accept_thread(void *arg)
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (grown && !p->stopping) {
+        bool full = p->nconns >= PEER_MAX_CONNS; /* each one's authentication is bounded */
+        if (grown && !p->stopping && !full) {
             c->p = p;
             c->fd = fd;
             name_addr(&ss, c->from, sizeof c->from);
@@ -315,6 +317,12 @@ static void *accept_thread(void *arg)
         pthread_attr_destroy(&at);
         pthread_mutex_unlock(&p->lock);
         if (!grown) {
+            if (full) {
+                char from[INET6_ADDRSTRLEN + 16];
+                name_addr(&ss, from, sizeof from);
+                fprintf(stderr, "ckptio peer server: refused the connection from %s: %d "
+                        "connections are open already\n", from, PEER_MAX_CONNS);
+            }
             free(c);
             close(fd);
         }
@@ -609,7 +617,8 @@ int ckptio__peer_fetch_on(int fd, const unsigned char *key, size_t klen, const c
     uint8_t session[PEER_MAC];
     int rc = ckptio__peer_client_auth(fd, key, klen, who, session, m);
     if (rc == 0) rc = ckptio__peer_begin_part(&t, dst, true, m);
-    if (rc == 0) rc = ckptio__peer_send_request(fd, session, PEER_GET, name);
+    if (rc == 0 && (rc = ckptio__peer_send_request(fd, session, PEER_GET, name)) < 0)
+        ckptio__fail(m, rc, "%s: cannot send the request (%s)", who, strerror(-rc));
     if (rc == 0) rc = ckptio__peer_recv_reply(fd, who, m);
     if (rc == 0) rc = recv_files(fd, &t, who, bytes, m);
     if (rc == 0) rc = ckptio__peer_finish_part(&t, flags, dst, m);

@@ -40,6 +40,10 @@
 #define PEER_MAX_NAME 4096u
 #define PEER_CHUNK (1u << 20)
 #define PEER_SERVE_TIMEOUT 120.0 /* seconds a server waits on a silent connection */
+#define PEER_AUTH_SECONDS 10.0   /* a connection's authentication and request, at most */
+#define PEER_MAX_CONNS 256       /* connections a server serves at once; more are closed */
+#define PEER_MAX_REPLY 65536u    /* bytes of a reply's message */
+#define PEER_MAX_CODE 100000     /* a reply's status: 0, or minus an errno or a ckptio code */
 
 typedef struct files {
     char **rel; /* paths relative to the part */
@@ -76,6 +80,8 @@ CKPTIO__HIDDEN uint64_t ckptio__peer_get64(const uint8_t *p);
 CKPTIO__HIDDEN int ckptio__peer_set_timeout(int fd, double seconds);
 CKPTIO__HIDDEN int ckptio__peer_send_all(int fd, const void *buf, size_t len);
 CKPTIO__HIDDEN int ckptio__peer_recv_all(int fd, void *buf, size_t len);
+/* recv_all, all of it by ckptio__now() time `end` (a client that drips bytes is cut off). */
+CKPTIO__HIDDEN int ckptio__peer_recv_by(int fd, void *buf, size_t len, double end);
 CKPTIO__HIDDEN int ckptio__peer_send_reply(int fd, int status, const char *msg);
 CKPTIO__HIDDEN int ckptio__peer_recv_reply(int fd, const char *who, ckptio__msg *m);
 CKPTIO__HIDDEN void ckptio__peer_files_free(files *f);
@@ -99,10 +105,11 @@ CKPTIO__HIDDEN int ckptio__peer_key_check(const unsigned char *key, size_t len, 
  * < 0 with m saying why (-EACCES: the server does not hold the key; nothing was sent to it). */
 CKPTIO__HIDDEN int ckptio__peer_client_auth(int fd, const unsigned char *key, size_t klen, const char *who,
                                             uint8_t session[PEER_MAC], ckptio__msg *m);
-/* The server's side: 0 with the session's key; -EACCES for a client that began and failed
+/* The server's side, all of it by time `end`: 0 with the session's key; -EACCES for a client
+ * that began and failed (or took past `end`)
  * (*why says how, for the server's log only: the client is told nothing of it); another < 0
  * for a connection that ended before it began. */
-CKPTIO__HIDDEN int ckptio__peer_server_auth(int fd, const unsigned char *key, size_t klen,
+CKPTIO__HIDDEN int ckptio__peer_server_auth(int fd, const unsigned char *key, size_t klen, double end,
                                             uint8_t session[PEER_MAC], const char **why);
 CKPTIO__HIDDEN int ckptio__peer_mac(const uint8_t session[PEER_MAC], const void *p, size_t len, uint8_t out[PEER_MAC]);
 CKPTIO__HIDDEN bool ckptio__peer_mac_equal(const uint8_t a[PEER_MAC], const uint8_t b[PEER_MAC]);

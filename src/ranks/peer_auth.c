@@ -106,25 +106,26 @@ int ckptio__peer_client_auth(int fd, const unsigned char *key, size_t klen, cons
     return 0;
 }
 
-int ckptio__peer_server_auth(int fd, const unsigned char *key, size_t klen,
+int ckptio__peer_server_auth(int fd, const unsigned char *key, size_t klen, double end,
                              uint8_t session[PEER_MAC], const char **why)
 {
     uint8_t hello[8 + PEER_NONCE], back[8 + PEER_NONCE + PEER_MAC];
     uint8_t client[PEER_MAC], proof[PEER_MAC];
     *why = "the connection closed or stayed silent";
-    if (ckptio__peer_recv_all(fd, hello, 8) < 0) return -EPIPE;
+    if (ckptio__peer_recv_by(fd, hello, 8, end) < 0) return -EPIPE;
     if (ckptio__peer_get32(hello) != PEER_HELLO || ckptio__peer_get32(hello + 4) != PEER_VERSION) {
         *why = "it does not begin with the authentication of ckptio's peer protocol 2";
         return -EACCES;
     }
-    if (ckptio__peer_recv_all(fd, hello + 8, PEER_NONCE) < 0) return -EPIPE;
+    *why = "it began the authentication but did not finish it in time";
+    if (ckptio__peer_recv_by(fd, hello + 8, PEER_NONCE, end) < 0) return -EACCES;
     ckptio__peer_put32(back, PEER_HELLO);
     ckptio__peer_put32(back + 4, PEER_VERSION);
     *why = "no nonce or no HMAC";
     if (nonce(back + 8) < 0 || derive(key, klen, hello + 8, back + 8, back + 8 + PEER_NONCE, client, session) < 0)
         return -EIO;
     if (ckptio__peer_send_all(fd, back, sizeof back) < 0) return -EPIPE;
-    if (ckptio__peer_recv_all(fd, proof, sizeof proof) < 0) {
+    if (ckptio__peer_recv_by(fd, proof, sizeof proof, end) < 0) {
         /* what a client does when this server's proof fails for it: it holds another key */
         *why = "it began the authentication but gave no proof of the job's key (a client with "
                "another key hangs up here)";

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -82,6 +83,27 @@ int ckptio__peer_recv_all(int fd, void *buf, size_t len)
     return 0;
 }
 
+int ckptio__peer_recv_by(int fd, void *buf, size_t len, double end)
+{
+    uint8_t *p = buf;
+    while (len) {
+        double left = end - ckptio__now();
+        if (left <= 0) return -ETIMEDOUT;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int k = poll(&pf, 1, (int)(left * 1e3) + 1);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -errno;
+        if (k == 0) continue; /* the deadline decides */
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (n < 0) return -errno;
+        if (n == 0) return -EPIPE;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 int ckptio__peer_send_reply(int fd, int status, const char *msg)
 {
     size_t len = msg ? strlen(msg) : 0;
@@ -92,25 +114,32 @@ int ckptio__peer_send_reply(int fd, int status, const char *msg)
     return rc < 0 || !len ? rc : ckptio__peer_send_all(fd, msg, len);
 }
 
-/* The other side's reply: its status, its message into m when it failed. */
+/* The other side's reply: its status, its message into m when it failed. What the other side
+ * sends is checked, not trusted: a status is 0 or an error code of ckptio's or an errno (else
+ * -EPROTO), a message at most PEER_MAX_REPLY bytes, its control characters shown as '?'. */
 int ckptio__peer_recv_reply(int fd, const char *who, ckptio__msg *m)
 {
     uint8_t h[8];
     int rc = ckptio__peer_recv_all(fd, h, sizeof h);
     if (rc < 0) return ckptio__fail(m, rc, "%s sent no reply (%s)", who, strerror(-rc));
-    int status = (int)ckptio__peer_get32(h);
+    int32_t status = (int32_t)ckptio__peer_get32(h);
     uint32_t len = ckptio__peer_get32(h + 4);
+    if (len > PEER_MAX_REPLY || status > 0 || status < -PEER_MAX_CODE)
+        return ckptio__fail(m, -EPROTO, "%s sent no reply of ckptio's peer protocol (status %d, "
+                            "%u bytes)", who, (int)status, len);
     char text[CKPTIO__MSG_LEN];
     size_t keep = CKPTIO__MIN((size_t)len, sizeof text - 1);
     if ((rc = ckptio__peer_recv_all(fd, text, keep)) < 0) return ckptio__fail(m, rc, "%s: reply cut short", who);
     text[keep] = '\0';
+    for (size_t i = 0; i < keep; i++)
+        if ((unsigned char)text[i] < 0x20 || text[i] == 0x7f) text[i] = '?';
     for (uint32_t left = len - (uint32_t)keep; left;) { /* drain what did not fit */
         char sink[256];
         uint32_t n = CKPTIO__MIN(left, (uint32_t)sizeof sink);
         if (ckptio__peer_recv_all(fd, sink, n) < 0) break;
         left -= n;
     }
-    if (status >= 0) return 0;
+    if (status == 0) return 0;
     return ckptio__fail(m, status, "%s: %s", who, text);
 }
 
@@ -209,9 +238,9 @@ int ckptio__peer_create_in(int dirfd, const char *rel, bool private_, ckptio__ms
     return fd;
 }
 
-/* Every block of the part at `path` against its checksum: 0, or CKPTIO_E_CHECKSUM naming how
- * many failed. */
-static int verify_part(const char *path, const char *what, ckptio__msg *m)
+/* The part at `path` opens as a checkpoint (its manifest read and checked) and, with `blocks`,
+ * every block matches its checksum: 0, or CKPTIO_E_CHECKSUM naming how many failed. */
+static int verify_part(const char *path, bool blocks, const char *what, ckptio__msg *m)
 {
     ckptio_reader *r = NULL;
     int rc = ckptio_reader_open(&r, path, NULL);
@@ -221,7 +250,7 @@ static int verify_part(const char *path, const char *what, ckptio__msg *m)
         return ckptio__fail(m, rc, "%s is not a readable checkpoint: %s", what, last.text);
     }
     uint64_t bad = 0;
-    rc = ckptio_reader_verify(r, &bad);
+    rc = blocks ? ckptio_reader_verify(r, &bad) : 0;
     if (rc < 0 && bad)
         rc = ckptio__fail(m, CKPTIO_E_CHECKSUM, "%s: %llu block(s) fail their checksums", what,
                           (unsigned long long)bad);
@@ -265,10 +294,11 @@ int ckptio__peer_begin_part(ckptio__txn *t, const char *dst, bool private_, ckpt
     return 0;
 }
 
-/* Verify (when asked) what the transaction's directory holds, then publish it. */
+/* Verify what the transaction's directory holds (every block when asked, else that it is a
+ * checkpoint whose manifest reads), then publish it. */
 int ckptio__peer_finish_part(ckptio__txn *t, unsigned flags, const char *what, ckptio__msg *m)
 {
-    if (flags & CKPTIO_PEER_VERIFY) CKPTIO__TRY(verify_part(t->tmp_path, what, m));
+    CKPTIO__TRY(verify_part(t->tmp_path, flags & CKPTIO_PEER_VERIFY, what, m));
     return ckptio__txn_publish(t, NULL, 0, m);
 }
 
