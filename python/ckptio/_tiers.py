@@ -150,7 +150,7 @@ def _record_path(root: str, step: int) -> str:
 
 def _write_record(path: str, rec: dict[str, Any]) -> None:
     """Commit ``rec`` at ``path`` as a checkpoint of no tensors (whole or absent), replacing
-    an older one. A local tier's record is owner-only, as its parts."""
+    an older one (in a local tier, inside its owner-only step folder)."""
     with _core.Writer(path, _params({}, overwrite=True)) as w:
         w.set_meta(_RECORD_KEY, json.dumps(rec, sort_keys=True).encode())
         w.commit()
@@ -165,7 +165,8 @@ def _read_record(path: str) -> dict[str, Any] | None:
     except (OSError, CheckpointError, ValueError):
         return None
     ok = (isinstance(rec, dict) and isinstance(rec.get("step"), int)
-          and isinstance(rec.get("digests"), list) and isinstance(rec.get("world"), int))  # fmt: skip
+          and isinstance(rec.get("digests"), list) and isinstance(rec.get("world"), int)
+          and isinstance(rec.get("time"), (int, float)))  # fmt: skip
     return rec if ok else None
 
 
@@ -205,9 +206,15 @@ def _job_id(directory: str) -> str:
     if rec:
         return rec
     job = secrets.token_hex(16)
-    with _core.Writer(path, _params({})) as w:  # never replaces one made meanwhile
-        w.set_meta("ckptio_tier.job", job.encode())
-        w.commit()
+    try:
+        with _core.Writer(path, _params({})) as w:  # never replaces one made meanwhile
+            w.set_meta("ckptio_tier.job", job.encode())
+            w.commit()
+    except CheckpointError as e:
+        if e.name != "CKPTIO_E_EXISTS":
+            raise
+        with _core.Reader(path, None) as r:  # another Manager of this job made it first
+            return (r.get_meta("ckptio_tier.job") or b"").decode() or job
     return job
 
 
@@ -352,7 +359,8 @@ def _decide_saved(all_: list[dict[str, Any]]) -> dict[str, Any]:
     tier."""
     steps = {a["step"] for a in all_}
     if len(steps) != 1 or None in steps:
-        return {"complete": None, "persisted": None}
+        return {"complete": None, "persisted": None, "time": time.time(), "digests": None,
+                "pdigests": None}  # fmt: skip
     s = all_[0]["step"]
     whole = all(a["local"] and a["replicated"] and a["digest"] for a in all_)
     pers = all(a["persisted"] and a["pdigest"] for a in all_)
@@ -576,12 +584,13 @@ class Tiers:
         finally:
             if self.bg is not None or self.size == 1:  # every rank's job, a failed one too
                 try:
-                    job.agreed = self._decide(self._mine(job), _decide_saved, self.bg)
+                    got = self._decide(self._mine(job), _decide_saved, self.bg)
                     job.settled = True
-                    self._record(job, job.agreed)
                 except Exception as e:
                     job.report["errors"].append(f"the ranks could not agree whether step "
                                                 f"{job.step} is complete: {e}")  # fmt: skip
+                else:
+                    job.agreed = self._record(job, got)
 
     def _settle(self) -> None:
         """finish(); and where the background job could not agree (no background
@@ -595,22 +604,32 @@ class Tiers:
                 got = self._decide(self._mine(job), _decide_saved)
                 if job is not None:
                     job.settled = True
-                    try:
-                        self._record(job, got)
-                    except (OSError, CheckpointError) as e:
+                    n = len(job.report["errors"])
+                    got = self._record(job, got)
+                    for e in job.report["errors"][n:]:  # finish() printed the others
                         print(f"ckptio.Manager: rank {self.rank}: {e}", file=sys.stderr)
                 self._apply(got)
 
-    def _record(self, job: _Job, got: dict[str, Any]) -> None:
+    def _record(self, job: _Job, got: dict[str, Any]) -> dict[str, Any]:
         """Write the step records the verdict ``got`` on ``job``'s step calls for: in this
         rank's local root (its recorder), once the step is complete for the whole job; in the
-        persistent tier (rank 0), once complete there."""
+        persistent tier (rank 0), once complete there. Returns the verdict this rank may act
+        on: a record that could not be written leaves its step uncounted here (so this rank's
+        retention keeps the older steps it tends), and says so in the save's errors."""
+        got = dict(got)
         base = {"job": self.job_id, "step": job.step, "world": self.size, "time": got["time"]}
-        if got["complete"] == job.step and self.recorder:
-            _write_record(_record_path(self.local, job.step), dict(base, digests=got["digests"]))
-        if got["persisted"] == job.step and self.rank == 0:
-            _write_record(_record_path(self.directory, job.step),
-                          dict(base, digests=got["pdigests"]))
+        for tier, root, digests, mine in (
+                ("complete", self.local, "digests", self.recorder),
+                ("persisted", self.directory, "pdigests", self.rank == 0)):  # fmt: skip
+            if got[tier] != job.step or not mine:
+                continue
+            try:
+                _write_record(_record_path(root, job.step), dict(base, digests=got[digests]))
+            except (OSError, CheckpointError) as e:
+                got[tier] = None
+                job.report["errors"].append(f"writing the step record of step {job.step} in "
+                                            f"'{root}' failed: {e}")  # fmt: skip
+        return got
 
     def _work(self, job: _Job) -> None:
         r = job.report

@@ -828,6 +828,29 @@ def test_one_process_local_tier_is_private_whatever_the_umask(tmp_path: pathlib.
     m.close()
 
 
+def test_one_process_step_record_that_cannot_be_written(tmp_path: pathlib.Path) -> None:
+    """Step 2's record cannot be written in the persistent tier (something that is no
+    checkpoint is in its place): the save says so, step 2 does not count as persisted, and
+    with the local tier lost the restore takes step 1, the newest step the persistent tier
+    holds a record of."""
+    local, persist = tmp_path / "local", tmp_path / "persist"
+    m = ckptio.Manager(persist, local=str(local), persist_every=1, local_keep=2, node="solo")
+    m.save(1, part(0, 1))
+    m.wait_until_finished()
+    (persist / "2" / "record").mkdir(parents=True)
+    (persist / "2" / "record" / "not-ours").write_text("x")
+    m.save(2, part(0, 2))
+    m.wait_until_finished()
+    errors = m.last_save["errors"]
+    assert any("step record of step 2" in e for e in errors), errors
+    m.close()
+    shutil.rmtree(local)
+    m = ckptio.Manager(persist, local=str(local), persist_every=1, node="solo")
+    assert same(m.restore(), 0, 1) and m.last_restore["source"] == "persistent", m.last_restore
+    assert 2 in m.last_restore["unrecorded"], m.last_restore
+    m.close()
+
+
 def test_one_process_restart_prunes_at_its_first_save(tmp_path: pathlib.Path) -> None:
     """A job that restarts between saves (a Manager made for each save) keeps its tiers at
     local_keep and keep: the newest complete step on disk is known when the Manager is made,
