@@ -879,8 +879,9 @@ class Tiers:
                       f"unusable, trying the next source: {rec['error']}", file=sys.stderr)  # fmt: skip
                 foreign = isinstance(e, CheckpointError) and e.code == -errno.EBADMSG
                 if kind != "persistent" and os.path.isdir(path) and not (kind == "local" and foreign):
-                    # a damaged copy is neither served nor listed again (a part that is only
-                    # not this job's stays where it was: it may be another job's)
+                    # a damaged copy is neither served nor listed again (a local part that is
+                    # only not this job's is not removed here: it may be another job's; a fetch
+                    # of this job's part from a peer replaces it)
                     _retire(path)
         return _MISSING, None, None, 0, fetch_s, load_s
 
