@@ -69,7 +69,7 @@ test-sanitize: deps
 # leaves its reproducer in $(BUILD)-fuzz/ and fails the target. A 64 KiB input must never need
 # more than 256 MiB (-malloc_limit_mb).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := manifest merge safetensors codec peer
+FUZZ_TARGETS := manifest merge safetensors codec peer conf
 .PHONY: fuzz
 fuzz: deps
 	@[ -f $(BUILD)-fuzz/build.ninja ] || CC=clang $(MESON) setup $(BUILD)-fuzz -Dfuzzers=true \

@@ -143,6 +143,7 @@ enum ckptio_switch { CKPTIO_AUTO = -1, CKPTIO_OFF = 0, CKPTIO_ON = 1 };
  * ones the caller knows, so programs built against an older header keep working.
  * The environment variable CKPTIO_IO=io_uring|psync|buffered overrides `backend` (for tests and
  * for users who need to force a path). */
+struct ckptio_store_opts; /* the settings of an object store: below, in the experimental part */
 typedef struct ckptio_params {
     uint32_t size;          /* sizeof(ckptio_params), set by ckptio_params_init */
     uint32_t io_threads;    /* psync pool threads; 0 = default (16) */
@@ -182,6 +183,10 @@ typedef struct ckptio_params {
      * manifest's checksum; loading it needs the base there, unchanged (else an error naming
      * it, never other bytes). Since 0.3. */
     const char *base;
+    /* Since 0.4: NULL, or the settings of the store a URL path names (ckptio_store_opts:
+     * endpoint, region, credentials, CAs), for this handle rather than the process; read while
+     * the handle opens. NULL: the environment's (AWS_* variables and files), read then. */
+    const struct ckptio_store_opts *store;
 } ckptio_params;
 
 /* How a writer stores host tensors (ckptio_params.compress). NONE: every chunk as it is
@@ -1402,6 +1407,10 @@ typedef struct ckptio_convert_args {
      * stores its tensors, an enum ckptio_compress (ckptio_params.compress; CKPTIO_COMPRESS
      * overrides it). Another destination format refuses anything but NONE (CKPTIO_E_USAGE). */
     int compress;
+    /* Since 0.4 (a caller whose .size stops before them gets NULL, the environment's): the
+     * settings of the stores src and dst are in (ckptio_store_opts), e.g. two S3-compatible
+     * stores with their own endpoints and credentials. */
+    const struct ckptio_store_opts *src_store, *dst_store;
 } ckptio_convert_args;
 
 /* What a conversion did. */
@@ -1581,6 +1590,36 @@ CKPTIO_API int ckptio_is_checkpoint(const char *path);
  * store serves, with ckptio_last_error() naming the schemes there are. The one answer to
  * "is this a URL": bindings ask here. Since 0.3. */
 CKPTIO_API const char *ckptio_store_name(const char *path);
+
+/* Settings of an object store for the calls that are given them (ckptio_params.store, the
+ * `_with` calls below), as boto3 and fsspec take them per client: a job may read from one
+ * store and write to another, or change endpoint between calls. Named values (doc/s3.md):
+ *   endpoint_url      "http[s]://host[:port]" of an S3-compatible store (path-style)
+ *   region            the bucket's region
+ *   profile           the profile of ~/.aws/config and ~/.aws/credentials to take credentials
+ *                     and region from (the AWS_ACCESS_KEY_ID... variables are then not read)
+ *   access_key_id, secret_access_key, session_token
+ *                     static credentials (no other source is asked)
+ *   ca_bundle         a PEM file of the certificate authorities to trust for https
+ *   addressing_style  auto (default: path-style for a custom endpoint, virtual hosts on AWS),
+ *                     path or virtual
+ *   sts_endpoint_url  where role credentials (web identity, role_arn) are asked for
+ * A setting not given is taken from the environment when the store is first used with these
+ * settings, as the AWS SDKs would (AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_PROFILE, AWS_CA_BUNDLE,
+ * the credential chain); clients (connections, credentials) are kept per distinct setting and
+ * environment. An unknown name, or a value a setting cannot take, is CKPTIO_E_USAGE; a NULL
+ * value removes the setting. Options may be freed once the call they were given to returns.
+ * Since 0.4. */
+typedef struct ckptio_store_opts ckptio_store_opts;
+CKPTIO_API int ckptio_store_opts_new(ckptio_store_opts **out);
+CKPTIO_API int ckptio_store_opts_set(ckptio_store_opts *o, const char *key, const char *value);
+CKPTIO_API void ckptio_store_opts_free(ckptio_store_opts *o); /* accepts NULL; wipes secrets */
+/* The catalog calls above, with the store's settings (o NULL: as without). Since 0.4. */
+CKPTIO_API int ckptio_list_checkpoints_with(const char *prefix, const ckptio_store_opts *o,
+                                            ckptio_list_cb cb, void *ctx);
+CKPTIO_API int ckptio_remove_checkpoint_with(const char *path, const ckptio_store_opts *o);
+CKPTIO_API int ckptio_sweep_with(const char *prefix, const ckptio_store_opts *o);
+CKPTIO_API int ckptio_is_checkpoint_with(const char *path, const ckptio_store_opts *o);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 

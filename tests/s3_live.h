@@ -37,7 +37,7 @@ static inline int live(ckptio__s3 **c, char *prefix, size_t cap)
 {
     if (live_env()) return T_SKIP;
     snprintf(prefix, cap, "ckptio-test/%d-%lld", (int)getpid(), (long long)time(NULL));
-    return ckptio__s3_client(c, NULL);
+    return ckptio__s3_client(c, NULL, NULL);
 }
 
 /* A live test's start: the client c, a fresh prefix p, the bucket b; or skip. */

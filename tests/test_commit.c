@@ -69,7 +69,7 @@ static int test_dir_publish(void)
 {
     ckptio__txn t;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&t, "ck//", DIRF, SYNC, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "ck//", DIRF, SYNC, 0, NULL, &msg));
     CHECK(!strcmp(t.path, "ck") && !strcmp(t.parent, "."));
     CHECK(t.found == CKPTIO__AT_NOTHING && t.owner && !t.published);
     char want[64];
@@ -89,14 +89,14 @@ static int test_dir_publish(void)
     CHECK(holds("ck/manifest", "new"));
     /* through a link whose target ends in '/': the target's parent is the link's */
     CHECK(symlink("step-1/", "latest") == 0);
-    CHECK_OK(ckptio__txn_begin(&t, "latest", DIRF, 0, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "latest", DIRF, 0, 0, NULL, &msg));
     CHECK(!strcmp(t.path, "step-1") && !strcmp(t.parent, "."));
     CHECK(put(t.tmp_fd, "manifest", "1") == 0);
     CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     ckptio__txn_fini(&t);
     CHECK(lstat("latest", &st) == 0 && S_ISLNK(st.st_mode) && holds("latest/manifest", "1"));
     /* a name that is no checkpoint directory */
-    CHECK_ERR(ckptio__txn_begin(&t, "ck/..", DIRF, 0, 0, &msg), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio__txn_begin(&t, "ck/..", DIRF, 0, 0, NULL, &msg), CKPTIO_E_USAGE);
     CHECK(t_contains(msg.text, "does not name a checkpoint directory"));
     ckptio__txn_fini(&t);
     return 0;
@@ -109,7 +109,7 @@ static int test_file_publish(void)
 {
     ckptio__txn t;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&t, "f.bin", FILEF, SYNC, CKPTIO_OFF, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "f.bin", FILEF, SYNC, CKPTIO_OFF, NULL, &msg));
     CHECK(t.fd >= 0 && t.tmp_fd < 0 && t.found == CKPTIO__AT_NOTHING && !t.direct);
     CHECK(write(t.fd, "hello", 5) == 5);
     CHECK(access("f.bin", F_OK) < 0);
@@ -119,11 +119,11 @@ static int test_file_publish(void)
     CHECK(holds("f.bin", "hello"));
     CHECK(count_names(".", ".tmp-") == 0);
 
-    CHECK_ERR(ckptio__txn_begin(&t, "f.bin", FILEF, 0, CKPTIO_OFF, &msg), CKPTIO_E_EXISTS);
+    CHECK_ERR(ckptio__txn_begin(&t, "f.bin", FILEF, 0, CKPTIO_OFF, NULL, &msg), CKPTIO_E_EXISTS);
     CHECK(t_contains(msg.text, "pass overwrite"));
     ckptio__txn_fini(&t);
     CHECK(mkdir("d", 0755) == 0);
-    CHECK_ERR(ckptio__txn_begin(&t, "d", FILEF, OVER, CKPTIO_OFF, &msg), CKPTIO_E_EXISTS);
+    CHECK_ERR(ckptio__txn_begin(&t, "d", FILEF, OVER, CKPTIO_OFF, NULL, &msg), CKPTIO_E_EXISTS);
     CHECK(t_contains(msg.text, "is a directory"));
     ckptio__txn_fini(&t);
     CHECK(count_names(".", ".tmp-") == 0);
@@ -137,12 +137,12 @@ static int test_overwrite_exchange(void)
     CHECK(make_ck("ck", "old") == 0);
     ckptio__txn t;
     ckptio__msg msg = {0};
-    CHECK_ERR(ckptio__txn_begin(&t, "ck", DIRF, SYNC, 0, &msg), CKPTIO_E_EXISTS);
+    CHECK_ERR(ckptio__txn_begin(&t, "ck", DIRF, SYNC, 0, NULL, &msg), CKPTIO_E_EXISTS);
     CHECK(t_contains(msg.text, "pass overwrite"));
     ckptio__txn_fini(&t);
     CHECK(count_names(".", ".tmp-") == 0);
 
-    CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, OVER | SYNC, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, OVER | SYNC, 0, NULL, &msg));
     CHECK(t.found == CKPTIO__AT_CHECKPOINT && S_ISDIR(t.found_mode));
     CHECK(put(t.tmp_fd, "manifest", "new") == 0);
     CHECK(holds("ck/manifest", "old")); /* nothing changes before publish */
@@ -154,14 +154,14 @@ static int test_overwrite_exchange(void)
 
     /* an empty directory is replaced; one with something else in it is refused */
     CHECK(mkdir("empty", 0755) == 0);
-    CHECK_OK(ckptio__txn_begin(&t, "empty", DIRF, OVER, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "empty", DIRF, OVER, 0, NULL, &msg));
     CHECK(t.found == CKPTIO__AT_EMPTY_DIR);
     CHECK(put(t.tmp_fd, "manifest", "e") == 0);
     CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
     ckptio__txn_fini(&t);
     CHECK(holds("empty/manifest", "e"));
     CHECK(mkdir("mine", 0755) == 0 && t_write_file("mine/notes", "x", 1) == 0);
-    CHECK_ERR(ckptio__txn_begin(&t, "mine", DIRF, OVER, 0, &msg), CKPTIO_E_EXISTS);
+    CHECK_ERR(ckptio__txn_begin(&t, "mine", DIRF, OVER, 0, NULL, &msg), CKPTIO_E_EXISTS);
     CHECK(t_contains(msg.text, "not a ckptio checkpoint"));
     ckptio__txn_fini(&t);
     CHECK(holds("mine/notes", "x"));
@@ -175,7 +175,7 @@ static int test_abort_keeps_target(void)
     CHECK(make_ck("ck", "old") == 0);
     ckptio__txn t;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, OVER | SYNC, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, OVER | SYNC, 0, NULL, &msg));
     CHECK(put(t.tmp_fd, "manifest", "new") == 0);
     CHECK(mkdirat(t.tmp_fd, "data", 0755) == 0);
     ckptio__txn_abort(&t);
@@ -186,7 +186,7 @@ static int test_abort_keeps_target(void)
     CHECK(holds("ck/manifest", "old"));
 
     CHECK(t_write_file("f.pt", "old", 3) == 0);
-    CHECK_OK(ckptio__txn_begin(&t, "f.pt", FILEF, OVER | SYNC, CKPTIO_OFF, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "f.pt", FILEF, OVER | SYNC, CKPTIO_OFF, NULL, &msg));
     CHECK(t.found == CKPTIO__AT_FILE && S_ISREG(t.found_mode));
     CHECK(write(t.fd, "new", 3) == 3);
     ckptio__txn_fini(&t); /* never published: fini aborts */
@@ -208,7 +208,7 @@ static int test_file_mode_and_link(void)
     CHECK(symlink("secret.pt", "link.pt") == 0);
     ckptio__txn t;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&t, "link.pt", FILEF, OVER, CKPTIO_OFF, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "link.pt", FILEF, OVER, CKPTIO_OFF, NULL, &msg));
     CHECK(!strcmp(t.path, "secret.pt"));
     CHECK(write(t.fd, "new!", 4) == 4);
     CHECK_OK(ckptio__txn_publish(&t, NULL, 0, &msg));
@@ -227,8 +227,8 @@ static int test_join(void)
 {
     ckptio__txn owner, member;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&owner, "ck", DIRF, SYNC, 0, &msg));
-    CHECK_OK(ckptio__txn_join(&member, "ck", owner.tmp_path, SYNC, &msg));
+    CHECK_OK(ckptio__txn_begin(&owner, "ck", DIRF, SYNC, 0, NULL, &msg));
+    CHECK_OK(ckptio__txn_join(&member, "ck", owner.tmp_path, SYNC, NULL, &msg));
     CHECK(!member.owner && member.tmp_fd >= 0);
     CHECK(put(member.tmp_fd, "rank1", "r1") == 0);
     CHECK_ERR(ckptio__txn_publish(&member, NULL, 0, &msg), CKPTIO_E_STATE);
@@ -238,7 +238,7 @@ static int test_join(void)
     CHECK_OK(ckptio__txn_publish(&owner, NULL, 0, &msg));
     ckptio__txn_fini(&owner);
     CHECK(holds("ck/rank1", "r1") && holds("ck/manifest", "m"));
-    CHECK_ERR(ckptio__txn_join(&member, "ck", "ck.tmp-1.1", 0, &msg), -ENOENT);
+    CHECK_ERR(ckptio__txn_join(&member, "ck", "ck.tmp-1.1", 0, NULL, &msg), -ENOENT);
     CHECK(t_contains(msg.text, "ck.tmp-1.1"));
     ckptio__txn_fini(&member);
     return 0;
@@ -259,7 +259,7 @@ static int test_stale_cleanup(void)
     CHECK(mkdir("other.tmp-999999.1", 0755) == 0);
     ckptio__txn t;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, 0, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "ck", DIRF, 0, 0, NULL, &msg));
     CHECK(access(dead, F_OK) < 0 && access(live, F_OK) == 0);
     CHECK(access("other.tmp-999999.1", F_OK) == 0);
     ckptio__txn_fini(&t);
@@ -283,12 +283,12 @@ static int test_stale_file_cleanup(void)
     CHECK(mkdir(dir, 0755) == 0);
     ckptio__txn t, u;
     ckptio__msg msg = {0};
-    CHECK_OK(ckptio__txn_begin(&t, "m.pt", CKPTIO__TXN_FILE, 0, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "m.pt", CKPTIO__TXN_FILE, 0, 0, NULL, &msg));
     CHECK(access(dead, F_OK) < 0 && access(live, F_OK) == 0 && access(dir, F_OK) == 0);
     /* a second writer of the same name (here: the same process) keeps t's temporary */
     char mine[256];
     snprintf(mine, sizeof mine, "%s", t.tmp_path);
-    CHECK_OK(ckptio__txn_begin(&u, "m.pt", CKPTIO__TXN_FILE, 0, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&u, "m.pt", CKPTIO__TXN_FILE, 0, 0, NULL, &msg));
     CHECK(access(mine, F_OK) == 0);
     ckptio__txn_fini(&u);
     ckptio__txn_fini(&t);
@@ -331,7 +331,7 @@ static int test_not_durable(void)
     ckptio__msg msg = {0};
     for (int replace = 0; replace < 2; replace++) {
         const char *path = replace ? "out/ck" : "out/new";
-        CHECK_OK(ckptio__txn_begin(&t, path, DIRF, SYNC | (replace ? OVER : 0), 0, &msg));
+        CHECK_OK(ckptio__txn_begin(&t, path, DIRF, SYNC | (replace ? OVER : 0), 0, NULL, &msg));
         CHECK(put(t.tmp_fd, "manifest", "new") == 0);
         unsigned fired = fail_fired;
         CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), CKPTIO_E_NOT_DURABLE);
@@ -345,7 +345,7 @@ static int test_not_durable(void)
         CHECK(count_names("out", ".tmp-") == 0 && count_names("out", ".old-") == 0);
     }
 
-    CHECK_OK(ckptio__txn_begin(&t, "out/f.bin", FILEF, SYNC, CKPTIO_OFF, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "out/f.bin", FILEF, SYNC, CKPTIO_OFF, NULL, &msg));
     CHECK(write(t.fd, "abc", 3) == 3);
     CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), CKPTIO_E_NOT_DURABLE);
     CHECK(t.published && t_contains(msg.text, "file is complete"));
@@ -353,7 +353,7 @@ static int test_not_durable(void)
     CHECK(holds("out/f.bin", "abc"));
 
     /* the temporary directory's own fsync fails: not published, abort cleans up */
-    CHECK_OK(ckptio__txn_begin(&t, "out/late", DIRF, SYNC, 0, &msg));
+    CHECK_OK(ckptio__txn_begin(&t, "out/late", DIRF, SYNC, 0, NULL, &msg));
     CHECK(fstat(t.tmp_fd, &st) == 0);
     fail_ino = st.st_ino;
     CHECK_ERR(ckptio__txn_publish(&t, NULL, 0, &msg), -EIO);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../src/io/vfd.h"
+#include "../src/store/aws_creds.h"
 #include "../src/store/s3_impl.h"
 #include "s3_live.h"
 #include "test.h"
@@ -33,7 +34,7 @@ static int test_sigv4(void)
                           {"x-amz-content-sha256", empty}};
     ckptio__s3_sig_in in = {"GET", "/test.txt", NULL, 0, h, 4, empty, "20130524T000000Z",
                             "us-east-1", "AKIAIOSFODNN7EXAMPLE",
-                            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"};
+                            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", NULL};
     CHECK_OK(ckptio__s3_sign(&in, auth));
     printf("%s\n", auth);
     CHECK(!strcmp(auth, "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/"
@@ -46,7 +47,7 @@ static int test_sigv4(void)
     ckptio__s3_kv lifecycle[1] = {{"lifecycle", ""}};
     in = (ckptio__s3_sig_in){"GET", "/", lifecycle, 1, h3, 3, empty, "20130524T000000Z",
                              "us-east-1", "AKIAIOSFODNN7EXAMPLE",
-                             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"};
+                             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", NULL};
     CHECK_OK(ckptio__s3_sign(&in, auth));
     CHECK(t_contains(auth, "Signature=fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543"));
 
@@ -356,7 +357,7 @@ static int fake_start(fake *f, const fake_reply *script, unsigned n, const char 
     setenv("AWS_SECRET_ACCESS_KEY", "sk", 1);
     setenv("CKPTIO_S3_STALL", "1", 1);
     setenv("CKPTIO_S3_TIMEOUT", timeout_s, 1);
-    CHECK_OK(ckptio__s3_client(c, NULL));
+    CHECK_OK(ckptio__s3_client(c, NULL, NULL));
     return 0;
 }
 
@@ -443,7 +444,7 @@ static int test_fork(void)
     pid_t pid = fork();
     if (pid == 0) {
         ckptio__s3 *cc;
-        int ok = ckptio__s3_client(&cc, NULL) == 0 && cc == c;
+        int ok = ckptio__s3_client(&cc, NULL, NULL) == 0 && cc == c;
         for (int i = 0; ok && i < 3; i++)
             ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
         _exit(ok ? 0 : 1);
@@ -560,22 +561,61 @@ static int test_upload_gone(void)
     return 0;
 }
 
+/* Clients are made per setting and environment, read when asked for; credentials are looked
+ * for at the first request, and their absence names every source tried, in order. */
 static int test_client_env(void)
 {
-    ckptio__s3 *c;
-    unsetenv("AWS_ACCESS_KEY_ID");
+    ckptio__s3 *c, *again, *other;
+    const char *clear[] = {"AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                           "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+                           "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                           "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_ENDPOINT_URL_S3"};
+    for (size_t i = 0; i < sizeof clear / sizeof *clear; i++) unsetenv(clear[i]);
     setenv("AWS_SECRET_ACCESS_KEY", "x", 1);
-    CHECK_ERR(ckptio__s3_client(&c, NULL), CKPTIO_E_USAGE);
-    CHECK(t_contains(ckptio_last_error(), "AWS_ACCESS_KEY_ID"));
-    setenv("AWS_ACCESS_KEY_ID", "a", 1);
-    setenv("AWS_ENDPOINT_URL", "ftp://host", 1);
-    CHECK_ERR(ckptio__s3_client(&c, NULL), CKPTIO_E_USAGE);
+    setenv("AWS_CONFIG_FILE", "/nonexistent/ckptio/config", 1);
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/ckptio/credentials", 1);
+    setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
     setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9/", 1);
-    CHECK_OK(ckptio__s3_client(&c, NULL));
-    CHECK(!strcmp(ckptio__s3_endpoint(c), "http://127.0.0.1:9"));
-    ckptio__s3 *again;
-    CHECK_OK(ckptio__s3_client(&again, NULL));
+    CHECK_OK(ckptio__s3_client(&c, NULL, NULL));
+    ckptio__s3_resp r;
+    CHECK_ERR(ckptio__s3_head(c, "b", "k", &r, NULL), CKPTIO_E_USAGE);
+    const char *e = ckptio_last_error();
+    printf("%s\n", e);
+    CHECK(t_contains(e, "s3://b/k") && t_contains(e, "no AWS credentials"));
+    const char *order[] = {"environment (AWS_ACCESS_KEY_ID", "web identity", "profile 'default'",
+                           "container (AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                           "instance metadata (AWS_EC2_METADATA_DISABLED=true)"};
+    const char *at = e;
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        const char *f = strstr(at, order[i]);
+        CHECK(f != NULL);
+        at = f;
+    }
+    setenv("AWS_ACCESS_KEY_ID", "a", 1); /* another environment: another client */
+    CHECK_OK(ckptio__s3_client(&again, NULL, NULL));
+    CHECK(again != c && !strcmp(ckptio__s3_endpoint(again), "http://127.0.0.1:9"));
+    CHECK_OK(ckptio__s3_client(&c, NULL, NULL));
     CHECK(again == c);
+    setenv("AWS_ENDPOINT_URL", "ftp://host", 1);
+    CHECK_ERR(ckptio__s3_client(&other, NULL, NULL), CKPTIO_E_USAGE);
+    setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9/", 1);
+
+    /* Settings win over the environment, and each distinct setting has its client. */
+    ckptio_store_opts *o;
+    CHECK_OK(ckptio_store_opts_new(&o));
+    CHECK_ERR(ckptio_store_opts_set(o, "endpoint", "http://x"), CKPTIO_E_USAGE);
+    CHECK(t_contains(ckptio_last_error(), "endpoint_url"));
+    CHECK_ERR(ckptio_store_opts_set(o, "addressing_style", "sideways"), CKPTIO_E_USAGE);
+    CHECK_OK(ckptio_store_opts_set(o, "endpoint_url", "http://127.0.0.1:10"));
+    CHECK_OK(ckptio__s3_client(&other, o, NULL));
+    CHECK(other != c && !strcmp(ckptio__s3_endpoint(other), "http://127.0.0.1:10"));
+    CHECK_OK(ckptio_store_opts_set(o, "access_key_id", "k2"));
+    ckptio__s3 *none;
+    CHECK_ERR(ckptio__s3_client(&none, o, NULL), CKPTIO_E_USAGE); /* without its secret */
+    CHECK_OK(ckptio_store_opts_set(o, "access_key_id", NULL));
+    CHECK_OK(ckptio__s3_client(&again, o, NULL));
+    CHECK(again == other);
+    ckptio_store_opts_free(o);
     return 0;
 }
 
@@ -770,7 +810,7 @@ static int head_in_child(const char *bkt, char *text, size_t cap, double *secs)
     if (pid == 0) {
         close(pfd[0]);
         ckptio__s3 *c;
-        int rc = ckptio__s3_client(&c, NULL);
+        int rc = ckptio__s3_client(&c, NULL, NULL);
         if (rc == 0) rc = ckptio__s3_head(c, bkt, "ckptio-test/none", NULL, NULL);
         char out[CKPTIO__MSG_LEN + 16];
         int n = snprintf(out, sizeof out, "%d %s", rc, ckptio_last_error());
@@ -819,7 +859,84 @@ static int test_live_errors(void)
     return 0;
 }
 
+/* Credentials that live 2 to 3 seconds (a profile's credential_process, which counts its
+ * runs), taken by 8 threads for 5 seconds: none fails, they are fetched again before they
+ * expire, once per expiry rather than once per thread; a key the store calls expired is
+ * replaced at the next get. Run under TSan by make test-sanitize. */
+typedef struct creds_loop_arg {
+    ckptio__aws_creds *p;
+    int fails;
+} creds_loop_arg;
+
+static void *creds_loop(void *arg)
+{
+    creds_loop_arg *a = arg;
+    double end = ckptio__now() + 5;
+    while (ckptio__now() < end) {
+        ckptio__aws_key *k;
+        if (ckptio__aws_creds_get(a->p, &k, NULL) < 0 || strncmp(k->id, "AKIDPROC", 8) ||
+            !k->token || (k->expires && k->expires < (int64_t)time(NULL))) {
+            __atomic_add_fetch(&a->fails, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        ckptio__aws_key_put(k);
+    }
+    return NULL;
+}
+
+static int runs_of(const char *path)
+{
+    unsigned char *buf = NULL;
+    long n = t_read_file(path, &buf), lines = 0;
+    for (long i = 0; i < n; i++) lines += buf[i] == '\n';
+    free(buf);
+    return (int)lines;
+}
+
+static int test_creds_refresh_threads(void)
+{
+    char script[4096], config[4096];
+    snprintf(script, sizeof script,
+             "echo run >> %s\n"
+             "n=$(wc -l < %s)\n"
+             "exp=$(date -u -d '+3 seconds' +%%Y-%%m-%%dT%%H:%%M:%%SZ)\n"
+             "printf '{\"Version\": 1, \"AccessKeyId\": \"AKIDPROC%%s\", \"SecretAccessKey\": "
+             "\"s\", \"SessionToken\": \"t\", \"Expiration\": \"%%s\"}' \"$n\" \"$exp\"\n",
+             t_path("runs"), t_path("runs"));
+    CHECK_OK(t_write_file(t_path("proc.sh"), script, strlen(script)));
+    snprintf(config, sizeof config, "[profile proc]\ncredential_process = sh %s\n", t_path("proc.sh"));
+    CHECK_OK(t_write_file(t_path("config"), config, strlen(config)));
+    ckptio__aws_conf conf = {0};
+    conf.v[CKPTIO__AWS_CONFIG_FILE] = strdup(t_path("config"));
+    conf.v[CKPTIO__AWS_CREDS_FILE] = strdup(t_path("no-credentials"));
+    conf.v[CKPTIO__AWS_PROFILE] = strdup("proc");
+    conf.v[CKPTIO__AWS_PROFILE_GIVEN] = strdup("1");
+    ckptio__aws_creds *p;
+    CHECK_OK(ckptio__aws_creds_new(&p, &conf, NULL));
+    ckptio__aws_conf_free(&conf);
+    creds_loop_arg a = {p, 0};
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) CHECK(pthread_create(&th[i], NULL, creds_loop, &a) == 0);
+    for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
+    int runs = runs_of(t_path("runs"));
+    printf("%d runs of credential_process for 8 threads over 5 s; source: %s\n", runs,
+           ckptio__aws_creds_source(p));
+    CHECK(a.fails == 0);
+    CHECK(runs >= 2 && runs <= 8);
+    CHECK(t_contains(ckptio__aws_creds_source(p), "credential_process"));
+    ckptio__aws_key *k;
+    CHECK_OK(ckptio__aws_creds_get(p, &k, NULL));
+    CHECK(ckptio__aws_creds_expired(p, k)); /* refreshable: the next get asks again */
+    ckptio__aws_key_put(k);
+    CHECK_OK(ckptio__aws_creds_get(p, &k, NULL));
+    ckptio__aws_key_put(k);
+    CHECK(runs_of(t_path("runs")) == runs + 1);
+    ckptio__aws_creds_free(p);
+    return 0;
+}
+
 const ckptio_test tests_s3[] = {
+    {"s3/creds_refresh_threads", test_creds_refresh_threads, 0, 60},
     {"s3/sigv4", test_sigv4, 0, 0},
     {"s3/url", test_url, 0, 0},
     {"s3/xml", test_xml, 0, 0},

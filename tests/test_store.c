@@ -287,7 +287,7 @@ static int s3_leftovers(const char *base)
     ckptio__s3 *c;
     char *b = NULL, *key = NULL, *prefix = NULL;
     int n = 0;
-    if (ckptio__s3_client(&c, NULL) || ckptio__s3_parse(base, &b, &key, NULL) ||
+    if (ckptio__s3_client(&c, NULL, NULL) || ckptio__s3_parse(base, &b, &key, NULL) ||
         asprintf(&prefix, "%s/", key) < 0 ||
         ckptio__s3_list_uploads(c, b, prefix, count_upload, &n, NULL))
         n = -1;

@@ -24,18 +24,18 @@ static int start(ckptio__txn *t, const char *path, int kind, unsigned flags, ckp
 }
 
 int ckptio__txn_begin(ckptio__txn *t, const char *path, int kind, unsigned flags, int direct,
-                      ckptio__msg *msg)
+                      const ckptio_store_opts *o, ckptio__msg *msg)
 {
     CKPTIO__TRY(start(t, path, kind, flags, msg));
-    return t->store->begin(t, path, kind, flags, direct, msg);
+    return t->store->begin(t, path, kind, flags, direct, o, msg);
 }
 
 int ckptio__txn_join(ckptio__txn *t, const char *path, const char *tmp_path, unsigned flags,
-                     ckptio__msg *msg)
+                     const ckptio_store_opts *o, ckptio__msg *msg)
 {
     CKPTIO__TRY(start(t, path, CKPTIO__TXN_DIR, flags, msg));
     if (!tmp_path) return bad(msg);
-    return t->store->join(t, path, tmp_path, flags, msg);
+    return t->store->join(t, path, tmp_path, flags, o, msg);
 }
 
 int ckptio__txn_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg)

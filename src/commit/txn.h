@@ -28,16 +28,17 @@
 /* Start a transaction for `path`. DIR: trailing slashes are dropped, a final "." or ".." or an
  * empty name is CKPTIO_E_USAGE, and stale temporary directories of the same name are removed
  * (the rules are ckptio_writer_open's, in ckptio.h). FILE: a directory at the target is refused
- * even with OVERWRITE; `direct` (CKPTIO_AUTO / ON / OFF) is the temporary file's O_DIRECT. On
+ * even with OVERWRITE; `direct` (CKPTIO_AUTO / ON / OFF) is the temporary file's O_DIRECT. `o`: the
+ * store's settings (NULL: the environment's), read before begin returns. On
  * failure msg says why and ckptio__txn_fini() still has to be called. */
 CKPTIO__HIDDEN int ckptio__txn_begin(ckptio__txn *t, const char *path, int kind, unsigned flags,
-                                     int direct, ckptio__msg *msg);
+                                     int direct, const ckptio_store_opts *o, ckptio__msg *msg);
 
 /* Join the temporary directory `tmp_path` that another process began for `path` (DIR only): the
  * transaction gets tmp_fd to write into; it may not publish, and abort or fini leave the
  * directory to its creator. */
 CKPTIO__HIDDEN int ckptio__txn_join(ckptio__txn *t, const char *path, const char *tmp_path,
-                                    unsigned flags, ckptio__msg *msg);
+                                    unsigned flags, const ckptio_store_opts *o, ckptio__msg *msg);
 
 /* Commit: `man` (DIR; NULL where the caller wrote the manifest into tmp_fd itself) goes in last;
  * POSIX makes the temporary directory or file durable (FSYNC) and renames it over the target,

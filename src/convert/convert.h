@@ -55,6 +55,9 @@ CKPTIO__HIDDEN bool ckptio__conv_ends_with(const char *s, const char *suf);
 /* 1 when `path` is in a store that is no local file system (an object store), 0 when it is a
  * local path, < 0 (the error set) when no store serves its scheme. */
 CKPTIO__HIDDEN int ckptio__conv_remote(const char *path);
+/* ckptio_convert_detect, the source's kind asked of its store with the store's settings. */
+CKPTIO__HIDDEN int ckptio__conv_detect(const char *path, int is_dst, int sharded,
+                                       const ckptio_store_opts *store);
 
 /* sinks.c: safetensors files (one, or hf shards + index) */
 CKPTIO__HIDDEN int ckptio__conv_st_begin(ckptio__conv *c);

@@ -77,19 +77,19 @@ int ckptio__conv_remote(const char *path)
 }
 
 /* In a store that is no file system names decide, then whether a manifest is there. */
-static int detect_url(const char *path)
+static int detect_url(const char *path, const ckptio_store_opts *store)
 {
     if (ckptio__conv_ends_with(path, ".safetensors")) return CKPTIO_CONVERT_SAFETENSORS;
     if (ckptio__conv_ends_with(path, ".safetensors.index.json")) return CKPTIO_CONVERT_HF;
-    int rc = ckptio_is_checkpoint(path);
+    int rc = ckptio_is_checkpoint_with(path, store);
     return rc < 0 ? rc : rc ? CKPTIO_CONVERT_CKPTIO : CKPTIO_CONVERT_HF;
 }
 
-static int detect_src(const char *path)
+static int detect_src(const char *path, const ckptio_store_opts *store)
 {
     int rc = ckptio__conv_remote(path);
     if (rc < 0) return rc;
-    if (rc) return detect_url(path);
+    if (rc) return detect_url(path, store);
     struct stat st;
     if (stat(path, &st) < 0) return ckptio__fail(NULL, -errno, "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) {
@@ -118,8 +118,13 @@ static int detect_src(const char *path)
 
 int ckptio_convert_detect(const char *path, int is_dst, int sharded)
 {
+    return ckptio__conv_detect(path, is_dst, sharded, NULL);
+}
+
+int ckptio__conv_detect(const char *path, int is_dst, int sharded, const ckptio_store_opts *store)
+{
     if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "convert: no path");
-    if (!is_dst) return detect_src(path);
+    if (!is_dst) return detect_src(path, store);
     if (ckptio__conv_ends_with(path, ".safetensors")) return CKPTIO_CONVERT_SAFETENSORS;
     if (torch_name(path)) return CKPTIO_CONVERT_TORCH;
     if (ckptio__conv_ends_with(path, ".dcp") || ckptio__conv_ends_with(path, ".dcp/"))

@@ -53,9 +53,11 @@ static void progress(ckptio__conv *c, bool last)
 
 static int open_reader(ckptio__conv *c)
 {
+    ckptio_params p = c->p; /* the source's store, not the destination's */
+    p.store = c->a.src_store;
     int rc = c->a.from == CKPTIO_CONVERT_CKPTIO
-                 ? ckptio_reader_open(&c->reader, c->a.src, &c->p)
-                 : ckptio_reader_open_foreign(&c->reader, c->a.src, &c->p);
+                 ? ckptio_reader_open(&c->reader, c->a.src, &p)
+                 : ckptio_reader_open_foreign(&c->reader, c->a.src, &p);
     if (rc < 0) return conv_keep(c, rc);
     c->n_items = ckptio_reader_num_tensors(c->reader);
     size_t nm = ckptio_reader_num_meta(c->reader);
@@ -312,9 +314,10 @@ static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
         dl--;
     if (!(*dst = strndup(a->dst, dl))) return CONV_FAIL(c, -ENOMEM, "out of memory");
     c->a.dst = *dst;
-    int f = a->from ? a->from : ckptio_convert_detect(a->src, 0, 0);
+    int f = a->from ? a->from : ckptio__conv_detect(a->src, 0, 0, c->a.src_store);
     if (f < 0) return conv_keep(c, f);
-    int t = a->to ? a->to : ckptio_convert_detect(c->a.dst, 1, a->max_shard_bytes != 0);
+    int t = a->to ? a->to
+                  : ckptio__conv_detect(c->a.dst, 1, a->max_shard_bytes != 0, c->a.dst_store);
     if (t < 0) return conv_keep(c, t);
     if (!ckptio_convert_format_name(f) || !ckptio_convert_format_name(t))
         return CONV_FAIL(c, CKPTIO_E_USAGE, "ckptio_convert: unknown format %d", f > 0 ? t : f);
@@ -352,6 +355,7 @@ static int settle(ckptio__conv *c, const ckptio_convert_args *a, char **dst)
     c->p.staging_bytes = STAGING_BYTES;
     c->p.overwrite = a->overwrite != 0;
     c->p.compress = c->a.compress; /* the writer's; a reader ignores it */
+    c->p.store = c->a.dst_store;
     return 0;
 }
 

@@ -108,6 +108,7 @@ int ckptio__cfg_resolve(const ckptio_params *user, ckptio__cfg *c, ckptio__msg *
                             "params.compress must be CKPTIO_COMPRESS_NONE (0), _AUTO (1) or _ALL (2)");
     c->compress = mode;
     c->base = p.base && *p.base ? p.base : NULL;
+    c->store = p.store;
     if (c->base && c->compress == CKPTIO_COMPRESS_NONE)
         return ckptio__fail(m, CKPTIO_E_USAGE,
                             "a base ('%s') is given but compression is off: deltas are coded, so "

@@ -25,6 +25,8 @@ typedef struct ckptio__cfg {
     unsigned verify_threads; /* reader: threads that verify and copy cached ranges, caller's included */
     int compress;            /* writer: CKPTIO_COMPRESS_*, after CKPTIO_COMPRESS */
     const char *base;        /* writer: the base checkpoint's path as given, or NULL */
+    const ckptio_store_opts *store; /* the caller's store settings (valid while the handle
+                                     * opens), or NULL */
 } ckptio__cfg;
 
 CKPTIO__HIDDEN int ckptio__cfg_resolve(const ckptio_params *p, ckptio__cfg *c, ckptio__msg *m);

@@ -288,7 +288,7 @@ int ckptio__peer_begin_part(ckptio__txn *t, const char *dst, bool private_, ckpt
     free(parent);
     if (rc < 0) return rc;
     CKPTIO__TRY(ckptio__txn_begin(t, dst, CKPTIO__TXN_DIR, CKPTIO__TXN_OVERWRITE | CKPTIO__TXN_FSYNC,
-                                  CKPTIO_OFF, m));
+                                  CKPTIO_OFF, NULL, m));
     if (private_ && fchmod(t->tmp_fd, 0700) < 0)
         return ckptio__fail(m, -errno, "cannot make '%s' private: %s", t->tmp_path, strerror(errno));
     return 0;

@@ -115,7 +115,7 @@ out:
 
 int ckptio__read_remote_setup(ckptio_reader *r, const char *path)
 {
-    CKPTIO__TRY(ckptio__place_open(&r->place, path, &r->msg));
+    CKPTIO__TRY(ckptio__place_open(&r->place, path, r->cfg.store, &r->msg));
     unsigned conns = r->place.parallel ? r->place.parallel : 1;
     r->cfg.backend = CKPTIO_BACKEND_PSYNC;
     r->cfg.threads = conns;

@@ -59,8 +59,10 @@ static int has_manifest(const char *path)
     return rc;
 }
 
-static int posix_list(const char *path, ckptio__names *out, ckptio__msg *msg)
+static int posix_list(const char *path, const ckptio_store_opts *o, ckptio__names *out,
+                      ckptio__msg *msg)
 {
+    (void)o;
     DIR *d = opendir(path);
     if (!d) {
         if (errno == ENOENT) return 0; /* no directory: no checkpoints */
@@ -82,8 +84,9 @@ static int posix_list(const char *path, ckptio__names *out, ckptio__msg *msg)
     return rc;
 }
 
-static int posix_is_checkpoint(const char *path, ckptio__msg *msg)
+static int posix_is_checkpoint(const char *path, const ckptio_store_opts *o, ckptio__msg *msg)
 {
+    (void)o;
     int rc = has_manifest(path);
     return rc < 0 ? ckptio__fail(msg, rc, "cannot look into '%s'", path) : rc;
 }
@@ -91,8 +94,9 @@ static int posix_is_checkpoint(const char *path, ckptio__msg *msg)
 /* Renamed out of every listing first ("<path>.deleting-<pid>", then the parent fsynced), so
  * a crash never leaves a checkpoint half removed under its name; then the tree goes, under a
  * lock (what a crash leaves, posix_sweep removes). */
-static int posix_remove(const char *path, ckptio__msg *msg)
+static int posix_remove(const char *path, const ckptio_store_opts *o, ckptio__msg *msg)
 {
+    (void)o;
     int rc = has_manifest(path);
     if (rc <= 0)
         return ckptio__fail(msg, rc == 0 ? CKPTIO_E_NOT_CHECKPOINT : rc,
@@ -367,8 +371,9 @@ static void clean_stale(const ckptio__txn *t)
 }
 
 /* The catalog's sweep: every leftover directly in `dir`. */
-static int posix_sweep(const char *dir, ckptio__msg *msg)
+static int posix_sweep(const char *dir, const ckptio_store_opts *o, ckptio__msg *msg)
 {
+    (void)o;
     int rc = sweep_in(dir, NULL, 0);
     if (rc == -ENOENT) return 0;
     return rc < 0 ? ckptio__fail(msg, rc, "cannot read the directory '%s' to sweep it", dir) : rc;
@@ -425,9 +430,9 @@ static void set_dir(ckptio__txn *t)
 }
 
 static int posix_begin(ckptio__txn *t, const char *path, int kind, unsigned flags, int direct,
-                       ckptio__msg *msg)
+                       const ckptio_store_opts *o, ckptio__msg *msg)
 {
-    (void)flags;
+    (void)flags, (void)o;
     CKPTIO__TRY(resolve(t, path, msg));
     if (kind == CKPTIO__TXN_FILE) {
         CKPTIO__TRY(inspect_file(t, path, msg));
@@ -443,9 +448,9 @@ static int posix_begin(ckptio__txn *t, const char *path, int kind, unsigned flag
 }
 
 static int posix_join(ckptio__txn *t, const char *path, const char *tmp_path, unsigned flags,
-                      ckptio__msg *msg)
+                      const ckptio_store_opts *o, ckptio__msg *msg)
 {
-    (void)flags;
+    (void)flags, (void)o;
     CKPTIO__TRY(resolve(t, path, msg));
     t->tmp_path = strdup(tmp_path);
     if (!t->tmp_path) return -ENOMEM;

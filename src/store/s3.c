@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The S3 client: one per process, kept-alive connections, signed requests retried to a deadline. */
+/* The S3 client: one per distinct setting, kept-alive connections, signed requests retried to a
+ * deadline. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
 
 #include "../common/forksafe.h"
+#include "aws_creds.h"
 #include "s3_impl.h"
 
 /* Most requests in flight at once from this process (CKPTIO_S3_CONNECTIONS): each holds one
@@ -19,23 +20,33 @@
 #define S3_CONNECTIONS 16u
 #define S3_TIMEOUT_S 120.0
 #define S3_STALL_S 20.0
+/* A store that has never answered in this process (CKPTIO_S3_FIRST_TIMEOUT) fails this soon. */
+#define S3_FIRST_S 10.0
 #define S3_CONNECT_MS 5000L
 #define S3_XML_MAX (64ull << 20)
 #define S3_ERRBODY 4096
 
 struct ckptio__s3 {
+    ckptio__s3 *next;   /* the process's clients, one per distinct setting */
+    char *key;          /* what it was made from (ckptio__aws_conf_key): the cache's key */
     char endpoint[512]; /* for messages */
     char scheme[8];
     char host[256]; /* a custom endpoint's host[:port]; else the AWS region's */
     bool custom;
-    char *access_key, *secret_key, *token, *region;
-    double timeout, stall;
+    int style;      /* STYLE_*: how buckets are addressed */
+    char *ca;       /* the CAs to trust (a PEM file), or NULL: the system's */
+    ckptio__aws_creds *creds;
+    const char *region;
+    double timeout, stall, first;
+    int answered; /* some request had an HTTP answer (atomic): the store is there */
     unsigned conns;
     pthread_mutex_t lock;
     pthread_cond_t freed;
     unsigned busy, nidle;
     CURL **idle;
 };
+
+enum { STYLE_AUTO, STYLE_PATH, STYLE_VIRTUAL };
 
 bool ckptio__s3_is_url(const char *path)
 {
@@ -81,28 +92,29 @@ int ckptio__s3_parse(const char *url, char **bucket, char **key, ckptio__msg *ms
 
 /* ---- the client ---- */
 
-static double env_seconds(const char *name, double def)
+static double seconds(const char *v, double def)
 {
-    const char *v = getenv(name);
     char *end;
     double d = v && *v ? strtod(v, &end) : 0;
     return v && *v && !*end && d > 0 && d < 1e6 ? d : def;
 }
 
 static pthread_mutex_t client_lock = PTHREAD_MUTEX_INITIALIZER;
-static ckptio__s3 *client;
+static ckptio__s3 *clients;
 
 /* A forked child shares its parent's sockets: it forgets the idle connections (closing them
- * could end the parent's TLS sessions) and the cache's lock another thread may have held. It
- * runs on the engine's one atfork list (common/forksafe.h), which holds client_lock across the
- * fork, so the client is never copied half made. */
+ * could end the parent's TLS sessions) and the locks another thread may have held. It runs on
+ * the engine's one atfork list (common/forksafe.h), which holds client_lock across the fork,
+ * so the list is never copied half made. */
 static void after_fork_child(void *unused)
 {
     (void)unused;
-    if (!client) return;
-    pthread_mutex_init(&client->lock, NULL);
-    pthread_cond_init(&client->freed, NULL);
-    client->busy = client->nidle = 0;
+    for (ckptio__s3 *c = clients; c; c = c->next) {
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_cond_init(&c->freed, NULL);
+        c->busy = c->nidle = 0;
+        ckptio__aws_creds_after_fork(c->creds);
+    }
 }
 
 static ckptio__forksafe client_fork = {&client_lock, after_fork_child, NULL, NULL};
@@ -115,86 +127,111 @@ static void global_init(void)
     ckptio__forksafe_add(&client_fork);
 }
 
-static char *env_dup(const char *a, const char *b)
+/* Where requests go: the settings' or the environment's endpoint, else the profile's, else AWS
+ * in the region. */
+static int set_endpoint(ckptio__s3 *s, const ckptio__aws_conf *conf, ckptio__msg *msg)
 {
-    const char *v = getenv(a);
-    if ((!v || !*v) && b) v = getenv(b);
-    return v && *v ? strdup(v) : NULL;
-}
-
-static int client_new(ckptio__s3 **out, ckptio__msg *msg)
-{
-    ckptio__s3 *s = calloc(1, sizeof *s);
-    if (!s) return ckptio__fail(msg, -ENOMEM, "out of memory creating the S3 client");
-    s->access_key = env_dup("AWS_ACCESS_KEY_ID", NULL);
-    s->secret_key = env_dup("AWS_SECRET_ACCESS_KEY", NULL);
-    s->token = env_dup("AWS_SESSION_TOKEN", NULL);
-    s->region = env_dup("AWS_REGION", "AWS_DEFAULT_REGION");
-    if (!s->region) s->region = strdup("us-east-1");
-    char *ep = env_dup("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
-    int rc = 0;
-    if (!s->access_key || !s->secret_key) {
-        rc = ckptio__fail(msg, CKPTIO_E_USAGE,
-                          "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                          "(and AWS_SESSION_TOKEN for temporary ones), and AWS_ENDPOINT_URL for a "
-                          "store other than AWS");
-        goto out;
-    }
-    CKPTIO__GOTO_IF(!s->region, ckptio__fail(msg, -ENOMEM, "out of memory"));
-    if (ep) {
-        size_t n = strlen(ep);
-        while (n && ep[n - 1] == '/') ep[--n] = 0;
-        const char *h = !strncmp(ep, "http://", 7)    ? ep + 7
-                        : !strncmp(ep, "https://", 8) ? ep + 8
-                                                      : NULL;
-        if (!h || !*h || strchr(h, '/') || strlen(h) >= sizeof s->host) {
-            rc = ckptio__fail(msg, CKPTIO_E_USAGE,
-                              "AWS_ENDPOINT_URL '%s' is not of the form http[s]://host[:port]", ep);
-            goto out;
-        }
-        snprintf(s->scheme, sizeof s->scheme, "%.*s", (int)(h - ep - 3), ep);
-        snprintf(s->host, sizeof s->host, "%s", h);
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
-        s->custom = true;
-    } else {
+    char ep[512] = "";
+    const char *from = "endpoint_url";
+    if (conf->v[CKPTIO__AWS_ENDPOINT]) snprintf(ep, sizeof ep, "%s", conf->v[CKPTIO__AWS_ENDPOINT]);
+    else if (ckptio__aws_profile_value(s->creds, "s3", "endpoint_url", ep, sizeof ep) != 1 &&
+             ckptio__aws_profile_value(s->creds, "endpoint_url", NULL, ep, sizeof ep) != 1)
+        ep[0] = 0;
+    else from = "the profile's endpoint_url";
+    if (!ep[0]) {
         snprintf(s->scheme, sizeof s->scheme, "https");
         snprintf(s->host, sizeof s->host, "s3.%s.amazonaws.com", s->region);
         snprintf(s->endpoint, sizeof s->endpoint, "https://%s", s->host);
+        return 0;
     }
-    s->timeout = env_seconds("CKPTIO_S3_TIMEOUT", S3_TIMEOUT_S);
-    s->stall = env_seconds("CKPTIO_S3_STALL", S3_STALL_S);
-    double conns = env_seconds("CKPTIO_S3_CONNECTIONS", S3_CONNECTIONS);
-    s->conns = conns >= 1 && conns <= 1024 ? (unsigned)conns : S3_CONNECTIONS;
-    s->idle = calloc(s->conns, sizeof *s->idle);
-    CKPTIO__GOTO_IF(!s->idle, ckptio__fail(msg, -ENOMEM, "out of memory"));
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->freed, NULL);
-out:
-    free(ep);
-    if (rc < 0) {
-        free(s->access_key);
-        free(s->secret_key);
-        free(s->token);
-        free(s->region);
-        free(s->idle);
-        free(s);
-        return rc;
-    }
-    *out = s;
+    size_t n = strlen(ep);
+    while (n && ep[n - 1] == '/') ep[--n] = 0;
+    const char *h = !strncmp(ep, "http://", 7) ? ep + 7 : !strncmp(ep, "https://", 8) ? ep + 8 : NULL;
+    if (!h || !*h || strchr(h, '/') || strlen(h) >= sizeof s->host)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s '%s' (AWS_ENDPOINT_URL) is not of the form http[s]://host[:port]",
+                            from, ep);
+    snprintf(s->scheme, sizeof s->scheme, "%.*s", (int)(h - ep - 3), ep);
+    snprintf(s->host, sizeof s->host, "%s", h);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
+    s->custom = true;
     return 0;
 }
 
-int ckptio__s3_client(ckptio__s3 **out, ckptio__msg *msg)
+static void client_free(ckptio__s3 *s)
 {
+    ckptio__aws_conf_wipe_key(s->key);
+    free(s->ca);
+    free(s->idle);
+    ckptio__aws_creds_free(s->creds);
+    free(s);
+}
+
+static int client_new(ckptio__s3 **out, const ckptio__aws_conf *conf, char *key, ckptio__msg *msg)
+{
+    ckptio__s3 *s = calloc(1, sizeof *s);
+    if (!s) return ckptio__fail(msg, -ENOMEM, "out of memory creating the S3 client");
+    s->key = key;
+    char v[1024];
+    int rc = 0;
+    const char *ca = conf->v[CKPTIO__AWS_CA], *style = conf->v[CKPTIO__AWS_ADDRESSING];
+    s->timeout = seconds(conf->v[CKPTIO__AWS_TIMEOUT], S3_TIMEOUT_S);
+    s->stall = seconds(conf->v[CKPTIO__AWS_STALL], S3_STALL_S);
+    s->first = CKPTIO__MIN(s->timeout, seconds(conf->v[CKPTIO__AWS_FIRST_TIMEOUT], S3_FIRST_S));
+    double conns = seconds(conf->v[CKPTIO__AWS_CONNS], S3_CONNECTIONS);
+    s->conns = conns >= 1 && conns <= 1024 ? (unsigned)conns : S3_CONNECTIONS;
+    s->idle = calloc(s->conns, sizeof *s->idle);
+    CKPTIO__GOTO_IF(!s->idle, ckptio__fail(msg, -ENOMEM, "out of memory"));
+    CKPTIO__CHECK(ckptio__aws_creds_new(&s->creds, conf, msg));
+    s->region = ckptio__aws_creds_region(s->creds);
+    CKPTIO__CHECK(set_endpoint(s, conf, msg));
+    if (!ca && ckptio__aws_profile_value(s->creds, "ca_bundle", NULL, v, sizeof v) == 1) ca = v;
+    CKPTIO__GOTO_IF(ca && !(s->ca = strdup(ca)), ckptio__fail(msg, -ENOMEM, "out of memory"));
+    char st[16];
+    if (!style && ckptio__aws_profile_value(s->creds, "s3", "addressing_style", st, sizeof st) == 1)
+        style = st;
+    s->style = !style || !strcmp(style, "auto") ? STYLE_AUTO : !strcmp(style, "path") ? STYLE_PATH
+               : !strcmp(style, "virtual")                  ? STYLE_VIRTUAL
+                                                            : -1;
+    CKPTIO__GOTO_IF(s->style < 0, ckptio__fail(msg, CKPTIO_E_USAGE,
+                                               "addressing_style '%s' is none of auto, path, "
+                                               "virtual", style));
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->freed, NULL);
+    *out = s;
+    return 0;
+out:
+    s->key = NULL; /* the caller's still */
+    client_free(s);
+    return rc;
+}
+
+int ckptio__s3_client(ckptio__s3 **out, const ckptio_store_opts *o, ckptio__msg *msg)
+{
+    *out = NULL;
     pthread_once(&global_once, global_init);
     if (global_rc != CURLE_OK)
         return ckptio__fail(msg, -EIO, "libcurl failed to initialize: %s",
                             curl_easy_strerror(global_rc));
-    int rc = 0;
-    pthread_mutex_lock(&client_lock);
-    if (!client) rc = client_new(&client, msg); /* a failure is tried again on the next call */
-    *out = client;
-    pthread_mutex_unlock(&client_lock);
+    ckptio__aws_conf conf = {0};
+    char *key = NULL;
+    int rc = ckptio__aws_conf_read(&conf, o, msg);
+    if (rc == 0 && !(key = ckptio__aws_conf_key(&conf)))
+        rc = ckptio__fail(msg, -ENOMEM, "out of memory");
+    if (rc == 0) {
+        pthread_mutex_lock(&client_lock);
+        ckptio__s3 *c = clients;
+        while (c && strcmp(c->key, key)) c = c->next;
+        if (!c && (rc = client_new(&c, &conf, key, msg)) == 0) { /* a failure is tried again */
+            c->next = clients;
+            clients = c;
+            key = NULL; /* the client's now */
+        }
+        *out = c;
+        pthread_mutex_unlock(&client_lock);
+    }
+    ckptio__aws_conf_wipe_key(key);
+    ckptio__aws_conf_free(&conf);
     return rc;
 }
 
@@ -266,31 +303,7 @@ typedef struct xfer {
 static size_t on_header(char *p, size_t size, size_t n, void *arg)
 {
     xfer *x = arg;
-    ckptio__s3_resp *r = &x->c->resp;
-    size_t len = size * n, nl = 0;
-    char line[512];
-    if (len >= sizeof line) return len; /* no header the client reads is that long */
-    memcpy(line, p, len);
-    line[len] = 0;
-    while (len && (line[len - 1] == '\r' || line[len - 1] == '\n')) line[--len] = 0;
-    if (!strncmp(line, "HTTP/", 5)) { /* a new response (after a 100 Continue): start over */
-        const char *sp = strchr(line, ' ');
-        r->status = sp ? strtol(sp + 1, NULL, 10) : 0;
-        r->etag[0] = r->code[0] = 0;
-        r->size = 0;
-        r->mtime = r->date = 0;
-        return size * n;
-    }
-    char *colon = strchr(line, ':');
-    if (!colon) return size * n;
-    *colon = 0;
-    char *v = colon + 1;
-    while (*v == ' ' || *v == '\t') v++;
-    nl = strlen(line);
-    if (nl == 4 && !strcasecmp(line, "etag")) snprintf(r->etag, sizeof r->etag, "%s", v);
-    else if (!strcasecmp(line, "last-modified")) ckptio__s3_time_http(v, &r->mtime);
-    else if (!strcasecmp(line, "date")) ckptio__s3_time_http(v, &r->date);
-    else if (!strcasecmp(line, "content-length") && !x->c->dst) r->size = strtoull(v, NULL, 10);
+    ckptio__s3_header(p, size * n, &x->c->resp, !x->c->dst);
     return size * n;
 }
 
@@ -354,14 +367,16 @@ static int on_seek(void *arg, curl_off_t off, int origin)
     return CURL_SEEKFUNC_OK;
 }
 
-/* The URL and the canonical URI: path-style for a custom endpoint and for bucket names with
- * dots (their virtual host would not match AWS's certificate), else virtual-host style. */
+/* The URL and the canonical URI: as addressing_style says; auto is path-style for a custom
+ * endpoint and for bucket names with dots (their virtual host would not match AWS's
+ * certificate), else virtual-host style. */
 static int build_target(ckptio__s3 *s, s3_call *c, const char *query, char **url, char **uri,
                         char *host, size_t hcap)
 {
     char *ekey = ckptio__s3_uri_encode(c->key ? c->key : "", true);
     if (!ekey) return -ENOMEM;
-    bool path_style = s->custom || strchr(c->bucket, '.');
+    bool path_style = s->style == STYLE_PATH ||
+                      (s->style == STYLE_AUTO && (s->custom || strchr(c->bucket, '.')));
     size_t n = strlen(ekey) + strlen(c->bucket) + 4;
     *uri = malloc(n);
     if (*uri) {
@@ -382,7 +397,7 @@ static int build_target(ckptio__s3 *s, s3_call *c, const char *query, char **url
 /* One try: 0 when a response came (its status in c->resp), else the transfer's error. */
 static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url,
                     const char *uri, const char *host, const char *phash, double left,
-                    CURLcode *cc, char *cerr)
+                    const ckptio__aws_key *k, CURLcode *cc, char *cerr)
 {
     char date[20], auth[CKPTIO__S3_AUTH_MAX];
     time_t now = time(NULL);
@@ -390,9 +405,9 @@ static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
     ckptio__s3_kv hs[4] = {{"host", host}, {"x-amz-content-sha256", phash}, {"x-amz-date", date},
-                           {"x-amz-security-token", s->token}};
-    ckptio__s3_sig_in in = {c->method, uri, c->query, c->nq, hs, s->token ? 4u : 3u, phash,
-                            date, s->region, s->access_key, s->secret_key};
+                           {"x-amz-security-token", k->token}};
+    ckptio__s3_sig_in in = {c->method, uri, c->query, c->nq, hs, k->token ? 4u : 3u, phash,
+                            date, s->region, k->id, k->secret, NULL};
     int rc = ckptio__s3_sign(&in, auth);
     if (rc < 0) return rc;
 
@@ -409,7 +424,15 @@ static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url
     ADD_HEADER("x-amz-content-sha256: %s", phash);
     ADD_HEADER("x-amz-date: %s", date);
     ADD_HEADER("Authorization: %s", auth);
-    if (s->token) ADD_HEADER("x-amz-security-token: %s", s->token);
+    if (k->token) {
+        /* A session token may be longer than a line of the others: a header of its own. */
+        char *tl;
+        if (asprintf(&tl, "x-amz-security-token: %s", k->token) < 0) goto nomem;
+        t = curl_slist_append(hl, tl);
+        free(tl);
+        if (!t) goto nomem;
+        hl = t;
+    }
     for (unsigned i = 0; i < 3 && c->extra[i]; i++) ADD_HEADER("%s", c->extra[i]);
     ADD_HEADER("Expect:"); /* no 100-continue round trip before each part */
     ADD_HEADER(c->body_len && !strcmp(c->method, "POST") ? "Content-Type: application/xml"
@@ -428,6 +451,8 @@ static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url
     curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 256L << 10);
     curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 256L << 10);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (s->ca) curl_easy_setopt(h, CURLOPT_CAINFO, s->ca);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -458,6 +483,20 @@ static int try_once(ckptio__s3 *s, CURL *h, s3_call *c, xfer *x, const char *url
 nomem:
     curl_slist_free_all(hl);
     return -ENOMEM;
+}
+
+/* A certificate this client does not trust (or a CA file it cannot use): never retried. */
+static bool tls_failure(CURLcode cc)
+{
+    return cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE ||
+           cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_ISSUER_ERROR;
+}
+
+/* The store's word for credentials that have expired: the source is asked for newer ones. */
+static bool expired_code(const char *code)
+{
+    return !strcmp(code, "ExpiredToken") || !strcmp(code, "TokenRefreshRequired") ||
+           !strcmp(code, "ExpiredTokenException");
 }
 
 /* Connection failures that may pass, as -errno; 0 for one that will not. */
@@ -525,10 +564,19 @@ static int call_fail(ckptio__s3 *s, s3_call *c, ckptio__msg *msg, int rc, CURLco
     char where[1400], retried[160] = "";
     snprintf(where, sizeof where, "s3://%s%s%s: %s", c->bucket, c->key ? "/" : "",
              c->key ? c->key : "", c->what);
+    bool never = !__atomic_load_n(&s->answered, __ATOMIC_ACQUIRE);
     if (tries > 1)
         snprintf(retried, sizeof retried,
-                 " (gave up after %u tries in %.1f s; CKPTIO_S3_TIMEOUT=%g s bounds the retries)",
-                 tries, spent, s->timeout);
+                 " (gave up after %u tries in %.1f s; %s=%g s bounds the retries%s)", tries,
+                 spent, never ? "CKPTIO_S3_FIRST_TIMEOUT" : "CKPTIO_S3_TIMEOUT",
+                 never ? s->first : s->timeout,
+                 never ? " while the store has never answered this process" : "");
+    if (tls_failure(cc))
+        return ckptio__fail(msg, -EACCES,
+                            "%s failed: %s presented a certificate this client does not trust: "
+                            "%s: give the CA that signed it (the store setting ca_bundle, or "
+                            "AWS_CA_BUNDLE), or fix the endpoint",
+                            where, s->endpoint, cerr[0] ? cerr : curl_easy_strerror(cc));
     if (cc != CURLE_OK)
         return ckptio__fail(msg, rc,
                             "%s failed: cannot reach %s: %s%s: check AWS_ENDPOINT_URL and that "
@@ -539,10 +587,21 @@ static int call_fail(ckptio__s3 *s, s3_call *c, ckptio__msg *msg, int rc, CURLco
                                                            : "",
                             retried);
     const char *hint = "";
-    if (rc == -EACCES)
-        hint = ": the store refused the credentials or the access: check AWS_ACCESS_KEY_ID, "
-               "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION and the bucket's policy";
-    else if (rc == -ENOENT) hint = ": the bucket does not exist: create it or fix the URL";
+    char source[300];
+    if (rc == -EACCES) {
+        snprintf(source, sizeof source,
+                 ": the store refused the credentials (from %s) or the access: check them, "
+                 "the region and the bucket's policy",
+                 ckptio__aws_creds_source(s->creds));
+        hint = source;
+    } else if (expired_code(c->resp.code)) {
+        snprintf(source, sizeof source,
+                 ": the credentials (from %s) have expired and their source gave no newer ones",
+                 ckptio__aws_creds_source(s->creds));
+        hint = source;
+    }
+    else if (rc == -ENOENT)
+        hint = ": the bucket does not exist: create it or fix the URL";
     else if (c->resp.status == 301 || !strcmp(c->resp.code, "AuthorizationHeaderMalformed"))
         hint = ": the bucket is in another region: set AWS_REGION to it";
     else if (rc == CKPTIO_E_NOT_FOUND && !strcmp(c->resp.code, "NoSuchUpload"))
@@ -591,8 +650,18 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
                     ckptio__fail(msg, -ENOMEM, "out of memory"));
     if (c->sign_body) ckptio__s3_sha256_hex(c->body, c->body_len, phash);
     double t0 = ckptio__now();
+    unsigned renewed = 0; /* credentials the store called expired, replaced */
     for (unsigned attempt = 0;; attempt++) {
+        /* The deadline: the full one once the store has answered this process; else a short
+         * one, so a typo in the endpoint or a store that is down fails in seconds. */
+        double limit = __atomic_load_n(&s->answered, __ATOMIC_ACQUIRE) ? s->timeout : s->first;
+        ckptio__aws_key *k = NULL;
+        ckptio__msg cm = {0};
+        int crc = ckptio__aws_creds_get(s->creds, &k, &cm);
+        CKPTIO__GOTO_IF(crc < 0, ckptio__fail(msg, crc, "s3://%s/%s: %s: %s", c->bucket,
+                                              c->key ? c->key : "", c->what, cm.text));
         xfer *x = calloc(1, sizeof *x);
+        if (!x) ckptio__aws_key_put(k);
         CKPTIO__GOTO_IF(!x, ckptio__fail(msg, -ENOMEM, "out of memory"));
         x->c = c;
         memset(&c->resp, 0, sizeof c->resp);
@@ -601,7 +670,7 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
         c->out = NULL; /* a retry starts over: same buffer for a ranged GET, a fresh one else */
         CURL *h = conn_take(s);
         CURLcode cc = CURLE_OK;
-        int trc = h ? try_once(s, h, c, x, url, uri, host, phash, s->timeout - (ckptio__now() - t0),
+        int trc = h ? try_once(s, h, c, x, url, uri, host, phash, limit - (ckptio__now() - t0), k,
                                &cc, cerr)
                     : -ENOMEM;
         conn_give(s, h, trc < 0 || cc != CURLE_OK);
@@ -631,7 +700,21 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
             if (c->resp.code[0] && c->resp.status == 200)
                 c->resp.status = retry_code(c->resp.code) ? 500 : 400;
             rc = status_rc(c, &retry);
+            __atomic_store_n(&s->answered, 1, __ATOMIC_RELEASE);
+            /* Temporary credentials the store calls expired: ask their source again, at once.
+             * A HEAD's answer has no body to say so: its 400 is taken as that once. */
+            bool expired = expired_code(c->resp.code) ||
+                           (!c->resp.code[0] && c->resp.status == 400 && !strcmp(c->method, "HEAD") &&
+                            !renewed && k->expires);
+            if (rc < 0 && expired && renewed < 3 &&
+                ckptio__aws_creds_expired(s->creds, k)) {
+                renewed++;
+                ckptio__aws_key_put(k);
+                free(x);
+                continue;
+            }
         }
+        ckptio__aws_key_put(k);
         bool told = trc < 0 || x->abort_rc; /* those failures carry their message already */
         free(x);
         if (rc == 0 || told) goto out;
@@ -645,7 +728,8 @@ static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
             goto out;
         }
         double spent = ckptio__now() - t0, wait = backoff(attempt);
-        if (spent + wait >= s->timeout) {
+        limit = __atomic_load_n(&s->answered, __ATOMIC_ACQUIRE) ? s->timeout : s->first;
+        if (spent + wait >= limit) {
             rc = call_fail(s, c, msg, rc, cc, cerr, attempt + 1, spent);
             goto out;
         }

@@ -6,12 +6,14 @@
 #include "../common/common.h"
 #include "../io/engine.h"
 
-/* Addresses are "s3://bucket/key". The client reads what AWS tools read from the environment:
- * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional), AWS_REGION (else
- * AWS_DEFAULT_REGION, else us-east-1), AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (a custom
- * endpoint, addressed path-style: <endpoint>/<bucket>/<key>; without one,
+/* Addresses are "s3://bucket/key". A client is made from the store's settings
+ * (ckptio_store_opts), else what the AWS SDKs read (aws_creds.h): credentials from their chain,
+ * the region (AWS_REGION, AWS_DEFAULT_REGION, the profile's, else us-east-1), the endpoint
+ * (AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL: a custom endpoint, addressed path-style unless
+ * addressing_style says virtual: <endpoint>/<bucket>/<key>; without one,
  * https://<bucket>.s3.<region>.amazonaws.com/<key>, or path-style on
- * https://s3.<region>.amazonaws.com for a bucket name with dots). Requests are signed with
+ * https://s3.<region>.amazonaws.com for a bucket name with dots), the CAs to trust
+ * (AWS_CA_BUNDLE, else the system's). Requests are signed with
  * SigV4 (payload UNSIGNED-PAYLOAD: the data is proven by ckptio's own block checksums; the
  * small XML body of CompleteMultipartUpload is signed with its SHA256).
  *
@@ -20,8 +22,12 @@
  * SlowDown, RequestTimeout, InternalError — is retried with exponential backoff and full
  * jitter (0.1 s doubling, at most 5 s apart), and so is 409 ConditionalRequestConflict, until
  * CKPTIO_S3_TIMEOUT seconds (default 120) have passed since the first try; then it fails with
- * -ETIMEDOUT (the store kept answering with errors) or the last connection error. A single
- * try never outlives that deadline either; connecting has 5 s. Anything else fails at once. Failures name the bucket and key and say what to do:
+ * -ETIMEDOUT (the store kept answering with errors) or the last connection error. While the
+ * client has had no answer from the store at all, the deadline is CKPTIO_S3_FIRST_TIMEOUT
+ * (default 10 s) instead: a wrong endpoint or a store that is down fails in seconds. A single
+ * try never outlives that deadline either; connecting has 5 s. Credentials the store calls
+ * expired (ExpiredToken) are asked of their source again and the request is sent again. A
+ * certificate that does not verify fails at once (-EACCES). Anything else fails at once. Failures name the bucket and key and say what to do:
  *   403 (InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied) -> -EACCES,
  *   NoSuchBucket -> -ENOENT ("bucket 'b' does not exist: create it or fix the URL"),
  *   404 on an object -> CKPTIO_E_NOT_FOUND (the callers turn it into their own message),
@@ -44,10 +50,12 @@ CKPTIO__HIDDEN bool ckptio__s3_is_url(const char *path);
  * is CKPTIO_E_USAGE. */
 CKPTIO__HIDDEN int ckptio__s3_parse(const char *url, char **bucket, char **key, ckptio__msg *msg);
 
-/* The process-wide client (created on first use from the environment; its settings are read
- * once). Missing credentials: CKPTIO_E_USAGE naming the variables to set. libcurl's global
- * init happens here, once. Never freed before exit; safe from any thread. */
-CKPTIO__HIDDEN int ckptio__s3_client(ckptio__s3 **out, ckptio__msg *msg);
+/* The client for settings o (NULL: the environment's), read now: one per distinct setting and
+ * environment, made on first use and kept (its connections, its credentials) until exit; safe
+ * from any thread. Credentials are looked for at the first request (missing ones fail it with
+ * CKPTIO_E_USAGE naming the sources tried). libcurl's global init happens here, once. */
+CKPTIO__HIDDEN int ckptio__s3_client(ckptio__s3 **out, const ckptio_store_opts *o,
+                                     ckptio__msg *msg);
 
 /* The endpoint requests go to ("http://127.0.0.1:8333", "https://s3.us-east-1.amazonaws.com"),
  * for messages and stats. */

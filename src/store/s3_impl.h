@@ -27,6 +27,7 @@ typedef struct ckptio__s3_sig_in {
     unsigned nh;
     const char *payload_hash; /* hex SHA256 of the body, or "UNSIGNED-PAYLOAD" */
     const char *amz_date, *region, *access_key, *secret_key;
+    const char *service; /* the scope's service: "sts"; NULL: "s3" */
 } ckptio__s3_sig_in;
 
 #define CKPTIO__S3_AUTH_MAX 1024
@@ -62,6 +63,12 @@ CKPTIO__HIDDEN int ckptio__s3_parse_uploads(const char *xml, size_t len,
                                             ckptio__s3_uploads_cb cb, void *ctx,
                                             bool *truncated, char *next_key, char *next_id,
                                             size_t cap);
+/* One line of an answer's head (len bytes, CRLF or not; not NUL-terminated) into r: a status
+ * line ("HTTP/1.1 200 OK") starts a new answer (after a 100 Continue: r zeroed but for the
+ * status); ETag, Last-Modified and Date are read, Content-Length when want_size; other lines,
+ * and lines of 512 bytes or more, are skipped. */
+CKPTIO__HIDDEN void ckptio__s3_header(const char *p, size_t len, ckptio__s3_resp *r,
+                                      bool want_size);
 /* The <Code> of an <Error> body into code (cap bytes); "" when there is none. */
 CKPTIO__HIDDEN void ckptio__s3_parse_error(const char *xml, size_t len, char *code, size_t cap);
 /* "2009-10-12T17:50:30.000Z" (ISO 8601, UTC) and "Wed, 12 Oct 2009 17:50:30 GMT" (RFC 1123)

@@ -213,7 +213,8 @@ int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth)
     memcpy(day, in->amz_date, 8);
     day[8] = 0;
     ckptio__s3_sha256_hex(creq.p, creq.len, creq_hex);
-    int n = snprintf(scope, sizeof scope, "%s/%s/s3/aws4_request", day, in->region);
+    const char *service = in->service ? in->service : "s3";
+    int n = snprintf(scope, sizeof scope, "%s/%s/%s/aws4_request", day, in->region, service);
     CKPTIO__GOTO_IF(n < 0 || (size_t)n >= sizeof scope, CKPTIO_E_LIMIT);
     n = snprintf(sts, sizeof sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", in->amz_date, scope, creq_hex);
     CKPTIO__GOTO_IF(n < 0 || (size_t)n >= sizeof sts, CKPTIO_E_LIMIT);
@@ -225,7 +226,7 @@ int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth)
     unsigned char k1[32], k2[32], k3[32], k4[32], sig[32];
     hmac(k0, (size_t)n, day, k1);
     hmac(k1, 32, in->region, k2);
-    hmac(k2, 32, "s3", k3);
+    hmac(k2, 32, service, k3);
     hmac(k3, 32, "aws4_request", k4);
     hmac(k4, 32, sts, sig);
     char sig_hex[65];

@@ -80,13 +80,14 @@ static void note_components(const uint8_t *buf, uint64_t len, char ***v, size_t 
     ckptio__manifest_free(m);
 }
 
-static int obj_init(ckptio__txn *t, const char *url, ckptio__msg *msg)
+static int obj_init(ckptio__txn *t, const char *url, const ckptio_store_opts *so,
+                    ckptio__msg *msg)
 {
     s3_txn *o = calloc(1, sizeof *o);
     if (!o) return ckptio__fail(msg, -ENOMEM, "out of memory");
     t->impl = o;
     CKPTIO__TRY(ckptio__s3_parse(url, &o->bucket, &o->key, msg));
-    CKPTIO__TRY(ckptio__s3_client(&o->s3, msg));
+    CKPTIO__TRY(ckptio__s3_client(&o->s3, so, msg));
     if (asprintf(&t->path, "s3://%s/%s", o->bucket, o->key) < 0) {
         t->path = NULL;
         return ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -107,7 +108,7 @@ static void set_dir(ckptio__txn *t)
 }
 
 static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, int direct,
-                    ckptio__msg *msg)
+                    const ckptio_store_opts *so, ckptio__msg *msg)
 {
     (void)direct;
     if (kind != CKPTIO__TXN_DIR)
@@ -116,7 +117,7 @@ static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, i
                             "single files (safetensors, torch); save to a local path, or save a "
                             "ckptio checkpoint",
                             url);
-    CKPTIO__TRY(obj_init(t, url, msg));
+    CKPTIO__TRY(obj_init(t, url, so, msg));
     s3_txn *o = t->impl;
     char *mk = manifest_key(o);
     if (!mk) return ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -158,10 +159,10 @@ static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, i
 }
 
 static int s3_join(ckptio__txn *t, const char *url, const char *tmp_url, unsigned flags,
-                   ckptio__msg *msg)
+                   const ckptio_store_opts *so, ckptio__msg *msg)
 {
     (void)flags;
-    CKPTIO__TRY(obj_init(t, url, msg));
+    CKPTIO__TRY(obj_init(t, url, so, msg));
     s3_txn *o = t->impl;
     size_t n = strlen(t->path);
     const char *save = tmp_url + n + 1;
@@ -396,11 +397,12 @@ typedef struct s3_at {
     char *bucket, *key, *sub;
 } s3_at;
 
-static int at_open(s3_at *a, const char *url, const char *tail, ckptio__msg *msg)
+static int at_open(s3_at *a, const char *url, const ckptio_store_opts *so, const char *tail,
+                   ckptio__msg *msg)
 {
     *a = (s3_at){0};
     int rc = ckptio__s3_parse(url, &a->bucket, &a->key, msg);
-    if (rc == 0) rc = ckptio__s3_client(&a->c, msg);
+    if (rc == 0) rc = ckptio__s3_client(&a->c, so, msg);
     if (rc == 0 && tail && asprintf(&a->sub, "%s/%s", a->key, tail) < 0) {
         a->sub = NULL;
         rc = ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -431,21 +433,22 @@ static int on_key(void *ctx, const char *key, uint64_t size, int64_t mtime)
     return ckptio__names_add(c->out, name, (size_t)(slash - name));
 }
 
-static int s3_list(const char *url, ckptio__names *out, ckptio__msg *msg)
+static int s3_list(const char *url, const ckptio_store_opts *so, ckptio__names *out,
+                   ckptio__msg *msg)
 {
     s3_at a;
-    int rc = at_open(&a, url, "", msg);
+    int rc = at_open(&a, url, so, "", msg);
     list_ctx c = {.skip = a.sub ? strlen(a.sub) : 0, .out = out};
     if (rc == 0) rc = ckptio__s3_list(a.c, a.bucket, a.sub, on_key, &c, msg);
     at_close(&a);
     return rc;
 }
 
-static int s3_is_checkpoint(const char *url, ckptio__msg *msg)
+static int s3_is_checkpoint(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
     s3_at a;
     ckptio__s3_resp r = {0};
-    int rc = at_open(&a, url, "manifest", msg);
+    int rc = at_open(&a, url, so, "manifest", msg);
     if (rc == 0) rc = ckptio__s3_head(a.c, a.bucket, a.sub, &r, msg);
     at_close(&a);
     return rc == 0 ? 1 : rc == CKPTIO_E_NOT_FOUND ? 0 : rc;
@@ -472,12 +475,12 @@ static int on_rm_upload(void *ctx, const char *key, const char *upload_id, int64
 /* The manifest goes first: from that moment the checkpoint is gone as a whole, and what
  * remains are objects no manifest names (which the next save of the path sweeps if this
  * removal stops halfway). */
-static int s3_remove(const char *url, ckptio__msg *msg)
+static int s3_remove(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
     s3_at a;
     ckptio__names doomed = {0};
     char *mk = NULL;
-    int rc = at_open(&a, url, "", msg);
+    int rc = at_open(&a, url, so, "", msg);
     if (rc == 0 && asprintf(&mk, "%s/manifest", a.key) < 0) {
         mk = NULL;
         rc = -ENOMEM;
@@ -510,10 +513,10 @@ static int s3_remove(const char *url, ckptio__msg *msg)
 /* ckptio_sweep under an S3 prefix: for each checkpoint <prefix>/<name>, the data of saves that
  * began before its manifest was last written and that it does not name (see doomed: the
  * manifest's Last-Modified plays the committing save's start). */
-static int s3_sweep(const char *url, ckptio__msg *msg)
+static int s3_sweep(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
     ckptio__names names = {0};
-    int rc = s3_list(url, &names, msg);
+    int rc = s3_list(url, so, &names, msg);
     size_t removed = 0;
     for (size_t i = 0; rc == 0 && i < names.n; i++) {
         s3_at a;
@@ -527,7 +530,7 @@ static int s3_sweep(const char *url, ckptio__msg *msg)
             rc = ckptio__fail(msg, -ENOMEM, "out of memory");
             break;
         }
-        rc = at_open(&a, at, "manifest", msg);
+        rc = at_open(&a, at, so, "manifest", msg);
         if (rc == 0) rc = ckptio__s3_get_all(a.c, a.bucket, a.sub, MANIFEST_MAX, &buf, &len, &r, msg);
         if (rc == CKPTIO_E_NOT_FOUND) rc = 0; /* removed since it was listed */
         else if (rc == 0 && r.mtime) {
@@ -552,7 +555,8 @@ typedef struct s3_place {
     char *bucket, *prefix;
 } s3_place;
 
-static int s3_place_open(ckptio__place *p, const char *url, ckptio__msg *msg)
+static int s3_place_open(ckptio__place *p, const char *url, const ckptio_store_opts *so,
+                         ckptio__msg *msg)
 {
     s3_place *o = calloc(1, sizeof *o);
     if (!o) return ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -572,7 +576,7 @@ static int s3_place_open(ckptio__place *p, const char *url, ckptio__msg *msg)
         CKPTIO__TRY(rc);
         o->prefix[0] = 0;
     }
-    CKPTIO__TRY(ckptio__s3_client(&o->c, msg));
+    CKPTIO__TRY(ckptio__s3_client(&o->c, so, msg));
     p->parallel = ckptio__s3_connections(o->c);
     return 0;
 }

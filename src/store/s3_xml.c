@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "s3_impl.h"
@@ -60,6 +61,31 @@ static int put_utf8(char *out, size_t cap, size_t *n, unsigned long cp)
     return 0;
 }
 
+void ckptio__s3_header(const char *p, size_t len, ckptio__s3_resp *r, bool want_size)
+{
+    char line[512];
+    if (len >= sizeof line) return; /* no header the client reads is that long */
+    memcpy(line, p, len);
+    line[len] = 0;
+    len = strlen(line); /* a NUL inside ends the line */
+    while (len && (line[len - 1] == '\r' || line[len - 1] == '\n')) line[--len] = 0;
+    if (!strncmp(line, "HTTP/", 5)) { /* a new answer (after a 100 Continue): start over */
+        const char *sp = strchr(line, ' ');
+        long st = sp ? strtol(sp + 1, NULL, 10) : 0;
+        *r = (ckptio__s3_resp){.status = st >= 100 && st <= 999 ? st : 0};
+        return;
+    }
+    char *colon = strchr(line, ':');
+    if (!colon) return;
+    *colon = 0;
+    char *v = colon + 1;
+    while (*v == ' ' || *v == '\t') v++;
+    if (!strcasecmp(line, "etag")) snprintf(r->etag, sizeof r->etag, "%s", v);
+    else if (!strcasecmp(line, "last-modified")) ckptio__s3_time_http(v, &r->mtime);
+    else if (!strcasecmp(line, "date")) ckptio__s3_time_http(v, &r->date);
+    else if (want_size && !strcasecmp(line, "content-length")) r->size = strtoull(v, NULL, 10);
+}
+
 int ckptio__xml_text(const char *b, const char *e, char *out, size_t cap)
 {
     static const struct {
@@ -69,6 +95,7 @@ int ckptio__xml_text(const char *b, const char *e, char *out, size_t cap)
     size_t n = 0;
     if (!cap) return -1;
     while (b < e) {
+        if (!*b) return -1; /* a raw NUL: no name or text of S3's holds one */
         if (*b != '&') {
             if (n + 1 >= cap) return -1;
             out[n++] = *b++;

@@ -52,14 +52,15 @@ int ckptio__store_remote(const char *path, ckptio__msg *msg)
     return !(s->caps & CKPTIO__STORE_LOCAL);
 }
 
-int ckptio__place_open(ckptio__place *p, const char *path, ckptio__msg *msg)
+int ckptio__place_open(ckptio__place *p, const char *path, const ckptio_store_opts *o,
+                       ckptio__msg *msg)
 {
     *p = (ckptio__place){0};
     CKPTIO__TRY(ckptio__store_for(path, &p->store, msg));
     if (!p->store->place_open)
         return ckptio__fail(msg, CKPTIO_E_USAGE,
                             "internal error: '%s' is on a local file system, read as files", path);
-    return p->store->place_open(p, path, msg);
+    return p->store->place_open(p, path, o, msg);
 }
 
 void ckptio__place_close(ckptio__place *p)
@@ -90,13 +91,19 @@ static int cmp_str(const void *a, const void *b)
 
 int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, void *ctx)
 {
+    return ckptio_list_checkpoints_with(prefix, NULL, cb, ctx);
+}
+
+int ckptio_list_checkpoints_with(const char *prefix, const ckptio_store_opts *o,
+                                 ckptio_list_cb cb, void *ctx)
+{
     if (!prefix || !*prefix || !cb)
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_list_checkpoints: prefix and cb are required");
     ckptio__msg msg = {0};
     ckptio__names ns = {0};
     const ckptio__store_ops *s;
     int rc = ckptio__store_for(prefix, &s, &msg);
-    if (rc == 0) rc = s->list(prefix, &ns, &msg);
+    if (rc == 0) rc = s->list(prefix, o, &ns, &msg);
     if (rc == 0 && ns.n) qsort(ns.v, ns.n, sizeof *ns.v, cmp_str);
     for (size_t i = 0; rc == 0 && i < ns.n; i++) rc = cb(ctx, ns.v[i]);
     ckptio__names_free(&ns);
@@ -107,7 +114,8 @@ int ckptio_list_checkpoints(const char *prefix, ckptio_list_cb cb, void *ctx)
 /* A catalog call on the store of `path`: `op` picks is_checkpoint, remove or sweep (one
  * signature); `api` names the public function, `what` what failed. */
 enum { CATALOG_IS, CATALOG_REMOVE, CATALOG_SWEEP };
-static int catalog(const char *path, int op, const char *api, const char *what)
+static int catalog(const char *path, const ckptio_store_opts *o, int op, const char *api,
+                   const char *what)
 {
     if (!path || !*path) return ckptio__fail(NULL, CKPTIO_E_USAGE, "%s: a path is required", api);
     ckptio__msg msg = {0};
@@ -115,22 +123,38 @@ static int catalog(const char *path, int op, const char *api, const char *what)
     int rc = ckptio__store_for(path, &s, &msg);
     if (rc == 0)
         rc = (op == CATALOG_IS ? s->is_checkpoint : op == CATALOG_REMOVE ? s->remove : s->sweep)(
-            path, &msg);
+            path, o, &msg);
     return rc < 0 ? ckptio__refail(NULL, &msg, rc, what, NULL) : rc;
+}
+
+int ckptio_sweep_with(const char *prefix, const ckptio_store_opts *o)
+{
+    return catalog(prefix, o, CATALOG_SWEEP, "ckptio_sweep", "cannot sweep");
+}
+
+int ckptio_is_checkpoint_with(const char *path, const ckptio_store_opts *o)
+{
+    return catalog(path, o, CATALOG_IS, "ckptio_is_checkpoint", "cannot look for a checkpoint");
+}
+
+int ckptio_remove_checkpoint_with(const char *path, const ckptio_store_opts *o)
+{
+    int rc = catalog(path, o, CATALOG_REMOVE, "ckptio_remove_checkpoint",
+                     "cannot remove checkpoint");
+    return rc < 0 ? rc : 0;
 }
 
 int ckptio_sweep(const char *prefix)
 {
-    return catalog(prefix, CATALOG_SWEEP, "ckptio_sweep", "cannot sweep");
+    return ckptio_sweep_with(prefix, NULL);
 }
 
 int ckptio_is_checkpoint(const char *path)
 {
-    return catalog(path, CATALOG_IS, "ckptio_is_checkpoint", "cannot look for a checkpoint");
+    return ckptio_is_checkpoint_with(path, NULL);
 }
 
 int ckptio_remove_checkpoint(const char *path)
 {
-    int rc = catalog(path, CATALOG_REMOVE, "ckptio_remove_checkpoint", "cannot remove checkpoint");
-    return rc < 0 ? rc : 0;
+    return ckptio_remove_checkpoint_with(path, NULL);
 }

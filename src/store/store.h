@@ -92,28 +92,30 @@ typedef struct ckptio__store_ops {
     /* ---- the catalog ---- */
     /* Add to *out the names of the committed checkpoints directly under `prefix` (entries
      * that hold a manifest), in any order; a prefix that does not exist holds none. */
-    int (*list)(const char *prefix, ckptio__names *out, ckptio__msg *msg);
+    int (*list)(const char *prefix, const ckptio_store_opts *o, ckptio__names *out,
+                ckptio__msg *msg);
     /* 1 when `path` holds a committed checkpoint (its manifest), 0 when not. */
-    int (*is_checkpoint)(const char *path, ckptio__msg *msg);
+    int (*is_checkpoint)(const char *path, const ckptio_store_opts *o, ckptio__msg *msg);
     /* Remove the checkpoint at `path` whole (CKPTIO_E_NOT_CHECKPOINT when it has no manifest):
      * it leaves every listing at once and durably (a crash never brings back part of it),
      * then its data goes; what a crash leaves, sweep removes. */
-    int (*remove)(const char *path, ckptio__msg *msg);
+    int (*remove)(const char *path, const ckptio_store_opts *o, ckptio__msg *msg);
     /* Remove what killed saves and removals left directly under `prefix` that no live one
      * still owns (ckptio_sweep says which, per store); the number of leftovers removed. */
-    int (*sweep)(const char *prefix, ckptio__msg *msg);
+    int (*sweep)(const char *prefix, const ckptio_store_opts *o, ckptio__msg *msg);
 
     /* ---- saves: commit/txn.h's contract, each op for one store ---- */
     unsigned caps;      /* CKPTIO__STORE_* */
     uint64_t part_min;  /* PARTS: the smallest part */
     unsigned max_parts; /* PARTS: parts per data file at most */
     /* Start a save of `path` (t zeroed): check what is there may be replaced (EXISTS
-     * otherwise), make where the data goes. FILE: `direct` is the file's O_DIRECT wish. */
+     * otherwise), make where the data goes. FILE: `direct` is the file's O_DIRECT wish. `o`:
+     * the store's settings (NULL: the environment's), needed only until begin returns. */
     int (*begin)(ckptio__txn *t, const char *path, int kind, unsigned flags, int direct,
-                 ckptio__msg *msg);
+                 const ckptio_store_opts *o, ckptio__msg *msg);
     /* Take part in the save another process began (DIR): write into tmp_path, never publish. */
     int (*join)(ckptio__txn *t, const char *path, const char *tmp_path, unsigned flags,
-                ckptio__msg *msg);
+                const ckptio_store_opts *o, ckptio__msg *msg);
     /* How many writes in flight the store serves at once (PARTS: what the sink is sized to). */
     unsigned (*parallel)(const ckptio__txn *t);
     /* Create data file `name` (relative to the checkpoint: "<data_dir>/...") for writing:
@@ -148,8 +150,10 @@ typedef struct ckptio__store_ops {
     void (*fini)(ckptio__txn *t);
 
     /* ---- reads (stores without LOCAL) ---- */
-    /* Open the place `path` (p zeroed but for store); place_close releases even a failed one. */
-    int (*place_open)(ckptio__place *p, const char *path, ckptio__msg *msg);
+    /* Open the place `path` (p zeroed but for store) with the store's settings `o` (NULL: the
+     * environment's); place_close releases even a failed one. */
+    int (*place_open)(ckptio__place *p, const char *path, const ckptio_store_opts *o,
+                      ckptio__msg *msg);
     void (*place_close)(ckptio__place *p);
     /* The whole of `name` (at most max bytes: else CKPTIO_E_LIMIT) in malloc'd *buf; a name
      * that is not there is CKPTIO_E_NOT_FOUND. */
@@ -177,9 +181,20 @@ CKPTIO__HIDDEN int ckptio__store_for(const char *path, const ckptio__store_ops *
 CKPTIO__HIDDEN int ckptio__store_remote(const char *path, ckptio__msg *msg);
 /* Open the place `path` in whichever store serves it (store_for, then its place_open):
  * CKPTIO_E_USAGE for a store that is a local file system (readers open those themselves). */
-CKPTIO__HIDDEN int ckptio__place_open(ckptio__place *p, const char *path, ckptio__msg *msg);
+CKPTIO__HIDDEN int ckptio__place_open(ckptio__place *p, const char *path,
+                                      const ckptio_store_opts *o, ckptio__msg *msg);
 /* Release a place; accepts a zeroed or failed one. */
 CKPTIO__HIDDEN void ckptio__place_close(ckptio__place *p);
+
+/* ---- settings (opts.c) ---- */
+
+/* The value of setting `key` in o (NULL when o is NULL or has none): the store then reads the
+ * environment, at the moment it needs the setting. */
+CKPTIO__HIDDEN const char *ckptio__opt(const ckptio_store_opts *o, const char *key);
+/* The settings in key order: the i-th into *key, *value; CKPTIO_E_NOT_FOUND past the end. */
+CKPTIO__HIDDEN size_t ckptio__opts_count(const ckptio_store_opts *o);
+CKPTIO__HIDDEN int ckptio__opts_at(const ckptio_store_opts *o, size_t i, const char **key,
+                                   const char **value);
 
 /* The stores (store.c's table entries). */
 CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_posix;

@@ -34,7 +34,8 @@ int ckptio__file_writer_init(ckptio_file_writer *f, const char *path, const ckpt
      * goes beside the target (a rename cannot cross file systems) and replaces it; the link
      * stays a link. */
     CKPTIO__CHECK(ckptio__txn_begin(&f->txn, path, CKPTIO__TXN_FILE,
-                                    ckptio__cfg_txn_flags(&f->cfg), f->cfg.direct, &f->msg));
+                                    ckptio__cfg_txn_flags(&f->cfg), f->cfg.direct, f->cfg.store,
+                                    &f->msg));
     CKPTIO__CHECK(ckptio__sink_init(&f->sink, f->txn.fd, f->txn.direct, f->cfg.backend,
                                     f->cfg.depth, f->cfg.threads, f->cfg.staging, f->cfg.request,
                                     f->txn.tmp_path, &f->msg));

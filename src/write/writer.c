@@ -84,10 +84,11 @@ static int open_writer(ckptio_writer **out, const char *path, const ckptio_param
     }
     if (join)
         CKPTIO__CHECK(ckptio__txn_join(&w->txn, path, join, ckptio__cfg_txn_flags(&w->cfg),
-                                       &w->msg));
+                                       w->cfg.store, &w->msg));
     else
         CKPTIO__CHECK(ckptio__txn_begin(&w->txn, path, CKPTIO__TXN_DIR,
-                                        ckptio__cfg_txn_flags(&w->cfg), 0, &w->msg));
+                                        ckptio__cfg_txn_flags(&w->cfg), 0, w->cfg.store,
+                                        &w->msg));
     w->path = w->txn.path;
     unsigned caps = ckptio__txn_caps(&w->txn);
     if (caps & CKPTIO__STORE_PARTS) parts_setup(w);
