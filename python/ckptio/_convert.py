@@ -29,7 +29,7 @@ import time
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,8 @@ import numpy as np
 from . import _core
 from . import _dtypes as D
 from ._errors import CheckpointError
-from ._options import params
+from ._options import params, store
+from ._stage import is_url
 from .frameworks._registry import BY_NAME
 from ._tree import TREE_KEY, flatten, make_document, parse_document, unflatten
 
@@ -801,17 +802,21 @@ def _size(s: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
-def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False, max_shard_size: int | None = None, compress: str | bool | None = None) -> str:  # fmt: skip
+def convert(src: str, dst: str, *, src_format: str | None = None, dst_format: str | None = None, overwrite: bool = False, max_shard_size: int | None = None, compress: str | bool | None = None, src_storage_options: Mapping[str, Any] | None = None, dst_storage_options: Mapping[str, Any] | None = None) -> str:  # fmt: skip
     """Convert ``src`` into a new ``dst``, any pair of ckptio, safetensors, hf, torch and dcp
     (the formats detected where not given); ``compress`` ("auto", "all", None) applies to a
-    ckptio destination, as in ckptio.save. Returns a one-line summary."""
+    ckptio destination, as in ckptio.save; ``src_storage_options`` / ``dst_storage_options``:
+    the settings of the object stores they are in (ckptio.save's storage_options), e.g. from
+    one S3-compatible store to another. Returns a one-line summary."""
     dst = dst.rstrip("/") or dst
-    f = src_format or _detect(src, False)
-    t = dst_format or _detect(dst, True, max_shard_size is not None)
+    # A URL is in an object store, which holds ckptio and safetensors checkpoints only: the
+    # engine tells which, asking the store with its settings.
+    f = src_format or (None if is_url(src) else _detect(src, False))
+    t = dst_format or (None if is_url(dst) else _detect(dst, True, max_shard_size is not None))
     t0 = time.monotonic()
     source = TorchSource(src) if f == "torch" else DcpSource(src) if f == "dcp" else None
     sink = TorchSink(dst) if t == "torch" else DcpSink(dst) if t == "dcp" else None
-    opts = {"from": f, "to": t, "overwrite": overwrite, "max_shard_bytes": max_shard_size, "progress": True, "compress": _compress(compress)}  # fmt: skip
+    opts = {"from": f, "to": t, "overwrite": overwrite, "max_shard_bytes": max_shard_size, "progress": True, "compress": _compress(compress), "src_store": store(src_storage_options), "dst_store": store(dst_storage_options)}  # fmt: skip
     try:
         f, t, n, nbytes = _run(src, dst, opts, source, sink)
     finally:

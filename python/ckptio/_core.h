@@ -42,6 +42,9 @@ void ckptio__pyerr_locate(const ckptio__pywhere *where);
 /* `d`: None (the library's defaults) or the {name: int} dict ckptio._options.params() builds.
  * 0, or -1 with an exception set. */
 int ckptio__pyparams(PyObject *d, ckptio_params *p);
+/* The settings a ckptio._core.StoreOptions holds into *out (None: NULL); -1 with TypeError for
+ * another object. The object keeps them alive. */
+int ckptio__pystore(PyObject *obj, const ckptio_store_opts **out);
 
 /* A sequence of ints -> dims of tensor `name` (`out` holds CKPTIO_MAX_NDIM); returns ndim, or -1
  * with an exception set (a longer sequence is a LimitExceeded naming the tensor). */

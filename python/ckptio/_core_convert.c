@@ -221,6 +221,10 @@ static PyObject *mod_convert(PyObject *mod, PyObject *args)
         goto out;
     /* an enum ckptio_compress: the engine refuses another value */
     a.compress = compress < 0 || compress > 2 ? -1 : (int)compress;
+    /* src_store, dst_store: StoreOptions, kept alive by opts for the call */
+    if (ckptio__pystore(PyDict_GetItemString(opts, "src_store"), &a.src_store) < 0 ||
+        ckptio__pystore(PyDict_GetItemString(opts, "dst_store"), &a.dst_store) < 0)
+        goto out;
     a.overwrite = overwrite != 0;
     a.max_shard_bytes = shard > 0 ? (uint64_t)shard : 0;
     a.piece_bytes = piece > 0 ? (uint64_t)piece : 0;

@@ -281,18 +281,92 @@ static int add_name(void *ctx, const char *name)
     return rc < 0 ? -1 : 0;
 }
 
-/* list_checkpoints(prefix) -> [names]: the committed checkpoints directly under a directory
- * or an s3:// prefix. The names are gathered with the GIL held (the listing of a directory or
- * a bucket is short next to a save). */
+/* ---- StoreOptions: a store's settings (ckptio_store_opts), made once per distinct mapping ---- */
+
+typedef struct {
+    PyObject_HEAD
+    ckptio_store_opts *o;
+} StoreOptions;
+
+/* StoreOptions(mapping): each str key a setting ckptio_store_opts_set takes, each value a str
+ * (None: not set). Immutable once made. */
+static int store_init(PyObject *self, PyObject *args, PyObject *kw)
+{
+    StoreOptions *s = (StoreOptions *)self;
+    PyObject *map = NULL;
+    static char *names[] = {"settings", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!:StoreOptions", names, &PyDict_Type, &map))
+        return -1;
+    if (s->o) {
+        PyErr_SetString(PyExc_RuntimeError, "StoreOptions already made");
+        return -1;
+    }
+    if (ckptio_store_opts_new(&s->o) < 0) return PyErr_NoMemory(), -1;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(map, &pos, &k, &v)) {
+        if (!PyUnicode_Check(k) || (v != Py_None && !PyUnicode_Check(v))) {
+            PyErr_Format(PyExc_TypeError, "storage_options: %R: keys and values must be str", k);
+            return -1;
+        }
+        const char *ks = PyUnicode_AsUTF8(k), *vs = v == Py_None ? NULL : PyUnicode_AsUTF8(v);
+        if (!ks || (v != Py_None && !vs)) return -1;
+        int rc = ckptio_store_opts_set(s->o, ks, vs);
+        if (rc < 0) {
+            ckptio__pyraise(rc, ckptio_last_error(), NULL);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void store_dealloc(PyObject *self)
+{
+    ckptio_store_opts_free(((StoreOptions *)self)->o); /* wipes the secrets it holds */
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject StoreOptionsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ckptio._core.StoreOptions",
+    .tp_basicsize = sizeof(StoreOptions),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "StoreOptions(settings): an object store's settings (endpoint_url, region, "
+              "profile, credentials, ca_bundle...), for the calls given them",
+    .tp_new = PyType_GenericNew,
+    .tp_init = store_init,
+    .tp_dealloc = store_dealloc,
+};
+
+int ckptio__pystore(PyObject *obj, const ckptio_store_opts **out)
+{
+    *out = NULL;
+    if (!obj || obj == Py_None) return 0;
+    if (!PyObject_TypeCheck(obj, &StoreOptionsType)) {
+        PyErr_Format(PyExc_TypeError, "store must be a ckptio._core.StoreOptions, not %s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = ((StoreOptions *)obj)->o;
+    return 0;
+}
+
+/* list_checkpoints(prefix, store=None) -> [names]: the committed checkpoints directly under a
+ * directory or an object store's prefix. The names are gathered with the GIL held (the listing
+ * of a directory or a bucket is short next to a save). */
 static PyObject *mod_list_checkpoints(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    PyObject *path_obj = NULL;
-    if (!PyArg_ParseTuple(args, "O&:list_checkpoints", PyUnicode_FSConverter, &path_obj))
+    PyObject *path_obj = NULL, *store = Py_None;
+    const ckptio_store_opts *so;
+    if (!PyArg_ParseTuple(args, "O&|O:list_checkpoints", PyUnicode_FSConverter, &path_obj, &store))
         return NULL;
+    if (ckptio__pystore(store, &so) < 0) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
     PyObject *out = PyList_New(0);
     const char *path = PyBytes_AS_STRING(path_obj);
-    int rc = out ? ckptio_list_checkpoints(path, add_name, out) : -1;
+    int rc = out ? ckptio_list_checkpoints_with(path, so, add_name, out) : -1;
     PyObject *ret = out;
     if (rc == -1 && PyErr_Occurred()) ret = NULL;
     else if (rc < 0) ret = raise_for(rc, ckptio_last_error(), path);
@@ -301,16 +375,23 @@ static PyObject *mod_list_checkpoints(PyObject *mod, PyObject *args)
     return ret;
 }
 
-/* Call fn(path) without the GIL; its result (>= 0), or the library's error raised, naming path. */
-static int path_call(PyObject *args, const char *format, int (*fn)(const char *))
+/* Call fn(path, store) without the GIL (args: a path, and optionally StoreOptions or None);
+ * its result (>= 0), or the library's error raised, naming path. */
+static int path_call(PyObject *args, const char *format,
+                     int (*fn)(const char *, const ckptio_store_opts *))
 {
-    PyObject *path_obj = NULL;
-    if (!PyArg_ParseTuple(args, format, PyUnicode_FSConverter, &path_obj)) return -1;
+    PyObject *path_obj = NULL, *store = Py_None;
+    const ckptio_store_opts *so;
+    if (!PyArg_ParseTuple(args, format, PyUnicode_FSConverter, &path_obj, &store)) return -1;
+    if (ckptio__pystore(store, &so) < 0) {
+        Py_DECREF(path_obj);
+        return -1;
+    }
     const char *path = PyBytes_AS_STRING(path_obj);
     int rc;
     char msg[1024] = "";
     Py_BEGIN_ALLOW_THREADS
-    rc = fn(path);
+    rc = fn(path, so);
     if (rc < 0) snprintf(msg, sizeof msg, "%s", ckptio_last_error());
     Py_END_ALLOW_THREADS
     if (rc < 0) {
@@ -325,7 +406,7 @@ static int path_call(PyObject *args, const char *format, int (*fn)(const char *)
 static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    return path_call(args, "O&:remove_checkpoint", ckptio_remove_checkpoint) < 0
+    return path_call(args, "O&|O:remove_checkpoint", ckptio_remove_checkpoint_with) < 0
                ? NULL
                : Py_NewRef(Py_None);
 }
@@ -334,7 +415,7 @@ static PyObject *mod_remove_checkpoint(PyObject *mod, PyObject *args)
 static PyObject *mod_sweep(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    int rc = path_call(args, "O&:sweep", ckptio_sweep);
+    int rc = path_call(args, "O&|O:sweep", ckptio_sweep_with);
     return rc < 0 ? NULL : PyLong_FromLong(rc);
 }
 
@@ -342,7 +423,7 @@ static PyObject *mod_sweep(PyObject *mod, PyObject *args)
 static PyObject *mod_is_checkpoint(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    int rc = path_call(args, "O&:is_checkpoint", ckptio_is_checkpoint);
+    int rc = path_call(args, "O&|O:is_checkpoint", ckptio_is_checkpoint_with);
     return rc < 0 ? NULL : PyBool_FromLong(rc);
 }
 
@@ -365,13 +446,14 @@ static PyMethodDef dist_functions[] = {
     {"store_name", mod_store_name, METH_VARARGS,
      "store_name(path) -> 'posix' or 's3': the kind of store that serves path"},
     {"is_checkpoint", mod_is_checkpoint, METH_VARARGS,
-     "is_checkpoint(path) -> whether path (a directory or s3:// URL) holds a manifest"},
+     "is_checkpoint(path, store=None) -> whether path (a directory or URL) holds a manifest"},
     {"list_checkpoints", mod_list_checkpoints, METH_VARARGS,
-     "list_checkpoints(prefix) -> names of the committed checkpoints under prefix"},
+     "list_checkpoints(prefix, store=None) -> names of the committed checkpoints under prefix"},
     {"remove_checkpoint", mod_remove_checkpoint, METH_VARARGS,
-     "remove_checkpoint(path): remove a committed checkpoint (a directory or s3:// URL)"},
+     "remove_checkpoint(path, store=None): remove a committed checkpoint (a directory or URL)"},
     {"sweep", mod_sweep, METH_VARARGS,
-     "sweep(prefix) -> how many leftovers of killed saves and removals under prefix were removed"},
+     "sweep(prefix, store=None) -> how many leftovers of killed saves and removals under prefix "
+     "were removed"},
     {"remove_stripes", mod_remove_stripes, METH_VARARGS,
      "remove_stripes(path, roots) -> how many unused stripes of path were removed"},
     {"save_dist", mod_save_dist, METH_VARARGS,
@@ -383,5 +465,7 @@ static PyMethodDef dist_functions[] = {
 
 int ckptio__pydist_register(PyObject *m)
 {
+    if (PyType_Ready(&StoreOptionsType) < 0) return -1;
+    if (PyModule_AddObjectRef(m, "StoreOptions", (PyObject *)&StoreOptionsType) < 0) return -1;
     return PyModule_AddFunctions(m, dist_functions);
 }

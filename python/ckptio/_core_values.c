@@ -153,6 +153,10 @@ int ckptio__pyparams(PyObject *d, ckptio_params *p)
         if (!(p->base = PyUnicode_AsUTF8(base))) return -1;
     }
     if (base) seen++;
+    /* store: a StoreOptions, kept alive by the dict for the call that uses these params. */
+    PyObject *store = PyDict_GetItemString(d, "store");
+    if (store && ckptio__pystore(store, &p->store) < 0) return -1;
+    if (store) seen++;
     if (seen != PyDict_GET_SIZE(d)) {
         PyErr_Format(PyExc_TypeError, "params: unknown name in %R", d);
         return -1;

@@ -744,19 +744,20 @@ def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  #
     ...     print(r.keys(), r["lr"], r["a.b"].shape)
     ['a.b', 'lr'] 0.1 (3,)
     """
-    return _reader_for(path)(path, mmap=mmap, **io_options)
+    return _reader_for(path, io_options.get("storage_options"))(path, mmap=mmap, **io_options)
 
 
 #: Readers of layouts other than ckptio's own, tried in order: (handles(path), reader class).
 #: The format front ends above this module add theirs as they load (ckptio.formats._hf: a
 #: safetensors file or a Hugging Face directory).
-FOREIGN_READERS: list[tuple[Callable[[PathLike], bool], type[Reader]]] = []
+FOREIGN_READERS: list[tuple[Callable[[PathLike, Any], bool], type[Reader]]] = []
 
 
-def _reader_for(path: PathLike) -> type[Reader]:
-    """Reader, or the foreign reader (FOREIGN_READERS) that handles ``path``."""
+def _reader_for(path: PathLike, storage_options: Any = None) -> type[Reader]:
+    """Reader, or the foreign reader (FOREIGN_READERS) that handles ``path`` (in a store with
+    these settings)."""
     for handles, reader in FOREIGN_READERS:
-        if handles(path):
+        if handles(path, storage_options):
             return reader
     return Reader
 
@@ -826,11 +827,11 @@ def load(
     if (comm is not None or like is not None) and not mmap and into is None:
         from .ranks import _share
 
-        if _reader_for(path) is Reader:
+        if _reader_for(path, io_options.get("storage_options")) is Reader:
             share = _share.plan(comm, like, io_options)
         if share is not None:
             io_options = dict(io_options, direct=False)  # the ranks share the page cache
-    with _reader_for(path)(path, mmap=mmap, **io_options) as r, pause_gc():
+    with _reader_for(path, io_options.get("storage_options"))(path, mmap=mmap, **io_options) as r, pause_gc():
         if comm is not None or like is not None:
             from .ranks import _comm, _dist
 

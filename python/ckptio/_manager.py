@@ -17,6 +17,7 @@ from . import _core
 from ._async import AsyncSave, _save_async
 from ._errors import USAGE, InvalidType, _from_code, error
 from ._load import load
+from ._options import store
 from ._save import PathLike, save
 from ._stage import is_url
 from ._tiers import Tiers
@@ -107,6 +108,8 @@ class Manager:
         self.async_save = async_save
         self.max_host_bytes = max_host_bytes
         self.save_options = save_options
+        # The store's settings (storage_options), for the listings and removals here too.
+        self._store = store(save_options.get("storage_options"))
         self.timeout = _dist.DEFAULT_TIMEOUT if timeout is None else float(timeout)
         if not self.timeout > 0:
             raise error(USAGE, f"timeout must be > 0 seconds, got {timeout!r}")
@@ -124,12 +127,12 @@ class Manager:
                             "each tier holds full parts", InvalidType)  # fmt: skip
             self._tiers = Tiers(self.directory, local, self.comm, replicas=replicas,
                 persist_every=persist_every, local_keep=local_keep, keep=keep, node=node,
-                timeout=self.timeout)  # fmt: skip
+                timeout=self.timeout, storage_options=save_options.get("storage_options"))  # fmt: skip
             return
         if not self._url:
             os.makedirs(self.directory, exist_ok=True)
         if self.comm is None or self.comm.rank == 0:
-            _core.sweep(self.directory)  # what killed saves and removals left
+            _core.sweep(self.directory, self._store)  # what killed saves and removals left
 
     # ---- listing ----
     def all_steps(self) -> list[int]:
@@ -137,7 +140,7 @@ class Manager:
         tier, every rank's part there)."""
         if self._tiers is not None:
             return self._tiers.persistent_steps()
-        names = _core.list_checkpoints(self.directory)
+        names = _core.list_checkpoints(self.directory, self._store)
         return sorted(int(n) for n in names if _STEP.fullmatch(n))
 
     def latest_step(self) -> int | None:
@@ -211,6 +214,8 @@ class Manager:
                 raise _from_code(
                     -errno.ENOENT, "ENOENT", f"no checkpoint in '{self.directory}' to restore"
                 )
+        if "storage_options" in self.save_options:  # the store saved to, unless told otherwise
+            load_options.setdefault("storage_options", self.save_options["storage_options"])
         return load(self.step_path(step), like=like, **load_options)
 
     def wait_until_finished(self) -> None:
@@ -374,7 +379,7 @@ class Manager:
         if not doomed:
             return
         for s in doomed:  # each goes whole: out of the listing durably first, then its data
-            _core.remove_checkpoint(self.step_path(s))
+            _core.remove_checkpoint(self.step_path(s), self._store)
         roots = self.save_options.get("roots")
         if roots:  # striped steps: their stripes in the other roots go too
             for s in doomed:

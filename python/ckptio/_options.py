@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import _core
 from ._errors import USAGE, InvalidType, error
 
-__all__ = ["IO_OPTIONS", "params", "split_roots", "Stats"]
+__all__ = ["IO_OPTIONS", "params", "split_roots", "store", "Stats"]
 
 _BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2, "buffered": 3}
 _AUTO, _OFF, _ON = -1, 0, 1
@@ -31,7 +33,35 @@ IO_OPTIONS = (
     "verify_threads",
     "compress",
     "base",
+    "storage_options",
 )
+
+
+_stores: dict[tuple[tuple[str, str | None], ...], Any] = {}
+
+
+def store(storage_options: Mapping[str, Any] | None) -> Any:
+    """The library's settings object (ckptio._core.StoreOptions) for ``storage_options``, an
+    object store's settings as fsspec and boto3 take them per call: endpoint_url, region,
+    profile, access_key_id, secret_access_key, session_token, ca_bundle, addressing_style,
+    sts_endpoint_url (doc/s3.md). None or {}: None (the environment's settings, read by the
+    library when it needs them). One object per distinct mapping, kept for the process, so the
+    library's clients (connections, credentials) are shared by every call with those settings.
+    The library checks the names and values; a wrong one raises at once."""
+    if not storage_options:
+        return None
+    if not isinstance(storage_options, Mapping):
+        raise error(USAGE, f"storage_options must be a mapping, got {storage_options!r}", InvalidType)
+    items = []
+    for k, v in storage_options.items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, (str, os.PathLike))):
+            raise error(USAGE, f"storage_options: {k!r}: names and values must be str", InvalidType)
+        items.append((k, None if v is None else os.fsdecode(v)))
+    key = tuple(sorted(items))
+    made = _stores.get(key)
+    if made is None:
+        made = _stores[key] = _core.StoreOptions(dict(key))
+    return made
 
 
 def fsync_path(path: str) -> None:
@@ -94,6 +124,7 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
     where that saves 2 %, a share left as they are while the device would wait on the coder, so
     a save never runs slower: the choice for every save), "all" (every block tried: the
     smallest checkpoint, at the coder's speed); True means "auto". CKPTIO_COMPRESS wins over it.
+    storage_options: an object store's settings for this call (see store()).
     base (saves): an older checkpoint to save against (an incremental checkpoint): tensors it
     also holds are stored as XOR deltas where that is smaller; needs compress (base alone
     turns compress on: "auto"). Loading resolves the chain; the base must stay where it was,
@@ -134,6 +165,9 @@ def params(options: dict[str, Any], *, overwrite: bool = False) -> dict[str, int
         out["base"] = os.fsdecode(base)
         if options.get("compress") is None:
             out["compress"] = _COMPRESS["auto"]
+    so = store(options.get("storage_options"))
+    if so is not None:
+        out["store"] = so
     roots = options.get("roots")
     if roots is not None:
         if isinstance(roots, (str, bytes, os.PathLike)) or not all(

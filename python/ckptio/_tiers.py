@@ -27,6 +27,7 @@ from ._async import AsyncSave, _background_comm, _save_async
 from ._errors import USAGE, CheckpointError, InvalidType, _from_code, error
 from ._load import load
 from ._options import params as _params
+from ._options import store
 from ._stage import is_url
 from .ranks import _comm, _dist
 from .ranks._comm import Communicator
@@ -114,21 +115,35 @@ def _private_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def _persist(src: str, dst: str) -> None:
+def _rp(so: Any) -> dict[str, Any] | None:
+    """A reader's parameters for a part in the store with settings ``so`` (a StoreOptions, or
+    None: the environment's)."""
+    return {"store": so} if so is not None else None
+
+
+def _wp(so: Any, overwrite: bool = False) -> dict[str, Any]:
+    """A writer's parameters, the same way."""
+    p = _params({}, overwrite=overwrite)
+    if so is not None:
+        p["store"] = so
+    return p
+
+
+def _persist(src: str, dst: str, so: Any = None) -> None:
     """Copy the committed part ``src`` to ``dst`` on its own (the pushes' pass takes it where it
     can): a directory (ckptio_part_copy) or an object store URL (the convert engine, ckptio to ckptio: every block read is verified, the tree and
     metadata kept, the manifest written last)."""
     if is_url(dst):
         _core.convert(src, dst, {"from": "ckptio", "to": "ckptio", "overwrite": True,
-                                 "progress": False})  # fmt: skip
+                                 "progress": False, "dst_store": so})  # fmt: skip
     else:
         _core.part_copy(src, dst, False)
 
 
-def _part_world(path: str) -> int | None:
+def _part_world(path: str, so: Any = None) -> int | None:
     """The number of ranks of the job that saved the part at ``path`` (None: no readable part)."""
     try:
-        with _core.Reader(path, None) as r:
+        with _core.Reader(path, _rp(so)) as r:
             w = r.get_meta("ckptio_tier.world")
     except (OSError, CheckpointError):
         return None
@@ -138,9 +153,9 @@ def _part_world(path: str) -> int | None:
         return None
 
 
-def _digest(path: str) -> str:
+def _digest(path: str, so: Any = None) -> str:
     """The SHA-256 of the manifest of the part at ``path`` (ckptio_reader_digest), in hex."""
-    with _core.Reader(path, None) as r:
+    with _core.Reader(path, _rp(so)) as r:
         return r.digest().hex()
 
 
@@ -148,18 +163,18 @@ def _record_path(root: str, step: int) -> str:
     return f"{root}/{step}.record" if is_url(root) else os.path.join(root, str(step), "record")
 
 
-def _write_record(path: str, rec: dict[str, Any]) -> None:
+def _write_record(path: str, rec: dict[str, Any], so: Any = None) -> None:
     """Commit ``rec`` at ``path`` as a checkpoint of no tensors (whole or absent), replacing
     an older one (in a local tier, inside its owner-only step folder)."""
-    with _core.Writer(path, _params({}, overwrite=True)) as w:
+    with _core.Writer(path, _wp(so, overwrite=True)) as w:
         w.set_meta(_RECORD_KEY, json.dumps(rec, sort_keys=True).encode())
         w.commit()
 
 
-def _read_record(path: str) -> dict[str, Any] | None:
+def _read_record(path: str, so: Any = None) -> dict[str, Any] | None:
     """The record at ``path``, or None (none there, or not one that reads back whole)."""
     try:
-        with _core.Reader(path, None) as r:
+        with _core.Reader(path, _rp(so)) as r:
             raw = r.get_meta(_RECORD_KEY)
         rec = json.loads(raw) if raw is not None else None
     except (OSError, CheckpointError, ValueError):
@@ -170,13 +185,14 @@ def _read_record(path: str) -> dict[str, Any] | None:
     return rec if ok else None
 
 
-def _records_in(root: str, job: str, world: int, others: list[int] | None = None) -> dict[int, Any]:
+def _records_in(root: str, job: str, world: int, others: list[int] | None = None,
+                so: Any = None) -> dict[int, Any]:
     """{step: record} of the records under ``root`` that job ``job`` of ``world`` ranks
     wrote; the steps of records written by another job (or of another size) are appended to
     ``others``."""
     out: dict[int, Any] = {}
     if is_url(root):
-        steps = [int(m.group(1)) for n in _core.list_checkpoints(root)
+        steps = [int(m.group(1)) for n in _core.list_checkpoints(root, so)
                  if (m := _OBJ_RECORD.fullmatch(n))]  # fmt: skip
     else:
         try:
@@ -184,7 +200,7 @@ def _records_in(root: str, job: str, world: int, others: list[int] | None = None
         except FileNotFoundError:
             steps = []
     for st in steps:
-        rec = _read_record(_record_path(root, st))
+        rec = _read_record(_record_path(root, st), so)
         if rec is None:
             continue
         if rec.get("job") == job and rec["world"] == world and rec["step"] == st \
@@ -195,38 +211,38 @@ def _records_in(root: str, job: str, world: int, others: list[int] | None = None
     return out
 
 
-def _job_id(directory: str) -> str:
+def _job_id(directory: str, so: Any = None) -> str:
     """This job's id (see _JOB_NAME): read from the persistent tier, or made there."""
     path = f"{directory}/{_JOB_NAME}" if is_url(directory) else os.path.join(directory, _JOB_NAME)
     rec = None
     with contextlib.suppress(OSError, CheckpointError, ValueError):
-        with _core.Reader(path, None) as r:
+        with _core.Reader(path, _rp(so)) as r:
             raw = r.get_meta("ckptio_tier.job")
         rec = raw.decode() if raw else None
     if rec:
         return rec
     job = secrets.token_hex(16)
     try:
-        with _core.Writer(path, _params({})) as w:  # never replaces one made meanwhile
+        with _core.Writer(path, _wp(so)) as w:  # never replaces one made meanwhile
             w.set_meta("ckptio_tier.job", job.encode())
             w.commit()
     except CheckpointError as e:
         if e.name != "CKPTIO_E_EXISTS":
             raise
-        with _core.Reader(path, None) as r:  # another Manager of this job made it first
+        with _core.Reader(path, _rp(so)) as r:  # another Manager of this job made it first
             return (r.get_meta("ckptio_tier.job") or b"").decode() or job
     return job
 
 
-def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
+def _steps_in(root: str, world: int | None = None, so: Any = None) -> dict[int, list[int]]:
     """{step: [ranks whose committed part is under root/<step>/]}; with ``world``, only the
     parts a job of that many ranks saved (each part is one rank's state: a job of another size
     must not take them for its own)."""
     out: dict[int, list[int]] = {}
     if is_url(root):
-        for name in _core.list_checkpoints(root):
+        for name in _core.list_checkpoints(root, so):
             m = _OBJ_PART.fullmatch(name)
-            if m and (world is None or _part_world(f"{root}/{name}") == world):
+            if m and (world is None or _part_world(f"{root}/{name}", so) == world):
                 out.setdefault(int(m.group(1)), []).append(int(m.group(2)))
         return {k: sorted(v) for k, v in out.items()}
     try:
@@ -254,14 +270,14 @@ def _steps_in(root: str, world: int | None = None) -> dict[int, list[int]]:
     return out
 
 
-def _remove_step(root: str, step: int) -> None:
+def _remove_step(root: str, step: int, so: Any = None) -> None:
     """Remove root/<step> (_retire). In an object store, each part of the step goes whole (its
     manifest first)."""
     if is_url(root):
-        for name in _core.list_checkpoints(root):
+        for name in _core.list_checkpoints(root, so):
             m = _OBJ_PART.fullmatch(name) or _OBJ_RECORD.fullmatch(name)
             if m and int(m.group(1)) == step:
-                _core.remove_checkpoint(f"{root}/{name}")
+                _core.remove_checkpoint(f"{root}/{name}", so)
         return
     _retire(os.path.join(root, str(step)))
 
@@ -410,6 +426,7 @@ class Tiers:
         keep: int | None,
         node: str | None,
         timeout: float,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         for name, v, lo in (("replicas", replicas, 0), ("local_keep", local_keep, 1)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -419,6 +436,10 @@ class Tiers:
             raise error(USAGE, f"persist_every must be None or an int >= 1, got {persist_every!r}",
                         InvalidType)  # fmt: skip
         self.directory = directory
+        # The persistent tier's store settings (storage_options): an object store's endpoint
+        # and credentials, for every part, record and listing there.
+        self.storage_options = storage_options
+        self.store = store(storage_options)
         self.local = os.path.abspath(os.fspath(local))
         self.comm = comm
         self.rank = comm.rank if comm is not None else 0
@@ -439,7 +460,7 @@ class Tiers:
         first: dict[str, Any] = {}
         if self.rank == 0:
             try:
-                first = {"job": _job_id(self.directory), "key": secrets.token_hex(32)}
+                first = {"job": _job_id(self.directory, self.store), "key": secrets.token_hex(32)}
             except (OSError, CheckpointError) as e:
                 first = {"error": f"rank 0 cannot read or make the job's id in '{directory}': {e}"}
         if comm is not None and self.size > 1:
@@ -460,15 +481,15 @@ class Tiers:
               "port": self.server.port if self.server else 0, "root": self.local,
               "held": _steps_in(self.local),
               "records": _records_in(self.local, self.job_id, self.size, others)}  # fmt: skip
-        directory, size, job_id = self.directory, self.size, self.job_id
+        directory, size, job_id, so = self.directory, self.size, self.job_id, self.store
 
         def exchange(all_: list[dict[str, Any]]) -> dict[str, Any]:
             # The addresses, and the newest steps complete on disk when the job (re)starts:
             # what the first save's retention may rely on (a step counts only with its record).
             holders = _holders(all_)
             recorded = {int(s) for a in all_ for s in a["records"]}
-            pers_recs = _records_in(directory, job_id, size)
-            pers = _steps_in(directory)
+            pers_recs = _records_in(directory, job_id, size, so=so)
+            pers = _steps_in(directory, so=so)
             whole = [s for s in recorded | set(pers_recs)
                      if all(holders.get(s, {}).get(r) or r in pers.get(s, []) for r in range(size))]
             return {"peers": [{k: a[k] for k in ("rank", "node", "addr", "port", "root")}
@@ -527,7 +548,7 @@ class Tiers:
 
     # ---- listing ----
     def persistent_steps(self) -> list[int]:
-        return sorted(s for s, rs in _steps_in(self.directory, self.size).items()
+        return sorted(s for s, rs in _steps_in(self.directory, self.size, self.store).items()
                       if len(rs) >= self.size)  # fmt: skip
 
     def local_steps(self) -> list[int]:
@@ -618,13 +639,13 @@ class Tiers:
         retention keeps the older steps it tends), and says so in the save's errors."""
         got = dict(got)
         base = {"job": self.job_id, "step": job.step, "world": self.size, "time": got["time"]}
-        for tier, root, digests, mine in (
-                ("complete", self.local, "digests", self.recorder),
-                ("persisted", self.directory, "pdigests", self.rank == 0)):  # fmt: skip
+        for tier, root, digests, mine, so in (
+                ("complete", self.local, "digests", self.recorder, None),
+                ("persisted", self.directory, "pdigests", self.rank == 0, self.store)):  # fmt: skip
             if got[tier] != job.step or not mine:
                 continue
             try:
-                _write_record(_record_path(root, job.step), dict(base, digests=got[digests]))
+                _write_record(_record_path(root, job.step), dict(base, digests=got[digests]), so)
             except (OSError, CheckpointError) as e:
                 got[tier] = None
                 job.report["errors"].append(f"writing the step record of step {job.step} in "
@@ -682,8 +703,8 @@ class Tiers:
                         raise _from_code(rc, name or "", msg)
                     job.pdigest = job.digest  # a copy of the part's files, the manifest's too
                 else:
-                    _persist(src, persist_to)
-                    job.pdigest = _digest(persist_to)  # converted: a manifest of its own
+                    _persist(src, persist_to, self.store)
+                    job.pdigest = _digest(persist_to, self.store)  # converted: a manifest of its own
                 job.persisted_ok = True
             except (OSError, CheckpointError) as e:
                 r["errors"].append(f"copying step {job.step} of rank {self.rank} to the "
@@ -693,7 +714,7 @@ class Tiers:
         for s in local_doomed:
             _remove_step(self.local, s)
         for s in persistent_doomed:
-            _remove_step(self.directory, s)
+            _remove_step(self.directory, s, self.store)
 
     def finish(self) -> None:
         """Wait for the background part of the last save; raise its local save's error (the
@@ -739,7 +760,7 @@ class Tiers:
             local = [s for s in held if s < job.complete and s not in keep]
         pers: list[int] = []
         if self.rank == 0 and job.persisted is not None and self.keep is not None:
-            have = _steps_in(self.directory)
+            have = _steps_in(self.directory, so=self.store)
             complete = sorted(s for s, rs in have.items() if len(rs) >= self.size
                               and s <= job.persisted)  # fmt: skip
             keep = set(complete[-self.keep:]) | {job.persisted}
@@ -761,7 +782,7 @@ class Tiers:
                 "records": _records_in(self.local, self.job_id, self.size, others),
                 "others": others}  # fmt: skip
         size = self.size
-        directory = self.directory
+        directory, so = self.directory, self.store
         order = self.nodes
         job_id = self.job_id
 
@@ -770,9 +791,9 @@ class Tiers:
             # persistent tier's): each rank's part must then have the digest it names.
             places = _places(all_, order)
             holders = _holders(all_, order)
-            pers = _steps_in(directory)
+            pers = _steps_in(directory, so=so)
             pothers: list[int] = []
-            pers_recs = _records_in(directory, job_id, size, pothers)
+            pers_recs = _records_in(directory, job_id, size, pothers, so)
             recs: dict[int, Any] = {}
             for a in all_:
                 for st, rec in a["records"].items():
@@ -857,7 +878,7 @@ class Tiers:
                     finally:
                         fetch_s += time.perf_counter() - t
                 want = v["pdigest"] if kind == "persistent" else v["digest"]
-                got = _digest(path)
+                got = _digest(path, self.store if kind == "persistent" else None)
                 if got != want:
                     raise _from_code(-errno.EBADMSG, "EBADMSG",
                         f"rank {self.rank}'s part of step {step} at '{path}' is not the one this "
@@ -886,6 +907,8 @@ class Tiers:
         return _MISSING, None, None, 0, fetch_s, load_s
 
     def _load(self, path: str, like: Any, load_options: dict[str, Any]) -> Any:
+        if self.storage_options and is_url(path):  # a part in the persistent tier's store
+            load_options = {"storage_options": self.storage_options, **load_options}
         out = load(path, like=None if like is None else _localize(like), **load_options)
         return out if like is None else _globalize(out, like)
 

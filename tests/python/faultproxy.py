@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import math
 import select
 import socket
@@ -12,8 +13,16 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
+
+# A gate's answer to a request it stops: status, headers (pairs or a mapping; the proxy adds
+# Content-Length and Connection), body.
+GateAnswer = tuple[int, Iterable[tuple[str, str]] | Mapping[str, str], bytes]
+# Consulted with (method, target, headers with lower-case names) for each request head before the
+# fault rules: None forwards the request (the rules still apply), an answer is sent instead.
+Gate = Callable[[str, str, Mapping[str, str]], GateAnswer | None]
 
 # What a rule can do to a request it matches.
 #   "503"        answer 503 SlowDown (S3's XML error body)
@@ -207,15 +216,19 @@ class FaultProxy:
     point clients at ``endpoint`` (``env(server_env)`` gives a copy of a server's client
     environment that does). ``add(Rule(...))`` schedules faults; ``counts`` (Counter by kind(),
     every request the proxy saw) and ``injected`` (Counter by (kind, action)) tell what
-    happened. Thread-safe; one thread per client connection."""
+    happened. Thread-safe; one thread per client connection. ``gate`` (argument or attribute;
+    see Gate) answers requests itself before any rule sees them; those are counted in ``counts``
+    too and in ``gated`` (Counter by (kind, status))."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, gate: Gate | None = None) -> None:
         u = urllib.parse.urlsplit(upstream)
         assert u.scheme == "http" and u.hostname, upstream
         self.upstream = (u.hostname, u.port or 80)
         self.rules: list[Rule] = []
         self.counts: Counter[str] = Counter()
         self.injected: Counter[tuple[str, str]] = Counter()
+        self.gate = gate
+        self.gated: Counter[tuple[str, int]] = Counter()
         self.connections = 0  # client connections accepted (keep-alive shows as few)
         self.sizes: dict[str, list[int]] = {}  # request body lengths (Content-Length) by kind
         self._lock = threading.Lock()
@@ -244,6 +257,7 @@ class FaultProxy:
         with self._lock:
             self.counts.clear()
             self.injected.clear()
+            self.gated.clear()
             self.sizes.clear()
             self.connections = 0
 
@@ -349,6 +363,31 @@ class FaultProxy:
                 method, target = head.line.split(" ")[0], head.line.split(" ")[1]
                 hdrs = {k.lower(): v for k, v in head.headers}
                 length = int(hdrs.get("content-length") or 0)
+                gate = self.gate
+                answer = gate(method, target, hdrs) if gate is not None else None
+                if answer is not None:
+                    k = kind(method, target, hdrs)
+                    with self._lock:
+                        self.counts[k] += 1
+                        self.sizes.setdefault(k, []).append(length)
+                        self.gated[(k, answer[0])] += 1
+                    if (head.get("expect") or "").lower() == "100-continue":
+                        close_after = True  # the body never comes: answer and close
+                    else:
+                        close_after = (head.get("connection") or "").lower() == "close"
+                        _copy_body(head, cf, None)
+                    status, extra, body = answer
+                    pairs = list(extra.items() if isinstance(extra, Mapping) else extra)
+                    pairs = [(n, v) for n, v in pairs if n.lower() not in ("content-length", "connection")]
+                    c.sendall((f"HTTP/1.1 {status} {http.client.responses.get(status, 'Unknown')}\r\n"
+                               + "".join(f"{n}: {v}\r\n" for n, v in pairs)
+                               + f"Content-Length: {len(body)}\r\n"
+                               f"Connection: {'close' if close_after else 'keep-alive'}\r\n\r\n").encode("latin-1")
+                              + (b"" if method == "HEAD" else body))  # fmt: skip
+                    hard = False
+                    if close_after:
+                        return
+                    continue
                 rule = self._fault(method, target, kind(method, target, hdrs), length)
                 expect = (head.get("expect") or "").lower() == "100-continue"
                 close_after = (head.get("connection") or "").lower() == "close"

@@ -22,6 +22,7 @@ from typing import Any
 from .. import _core, _dtypes, _load
 from .._errors import DTYPE, error
 from .._load import PathLike, Reader, TensorInfo
+from .._options import store
 from .._stage import is_url
 from .._tree import Node
 
@@ -40,9 +41,10 @@ NO_CODE: dict[str, str] = {
 }  # fmt: skip
 
 
-def handles(path: Any) -> bool:
+def handles(path: Any, storage_options: Any = None) -> bool:
     """Whether ``path`` is a safetensors file, a ``*.safetensors.index.json``, or a directory
-    of safetensors files that is not a ckptio checkpoint."""
+    of safetensors files that is not a ckptio checkpoint (in an object store: with these
+    settings, ckptio.save's storage_options)."""
     try:
         p = os.fspath(path)
     except TypeError:
@@ -52,7 +54,7 @@ def handles(path: Any) -> bool:
     if is_url(p):  # an object store: a file by its name, else a prefix
         if p.endswith(".safetensors") or p.endswith(_INDEX_SUFFIX):
             return True
-        return not _core.is_checkpoint(p)
+        return not _core.is_checkpoint(p, store(storage_options))
     if os.path.isdir(p):
         if os.path.lexists(os.path.join(p, "manifest")):
             return False

@@ -62,9 +62,9 @@ def spy_removals() -> list[str]:
     removed: list[str] = []
     real = _core.remove_checkpoint
 
-    def spy(path: Any) -> None:
+    def spy(path: Any, *store: Any) -> None:
         removed.append(os.path.basename(os.fspath(path)))
-        real(path)
+        real(path, *store)
 
     _core.remove_checkpoint = spy  # type: ignore[assignment]
     return removed

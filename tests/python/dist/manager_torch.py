@@ -134,7 +134,7 @@ def incremental() -> dict[str, Any]:
 def kill() -> dict[str, Any]:
     remove = ckptio._core.remove_checkpoint
 
-    def die(path: Any) -> None:
+    def die(path: Any, *store: Any) -> None:
         """Remove step 0, killed (SIGKILL) inside the library's removal: once the step is
         renamed out of the listing, before its files are gone (the pad gives the time)."""
         parent = os.path.dirname(os.fspath(path))
@@ -147,7 +147,7 @@ def kill() -> dict[str, Any]:
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True).start()
-        remove(path)  # the library's removal runs without the GIL: the watcher sees it
+        remove(path, *store)  # the library's removal runs without the GIL: the watcher sees it
         time.sleep(60)  # (never reached while the watcher works)
 
     m = ckptio.Manager(os.path.join(root, "kill"), keep=1, async_save=False, timeout=3)
