@@ -22,6 +22,9 @@ void cli_usage(FILE *f)
           "                         stored bytes), totals and metadata\n"
           "  verify [--roots A,B] DIR  read every stored byte and check every checksum (--roots:\n"
           "                         where a striped checkpoint's stripes are now)\n"
+          "  (inspect and verify take --option KEY=VALUE, convert --src-option and --dst-option:\n"
+          "   the settings of an object store, e.g. endpoint_url=https://... profile=training;\n"
+          "   doc/s3.md)\n"
           "  doctor [DIR]           describe this build and system: backends, io_uring,\n"
           "                         O_DIRECT and alignment for DIR (default: .)\n"
           "  bench [--dir D] [--size 4G] [--runs 3] [--json] [--keep] [--tiny N] [--raw-only]\n"
@@ -186,15 +189,33 @@ void cli_json_str(FILE *f, const char *s, size_t n)
     fputc('"', f);
 }
 
-int cli_one_dir_arg(int argc, char **argv, const char *cmd, const char **dir)
+int cli_store_option(const char *cmd, ckptio_store_opts **o, const char *kv)
+{
+    const char *eq = kv ? strchr(kv, '=') : NULL;
+    if (!eq || eq == kv)
+        return cli_usage_error("%s: --option takes KEY=VALUE (endpoint_url=..., profile=...)", cmd);
+    if (!*o && ckptio_store_opts_new(o) < 0) return cli_fail(cmd, "out of memory");
+    char key[64];
+    snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+    if (ckptio_store_opts_set(*o, key, eq + 1) < 0)
+        return cli_usage_error("%s: --option %s: %s", cmd, key, ckptio_last_error());
+    return -1;
+}
+
+int cli_one_dir_arg(int argc, char **argv, const char *cmd, const char **dir,
+                    ckptio_store_opts **store)
 {
     bool opts = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int done;
         if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
             return cli_usage(stdout), CLI_OK;
         else if (opts && !strcmp(a, "--"))
             opts = false;
+        else if (opts && store && !strcmp(a, "--option") && i + 1 < argc) {
+            if ((done = cli_store_option(cmd, store, argv[++i])) >= 0) return done;
+        }
         else if (opts && a[0] == '-' && a[1])
             return cli_usage_error("%s: unknown option '%s'", cmd, a);
         else if (*dir)
@@ -205,10 +226,13 @@ int cli_one_dir_arg(int argc, char **argv, const char *cmd, const char **dir)
     return -1;
 }
 
-ckptio_reader *cli_open_reader(const char *cmd, const char *dir)
+ckptio_reader *cli_open_reader(const char *cmd, const char *dir, const ckptio_store_opts *store)
 {
     ckptio_reader *r = NULL;
-    int rc = ckptio_reader_open(&r, dir, NULL);
+    ckptio_params p;
+    ckptio_params_init(&p);
+    p.store = store;
+    int rc = ckptio_reader_open(&r, dir, &p);
     if (rc >= 0) return r;
     const char *msg = ckptio_last_error();
     fprintf(stderr, "ckptio %s: %s\n", cmd, *msg ? msg : ckptio_strerror(rc));

@@ -20,12 +20,18 @@ int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "ckptio <cmd>: <message>" to stderr; returns CLI_FAIL. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Parse the arguments of a subcommand that takes at most one directory and no options (argv[0]
- * is its name), storing the directory in *dir. Returns -1 to go on, or the exit status to
- * return (help printed, usage error). */
-int cli_one_dir_arg(int argc, char **argv, const char *cmd, const char **dir);
-/* Open the checkpoint `dir` for `ckptio cmd`; on failure print why to stderr and return NULL. */
-ckptio_reader *cli_open_reader(const char *cmd, const char *dir);
+/* Parse the arguments of a subcommand that takes at most one directory (argv[0] is its name),
+ * storing it in *dir; with store non-NULL, "--option KEY=VALUE" too (cli_store_option). Returns
+ * -1 to go on, or the exit status to return (help printed, usage error). */
+int cli_one_dir_arg(int argc, char **argv, const char *cmd, const char **dir,
+                    ckptio_store_opts **store);
+/* One "KEY=VALUE" setting of the object store a URL names (ckptio_store_opts_set: endpoint_url,
+ * region, profile, ca_bundle...; doc/s3.md) into *o, made at the first. Returns -1 to go on, or
+ * CLI_USAGE after saying why. */
+int cli_store_option(const char *cmd, ckptio_store_opts **o, const char *kv);
+/* Open the checkpoint `dir` (store: its store's settings, or NULL) for `ckptio cmd`; on failure
+ * print why to stderr and return NULL. */
+ckptio_reader *cli_open_reader(const char *cmd, const char *dir, const ckptio_store_opts *store);
 
 /* Monotonic seconds. */
 double cli_now(void);

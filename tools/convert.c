@@ -64,7 +64,8 @@ static int compress_mode(const char *s)
 static void convert_usage(FILE *f)
 {
     fputs("usage: ckptio convert [--from FMT] [--to FMT] [--max-shard-size SIZE]\n"
-          "                      [--compress[=auto|all|none]] [--overwrite] SRC DST\n"
+          "                      [--compress[=auto|all|none]] [--overwrite]\n"
+          "                      [--src-option KEY=VALUE]... [--dst-option KEY=VALUE]... SRC DST\n"
           "\n"
           "Copy every tensor of SRC into a new DST of another format, streaming through a\n"
           "bounded buffer. Formats (FMT):\n"
@@ -89,18 +90,27 @@ static void convert_usage(FILE *f)
           "                          without; all: every block tried (smallest, at the coder's\n"
           "                          speed); none. CKPTIO_COMPRESS overrides it\n"
           "  --overwrite             replace an existing DST of the same kind\n"
+          "  --src-option KEY=VALUE, --dst-option KEY=VALUE\n"
+          "                          a setting of the object store SRC or DST is in\n"
+          "                          (endpoint_url, region, profile, ca_bundle...; doc/s3.md),\n"
+          "                          for a copy between two stores\n"
           "\n"
           "Nothing appears at DST unless the whole conversion succeeds.\n",
           f);
 }
 
+static int convert_run(const char *const *pos, const char *from, const char *to,
+                       const char *max_shard, const char *compress, bool overwrite,
+                       ckptio_store_opts *const *so);
+
 int cmd_convert(int argc, char **argv)
 {
     const char *pos[2] = {NULL, NULL}, *from = NULL, *to = NULL, *max_shard = NULL;
     const char *compress = NULL;
-    int npos = 0;
+    int npos = 0, done = -1;
     bool opts = true, overwrite = false;
-    for (int i = 1; i < argc; i++) {
+    ckptio_store_opts *so[2] = {NULL, NULL}; /* the source's and the destination's stores */
+    for (int i = 1; i < argc && done < 0; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
         if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
@@ -119,16 +129,31 @@ int cmd_convert(int argc, char **argv)
             compress = "auto";
         else if (opts && !strncmp(a, "--compress=", 11))
             compress = a + 11;
+        else if (opts && (!strcmp(a, "--src-option") || !strcmp(a, "--dst-option")) && has_val)
+            done = cli_store_option("convert", &so[a[2] == 'd'], argv[++i]);
         else if (opts && a[0] == '-' && a[1])
-            return cli_usage_error("convert: unknown option '%s' (or its value is missing)", a);
+            done = cli_usage_error("convert: unknown option '%s' (or its value is missing)", a);
         else if (npos < 2)
             pos[npos++] = a;
         else
-            return cli_usage_error("convert: more than two paths ('%s')", a);
+            done = cli_usage_error("convert: more than two paths ('%s')", a);
     }
-    if (npos < 2) return cli_usage_error("convert: which source and destination? (ckptio convert SRC DST)");
+    if (done < 0 && npos < 2)
+        done = cli_usage_error("convert: which source and destination? (ckptio convert SRC DST)");
+    if (done < 0) done = convert_run(pos, from, to, max_shard, compress, overwrite, so);
+    ckptio_store_opts_free(so[0]);
+    ckptio_store_opts_free(so[1]);
+    return done;
+}
+
+/* The conversion cmd_convert parsed; so: the source's and destination's store settings. */
+static int convert_run(const char *const *pos, const char *from, const char *to,
+                       const char *max_shard, const char *compress, bool overwrite,
+                       ckptio_store_opts *const *so)
+{
     ckptio_convert_args a = {.size = sizeof a, .src = pos[0], .dst = pos[1],
-                             .overwrite = overwrite, .flags = CKPTIO_CONVERT_PROGRESS};
+                             .overwrite = overwrite, .flags = CKPTIO_CONVERT_PROGRESS,
+                             .src_store = so[0], .dst_store = so[1]};
     if (compress && (a.compress = compress_mode(compress)) < 0)
         return cli_usage_error("convert: --compress=%s: pass auto, all or none", compress);
     if (max_shard && (cli_parse_size(max_shard, &a.max_shard_bytes) < 0 || !a.max_shard_bytes))
@@ -137,7 +162,11 @@ int cmd_convert(int argc, char **argv)
         return cli_usage_error("convert: unknown format '%s'", from);
     if (to && (a.to = ckptio_convert_format_parse(to)) < 0)
         return cli_usage_error("convert: unknown format '%s'", to);
-    if (!a.from && (a.from = ckptio_convert_detect(a.src, 0, 0)) < 0)
+    /* A source in an object store (ckptio or safetensors there) is told apart by the engine,
+     * which asks the store with its settings. */
+    const char *store = ckptio_store_name(a.src);
+    if (!store) return cli_fail("convert", "%s", ckptio_last_error());
+    if (!a.from && !strcmp(store, "posix") && (a.from = ckptio_convert_detect(a.src, 0, 0)) < 0)
         return cli_fail("convert", "%s", ckptio_last_error());
     if (!a.to) a.to = ckptio_convert_detect(a.dst, 1, max_shard != NULL);
     if (a.to < 0) return cli_fail("convert", "%s", ckptio_last_error());

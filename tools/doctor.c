@@ -15,7 +15,7 @@
 int cmd_doctor(int argc, char **argv)
 {
     const char *dir = NULL;
-    int done = cli_one_dir_arg(argc, argv, "doctor", &dir);
+    int done = cli_one_dir_arg(argc, argv, "doctor", &dir, NULL);
     if (done >= 0) return done;
     char small[4096];
     int n = ckptio_describe_system(dir, small, sizeof small);

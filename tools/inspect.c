@@ -197,23 +197,32 @@ int cmd_inspect(int argc, char **argv)
 {
     const char *dir = NULL;
     bool json = false, opts = true;
-    for (int i = 1; i < argc; i++) {
+    ckptio_store_opts *store = NULL;
+    int done = -1;
+    for (int i = 1; i < argc && done < 0; i++) {
         const char *a = argv[i];
         if (opts && !strcmp(a, "--json"))
             json = true;
+        else if (opts && !strcmp(a, "--option") && i + 1 < argc)
+            done = cli_store_option("inspect", &store, argv[++i]);
         else if (opts && (!strcmp(a, "--help") || !strcmp(a, "-h")))
-            return cli_usage(stdout), CLI_OK;
+            done = (cli_usage(stdout), CLI_OK);
         else if (opts && !strcmp(a, "--"))
             opts = false;
         else if (opts && a[0] == '-' && a[1])
-            return cli_usage_error("inspect: unknown option '%s'", a);
+            done = cli_usage_error("inspect: unknown option '%s'", a);
         else if (dir)
-            return cli_usage_error("inspect: more than one directory ('%s', '%s')", dir, a);
+            done = cli_usage_error("inspect: more than one directory ('%s', '%s')", dir, a);
         else
             dir = a;
     }
-    if (!dir) return cli_usage_error("inspect: which checkpoint? (ckptio inspect DIR)");
-    ckptio_reader *r = cli_open_reader("inspect", dir);
+    if (done < 0 && !dir) done = cli_usage_error("inspect: which checkpoint? (ckptio inspect DIR)");
+    if (done >= 0) {
+        ckptio_store_opts_free(store);
+        return done;
+    }
+    ckptio_reader *r = cli_open_reader("inspect", dir, store);
+    ckptio_store_opts_free(store); /* read while the reader opened */
     if (!r) return CLI_FAIL;
     int ret = json ? inspect_json(r, dir) : inspect_text(r, dir);
     ckptio_reader_close(r);

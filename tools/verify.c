@@ -55,14 +55,19 @@ static void report_leftovers(const char *dir, const char *const *roots, size_t n
 int cmd_verify(int argc, char **argv)
 {
     const char *dir = NULL, *roots[256];
+    ckptio_store_opts *store = NULL;
     size_t n_roots = 0;
     int done = take_roots(&argc, argv, roots, 256, &n_roots);
     if (done >= 0) return done;
-    done = cli_one_dir_arg(argc, argv, "verify", &dir);
-    if (done >= 0) return done;
-    if (!dir) return cli_usage_error("verify: which checkpoint? (ckptio verify DIR)");
+    done = cli_one_dir_arg(argc, argv, "verify", &dir, &store);
+    if (done < 0 && !dir) done = cli_usage_error("verify: which checkpoint? (ckptio verify DIR)");
+    if (done >= 0) {
+        ckptio_store_opts_free(store);
+        return done;
+    }
     double t0 = cli_now();
-    ckptio_reader *r = cli_open_reader("verify", dir);
+    ckptio_reader *r = cli_open_reader("verify", dir, store);
+    ckptio_store_opts_free(store); /* read while the reader opened */
     if (!r) {
         if (n_roots) report_leftovers(dir, roots, n_roots);
         fflush(stdout);

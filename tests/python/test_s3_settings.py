@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -358,6 +359,33 @@ def test_two_stores_in_one_process(seaweedfs_server: S3Server, moto_server: S3Se
     m.close()
     assert ckptio._core.list_checkpoints(f"s3://ckpt/{p}", ckptio._options.store(mo)) == ["dst"]
     assert ckptio._core.list_checkpoints(f"s3://ckpt/{p}", ckptio._options.store(sw)) == ["src"]
+
+
+def test_cli_store_options(seaweedfs_server: S3Server, moto_server: S3Server,
+                           bare_env: dict[str, str]) -> None:  # fmt: skip
+    """The command takes the same settings: `inspect --option`, `verify --option`, and `convert
+    --src-option/--dst-option` from one store to another; a wrong one is a usage error."""
+    def opts(flag: str, so: dict[str, str]) -> list[str]:
+        return [a for k, v in so.items() for a in (flag, f"{k}={v}")]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ckptio", *args], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    sw = {"endpoint_url": seaweedfs_server.endpoint, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+    mo = {"endpoint_url": moto_server.endpoint, "access_key_id": "cli", "secret_access_key": "cli"}
+    p = unique_prefix("cli")
+    src, dst = f"s3://ckpt/{p}/src", f"s3://ckpt/{p}/dst"
+    ckptio.save(tree(8, big=MiB), src, storage_options=sw)
+    r = run("inspect", *opts("--option", sw), src)
+    assert r.returncode == 0 and "w" in r.stdout, r.stderr
+    r = run("convert", *opts("--src-option", sw), *opts("--dst-option", mo), src, dst)
+    assert r.returncode == 0, r.stderr
+    r = run("verify", *opts("--option", mo), dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert same(ckptio.load(dst, storage_options=mo), tree(8, big=MiB))
+    r = run("inspect", "--option", "endpoint=http://127.0.0.1:9", src)
+    assert r.returncode == 2 and "endpoint_url" in r.stderr, r.stderr
 
 
 def test_tiers_persistent_store_settings(moto_server: S3Server, bare_env: dict[str, str],
