@@ -395,8 +395,8 @@ static int http(const ckptio__aws_creds *p, const char *method, const char *url,
 
 /* ---- the sources ----
  *
- * Each returns 1 with *out set, 0 when it is not configured here (why in `why`), or < 0 when it
- * is and failed (msg says why). */
+ * Each returns 1 with *out set, 0 when it is not configured here (why added to the chain's
+ * `tried`), or < 0 when it is and failed (msg says why). */
 
 typedef struct chain {
     ckptio__aws_creds *p;
