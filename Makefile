@@ -86,7 +86,7 @@ fuzz: deps
 	done
 
 test-python: venv
-	$(VENV)/bin/python -m pytest -q tests/python bench/test_compress_cell.py bench/test_s3_cell.py bench/test_s3_ranks.py bench/test_fastpersist_cell.py bench/test_tier_cell.py bench/test_plugins_cell.py bench/test_ab.py
+	$(VENV)/bin/python -m pytest -q tests/python bench/test_compress_cell.py bench/test_s3_cell.py bench/test_s3_ranks.py bench/test_s3_requests.py bench/test_fastpersist_cell.py bench/test_tier_cell.py bench/test_plugins_cell.py bench/test_ab.py
 
 # On a machine with an NVIDIA GPU: build with what is there (no installs), run the GPU tests
 # against the real driver and the GPU bench, write one JSON summary (tests/gpu/run.sh). Says

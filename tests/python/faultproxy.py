@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A fault-injecting HTTP/1.1 proxy for the S3 tests: passes requests through to one upstream server with keep-alive and streamed bodies, and, on a programmable schedule, answers 503 SlowDown or 500 InternalError, resets the connection before or during a response, or stalls; it counts requests by kind so a test can prove retries happened."""
+"""A fault-injecting HTTP/1.1 proxy for the S3 tests: passes requests through to one upstream server with keep-alive and streamed bodies, and, on a programmable schedule, answers 503 SlowDown or 500 InternalError, resets the connection before or during a response, or stalls; it counts requests by kind and logs each one (method, target, status, bytes), so a test can prove retries happened and a bench can count requests."""
 
 from __future__ import annotations
 
@@ -35,6 +35,22 @@ Gate = Callable[[str, str, Mapping[str, str]], GateAnswer | None]
 #   "stall_body" forward, send the response head and half the body, stall stall_s seconds, reset
 ACTIONS = ("503", "500", "reset", "reset_body", "stall", "stall_body")
 COPY = 1 << 20  # bytes per streamed piece
+
+
+@dataclass
+class Seen:
+    """One request the proxy saw, for a per-request log: its method and target (path and
+    query), its kind(), the bytes of its body (Content-Length), and, once answered, the status
+    and the bytes of the answer's body by its Content-Length (0 until then, for a HEAD, and for
+    an answer without one). Logged under the proxy's lock; read the answers once the traffic
+    is over."""
+
+    method: str
+    target: str
+    kind: str
+    sent: int
+    status: int = 0
+    received: int = 0
 
 
 @dataclass
@@ -216,9 +232,10 @@ class FaultProxy:
     point clients at ``endpoint`` (``env(server_env)`` gives a copy of a server's client
     environment that does). ``add(Rule(...))`` schedules faults; ``counts`` (Counter by kind(),
     every request the proxy saw) and ``injected`` (Counter by (kind, action)) tell what
-    happened. Thread-safe; one thread per client connection. ``gate`` (argument or attribute;
-    see Gate) answers requests itself before any rule sees them; those are counted in ``counts``
-    too and in ``gated`` (Counter by (kind, status))."""
+    happened; ``log`` lists every request as a Seen, in the order the proxy read their heads.
+    Thread-safe; one thread per client connection. ``gate`` (argument or attribute; see Gate)
+    answers requests itself before any rule sees them; those are counted in ``counts`` and
+    ``log`` too and in ``gated`` (Counter by (kind, status))."""
 
     def __init__(self, upstream: str, gate: Gate | None = None) -> None:
         u = urllib.parse.urlsplit(upstream)
@@ -231,6 +248,7 @@ class FaultProxy:
         self.gated: Counter[tuple[str, int]] = Counter()
         self.connections = 0  # client connections accepted (keep-alive shows as few)
         self.sizes: dict[str, list[int]] = {}  # request body lengths (Content-Length) by kind
+        self.log: list[Seen] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._socks: set[socket.socket] = set()
@@ -259,6 +277,7 @@ class FaultProxy:
             self.injected.clear()
             self.gated.clear()
             self.sizes.clear()
+            self.log.clear()
             self.connections = 0
 
     def total(self, prefix: str = "") -> int:
@@ -317,15 +336,22 @@ class FaultProxy:
                 self._threads.append(t)
             t.start()
 
-    def _fault(self, method: str, target: str, k: str, length: int) -> Rule | None:
+    def _count(self, method: str, target: str, k: str, length: int) -> Seen:
+        """Count a request (the lock held) and log it."""
+        self.counts[k] += 1
+        self.sizes.setdefault(k, []).append(length)
+        seen = Seen(method, target, k, length)
+        self.log.append(seen)
+        return seen
+
+    def _fault(self, method: str, target: str, k: str, length: int) -> tuple[Rule | None, Seen]:
         with self._lock:
-            self.counts[k] += 1
-            self.sizes.setdefault(k, []).append(length)
+            seen = self._count(method, target, k, length)
             for r in self.rules:
                 if r.hit(method, target):
                     self.injected[(k, r.action)] += 1
-                    return r
-        return None
+                    return r, seen
+        return None, seen
 
     def _stall(self, seconds: float) -> bool:
         """Wait ``seconds`` (inf: until close() or clear()); True when clear() ended it."""
@@ -368,9 +394,9 @@ class FaultProxy:
                 if answer is not None:
                     k = kind(method, target, hdrs)
                     with self._lock:
-                        self.counts[k] += 1
-                        self.sizes.setdefault(k, []).append(length)
+                        seen = self._count(method, target, k, length)
                         self.gated[(k, answer[0])] += 1
+                    seen.status, seen.received = answer[0], 0 if method == "HEAD" else len(answer[2])
                     if (head.get("expect") or "").lower() == "100-continue":
                         close_after = True  # the body never comes: answer and close
                     else:
@@ -388,7 +414,7 @@ class FaultProxy:
                     if close_after:
                         return
                     continue
-                rule = self._fault(method, target, kind(method, target, hdrs), length)
+                rule, seen = self._fault(method, target, kind(method, target, hdrs), length)
                 expect = (head.get("expect") or "").lower() == "100-continue"
                 close_after = (head.get("connection") or "").lower() == "close"
                 act = rule.action if rule else ""
@@ -407,6 +433,7 @@ class FaultProxy:
                     code, msg = (("SlowDown", "Please reduce your request rate.") if act == "503"
                                  else ("InternalError", "We encountered an internal error. Please try again."))  # fmt: skip
                     body = _error_body(code, msg, target)
+                    seen.status, seen.received = int(act), len(body)
                     reason = "Slow Down" if act == "503" else "Internal Server Error"
                     c.sendall((f"HTTP/1.1 {act} {reason}\r\nContent-Type: application/xml\r\n"
                                f"Content-Length: {len(body)}\r\n"
@@ -438,6 +465,7 @@ class FaultProxy:
                     raise _Dropped("upstream closed without answering")
                 status = int(resp.line.split(" ")[1])
                 no_body = method == "HEAD" or status in (204, 304)
+                seen.status, seen.received = status, 0 if no_body else int(resp.get("content-length") or 0)
                 te = (resp.get("transfer-encoding") or "").lower()
                 delimits = no_body or "chunked" in te or resp.get("content-length") is not None
                 up_close = resp.line.startswith("HTTP/1.0") or (resp.get("connection") or "").lower() == "close"

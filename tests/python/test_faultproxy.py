@@ -83,6 +83,11 @@ def pass_through(proxy: FaultProxy, srv: S3Server) -> None:
     assert proxy.connections <= 2, "keep-alive: one connection carries the requests"
     assert proxy.sizes["PUT part"] == [len(part), len(part), len(part) - 3]
     assert not proxy.injected
+    # The log: every request in order, with its target, status and the answer's length.
+    assert [s.kind for s in proxy.log] == ["POST create"] + ["PUT part"] * 3 + ["POST complete", "HEAD", "GET range", "GET object"]
+    assert all(s.target.startswith(f"/{b}/{k}") for s in proxy.log)
+    assert [(s.status, s.received) for s in proxy.log[-2:]] == [(206, 10), (200, size)]
+    assert proxy.log[1].sent == len(part) and proxy.log[1].status == 200
 
 
 def test_503_then_success(proxy: FaultProxy, moto_server: S3Server) -> None:
@@ -99,6 +104,7 @@ def test_503_then_success(proxy: FaultProxy, moto_server: S3Server) -> None:
     c.put_object(Bucket=b, Key=k, Body=blob(2 << 20))
     assert c.get_object(Bucket=b, Key=k)["Body"].read() == blob(2 << 20)
     assert proxy.injected[("PUT object", "503")] == 2 and proxy.counts["PUT object"] == 3
+    assert [s.status for s in proxy.log if s.kind == "PUT object"] == [503, 503, 200]
 
 
 def test_500_every_second_get(proxy: FaultProxy, moto_server: S3Server) -> None:
