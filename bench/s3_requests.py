@@ -217,7 +217,7 @@ def load_rank(layout: str, url: str, comm: ThreadComm, rows: int, cols: int, ten
     if layout == "ranklocal":
         got = ckptio.load(url, comm=comm, storage_options=so)["own"]
     else:
-        with ckptio.open(url, storage_options=so) as rd:
+        with ckptio.open(url, comm=comm, storage_options=so) as rd:
             got = read_boxes(rd, {f"layers.w{i}": ((r * rows, 0), (rows, cols)) for i in range(tensors)})
     for i in range(tensors):
         got_i = got[f"w{i}"] if layout == "ranklocal" else got[f"layers.w{i}"]

@@ -1620,6 +1620,13 @@ CKPTIO_API int ckptio_list_checkpoints_with(const char *prefix, const ckptio_sto
 CKPTIO_API int ckptio_remove_checkpoint_with(const char *path, const ckptio_store_opts *o);
 CKPTIO_API int ckptio_sweep_with(const char *prefix, const ckptio_store_opts *o);
 CKPTIO_API int ckptio_is_checkpoint_with(const char *path, const ckptio_store_opts *o);
+/* ckptio_reader_open on every rank of `comm` at once (collective): rank 0 reads the manifest
+ * and sends its bytes to the others, which check them as if they had read them; in an object
+ * store a job's load then asks for the manifest once, not once per rank. Rank 0's failure is
+ * every rank's (the same code, its message). Since 0.4. */
+CKPTIO_API int ckptio_reader_open_comm(ckptio_reader **out, const char *path,
+                                       const ckptio_params *p, const ckptio_comm *comm,
+                                       double timeout);
 
 #endif /* CKPTIO_EXPERIMENTAL */
 

@@ -1042,7 +1042,70 @@ static int test_save_enospc(void)
     return 0;
 }
 
+/* ckptio_reader_open_comm: rank 0 reads the manifest, the others get its bytes; each rank's
+ * reader reads the same tensor and names the same manifest; rank 0's failure is every rank's. */
+typedef struct ojob {
+    ckptio_comm *c;
+    const char *path;
+    int rc;
+    char msg[512];
+    unsigned char digest[32];
+    int same; /* w read back equals Wd */
+} ojob;
+
+static void *o_main(void *arg)
+{
+    ojob *j = arg;
+    ckptio_reader *r = NULL;
+    j->rc = ckptio_reader_open_comm(&r, j->path, NULL, j->c, 30);
+    snprintf(j->msg, sizeof j->msg, "%s", j->rc < 0 ? ckptio_last_error() : "");
+    if (j->rc == 0) {
+        float *w = malloc(sizeof(float) * W_ROWS * W_COLS);
+        j->same = w && ckptio_reader_read_tensor(r, "w", w, sizeof(float) * W_ROWS * W_COLS) == 0 &&
+                  !memcmp(w, Wd, sizeof(float) * W_ROWS * W_COLS);
+        free(w);
+        (void)ckptio_reader_digest(r, j->digest);
+    }
+    ckptio_reader_close(r);
+    return NULL;
+}
+
+static int o_run(int n, const char *path, ojob *jobs)
+{
+    ckptio__comm_local *g = NULL;
+    CHECK_OK(ckptio__comm_local_new(&g, n));
+    pthread_t th[NR_MAX];
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (ojob){.c = ckptio__comm_local_rank(g, r), .path = path};
+        CHECK(pthread_create(&th[r], NULL, o_main, &jobs[r]) == 0);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    ckptio__comm_local_free(g);
+    return 0;
+}
+
+static int test_open_comm(void)
+{
+    CHECK(d_setup() == 0);
+    for (int r = 0; r < 4; r++) d_shard(r, 4);
+    CHECK(d_run(4, NULL) == 0);
+    ojob jobs[4];
+    CHECK(o_run(4, "ckpt", jobs) == 0);
+    for (int r = 0; r < 4; r++) {
+        CHECK_OK(jobs[r].rc);
+        CHECK(jobs[r].same && !memcmp(jobs[r].digest, jobs[0].digest, 32));
+    }
+    CHECK(o_run(4, "no-such-ckpt", jobs) == 0);
+    for (int r = 0; r < 4; r++) {
+        CHECK(jobs[r].rc == jobs[0].rc && jobs[0].rc < 0);
+        CHECK(t_contains(jobs[r].msg, "no-such-ckpt"));
+        CHECK(r == 0 || t_contains(jobs[r].msg, "rank 0 could not open"));
+    }
+    return 0;
+}
+
 const ckptio_test tests_dist[] = {
+    {"dist/open_comm", test_open_comm, 0, 60},
     {"dist/partial_manifest", test_partial_manifest, 0, 20},
     {"dist/plan_shard0", test_plan_shard0, 0, 20},
     {"dist/plan_replicated", test_plan_replicated, 0, 20},

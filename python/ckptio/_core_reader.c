@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* ckptio._core.Reader (ckptio_reader): a checkpoint's tensors, chunks and metadata, and reads. */
 #include "_core.h"
+#include "_comm.h"
 
 #include <stdio.h>
 
@@ -602,9 +603,50 @@ static PyObject *mod_open_foreign(PyObject *mod, PyObject *args, PyObject *kw)
     return self;
 }
 
+/* open_comm's communicator and timeout, for the open callback below: it runs on the thread
+ * that called open_comm (with the GIL released), so a thread-local carries them there. */
+static _Thread_local struct {
+    ckptio_comm *c;
+    double timeout;
+} comm_arg;
+
+static int reader_open_comm(void **out, const char *path, const ckptio_params *p)
+{
+    ckptio_reader *r = NULL;
+    int rc = ckptio_reader_open_comm(&r, path, p, comm_arg.c, comm_arg.timeout);
+    *out = r;
+    return rc;
+}
+
+/* open_comm(path, params, comm, timeout) -> Reader, on every rank of comm at once
+ * (ckptio_reader_open_comm: rank 0 reads the manifest and sends it to the others). */
+static PyObject *mod_open_comm(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *path, *params, *comm_obj, *self = NULL;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "OOOd:open_comm", &path, &params, &comm_obj, &timeout))
+        return NULL;
+    ckptio_comm *c = ckptio__pycomm_new(comm_obj);
+    PyObject *pargs = c ? PyTuple_Pack(2, path, params) : NULL;
+    if (pargs) self = PyType_GenericNew(&ckptio__pyReader_Type.type, NULL, NULL);
+    if (self) {
+        comm_arg.c = c, comm_arg.timeout = timeout;
+        /* a failure names the path, and what the communicator said (ckptio_last_error) */
+        if (ckptio__pyhandle_open(self, pargs, NULL, reader_open_comm) < 0) Py_CLEAR(self);
+        comm_arg.c = NULL;
+    }
+    Py_XDECREF(pargs);
+    if (c) ckptio_comm_free(c);
+    return self;
+}
+
 static PyMethodDef reader_functions[] = {
     {"open_foreign", (PyCFunction)(void (*)(void))mod_open_foreign, METH_VARARGS | METH_KEYWORDS,
      "open_foreign(path, params=None) -> Reader of a safetensors file or Hugging Face directory"},
+    {"open_comm", mod_open_comm, METH_VARARGS,
+     "open_comm(path, params, comm, timeout) -> Reader opened on every rank of comm at once: "
+     "the manifest read by rank 0, sent to the others"},
     {"read_region", (PyCFunction)(void (*)(void))mod_read_region, METH_FASTCALL,
      "read_region(tensor, offset, shape, dst, dst_offset, capacity, lead=0) -> ReadRegion"},
     {NULL, NULL, 0, NULL},

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, _dtypes
-from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, InvalidType, TensorNotFound, error
+from ._errors import NOT_FOUND, RANGE, SHAPE, STATE, USAGE, CheckpointError, InvalidType, TensorNotFound, error
 from ._options import Stats, params, split_roots
 from .frameworks import _gpu
 from .frameworks import _registry as _adapters
@@ -281,8 +281,11 @@ class Reader:
     ['w'] {'step': '5'} [ 6. 10.]
     """
 
-    def __init__(self, path: PathLike, *, mmap: bool = False, **io_options: Any) -> None:
+    def __init__(self, path: PathLike, *, mmap: bool = False, _comm: Any = None,
+                 _timeout: float = 0.0, **io_options: Any) -> None:  # fmt: skip
         # mmap=True: whole tensors are views of private mappings of the data files (_mapped).
+        # _comm: a Communicator whose ranks open it together (ckptio_reader_open_comm: the
+        # manifest read by rank 0, sent to the others), within _timeout seconds.
         p, roots = split_roots(params(io_options))
         self._gpu = p["gpu"]  # the gpu= option, for GPU destinations
         self._mapped: Any = None
@@ -291,6 +294,8 @@ class Reader:
             from ._mapped import Mapped
 
             self._r, self._mapped = Mapped.open_reader(os.fspath(path), p, roots)
+        elif _comm is not None:
+            self._r = _core.open_comm(os.fspath(path), p, _comm, _timeout)
         else:
             self._r = self._open_core(os.fspath(path), p)
         if roots:  # a striped checkpoint's stripes, moved from where it recorded them
@@ -730,12 +735,14 @@ class Reader:
         return obj if tgt.wrap is None else tgt.wrap(obj)
 
 
-def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  # noqa: A001
+def open(path: PathLike, *, mmap: bool = False, comm: Any = None, **io_options: Any) -> Reader:  # noqa: A001
     """Open the checkpoint at ``path`` for reading; see Reader.
 
     ``mmap=True``: tensors come back as views of private mappings of the data files, as from
     ``load(mmap=True)``; ``r[key]`` also verifies the checksums of the tensors it returns (which
     reads their pages), ``r.load()`` does not.
+    ``comm``: every rank of a job opens a checkpoint in an object store at once (collective),
+    the manifest read by rank 0 and sent to the others, as ``load(comm=)`` does.
 
     >>> import numpy as np, ckptio, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
@@ -744,6 +751,9 @@ def open(path: PathLike, *, mmap: bool = False, **io_options: Any) -> Reader:  #
     ...     print(r.keys(), r["lr"], r["a.b"].shape)
     ['a.b', 'lr'] 0.1 (3,)
     """
+    opened = _opened_together(path, comm, mmap, io_options)
+    if opened is not None:
+        return opened
     return _reader_for(path, io_options.get("storage_options"))(path, mmap=mmap, **io_options)
 
 
@@ -824,14 +834,20 @@ def load(
     if into is not None and (mmap or like is not None or keys is not None):
         raise error(USAGE, "into= loads into the given tree: pass neither like=, keys= nor mmap=")
     share = None
-    if (comm is not None or like is not None) and not mmap and into is None:
+    so = io_options.get("storage_options")
+    opened = _opened_together(path, comm, mmap, io_options)
+    if opened is None and (comm is not None or like is not None) and not mmap and into is None \
+            and not _url(path):  # fmt: skip
+        # (an object store has no page cache to share: each rank reads its own ranges)
         from .ranks import _share
 
-        if _reader_for(path, io_options.get("storage_options")) is Reader:
+        if _reader_for(path, so) is Reader:
             share = _share.plan(comm, like, io_options)
         if share is not None:
             io_options = dict(io_options, direct=False)  # the ranks share the page cache
-    with _reader_for(path, io_options.get("storage_options"))(path, mmap=mmap, **io_options) as r, pause_gc():
+    if opened is None:
+        opened = _reader_for(path, so)(path, mmap=mmap, **io_options)
+    with opened as r, pause_gc():
         if comm is not None or like is not None:
             from .ranks import _comm, _dist
 
@@ -853,6 +869,36 @@ def load(
         Stats._from_core(st, time.perf_counter() - t0), gpu=gpu, cache_bytes=cache_bytes
     )
     return out
+
+
+def _url(path: PathLike) -> bool:
+    p = os.fspath(path)
+    return isinstance(p, str) and _core.store_name(p) != "posix"
+
+
+def _opened_together(path: PathLike, comm: Any, mmap: bool, io_options: dict[str, Any]) -> Reader | None:
+    """A checkpoint in an object store loaded with comm= by a job of several ranks: every rank
+    of comm opens it at once (collective), the manifest read once by rank 0 and sent to the
+    others, rather than once per rank. None to open it alone: a local path (each rank reads
+    the manifest from the page cache), one process, a name that is no ckptio checkpoint's
+    (safetensors), or a URL holding none (every rank is told by rank 0 and reads it as the
+    foreign formats' reader does)."""
+    if comm is None or comm == "local" or mmap or not _url(path):
+        return None
+    p = os.fspath(path)
+    if p.endswith(".safetensors") or p.endswith(".safetensors.index.json"):
+        return None
+    from .ranks import _comm, _dist
+
+    c = _comm.resolve(comm)
+    if c is None or c.size < 2:
+        return None
+    try:
+        return Reader(path, _comm=c, _timeout=_dist.DEFAULT_TIMEOUT, **io_options)
+    except CheckpointError as e:
+        if e.name == "CKPTIO_E_NOT_CHECKPOINT":
+            return None
+        raise
 
 
 def _cache_bytes(handle: Any) -> int:

@@ -65,6 +65,12 @@ void *ckptio__vfd_obj(int fd, const ckptio__vfd_ops *ops)
     return v.ops == ops ? v.obj : NULL;
 }
 
+const char *ckptio__vfd_error(int fd)
+{
+    vfd v = lookup(fd);
+    return v.ops && v.ops->error ? v.ops->error(v.obj) : "";
+}
+
 bool ckptio__vfd_io(ckptio__req *r)
 {
     vfd v = lookup(r->fd);

@@ -19,6 +19,9 @@
 typedef struct ckptio__vfd_ops {
     void (*io)(void *obj, ckptio__req *r);
     void (*close)(void *obj, bool forked);
+    /* The first failed request's message (the store's own words: the object, the status), ""
+     * if none; NULL: none kept. */
+    const char *(*error)(void *obj);
 } ckptio__vfd_ops;
 
 /* A new descriptor serving `obj` through `ops`; the descriptor owns obj from then on. */
@@ -27,6 +30,8 @@ CKPTIO__HIDDEN int ckptio__vfd_open(const ckptio__vfd_ops *ops, void *obj, int *
 /* The object behind fd if it was opened with `ops`, else NULL. Cheap while no such
  * descriptor is open (the common case: files only). */
 CKPTIO__HIDDEN void *ckptio__vfd_obj(int fd, const ckptio__vfd_ops *ops);
+/* What the first failed request on fd said (ops->error), "" for a file or none. */
+CKPTIO__HIDDEN const char *ckptio__vfd_error(int fd);
 /* If fd is a descriptor of this file: run r through its ops and return true. */
 CKPTIO__HIDDEN bool ckptio__vfd_io(ckptio__req *r);
 /* Close fd, whichever it is: a descriptor of this file releases its object through its ops

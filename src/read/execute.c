@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../io/vfd.h"
 #include "../io/vfs.h"
 #include "reader.h"
 
@@ -111,10 +112,11 @@ static int read_done(void *ctx, size_t i, const ckptio__ring_io *io, const void 
     ckptio__read_io_segs(pl, i, &first, &last);
     if (res < 0) {
         const seg *s = &segs[first];
+        const char *why = ckptio__vfd_error(r->files[s->file].fd); /* an object store's words */
         return ckptio__fail(&r->msg, (int)res,
-                            "reading %llu bytes at offset %llu of '%s/%s' (tensor '%s') failed",
+                            "reading %llu bytes at offset %llu of '%s/%s' (tensor '%s') failed%s%s",
                             (unsigned long long)io->len, (unsigned long long)io->off, r->path,
-                            fname(r, s->file), tname(r, s->chunk));
+                            fname(r, s->file), tname(r, s->chunk), *why ? ": " : "", why);
     }
     r->stats.io_bytes += (uint64_t)res;
     r->rstats.requests++;

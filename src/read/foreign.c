@@ -393,7 +393,7 @@ static int open_foreign_file(ckptio_reader *r, uint32_t i)
     int rc = 0, dfd = -1;
     CKPTIO__GOTO_IF(!full, -ENOMEM);
     if (r->place.store) {
-        rc = ckptio__read_open_remote(r, f, name_of(r, full));
+        rc = ckptio__read_open_remote(r, f, name_of(r, full), UINT64_MAX);
         if (rc == CKPTIO_E_NOT_FOUND)
             rc = ckptio__fail(&r->msg, CKPTIO_E_CORRUPT, "cannot open '%s': it is missing", full);
         goto out;

@@ -141,6 +141,14 @@ static int open_remote(ckptio_reader *r, uint8_t **buf, uint64_t *len)
 
 int ckptio__read_open(ckptio_reader **out, const char *path, const ckptio_params *p)
 {
+    return ckptio__read_open_with(out, path, p, NULL, 0, NULL, NULL);
+}
+
+int ckptio__read_open_with(ckptio_reader **out, const char *path, const ckptio_params *p,
+                           const uint8_t *given, uint64_t given_len, uint8_t **keep,
+                           uint64_t *keep_len)
+{
+    if (keep) *keep = NULL;
     if (!out || !path || !*path) {
         if (out) *out = NULL;
         return ckptio__fail(NULL, CKPTIO_E_USAGE, "ckptio_reader_open: out and path are required");
@@ -154,19 +162,25 @@ int ckptio__read_open(ckptio_reader **out, const char *path, const ckptio_params
     if (rc < 0) goto out;
     rc = ckptio__store_remote(path, &r->msg);
     if (rc < 0) goto out;
-    if (rc) {
+    bool remote = rc;
+    if (given) { /* another rank read them: a copy, checked as if read here */
+        CKPTIO__GOTO_IF(!(buf = malloc(given_len ? given_len : 1)), -ENOMEM);
+        memcpy(buf, given, given_len);
+        len = given_len;
+        if (remote) CKPTIO__CHECK(ckptio__read_remote_setup(r, r->path));
+    } else if (remote) {
         CKPTIO__CHECK(open_remote(r, &buf, &len));
-        goto decode;
     }
-    r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (r->dirfd < 0) {
-        rc = -errno;
-        ckptio__fail(&r->msg, rc, "cannot open checkpoint directory '%s'%s", path,
-                     rc == -ENOTDIR ? ": not a directory" : "");
-        goto out;
+    if (!remote) {
+        r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (r->dirfd < 0) {
+            rc = -errno;
+            ckptio__fail(&r->msg, rc, "cannot open checkpoint directory '%s'%s", path,
+                         rc == -ENOTDIR ? ": not a directory" : "");
+            goto out;
+        }
+        if (!given) CKPTIO__CHECK(ckptio__read_manifest(r->dirfd, r->path, &r->msg, &buf, &len));
     }
-    CKPTIO__CHECK(ckptio__read_manifest(r->dirfd, r->path, &r->msg, &buf, &len));
-decode:;
     unsigned dn = 0;
     r->has_digest = EVP_Digest(buf, (size_t)len, r->digest, &dn, EVP_sha256(), NULL) && dn == 32;
     char err[512] = "";
@@ -179,6 +193,10 @@ decode:;
     CKPTIO__CHECK(ckptio__read_setup(r));
     r->stats.seconds = ckptio__now() - t0;
     *out = r;
+    if (keep) {
+        *keep = buf, *keep_len = len;
+        return 0;
+    }
     free(buf);
     return 0;
 out:
@@ -334,8 +352,9 @@ int ckptio_reader_set_roots(ckptio_reader *r, const char *const *roots, size_t n
     return ckptio__stripes_set(&r->stripes, roots, n, &r->msg, "ckptio_reader_set_roots");
 }
 
-int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name)
+int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name, uint64_t known)
 {
+    f->size = known;
     int rc = r->place.store->open_read(&r->place, name, &f->fd, &f->size, &r->msg);
     if (rc < 0) {
         f->fd = -1;
@@ -351,7 +370,7 @@ int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name)
 static int open_remote_file(ckptio_reader *r, uint32_t i)
 {
     rfile *f = &r->files[i];
-    int rc = ckptio__read_open_remote(r, f, fname(r, i));
+    int rc = ckptio__read_open_remote(r, f, fname(r, i), r->m->files[i].size);
     if (rc < 0) {
         f->fd = -1;
         if (rc == CKPTIO_E_NOT_FOUND)

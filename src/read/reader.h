@@ -149,9 +149,11 @@ typedef struct cres {
 
 /* Stores that are no local file system (open.c; ckptio__store_remote tells): set r up to read
  * from the place `path` there (its reads on the psync threads, as many as the store serves at
- * once; no page cache, no O_DIRECT); open `name` of the place as file f. */
+ * once; no page cache, no O_DIRECT); open `name` of the place as file f, `known` its length
+ * where the manifest records it (else UINT64_MAX: the store is asked). */
 CKPTIO__HIDDEN int ckptio__read_remote_setup(ckptio_reader *r, const char *path);
-CKPTIO__HIDDEN int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name);
+CKPTIO__HIDDEN int ckptio__read_open_remote(ckptio_reader *r, rfile *f, const char *name,
+                                            uint64_t known);
 
 /* The first versions of the structs that may grow end with these fields. */
 #define REGION_V1 (offsetof(ckptio_region, capacity) + sizeof(uint64_t))
@@ -194,6 +196,12 @@ CKPTIO__HIDDEN int64_t ckptio__read_find_tensor(const ckptio_reader *r, const ch
 
 /* ckptio_reader_open without its base_read hook (chain.c's public open sets it). */
 CKPTIO__HIDDEN int ckptio__read_open(ckptio_reader **out, const char *path, const ckptio_params *p);
+/* The same, with the manifest's bytes `given` (another rank read them; copied, checked as if
+ * read here) instead of reading them; keep (may be NULL): on success, the manifest's bytes (the
+ * given ones or those read), malloc'd, for the caller to free. */
+CKPTIO__HIDDEN int ckptio__read_open_with(ckptio_reader **out, const char *path,
+                                          const ckptio_params *p, const uint8_t *given,
+                                          uint64_t given_len, uint8_t **keep, uint64_t *keep_len);
 
 /* Whether chunk c's reads verify its checksums. */
 CKPTIO__HIDDEN bool ckptio__read_verifying(const ckptio_reader *r, const ckptio__mchunk *c);

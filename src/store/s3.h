@@ -148,6 +148,8 @@ CKPTIO__HIDDEN int ckptio__s3_mpu_abort(ckptio__s3 *c, const char *bucket, const
 
 CKPTIO__HIDDEN int ckptio__obj_open_write(ckptio__s3 *c, const char *bucket, const char *key,
                                           uint64_t part_size, int *fd, ckptio__msg *msg);
+/* *size: in, the object's length where the caller knows it (no HEAD is sent), else
+ * UINT64_MAX; out, its length. */
 CKPTIO__HIDDEN int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key,
                                          uint64_t *size, int *fd, ckptio__msg *msg);
 /* After every write request on fd has completed: complete the multipart upload of `len`
@@ -155,8 +157,5 @@ CKPTIO__HIDDEN int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, cons
 CKPTIO__HIDDEN int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg);
 /* Whether fd is an object descriptor from this file. */
 CKPTIO__HIDDEN bool ckptio__obj_is(int fd);
-/* The first failure of a request on the object's descriptor (for the sink's and ring's
- * messages), "" if none. */
-CKPTIO__HIDDEN const char *ckptio__obj_error(int fd);
 
 #endif

@@ -89,8 +89,8 @@ int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key, ui
                           int *fd, ckptio__msg *msg)
 {
     *fd = -1;
-    ckptio__s3_resp r;
-    int rc = ckptio__s3_head(c, bucket, key, &r, msg);
+    ckptio__s3_resp r = {.size = *size};
+    int rc = *size == UINT64_MAX ? ckptio__s3_head(c, bucket, key, &r, msg) : 0;
     if (rc < 0) return rc;
     s3_obj *o = obj_new(c, bucket, key, msg);
     if (!o) return -ENOMEM;
@@ -162,6 +162,8 @@ static int64_t obj_read(s3_obj *o, ckptio__req *r, ckptio__msg *m)
     if (r->off >= o->size) return 0;
     uint64_t len = CKPTIO__MIN(r->len, o->size - r->off), got = 0;
     int rc = ckptio__s3_get_range(o->c, o->bucket, o->key, r->off, len, r->buf, &got, m);
+    if (rc == CKPTIO_E_NOT_FOUND) /* opened at a length the caller knew: the object is gone */
+        rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "s3://%s/%s is missing", o->bucket, o->key);
     return rc < 0 ? rc : (int64_t)got;
 }
 
@@ -235,10 +237,9 @@ static void obj_close(void *obj, bool forked)
     obj_free(o);
 }
 
-static const ckptio__vfd_ops obj_ops = {obj_io, obj_close};
-
-const char *ckptio__obj_error(int fd)
+static const char *obj_error(void *obj)
 {
-    s3_obj *o = lookup(fd);
-    return o ? o->error : "";
+    return ((s3_obj *)obj)->error; /* written once, under the lock, before the failure shows */
 }
+
+static const ckptio__vfd_ops obj_ops = {obj_io, obj_close, obj_error};

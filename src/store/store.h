@@ -164,7 +164,10 @@ typedef struct ckptio__store_ops {
     /* Bytes [off, off + len) of `name` into buf; *got short only at its end. */
     int (*read_range)(ckptio__place *p, const char *name, uint64_t off, uint64_t len, void *buf,
                       uint64_t *got, ckptio__msg *msg);
-    /* `name` opened for the engine's reads (a descriptor of io/vfd.h; ckptio__fd_close). */
+    /* `name` opened for the engine's reads (a descriptor of io/vfd.h; ckptio__fd_close). *size:
+     * in, its length where the caller knows it (a checkpoint's manifest records its data
+     * files'), so the store need not ask (a missing one then fails at its first read), or
+     * UINT64_MAX; out, its length. */
     int (*open_read)(ckptio__place *p, const char *name, int *fd, uint64_t *size,
                      ckptio__msg *msg);
     /* The names directly under the place, in any order. */
