@@ -70,6 +70,16 @@ static void json(const char *raw, size_t len, const char *text)
         REQUIRE((s == 0) == (rc2 == 0) && (n == 0) == (rc2 == 0));
         REQUIRE(!bad || (s == CKPTIO_E_CORRUPT && n == CKPTIO_E_CORRUPT));
     }
+    /* every member of the top object and of one nested object, in turn */
+    for (size_t i = 0; i < 8; i++) {
+        char key[32];
+        int rc = ckptio__json_member(raw, len, i & 1 ? "credential_source" : NULL, i / 2, key,
+                                     sizeof key, out, sizeof out);
+        REQUIRE(rc == 0 || rc == 1 || rc == CKPTIO_E_LIMIT || rc == CKPTIO_E_CORRUPT);
+        REQUIRE((rc == CKPTIO_E_CORRUPT) == bad);
+        check_out(rc, key, sizeof key);
+        check_out(rc, out, sizeof out);
+    }
     /* escaped text is a string body that decodes back, when the text is UTF-8 */
     char esc[256], doc[300], back[256];
     size_t need = ckptio__json_escape(text, esc, sizeof esc);

@@ -1604,6 +1604,10 @@ CKPTIO_API const char *ckptio_store_name(const char *path);
  *   addressing_style  auto (default: path-style for a custom endpoint, virtual hosts on AWS),
  *                     path or virtual
  *   sts_endpoint_url  where role credentials (web identity, role_arn) are asked for
+ *   credentials_file, token, project
+ *                     Google Cloud's: a credentials file (else GOOGLE_APPLICATION_CREDENTIALS),
+ *                     a static OAuth2 access token, the project. Reserved for the gs:// store to
+ *                     come: no store reads them yet.
  * A setting not given is taken from the environment when the store is first used with these
  * settings, as the AWS SDKs would (AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_PROFILE, AWS_CA_BUNDLE,
  * the credential chain); clients (connections, credentials) are kept per distinct setting and

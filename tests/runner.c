@@ -207,8 +207,10 @@ static int run_one(const ckptio_test *t, const char *backend, const char *base, 
 int main(int argc, char **argv)
 {
     /* No test asks a cloud's instance metadata service (169.254.169.254): tests that want one
-     * start a stand-in and point AWS_EC2_METADATA_SERVICE_ENDPOINT at it. */
+     * start a stand-in and point AWS_EC2_METADATA_SERVICE_ENDPOINT (or GCE_METADATA_HOST, with
+     * NO_GCE_CHECK unset) at it. */
     setenv("AWS_EC2_METADATA_DISABLED", "true", 0);
+    setenv("NO_GCE_CHECK", "true", 0);
     const char *tmp = getenv("CKPTIO_TEST_TMP");
     if (!tmp) tmp = getenv("TMPDIR");
     if (!tmp) tmp = "/var/tmp";

@@ -230,6 +230,27 @@ static int test_json_paths(void)
     /* keys compare after their escapes are decoded */
     CHECK(ckptio__json_get(J("{\"ac\\u0063ess\\/x\": 7}"), "access/x", v, sizeof v) == 1);
     CHECK(!strcmp(v, "7"));
+
+    /* members one by one, in the text's order, a repeated key each time */
+    char k[32];
+    CHECK(ckptio__json_member(J(dup), NULL, 0, k, sizeof k, v, sizeof v) == 1);
+    CHECK(!strcmp(k, "a") && !strcmp(v, "{\"b\": 1}"));
+    CHECK(ckptio__json_member(J(dup), NULL, 3, k, sizeof k, v, sizeof v) == 1);
+    CHECK(!strcmp(k, "k") && !strcmp(v, "y"));
+    CHECK(ckptio__json_member(J(dup), NULL, 4, k, sizeof k, v, sizeof v) == 0 && !k[0] && !v[0]);
+    CHECK(ckptio__json_member(J(ext), "credential_source.format", 1, k, sizeof k, v, sizeof v) == 1);
+    CHECK(!strcmp(k, "subject_token_field_name") && !strcmp(v, "access_token"));
+    CHECK(ckptio__json_member(J(ext), "empty", 0, k, sizeof k, v, sizeof v) == 0);
+    CHECK(ckptio__json_member(J(ext), "type", 0, k, sizeof k, v, sizeof v) == 0); /* no object */
+    CHECK(ckptio__json_member(J(ext), "missing", 0, k, sizeof k, v, sizeof v) == 0);
+    CHECK(ckptio__json_member(J("{\"a\\u0062\": 1}"), NULL, 0, k, 3, v, sizeof v) == 1);
+    CHECK(!strcmp(k, "ab") && !strcmp(v, "1"));
+    CHECK_ERR(ckptio__json_member(J("{\"abc\": 1}"), NULL, 0, k, 3, v, sizeof v), CKPTIO_E_LIMIT);
+    CHECK(!k[0] && !v[0]);
+    CHECK_ERR(ckptio__json_member(J("{\"a\": 123}"), NULL, 0, k, sizeof k, v, 3), CKPTIO_E_LIMIT);
+    CHECK(!k[0] && !v[0]);
+    CHECK_ERR(ckptio__json_member(J("{\"a\": 1"), NULL, 0, k, sizeof k, v, sizeof v),
+              CKPTIO_E_CORRUPT);
     return 0;
 }
 

@@ -1,11 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of the S3 client: AWS's SigV4 examples, URLs, XML, times, retries, and a live store. */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,6 +10,7 @@
 #include "../src/io/vfd.h"
 #include "../src/store/aws_creds.h"
 #include "../src/store/s3_impl.h"
+#include "fake_http.h"
 #include "s3_live.h"
 #include "test.h"
 
@@ -229,127 +227,13 @@ static int test_times(void)
 }
 
 
-/* ---- a scripted HTTP server on 127.0.0.1: each request takes the next reply ---- */
-
-/* FAKE_STALL and FAKE_CUT promise 100 bytes more than the body: the first then waits, the
- * second closes the connection at once. FAKE_ETAG: 200, the body as the ETag, no body. */
-enum { FAKE_REPLY, FAKE_RESET, FAKE_STALL, FAKE_CUT, FAKE_ETAG };
-typedef struct fake_reply {
-    int action;
-    int status;
-    const char *body; /* also the Content-Length */
-} fake_reply;
-
-typedef struct fake {
-    int lfd, port;
-    pthread_t th;
-    const fake_reply *script;
-    unsigned n, next;
-    char lines[16][600]; /* each request's first line */
-    unsigned with_token;  /* requests that carried and signed AWS_SESSION_TOKEN's "tok" */
-} fake;
-
-/* One request's head and body from fd (its first line into line); false when the peer
- * closed. */
-static bool fake_read(fake *f, int fd, char *line, size_t cap)
-{
-    char buf[16384];
-    size_t len = 0;
-    char *end = NULL;
-    while (!end) {
-        if (len + 1 >= sizeof buf) return false;
-        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
-        if (n <= 0) return false;
-        len += (size_t)n;
-        buf[len] = 0;
-        end = strstr(buf, "\r\n\r\n");
-    }
-    char *cl = strcasestr(buf, "\r\ncontent-length:");
-    size_t body = cl && cl < end ? strtoull(cl + 17, NULL, 10) : 0;
-    size_t have = len - (size_t)(end + 4 - buf);
-    for (char tmp[65536]; have < body;) {
-        ssize_t n = read(fd, tmp, CKPTIO__MIN(sizeof tmp, body - have));
-        if (n <= 0) return false;
-        have += (size_t)n;
-    }
-    snprintf(line, cap, "%.*s", (int)(strstr(buf, "\r\n") - buf), buf);
-    if (strstr(buf, "\r\nx-amz-security-token: tok\r\n") &&
-        strstr(buf, "SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-security-token,"))
-        __atomic_fetch_add(&f->with_token, 1, __ATOMIC_SEQ_CST);
-    return true;
-}
-
-typedef struct fake_conn {
-    fake *f;
-    int fd;
-} fake_conn;
-
-/* One connection's requests, in order; connections are served in parallel. */
-static void *fake_serve(void *arg)
-{
-    fake_conn *fc = arg;
-    fake *f = fc->f;
-    int fd = fc->fd;
-    free(fc);
-    char line[600];
-    while (fake_read(f, fd, line, sizeof line)) {
-        unsigned k = __atomic_fetch_add(&f->next, 1, __ATOMIC_SEQ_CST);
-        unsigned i = k < f->n ? k : f->n - 1;
-        if (k < 16) snprintf(f->lines[k], sizeof f->lines[0], "%s", line);
-        const fake_reply *r = &f->script[i];
-        if (r->action == FAKE_RESET) {
-            struct linger lg = {1, 0};
-            setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-            break;
-        }
-        char head[512], etag[64];
-        const char *body = r->body ? r->body : "";
-        snprintf(etag, sizeof etag, "\"e%u\"", i);
-        if (r->action == FAKE_ETAG) {
-            snprintf(etag, sizeof etag, "%s", body);
-            body = "";
-        }
-        int hl = snprintf(head, sizeof head,
-                          "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nETag: %s\r\n"
-                          "Date: Mon, 12 Oct 2009 17:50:30 GMT\r\n\r\n",
-                          r->status, strlen(body) + (r->action == FAKE_STALL || r->action == FAKE_CUT ? 100 : 0),
-                          etag);
-        if (write(fd, head, (size_t)hl) < 0 || write(fd, body, strlen(body)) < 0) break;
-        if (r->action == FAKE_STALL) sleep(3);
-        if (r->action == FAKE_STALL || r->action == FAKE_CUT) break;
-    }
-    close(fd);
-    return NULL;
-}
-
-static void *fake_main(void *arg)
-{
-    fake *f = arg;
-    int fd;
-    while ((fd = accept(f->lfd, NULL, NULL)) >= 0) {
-        fake_conn *fc = malloc(sizeof *fc);
-        pthread_t th;
-        if (!fc) break;
-        *fc = (fake_conn){f, fd};
-        if (pthread_create(&th, NULL, fake_serve, fc) == 0) pthread_detach(th);
-    }
-    return NULL;
-}
+/* ---- against a scripted server (fake_http.h) ---- */
 
 /* Start the server and point a fresh client at it (stall 1 s, deadline timeout_s). */
 static int fake_start(fake *f, const fake_reply *script, unsigned n, const char *timeout_s,
                       ckptio__s3 **c)
 {
-    memset(f, 0, sizeof *f);
-    f->script = script;
-    f->n = n;
-    f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    CHECK(f->lfd >= 0 && bind(f->lfd, (struct sockaddr *)&a, sizeof a) == 0);
-    CHECK(listen(f->lfd, 16) == 0 && getsockname(f->lfd, (struct sockaddr *)&a, &al) == 0);
-    f->port = ntohs(a.sin_port);
-    CHECK(pthread_create(&f->th, NULL, fake_main, f) == 0);
+    CHECK(fake_listen(f, script, n, NULL) == 0);
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", f->port);
     setenv("AWS_ENDPOINT_URL", ep, 1);
@@ -502,7 +386,10 @@ static int test_pages(void)
     CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
     CHECK(f.next == 8 && !strcmp(f.lines[7], "POST /b/k?uploadId=id%261 HTTP/1.1"));
     CHECK(!strcmp(f.lines[6], "GET /b/k?max-parts=1&uploadId=id%261 HTTP/1.1"));
-    CHECK(f.with_token == 8);
+    for (unsigned i = 0; i < 8; i++) /* each request carried and signed the session token */
+        CHECK(t_contains(f.heads[i], "\r\nx-amz-security-token: tok\r\n") &&
+              t_contains(f.heads[i], "SignedHeaders=host;x-amz-content-sha256;x-amz-date;"
+                                     "x-amz-security-token,"));
     CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL), -EIO);
     CHECK(f.next == 9 && t_contains(ckptio_last_error(), "InvalidPart"));
     free(id);

@@ -4,10 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,18 +20,18 @@
 
 #include "aws_creds.h"
 #include "conf_parse.h"
+#include "creds.h"
+#include "http_simple.h"
 #include "s3_impl.h"
 #include "store.h"
 
 extern char **environ;
 
-#define FILE_MAX (1u << 20)      /* a shared config or credentials file, at most */
-#define ANSWER_MAX (1u << 20)    /* a credential source's answer, at most */
+#define ANSWER_MAX (1u << 20)    /* a credential_process's answer, at most */
 #define SOURCE_MS 10000L         /* STS, the container endpoint: a try's bound */
 #define IMDS_MS 2000L            /* the instance metadata service (1 s to connect) */
 #define PROCESS_S 60.0           /* a credential_process's bound */
 #define PROFILE_DEPTH 5          /* role_arn -> source_profile links followed, at most */
-#define REFRESH_MAX_S 300        /* refresh this long before expiry, at most */
 
 /* ---- settings, then the environment ---- */
 
@@ -108,30 +106,17 @@ int ckptio__aws_conf_read(ckptio__aws_conf *c, const ckptio_store_opts *o, ckpti
 
 char *ckptio__aws_conf_key(const ckptio__aws_conf *c)
 {
-    size_t n = 1;
-    for (int i = 0; i < CKPTIO__AWS_N; i++)
-        if (c->v[i]) n += strlen(c->v[i]) + 8;
-    char *k = malloc(n), *at = k;
-    if (!k) return NULL;
-    for (int i = 0; i < CKPTIO__AWS_N; i++)
-        if (c->v[i]) at += snprintf(at, n - (size_t)(at - k), "%d=%s\n", i, c->v[i]);
-    *at = 0;
-    return k;
+    return ckptio__fields_key(c->v, CKPTIO__AWS_N);
 }
 
 void ckptio__aws_conf_wipe_key(char *key)
 {
-    if (key) OPENSSL_cleanse(key, strlen(key));
-    free(key);
+    ckptio__fields_wipe_key(key);
 }
 
 void ckptio__aws_conf_free(ckptio__aws_conf *c)
 {
-    for (int i = 0; i < CKPTIO__AWS_N; i++) {
-        if (c->v[i]) OPENSSL_cleanse(c->v[i], strlen(c->v[i]));
-        free(c->v[i]);
-        c->v[i] = NULL;
-    }
+    ckptio__fields_free(c->v, CKPTIO__AWS_N);
 }
 
 /* ---- keys ---- */
@@ -170,55 +155,23 @@ struct ckptio__aws_creds {
     ckptio__aws_conf conf;
     char *config, *creds; /* the shared files' text ("" when absent) */
     char region[64];
-    pthread_mutex_t lock;
-    pthread_cond_t loaded;
-    bool loading;
-    ckptio__aws_key *cur;
-    int64_t margin;    /* refresh cur this long before it expires */
-    int source;        /* the chain's step that answered: SRC_*; 0 before */
+    ckptio__cred_cache cache; /* of ckptio__aws_key */
+    int source;        /* the chain's step that answered: SRC_*; 0 before (atomic) */
     char source_name[160];
 };
 
 enum { SRC_NONE, SRC_SETTINGS, SRC_ENV, SRC_WEB, SRC_PROFILE, SRC_CONTAINER, SRC_IMDS };
 
-/* The text of a file (at most FILE_MAX bytes, NUL-terminated) in *out; a file that is not there
- * is "" (0); a file that cannot be read is an error naming it. */
-static int read_text(const char *path, char **out, ckptio__msg *msg)
+static int load(void *owner, void **out, int64_t *expires, ckptio__msg *msg);
+
+static void key_hold(void *k)
 {
-    *out = NULL;
-    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-    if (fd < 0 && (!path || errno == ENOENT || errno == ENOTDIR)) {
-        *out = strdup("");
-        return *out ? 0 : ckptio__fail(msg, -ENOMEM, "out of memory");
-    }
-    if (fd < 0) return ckptio__fail(msg, -errno, "cannot read '%s': %s", path, strerror(errno));
-    char *buf = malloc(FILE_MAX + 1);
-    size_t len = 0;
-    ssize_t n = 1;
-    while (buf && len < FILE_MAX && (n = read(fd, buf + len, FILE_MAX - len)) != 0) {
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) break;
-        len += (size_t)n;
-    }
-    int e = errno;
-    close(fd);
-    if (!buf) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    if (n < 0) {
-        free(buf);
-        return ckptio__fail(msg, -e, "cannot read '%s': %s", path, strerror(e));
-    }
-    buf[len] = 0;
-    *out = buf;
-    return 0;
+    __atomic_add_fetch(&((ckptio__aws_key *)k)->refs, 1, __ATOMIC_ACQ_REL);
 }
 
-/* "$HOME/.aws/<name>" (malloc'd), or NULL without a home. */
-static char *home_file(const char *name)
+static void key_drop(void *k)
 {
-    const char *home = getenv("HOME");
-    char *p;
-    if (!home || !*home || asprintf(&p, "%s/.aws/%s", home, name) < 0) return NULL;
-    return p;
+    ckptio__aws_key_put(k);
 }
 
 int ckptio__aws_creds_new(ckptio__aws_creds **out, const ckptio__aws_conf *c, ckptio__msg *msg)
@@ -230,11 +183,11 @@ int ckptio__aws_creds_new(ckptio__aws_creds **out, const ckptio__aws_conf *c, ck
     for (int i = 0; i < CKPTIO__AWS_N && rc == 0; i++)
         if (c->v[i] && !(p->conf.v[i] = strdup(c->v[i]))) rc = ckptio__fail(msg, -ENOMEM, "out of memory");
     if (rc == 0 && !p->conf.v[CKPTIO__AWS_CONFIG_FILE])
-        p->conf.v[CKPTIO__AWS_CONFIG_FILE] = home_file("config");
+        p->conf.v[CKPTIO__AWS_CONFIG_FILE] = ckptio__home_path(".aws/config");
     if (rc == 0 && !p->conf.v[CKPTIO__AWS_CREDS_FILE])
-        p->conf.v[CKPTIO__AWS_CREDS_FILE] = home_file("credentials");
-    if (rc == 0) rc = read_text(p->conf.v[CKPTIO__AWS_CONFIG_FILE], &p->config, msg);
-    if (rc == 0) rc = read_text(p->conf.v[CKPTIO__AWS_CREDS_FILE], &p->creds, msg);
+        p->conf.v[CKPTIO__AWS_CREDS_FILE] = ckptio__home_path(".aws/credentials");
+    if (rc >= 0) rc = ckptio__read_text(p->conf.v[CKPTIO__AWS_CONFIG_FILE], &p->config, msg);
+    if (rc >= 0) rc = ckptio__read_text(p->conf.v[CKPTIO__AWS_CREDS_FILE], &p->creds, msg);
     if (rc < 0) {
         ckptio__aws_conf_free(&p->conf);
         free(p->config);
@@ -247,8 +200,7 @@ int ckptio__aws_creds_new(ckptio__aws_creds **out, const ckptio__aws_conf *c, ck
     if (!region && ckptio__aws_profile_value(p, "region", NULL, from_file, sizeof from_file) == 1)
         region = from_file;
     snprintf(p->region, sizeof p->region, "%s", region ? region : "us-east-1");
-    pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->loaded, NULL);
+    ckptio__cred_cache_init(&p->cache, p, load, key_hold, key_drop);
     *out = p;
     return 0;
 }
@@ -256,20 +208,16 @@ int ckptio__aws_creds_new(ckptio__aws_creds **out, const ckptio__aws_conf *c, ck
 void ckptio__aws_creds_free(ckptio__aws_creds *p)
 {
     if (!p) return;
-    ckptio__aws_key_put(p->cur);
+    ckptio__cred_cache_free(&p->cache);
     ckptio__aws_conf_free(&p->conf);
     free(p->config);
     free(p->creds);
-    pthread_mutex_destroy(&p->lock);
-    pthread_cond_destroy(&p->loaded);
     free(p);
 }
 
 void ckptio__aws_creds_after_fork(ckptio__aws_creds *p)
 {
-    pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->loaded, NULL);
-    p->loading = false;
+    ckptio__cred_cache_after_fork(&p->cache);
 }
 
 const char *ckptio__aws_creds_region(const ckptio__aws_creds *p)
@@ -279,7 +227,7 @@ const char *ckptio__aws_creds_region(const ckptio__aws_creds *p)
 
 const char *ckptio__aws_creds_source(ckptio__aws_creds *p)
 {
-    return p->source_name;
+    return __atomic_load_n(&p->source, __ATOMIC_ACQUIRE) ? p->source_name : "";
 }
 
 static const char *profile_name(const ckptio__aws_creds *p)
@@ -315,81 +263,18 @@ int ckptio__aws_profile_value(const ckptio__aws_creds *p, const char *key, const
 
 /* ---- HTTP for the credential sources ---- */
 
-typedef struct answer {
-    char *p;
-    size_t len;
-    bool over;
-} answer;
-
-static size_t on_answer(char *d, size_t size, size_t n, void *arg)
-{
-    answer *a = arg;
-    size_t len = size * n;
-    if (a->over || len > ANSWER_MAX - a->len) {
-        a->over = true;
-        return 0;
-    }
-    char *g = realloc(a->p, a->len + len + 1);
-    if (!g) return 0;
-    memcpy(g + a->len, d, len);
-    a->p = g;
-    a->len += len;
-    a->p[a->len] = 0;
-    return len;
-}
-
-/* One request: *status and the body (NUL-terminated, malloc'd in *body) when an answer came;
- * else < 0 with why in err. headers: NULL-terminated "Name: value" lines; form: a POST's
- * body, or NULL. */
+/* One request (ckptio__http_simple) with the client's CAs: *status and the body (malloc'd) when
+ * an answer came; else < 0 with why in err. */
 static int http(const ckptio__aws_creds *p, const char *method, const char *url,
                 const char *const *headers, const char *form, long timeout_ms, long *status,
                 char **body, char *err, size_t cap)
 {
-    *status = 0;
-    *body = NULL;
-    CURL *h = curl_easy_init();
-    if (!h) return snprintf(err, cap, "out of memory"), -ENOMEM;
-    struct curl_slist *hl = NULL;
-    for (size_t i = 0; headers && headers[i]; i++) {
-        struct curl_slist *t = curl_slist_append(hl, headers[i]);
-        if (!t) {
-            curl_slist_free_all(hl);
-            curl_easy_cleanup(h);
-            return snprintf(err, cap, "out of memory"), -ENOMEM;
-        }
-        hl = t;
-    }
-    answer a = {0};
-    char cerr[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, CKPTIO__MIN(timeout_ms, 5000L));
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_answer);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &a);
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-    if (p->conf.v[CKPTIO__AWS_CA]) curl_easy_setopt(h, CURLOPT_CAINFO, p->conf.v[CKPTIO__AWS_CA]);
-    if (!strcmp(method, "PUT")) {
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "PUT");
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
-    } else if (form) {
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, form);
-    }
-    CURLcode cc = curl_easy_perform(h);
-    int rc = 0;
-    if (cc != CURLE_OK) {
-        snprintf(err, cap, "%s", a.over ? "the answer is too large" : cerr[0] ? cerr : curl_easy_strerror(cc));
-        rc = cc == CURLE_COULDNT_CONNECT ? -ECONNREFUSED : cc == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : -EIO;
-        free(a.p);
-    } else {
-        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
-        *body = a.p ? a.p : strdup("");
-        if (!*body) rc = -ENOMEM;
-    }
-    curl_slist_free_all(hl);
-    curl_easy_cleanup(h);
+    ckptio__http_req rq = {.method = method, .url = url, .headers = headers, .body = form,
+                           .ca_bundle = p->conf.v[CKPTIO__AWS_CA], .timeout_ms = timeout_ms};
+    ckptio__http_answer a;
+    int rc = ckptio__http_simple(&rq, &a, err, cap);
+    *status = a.status;
+    *body = a.body;
     return rc;
 }
 
@@ -400,21 +285,8 @@ static int http(const ckptio__aws_creds *p, const char *method, const char *url,
 
 typedef struct chain {
     ckptio__aws_creds *p;
-    char tried[1536]; /* "environment (AWS_ACCESS_KEY_ID is not set); ..." */
+    ckptio__tried tried;
 } chain;
-
-static void tried(chain *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tried(chain *c, const char *fmt, ...)
-{
-    size_t at = strlen(c->tried);
-    if (at >= sizeof c->tried - 1) return;
-    if (at) at += (size_t)snprintf(c->tried + at, sizeof c->tried - at, "; ");
-    if (at >= sizeof c->tried - 1) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->tried + at, sizeof c->tried - at, fmt, ap);
-    va_end(ap);
-}
 
 /* Credentials from a JSON answer (container, instance metadata, credential_process): the
  * token's member is "Token" or "SessionToken". */
@@ -504,7 +376,7 @@ static int sts(chain *c, const char *action, ckptio__s3_kv *q, unsigned nq,
         snprintf(lines[2], sizeof lines[2], "x-amz-content-sha256: %s", phash);
         hs[1] = lines[0], hs[2] = lines[1], hs[3] = lines[2], hs[4] = tokline;
     }
-    long status;
+    long status = 0;
     char *body;
     int rc = http(p, "POST", url, hs, form, SOURCE_MS, &status, &body, err, sizeof err);
     if (tokline) OPENSSL_cleanse(tokline, strlen(tokline));
@@ -559,7 +431,7 @@ static int web_identity(chain *c, const char *token_file, const char *role, cons
         return ckptio__fail(msg, -errno, "web identity: cannot read the token file '%s': %s",
                             token_file, strerror(errno));
     close(fd);
-    CKPTIO__TRY(read_text(token_file, &tok, msg)); /* read again each time: it is rotated */
+    CKPTIO__TRY(ckptio__read_text(token_file, &tok, msg)); /* read again each time: it is rotated */
     size_t n = strlen(tok);
     while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r' || tok[n - 1] == ' ')) tok[--n] = 0;
     char name[128];
@@ -583,7 +455,7 @@ static int container(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
     ckptio__aws_creds *p = c->p;
     const char *full = p->conf.v[CKPTIO__AWS_CONT_FULL], *rel = p->conf.v[CKPTIO__AWS_CONT_REL];
     if (!full && !rel) {
-        tried(c, "container (AWS_CONTAINER_CREDENTIALS_FULL_URI and _RELATIVE_URI are not set)");
+        ckptio__tried_add(&c->tried, "container (AWS_CONTAINER_CREDENTIALS_FULL_URI and _RELATIVE_URI are not set)");
         return 0;
     }
     char url[1024], host[300], err[CURL_ERROR_SIZE + 64];
@@ -604,7 +476,7 @@ static int container(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
     char *tok = NULL, *line = NULL;
     const char *tfile = p->conf.v[CKPTIO__AWS_CONT_TOKEN_FILE];
     if (tfile) {
-        CKPTIO__TRY(read_text(tfile, &tok, msg)); /* read each time: EKS rotates it */
+        CKPTIO__TRY(ckptio__read_text(tfile, &tok, msg)); /* read each time: EKS rotates it */
         size_t n = strlen(tok);
         while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r')) tok[--n] = 0;
     } else if (p->conf.v[CKPTIO__AWS_CONT_TOKEN] && !(tok = strdup(p->conf.v[CKPTIO__AWS_CONT_TOKEN]))) {
@@ -612,7 +484,7 @@ static int container(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
     }
     if (tok && (strpbrk(tok, "\r\n") || asprintf(&line, "Authorization: %s", tok) < 0)) line = NULL;
     const char *hs[2] = {line, NULL};
-    long status;
+    long status = 0;
     char *body = NULL;
     int rc = tok && !line ? ckptio__fail(msg, CKPTIO_E_USAGE, "container credentials: the "
                                                               "authorization token is not one line")
@@ -644,7 +516,7 @@ static int imds(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
     ckptio__aws_creds *p = c->p;
     const char *off = p->conf.v[CKPTIO__AWS_IMDS_OFF];
     if (off && !strcasecmp(off, "true")) {
-        tried(c, "instance metadata (AWS_EC2_METADATA_DISABLED=true)");
+        ckptio__tried_add(&c->tried, "instance metadata (AWS_EC2_METADATA_DISABLED=true)");
         return 0;
     }
     char base[512], url[700], err[CURL_ERROR_SIZE + 64], tokline[256] = "";
@@ -652,14 +524,14 @@ static int imds(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
     snprintf(base, sizeof base, "%s", ep ? ep : "http://169.254.169.254");
     size_t bl = strlen(base);
     while (bl && base[bl - 1] == '/') base[--bl] = 0;
-    long status;
+    long status = 0;
     char *body = NULL;
     /* IMDSv2: a session token first; an endpoint that does not know the PUT serves v1. */
     const char *ttl[2] = {"X-aws-ec2-metadata-token-ttl-seconds: 21600", NULL};
     snprintf(url, sizeof url, "%s/latest/api/token", base);
     int rc = http(p, "PUT", url, ttl, NULL, IMDS_MS, &status, &body, err, sizeof err);
     if (rc < 0) {
-        tried(c, "instance metadata (%s: %s)", base, err);
+        ckptio__tried_add(&c->tried, "instance metadata (%s: %s)", base, err);
         return 0; /* not on EC2 (or it is unreachable): the chain ends without it */
     }
     if (status == 200 && body[0] && !strpbrk(body, "\r\n"))
@@ -678,7 +550,7 @@ static int imds(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
     snprintf(role, sizeof role, "%.*s", (int)strcspn(body, "\r\n"), body);
     free(body);
     if (status == 404 || (status == 200 && !role[0])) {
-        tried(c, "instance metadata (%s: the instance has no role)", base);
+        ckptio__tried_add(&c->tried, "instance metadata (%s: the instance has no role)", base);
         return 0;
     }
     if (status != 200 || strchr(role, '/'))
@@ -846,7 +718,7 @@ static int profile_creds(chain *c, const char *name, int depth, ckptio__aws_key 
                                                          "Ec2InstanceMetadata", name, csrc);
             if (rc == 0)
                 return ckptio__fail(msg, CKPTIO_E_USAGE, "profile '%s': credential_source %s: %s",
-                                    name, csrc, sub.tried);
+                                    name, csrc, sub.tried.text);
         } else {
             return ckptio__fail(msg, CKPTIO_E_USAGE, "profile '%s' has a role_arn but no "
                                                      "source_profile, credential_source or "
@@ -884,7 +756,7 @@ static int from_env(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
 {
     const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
     if (!id || !*id || !secret || !*secret) {
-        tried(c, "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set)");
+        ckptio__tried_add(&c->tried, "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set)");
         return 0;
     }
     *out = key_new(id, secret, getenv("AWS_SESSION_TOKEN"), 0);
@@ -892,7 +764,7 @@ static int from_env(chain *c, ckptio__aws_key **out, ckptio__msg *msg)
 }
 
 /* Ask the source that answered before, or walk the chain. */
-static int load(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
+static int walk(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
 {
     chain c = {.p = p};
     ckptio__aws_conf *f = &p->conf;
@@ -910,9 +782,9 @@ static int load(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
             rc = *out ? 1 : ckptio__fail(msg, -ENOMEM, "out of memory");
             src = given ? SRC_SETTINGS : SRC_ENV;
         } else if (!src) {
-            tried(&c, "settings (no access_key_id)");
+            ckptio__tried_add(&c.tried, "settings (no access_key_id)");
             if (!f->v[CKPTIO__AWS_PROFILE_GIVEN])
-                tried(&c, "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set)");
+                ckptio__tried_add(&c.tried, "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set)");
         }
     }
     if (rc == 0 && (!src || src == SRC_WEB) && !f->v[CKPTIO__AWS_PROFILE_GIVEN]) {
@@ -922,7 +794,7 @@ static int load(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
             snprintf(how, sizeof how, "web identity (%s)", f->v[CKPTIO__AWS_ROLE_ARN]);
             src = SRC_WEB;
         } else if (!src) {
-            tried(&c, "web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN are not both set)");
+            ckptio__tried_add(&c.tried, "web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN are not both set)");
         }
     }
     if (rc == 0 && (!src || src == SRC_PROFILE)) {
@@ -932,7 +804,7 @@ static int load(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
             return ckptio__fail(msg, CKPTIO_E_USAGE, "the profile '%s' has no credentials in %s or %s",
                                 name, f->v[CKPTIO__AWS_CONFIG_FILE] ? f->v[CKPTIO__AWS_CONFIG_FILE] : "~/.aws/config",
                                 f->v[CKPTIO__AWS_CREDS_FILE] ? f->v[CKPTIO__AWS_CREDS_FILE] : "~/.aws/credentials");
-        if (rc == 0) tried(&c, "profile 'default' (none in %s or %s)",
+        if (rc == 0) ckptio__tried_add(&c.tried, "profile 'default' (none in %s or %s)",
                            f->v[CKPTIO__AWS_CONFIG_FILE] ? f->v[CKPTIO__AWS_CONFIG_FILE] : "no home",
                            f->v[CKPTIO__AWS_CREDS_FILE] ? f->v[CKPTIO__AWS_CREDS_FILE] : "no home");
         if (rc != 0) src = SRC_PROFILE;
@@ -951,81 +823,43 @@ static int load(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
             snprintf(how, sizeof how, "instance metadata");
         }
     }
-    if (rc < 0) {
-        if (c.tried[0]) {
-            char why[sizeof msg->text];
-            snprintf(why, sizeof why, "%s", msg->text);
-            return ckptio__fail(msg, rc, "%s (sources tried before it: %s)", why, c.tried);
-        }
-        return rc;
-    }
+    if (rc < 0) return ckptio__tried_fail(&c.tried, msg, rc);
     if (rc == 0)
         return ckptio__fail(msg, CKPTIO_E_USAGE,
                             "no AWS credentials: tried, in order: %s. Set AWS_ACCESS_KEY_ID and "
                             "AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE, ~/.aws/credentials), "
                             "or run where a role is given (IRSA, a container or instance role), "
                             "or pass access_key_id / secret_access_key in the store's settings",
-                            c.tried);
-    p->source = src;
-    snprintf(p->source_name, sizeof p->source_name, "%s", how);
+                            c.tried.text);
+    /* Readers see the name only once source is set; a refresh that keeps the source keeps it. */
+    if (__atomic_load_n(&p->source, __ATOMIC_RELAXED) != src) {
+        snprintf(p->source_name, sizeof p->source_name, "%s", how);
+        __atomic_store_n(&p->source, src, __ATOMIC_RELEASE);
+    }
+    return 0;
+}
+
+static int load(void *owner, void **out, int64_t *expires, ckptio__msg *msg)
+{
+    ckptio__aws_key *k = NULL;
+    CKPTIO__TRY(walk(owner, &k, msg));
+    *out = k;
+    *expires = k->expires;
     return 0;
 }
 
 int ckptio__aws_creds_get(ckptio__aws_creds *p, ckptio__aws_key **out, ckptio__msg *msg)
 {
-    pthread_mutex_lock(&p->lock);
-    ckptio__aws_key *k;
-    for (;;) {
-        int64_t now = (int64_t)time(NULL);
-        k = p->cur;
-        bool fresh = k && (!k->expires || now < k->expires - p->margin);
-        bool valid = k && (!k->expires || now < k->expires - 1);
-        if (fresh || (valid && p->loading)) { /* another thread refreshes: these still serve */
-            __atomic_add_fetch(&k->refs, 1, __ATOMIC_ACQ_REL);
-            pthread_mutex_unlock(&p->lock);
-            *out = k;
-            return 0;
-        }
-        if (!p->loading) break;
-        pthread_cond_wait(&p->loaded, &p->lock);
-    }
-    p->loading = true;
-    pthread_mutex_unlock(&p->lock);
-    ckptio__aws_key *nk = NULL;
-    ckptio__msg m = {0};
-    int rc = load(p, &nk, &m);
-    pthread_mutex_lock(&p->lock);
-    p->loading = false;
-    pthread_cond_broadcast(&p->loaded);
-    int64_t now = (int64_t)time(NULL);
-    if (rc == 0) {
-        ckptio__aws_key_put(p->cur);
-        p->cur = nk;
-        int64_t life = nk->expires ? nk->expires - now : 0;
-        p->margin = CKPTIO__MIN((int64_t)REFRESH_MAX_S, life / 4);
-        if (p->margin < 1) p->margin = 1;
-    }
-    k = p->cur;
-    bool valid = k && (!k->expires || now < k->expires - 1);
-    if (rc < 0 && valid) rc = 0; /* a refresh ahead of time failed: the old ones still serve */
-    if (rc == 0) __atomic_add_fetch(&k->refs, 1, __ATOMIC_ACQ_REL);
-    pthread_mutex_unlock(&p->lock);
-    if (rc < 0) {
-        if (msg) *msg = m;
-        return rc;
-    }
+    void *k;
+    CKPTIO__TRY(ckptio__cred_cache_get(&p->cache, &k, msg));
     *out = k;
     return 0;
 }
 
 bool ckptio__aws_creds_expired(ckptio__aws_creds *p, const ckptio__aws_key *k)
 {
-    pthread_mutex_lock(&p->lock);
-    bool again = p->source != SRC_SETTINGS && p->source != SRC_ENV;
-    if (again && p->cur == k) { /* the next get loads anew */
-        ckptio__aws_key_put(p->cur);
-        p->cur = NULL;
-    }
-    pthread_mutex_unlock(&p->lock);
+    int src = __atomic_load_n(&p->source, __ATOMIC_ACQUIRE);
+    bool again = src != SRC_SETTINGS && src != SRC_ENV;
+    if (again) ckptio__cred_cache_drop(&p->cache, k); /* the next get loads anew */
     return again;
 }

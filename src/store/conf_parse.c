@@ -366,24 +366,31 @@ static const char *member(const char *o, const char *end, const char *kb, const 
     }
 }
 
+/* The top object of text, checked whole: its '{' in *o, or CKPTIO_E_CORRUPT. */
+static int top(const char *text, size_t len, const char **o)
+{
+    js j = {text, text + len};
+    ws(&j);
+    *o = j.p;
+    if (j.p >= j.end || *j.p != '{' || !value(&j, 0)) return CKPTIO_E_CORRUPT;
+    ws(&j);
+    return j.p == j.end ? 0 : CKPTIO_E_CORRUPT;
+}
+
 /* The member at path: 1 and its raw text [*vb, *ve), 0, or CKPTIO_E_CORRUPT. */
 static int find(const char *text, size_t len, const char *path, const char **vb,
                 const char **ve)
 {
-    js j = {text, text + len};
-    ws(&j);
-    const char *o = j.p;
-    if (j.p >= j.end || *j.p != '{' || !value(&j, 0)) return CKPTIO_E_CORRUPT;
-    ws(&j);
-    if (j.p != j.end) return CKPTIO_E_CORRUPT;
+    const char *o, *end = text + len;
+    if (top(text, len, &o) < 0) return CKPTIO_E_CORRUPT;
     /* Each step goes one object deeper into checked text, so there are at most
      * CKPTIO__JSON_DEPTH scans, whatever the path. */
     for (const char *c = path;;) {
         const char *dot = strchr(c, '.'), *ce = dot ? dot : c + strlen(c);
-        const char *v = member(o, j.end, c, ce);
+        const char *v = member(o, end, c, ce);
         if (!v) return 0;
         if (!dot) {
-            js k = {v, j.end};
+            js k = {v, end};
             value(&k, 0);
             *vb = v;
             *ve = k.p;
@@ -433,6 +440,40 @@ int ckptio__json_get(const char *text, size_t len, const char *path, char *out, 
 int ckptio__json_str(const char *text, size_t len, const char *path, char *out, size_t cap)
 {
     return get(text, len, path, out, cap, true);
+}
+
+int ckptio__json_member(const char *text, size_t len, const char *path, size_t i, char *key,
+                        size_t kcap, char *out, size_t cap)
+{
+    assert(text && (key || !kcap) && (out || !cap));
+    const char *o, *oe, *end = text + len;
+    if (kcap) key[0] = 0;
+    if (cap) out[0] = 0;
+    int rc = path ? find(text, len, path, &o, &oe) : top(text, len, &o) == 0 ? 1 : CKPTIO_E_CORRUPT;
+    if (rc <= 0) return rc;
+    if (*o != '{') return 0;
+    js j = {o + 1, end};
+    ws(&j);
+    if (*j.p == '}') return 0;
+    for (size_t k = 0;; k++) { /* checked text: every step below finds what it expects */
+        ws(&j);
+        const char *kb = j.p;
+        skip_string(&j);
+        ws(&j);
+        j.p++; /* ':' */
+        ws(&j);
+        const char *vb = j.p;
+        value(&j, 0);
+        if (k == i) {
+            if (!kcap || !cap) return CKPTIO_E_LIMIT;
+            rc = decode(kb, end, key, kcap);
+            if (rc == 1) rc = *vb == '"' ? decode(vb, j.p, out, cap) : put(vb, j.p, out, cap);
+            if (rc != 1) key[0] = 0;
+            return rc;
+        }
+        ws(&j);
+        if (*j.p++ == '}') return 0;
+    }
 }
 
 int ckptio__json_int(const char *text, size_t len, const char *path, int64_t *out)

@@ -75,6 +75,14 @@ CKPTIO__HIDDEN int ckptio__json_str(const char *text, size_t len, const char *pa
 CKPTIO__HIDDEN int ckptio__json_int(const char *text, size_t len, const char *path,
                                     int64_t *out);
 
+/* The i-th member (from 0, in the text's order, a repeated key each time) of the object at
+ * path (NULL: the top object): its key decoded into key (kcap bytes) and its value as
+ * ckptio__json_get gives it into out (cap bytes). 1 found; 0 when the object has fewer members
+ * or path names no object; CKPTIO_E_CORRUPT; CKPTIO_E_LIMIT (the key or the value does not
+ * fit: both ""). For objects whose keys are not known beforehand (HTTP headers to send). */
+CKPTIO__HIDDEN int ckptio__json_member(const char *text, size_t len, const char *path, size_t i,
+                                       char *key, size_t kcap, char *out, size_t cap);
+
 /* s as the body of a JSON string (no quotes) into out, like snprintf: at most cap - 1 bytes
  * and a NUL when cap > 0; returns the length the whole escaped text needs (excluding the NUL),
  * so a result >= cap means it was cut. Escapes '"', '\\' and bytes below 0x20 (\b \f \n \r \t,

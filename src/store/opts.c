@@ -14,13 +14,16 @@
 static const char *const known[] = {
     "access_key_id",    /* s3: with secret_access_key, static credentials (no chain) */
     "addressing_style", /* s3: auto (path-style for a custom endpoint), path, virtual */
-    "ca_bundle",        /* s3: a PEM file of the CAs to trust (else the system's) */
+    "ca_bundle",        /* s3, gs: a PEM file of the CAs to trust (else the system's) */
+    "credentials_file", /* gs: a Google credentials file (else GOOGLE_APPLICATION_CREDENTIALS) */
     "endpoint_url",     /* s3: http[s]://host[:port] of an S3-compatible store */
     "profile",          /* s3: the profile of the shared config files (env credentials skipped) */
+    "project",          /* gs: the Google Cloud project (else GOOGLE_CLOUD_PROJECT) */
     "region",           /* s3: the bucket's region */
     "secret_access_key",
     "session_token",
     "sts_endpoint_url", /* s3: where role credentials are asked for (else the STS of region) */
+    "token",            /* gs: a static OAuth2 access token (no chain) */
 };
 #define N_KNOWN (sizeof known / sizeof *known)
 
