@@ -52,14 +52,20 @@ test-install: build
 test-mpi: build
 	./tests/mpi-check.sh $(BUILD)
 
-# The C suite under ASan+UBSan, then under TSan, each in its own build directory.
+# The C suite under ASan+UBSan and under TSan, each in its own build directory.
+# The two suites run side by side (each runs its tests one at a time, and most of a test's time
+# is spent waiting on I/O, sleeps and servers), each into its log, shown whole afterwards.
 test-sanitize: deps
 	@[ -f $(BUILD)-asan/build.ninja ] || $(MESON) setup $(BUILD)-asan -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 	@$(MESON) compile -C $(BUILD)-asan >/dev/null
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 $(BUILD)-asan/tests/ckptio-tests
 	@[ -f $(BUILD)-tsan/build.ninja ] || $(MESON) setup $(BUILD)-tsan -Db_sanitize=thread -Db_lundef=false >/dev/null
 	@$(MESON) compile -C $(BUILD)-tsan >/dev/null
-	TSAN_OPTIONS=halt_on_error=1 $(BUILD)-tsan/tests/ckptio-tests
+	@UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 $(BUILD)-asan/tests/ckptio-tests >$(BUILD)-asan/tests.log 2>&1 & asan=$$!; \
+	TSAN_OPTIONS=halt_on_error=1 $(BUILD)-tsan/tests/ckptio-tests >$(BUILD)-tsan/tests.log 2>&1; tsan=$$?; \
+	wait $$asan; asan=$$?; \
+	echo "== C tests under ASan+UBSan ($(BUILD)-asan/tests.log)"; cat $(BUILD)-asan/tests.log; \
+	echo "== C tests under TSan ($(BUILD)-tsan/tests.log)"; cat $(BUILD)-tsan/tests.log; \
+	test $$asan = 0 && test $$tsan = 0
 
 # Bounded libFuzzer runs under ASan+UBSan, the library itself instrumented for coverage: the
 # manifest decoder, the partial-manifest merge, the safetensors header parser, the block codecs
