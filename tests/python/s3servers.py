@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Local S3 servers for the tests and the S3 bench cell: SeaweedFS (`weed mini`) and moto's server on 127.0.0.1 with free ports, started in their own process group and stopped by process id, plus the pytest fixtures that share one of each per session.
+"""Local S3 servers for the tests and the S3 bench cell: SeaweedFS (`weed mini`) and moto's server on 127.0.0.1 with free ports, started in their own process group and stopped by process id (procs.py), plus the pytest fixtures that share one of each per session.
 
 Test modules take the fixtures with ``pytest_plugins = ["s3servers"]`` after importing from it,
 so pytest finds it already imported: PYTEST_DONT_REWRITE (it has no test asserts to rewrite).
@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import procs
+from procs import STARTS as STARTS
+from procs import STOP_GRACE_S as STOP_GRACE_S
+from procs import binary as binary
+from procs import free_ports as free_ports
+from procs import unique_prefix as unique_prefix
 
 KINDS = ("seaweedfs", "moto")
 BINARIES = {"seaweedfs": "weed", "moto": "moto_server"}
@@ -29,18 +28,8 @@ REGION = "us-east-1"
 BUCKET = "ckpt"
 # A server that is not answering after this long failed to start.
 READY_S = 60.0
-# Starts of a server that exits at once (a port taken meanwhile) before giving up.
-STARTS = 3
-# SIGTERM, then SIGKILL after this long.
-STOP_GRACE_S = 5.0
 
 T = TypeVar("T")
-
-
-def binary(name: str) -> str | None:
-    """The program ``name``: next to this Python (a virtual environment's bin/) first, then PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), name)
-    return here if os.access(here, os.X_OK) else shutil.which(name)
 
 
 def missing(kind: str) -> str:
@@ -52,21 +41,6 @@ def missing(kind: str) -> str:
     except ImportError:
         return "boto3 is not installed (deps/requirements.txt; `make venv`)"
     return ""
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 now: all held open at once while the kernel picks,
-    so no two are the same."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def client_env(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> dict[str, str]:
@@ -91,19 +65,8 @@ _CLEARED = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_CONF
 def environ(env: dict[str, str]) -> Iterator[None]:
     """os.environ with ``env`` set (and the AWS variables that would override it removed),
     restored afterwards."""
-    keys = set(env) | set(_CLEARED)
-    saved = {k: os.environ.get(k) for k in keys}
-    try:
-        for k in _CLEARED:
-            os.environ.pop(k, None)
-        os.environ.update(env)
+    with procs.environ(env, _CLEARED):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def with_env(env: dict[str, str], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -125,17 +88,12 @@ def boto3_client(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = 
 
 
 @dataclass
-class S3Server:
+class S3Server(procs.Server):
     """A running server: where it answers, its bucket, the client environment for it, and
-    the process (its own group) to stop."""
+    the process (its own group) to stop (alive, log_tail, kill, stop: procs.Server)."""
 
-    kind: str
-    endpoint: str
     bucket: str
     env: dict[str, str]
-    proc: subprocess.Popen[bytes]
-    dir: str
-    log: str
     ports: dict[str, int] = field(default_factory=dict)
 
     def client(self, retries: bool = True, timeout: float = 30.0) -> Any:
@@ -143,43 +101,6 @@ class S3Server:
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - n))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL the server's whole process group now (a server dying under a client)."""
-        _signal_group(self.proc, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(STOP_GRACE_S)
-
-    def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it after STOP_GRACE_S; remove the data directory."""
-        if self.proc.poll() is None:
-            _signal_group(self.proc, signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(self.proc, signal.SIGKILL)  # children of a leader that already left
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(STOP_GRACE_S)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    # The server leads its own session (start_new_session), so its pid is its group id.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 def _seaweedfs_args(exe: str, d: str, bucket: str) -> tuple[list[str], dict[str, int]]:
@@ -210,89 +131,59 @@ def start(kind: str, bucket: str = BUCKET, ready_s: float = READY_S, parent: str
     does not come up. Call stop() when done. A server that exits while starting (another
     program took one of its ports between the choice and the bind) is started again, on other
     ports, up to STARTS times."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown S3 server kind {kind!r}")
     why = missing(kind)
     if why:
         raise FileNotFoundError(why)
-    for attempt in range(STARTS):
-        try:
-            return _start_once(kind, bucket, ready_s, parent)
-        except _Exited:
-            if attempt == STARTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-class _Exited(RuntimeError):
-    """The server process ended while starting."""
+    return procs.start(lambda: _start_once(kind, bucket, ready_s, parent))
 
 
 def _start_once(kind: str, bucket: str, ready_s: float, parent: str | None) -> S3Server:
     exe = binary(BINARIES[kind])
     assert exe is not None
-    d = tempfile.mkdtemp(prefix=f"ckptio-{kind}-", dir=parent)
-    log = os.path.join(d, "server.log")
+    d = procs.tempdir(kind, parent)
     if kind == "seaweedfs":
         data = os.path.join(d, "data")
         os.mkdir(data)
         args, ports = _seaweedfs_args(exe, data, bucket)
         port = ports["s3"]
-    elif kind == "moto":
+    else:
         port = free_ports(1)[0]
         args, ports = [exe, "-H", "127.0.0.1", "-p", str(port)], {"s3": port}
-    else:
-        raise ValueError(f"unknown S3 server kind {kind!r}")
     endpoint = f"http://127.0.0.1:{port}"
     env = client_env(endpoint)
-    penv = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    penv.update(env)  # weed mini makes its admin identity from AWS_ACCESS_KEY_ID/SECRET
-    penv["TMPDIR"] = d  # where its other sockets go
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=d, env=penv, start_new_session=True)  # fmt: skip
-    srv = S3Server(kind, endpoint, bucket, env, proc, d, log, ports)
-    try:
-        _wait_ready(srv, ready_s)
-    except BaseException:
-        srv.stop()
-        raise
-    return srv
+    # weed mini makes its admin identity from AWS_ACCESS_KEY_ID/SECRET; TMPDIR: where its other
+    # sockets go.
+    proc, log = procs.spawn(args, d, procs.child_env("AWS_", {**env, "TMPDIR": d}))
+    srv = S3Server(kind=kind, endpoint=endpoint, proc=proc, dir=d, log=log, bucket=bucket, env=env, ports=ports)
+    return procs.wait_ready(srv, _probe(srv), ready_s, poll_s=0.2)
 
 
-def _wait_ready(srv: S3Server, ready_s: float) -> None:
+def _probe(srv: S3Server) -> Callable[[], str | None]:
+    """Whether ``srv``'s bucket answers (moto's is created first): None when it does."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     c = srv.client(retries=False, timeout=2.0)
-    deadline = time.monotonic() + ready_s
-    last = ""
-    while time.monotonic() < deadline:
-        if not srv.alive():
-            raise _Exited(f"{srv.kind} exited with {srv.proc.returncode} while starting:\n{srv.log_tail()}")
+
+    def probe() -> str | None:
         try:
             if srv.kind == "moto":
                 with contextlib.suppress(ClientError):
                     c.create_bucket(Bucket=srv.bucket)
             c.head_bucket(Bucket=srv.bucket)
-            return
+            return None
         except (BotoCoreError, ClientError) as e:
-            last = f"{type(e).__name__}: {e}"
-        time.sleep(0.2)
-    raise RuntimeError(f"{srv.kind} at {srv.endpoint} not ready after {ready_s:.0f} s ({last}):\n{srv.log_tail()}")
+            return f"{type(e).__name__}: {e}"
+
+    return probe
 
 
 @contextlib.contextmanager
 def running(kind: str, bucket: str = BUCKET, parent: str | None = None) -> Iterator[S3Server]:
     """A ``kind`` server for the duration of the block (see start)."""
-    srv = start(kind, bucket, parent=parent)
-    try:
+    with procs.stopping(start(kind, bucket, parent=parent)) as srv:
         yield srv
-    finally:
-        srv.stop()
-
-
-def unique_prefix(name: str = "t") -> str:
-    """A key prefix no other test or run uses."""
-    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:40]
-    return f"{safe}-{uuid.uuid4().hex[:12]}"
 
 
 def list_keys(client: Any, bucket: str, prefix: str) -> list[str]:
@@ -338,18 +229,6 @@ if pytest is not None:
         """One moto server for the session."""
         yield from _session_server("moto")
 
-    @pytest.fixture(params=KINDS)
-    def s3server(request: Any) -> S3Server:
-        """Each test that takes this runs once per server kind."""
-        return request.getfixturevalue(f"{request.param}_server")  # type: ignore[no-any-return]
-
-    @pytest.fixture
-    def s3prefix(request: Any) -> str:
-        """A key prefix unique to this test."""
-        return unique_prefix(request.node.name)
-
-    @pytest.fixture
-    def s3env(s3server: S3Server) -> Iterator[dict[str, str]]:
-        """os.environ set for ``s3server`` during the test; yields the variables."""
-        with environ(s3server.env):
-            yield s3server.env
+    # s3server: each test that takes it runs once per server kind; s3prefix: a key prefix
+    # unique to the test; s3env: os.environ set for s3server during the test.
+    s3server, s3prefix, s3env = procs.per_test_fixtures("s3", KINDS, lambda kind: f"{kind}_server", environ)
