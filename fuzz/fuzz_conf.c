@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* libFuzzer target for what credentials and S3 answers are read with: INI, JSON, XML, times. */
+/* libFuzzer target for what credentials and object stores' answers are read with: INI, JSON
+ * (GCS listings too), XML, times, header lines. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "../src/store/conf_parse.h"
+#include "../src/store/gcs.h"
 #include "../src/store/s3_impl.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -111,6 +113,33 @@ static int uploads_cb(void *ctx, const char *key, const char *upload_id, int64_t
     return ++*(int *)ctx > 1000 ? 1 : 0;
 }
 
+static int each_cb(void *ctx, const char *v, size_t n)
+{
+    const char *const *bounds = ctx; /* each element lies inside the text */
+    REQUIRE(v >= bounds[0] && v + n <= bounds[1] && n > 0);
+    return 0;
+}
+
+/* A GCS listing page (JSON), and the arrays GCS answers hold. */
+static void gcs_json(const char *raw, size_t len, bool bad)
+{
+    char token[64];
+    int count = 0;
+    int rc = ckptio__gcs_parse_list(raw, len, list_cb, &count, token, sizeof token);
+    REQUIRE(rc == 0 || rc == 1 || rc == CKPTIO_E_CORRUPT);
+    REQUIRE(!bad || rc == CKPTIO_E_CORRUPT);
+    REQUIRE(memchr(token, 0, sizeof token));
+    const char *bounds[2] = {raw, raw + len};
+    static const char *const paths[] = {"items", "error.errors"};
+    for (size_t i = 0; i < 2; i++) {
+        rc = ckptio__json_each(raw, len, paths[i], each_cb, bounds);
+        REQUIRE(rc == 0 || rc == CKPTIO_E_CORRUPT);
+        REQUIRE((rc == CKPTIO_E_CORRUPT) == bad);
+    }
+    rc = ckptio__json_each(raw, len, NULL, each_cb, bounds);
+    REQUIRE(rc == 0 || rc == CKPTIO_E_CORRUPT);
+}
+
 static void xml(const char *text, size_t len)
 {
     char token[256], key[256], id[256], code[64];
@@ -155,6 +184,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(raw);
         memcpy(raw, text, n);
         json(raw, n, text);
+        char probe[1];
+        gcs_json(raw, n, ckptio__json_get(raw, n, "x", probe, 0) == CKPTIO_E_CORRUPT);
         free(raw);
         break;
     }
@@ -162,17 +193,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         xml(text, n);
         break;
     default: {
-        int a = ckptio__s3_time_iso(text, &t), b = ckptio__s3_time_http(text, &t);
+        int a = ckptio__time_iso(text, &t), b = ckptio__time_http(text, &t);
         REQUIRE((a == 0 || a == CKPTIO_E_CORRUPT) && (b == 0 || b == CKPTIO_E_CORRUPT));
         /* and each line as a line of an answer's head, as libcurl hands them over */
-        ckptio__s3_resp r = {0};
+        ckptio__obj_resp r = {0};
         for (size_t at = 0; at < n;) {
             const char *nl = memchr(data + 1 + at, '\n', n - at);
             size_t l = nl ? (size_t)(nl - (const char *)(data + 1 + at)) + 1 : n - at;
             char *line = malloc(l ? l : 1); /* exactly the line: a read past it is flagged */
             REQUIRE(line);
             memcpy(line, data + 1 + at, l);
-            ckptio__s3_header(line, l, &r, at & 1);
+            ckptio__http_header(line, l, &r, at & 1);
             free(line);
             REQUIRE(memchr(r.etag, 0, sizeof r.etag) && memchr(r.code, 0, sizeof r.code));
             REQUIRE(r.status >= 0 && r.status <= 999);

@@ -461,17 +461,17 @@ static int test_json_escape(void)
 static int test_times(void)
 {
     int64_t t = 0;
-    CHECK_OK(ckptio__s3_time_iso("2026-12-07T05:00:00Z", &t));
+    CHECK_OK(ckptio__time_iso("2026-12-07T05:00:00Z", &t));
     CHECK(t == 1796619600);
-    CHECK_OK(ckptio__s3_time_iso("2026-12-07T05:00:00.123Z", &t));
+    CHECK_OK(ckptio__time_iso("2026-12-07T05:00:00.123Z", &t));
     CHECK(t == 1796619600);
-    CHECK_OK(ckptio__s3_time_iso("2026-12-07T05:00:00+00:00", &t));
+    CHECK_OK(ckptio__time_iso("2026-12-07T05:00:00+00:00", &t));
     CHECK(t == 1796619600);
-    CHECK_OK(ckptio__s3_time_iso("2026-12-07T05:00:00.123456+00:00", &t));
+    CHECK_OK(ckptio__time_iso("2026-12-07T05:00:00.123456+00:00", &t));
     CHECK(t == 1796619600);
-    CHECK_ERR(ckptio__s3_time_iso("2026-12-07T05:00:00+01:00", &t), CKPTIO_E_CORRUPT);
-    CHECK_ERR(ckptio__s3_time_iso("2026-12-07T05:00:00Zjunk", &t), CKPTIO_E_CORRUPT);
-    CHECK_ERR(ckptio__s3_time_iso("2026-12-07 05:00", &t), CKPTIO_E_CORRUPT);
+    CHECK_ERR(ckptio__time_iso("2026-12-07T05:00:00+01:00", &t), CKPTIO_E_CORRUPT);
+    CHECK_ERR(ckptio__time_iso("2026-12-07T05:00:00Zjunk", &t), CKPTIO_E_CORRUPT);
+    CHECK_ERR(ckptio__time_iso("2026-12-07 05:00", &t), CKPTIO_E_CORRUPT);
     return 0;
 }
 

@@ -69,20 +69,20 @@ static int test_sigv4(void)
 static int test_url(void)
 {
     char *b, *k;
-    CHECK(ckptio__s3_is_url("s3://b/k") && !ckptio__s3_is_url("/tmp/x"));
-    CHECK(!ckptio__s3_is_url(NULL));
-    CHECK_OK(ckptio__s3_parse("s3://my-bucket.1/ckpt/step-10//", &b, &k, NULL));
+    CHECK(ckptio__objc_for("s3://b/k") && !ckptio__objc_for("/tmp/x"));
+    CHECK(!ckptio__objc_for(NULL));
+    CHECK_OK(ckptio__obj_parse(&ckptio__s3_objc, "s3://my-bucket.1/ckpt/step-10//", &b, &k, NULL));
     CHECK(!strcmp(b, "my-bucket.1") && !strcmp(k, "ckpt/step-10"));
     free(b);
     free(k);
-    CHECK_OK(ckptio__s3_parse("s3://b/k", &b, &k, NULL));
+    CHECK_OK(ckptio__obj_parse(&ckptio__s3_objc, "s3://b/k", &b, &k, NULL));
     CHECK(!strcmp(b, "b") && !strcmp(k, "k"));
     free(b);
     free(k);
     static const char *bad[] = {"s3://", "s3://b", "s3://b/", "s3:///k", "s3://b//k", "s3://b/a//c",
                                 "s3://b@d/k", "s3://b c/k", "file:///x", "s3:/b/k"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        CHECK_ERR(ckptio__s3_parse(bad[i], &b, &k, NULL), CKPTIO_E_USAGE);
+        CHECK_ERR(ckptio__obj_parse(&ckptio__s3_objc, bad[i], &b, &k, NULL), CKPTIO_E_USAGE);
         CHECK(!b && !k);
     }
     return 0;
@@ -205,24 +205,24 @@ static int test_xml(void)
 static int test_times(void)
 {
     int64_t t = 0;
-    CHECK_OK(ckptio__s3_time_iso("2009-10-12T17:50:30.000Z", &t));
+    CHECK_OK(ckptio__time_iso("2009-10-12T17:50:30.000Z", &t));
     CHECK(t == 1255369830);
-    CHECK_OK(ckptio__s3_time_iso("1970-01-01T00:00:00Z", &t));
+    CHECK_OK(ckptio__time_iso("1970-01-01T00:00:00Z", &t));
     CHECK(t == 0);
-    CHECK_OK(ckptio__s3_time_http("Mon, 12 Oct 2009 17:50:30 GMT", &t));
+    CHECK_OK(ckptio__time_http("Mon, 12 Oct 2009 17:50:30 GMT", &t));
     CHECK(t == 1255369830);
-    CHECK_OK(ckptio__s3_time_http("Thu, 29 Feb 2024 23:59:59 GMT", &t));
+    CHECK_OK(ckptio__time_http("Thu, 29 Feb 2024 23:59:59 GMT", &t));
     CHECK(t == 1709251199);
     static const char *bad_iso[] = {"", "2009-10-12", "2009-13-12T00:00:00Z", "x",
                                     "2009-10-12T17:50:30+02:00"};
     for (size_t i = 0; i < sizeof bad_iso / sizeof bad_iso[0]; i++)
-        CHECK_ERR(ckptio__s3_time_iso(bad_iso[i], &t), CKPTIO_E_CORRUPT);
+        CHECK_ERR(ckptio__time_iso(bad_iso[i], &t), CKPTIO_E_CORRUPT);
     static const char *bad_http[] = {"", "Mon 12 Oct 2009 17:50:30 GMT",
                                      "Mon, 12 Foo 2009 17:50:30 GMT",
                                      "Mon, 12 Oct 2009 17:50:30 PST",
                                      "Mon, 12 ctN 2009 17:50:30 GMT"};
     for (size_t i = 0; i < sizeof bad_http / sizeof bad_http[0]; i++)
-        CHECK_ERR(ckptio__s3_time_http(bad_http[i], &t), CKPTIO_E_CORRUPT);
+        CHECK_ERR(ckptio__time_http(bad_http[i], &t), CKPTIO_E_CORRUPT);
     return 0;
 }
 
@@ -231,7 +231,7 @@ static int test_times(void)
 
 /* Start the server and point a fresh client at it (stall 1 s, deadline timeout_s). */
 static int fake_start(fake *f, const fake_reply *script, unsigned n, const char *timeout_s,
-                      ckptio__s3 **c)
+                      ckptio__objc **c)
 {
     CHECK(fake_listen(f, script, n, NULL) == 0);
     char ep[64];
@@ -260,20 +260,20 @@ static int test_retries(void)
         {FAKE_REPLY, 400, ERR_XML("InvalidArgument")},
     };
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     if (fake_start(&f, script, sizeof script / sizeof script[0], "30", &c)) return 1;
-    ckptio__s3_resp r;
-    CHECK_OK(ckptio__s3_put(c, "b", "k", "data", 4, NULL, &r, NULL));
+    ckptio__obj_resp r;
+    CHECK_OK(ckptio__obj_put(c, "b", "k", "data", 4, NULL, &r, NULL));
     CHECK(f.next == 7 && !strcmp(r.etag, "\"e6\"") && r.date == 1255369830);
     CHECK(!strcmp(f.lines[0], "PUT /b/k HTTP/1.1"));
-    CHECK_ERR(ckptio__s3_put(c, "b", "k", "data", 4, "*", NULL, NULL), CKPTIO_E_EXISTS);
+    CHECK_ERR(ckptio__obj_put(c, "b", "k", "data", 4, "*", NULL, NULL), CKPTIO_E_EXISTS);
     CHECK(f.next == 8 && t_contains(ckptio_last_error(), "s3://b/k"));
-    CHECK_ERR(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL), -EACCES);
+    CHECK_ERR(ckptio__obj_put(c, "b", "k", "d", 1, NULL, NULL, NULL), -EACCES);
     CHECK(t_contains(ckptio_last_error(), "403 SignatureDoesNotMatch") &&
           t_contains(ckptio_last_error(), "AWS_SECRET_ACCESS_KEY"));
-    CHECK_ERR(ckptio__s3_delete(c, "nb", "k", NULL), -ENOENT);
+    CHECK_ERR(ckptio__obj_delete(c, "nb", "k", NULL), -ENOENT);
     CHECK(t_contains(ckptio_last_error(), "s3://nb/k") && t_contains(ckptio_last_error(), "create it"));
-    CHECK_ERR(ckptio__s3_head(c, "b", "k", NULL, NULL), -EIO);
+    CHECK_ERR(ckptio__obj_head(c, "b", "k", NULL, NULL), -EIO);
     CHECK(f.next == 11);
     return 0;
 }
@@ -282,10 +282,10 @@ static int test_deadline(void)
 {
     static const fake_reply script[] = {{FAKE_REPLY, 503, ERR_XML("SlowDown")}};
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     if (fake_start(&f, script, 1, "1.5", &c)) return 1;
     double t0 = ckptio__now();
-    CHECK_ERR(ckptio__s3_put(c, "b", "k", "data", 4, NULL, NULL, NULL), -ETIMEDOUT);
+    CHECK_ERR(ckptio__obj_put(c, "b", "k", "data", 4, NULL, NULL, NULL), -ETIMEDOUT);
     double dt = ckptio__now() - t0;
     printf("%s after %.2f s and %u tries\n", ckptio_last_error(), dt, f.next);
     CHECK(dt < 3 && f.next >= 3 && t_contains(ckptio_last_error(), "503 SlowDown") &&
@@ -301,19 +301,19 @@ static int test_stall(void)
                                         {FAKE_REPLY, 416, ERR_XML("InvalidRange")},
                                         {FAKE_REPLY, 206, "0123456789abc"}};
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     if (fake_start(&f, script, 5, "30", &c)) return 1;
     char buf[10];
     uint64_t got = 0;
     double t0 = ckptio__now();
-    CHECK_OK(ckptio__s3_get_range(c, "b", "k/x y", 5, 10, buf, &got, NULL));
+    CHECK_OK(ckptio__obj_get_range(c, "b", "k/x y", 5, 10, buf, &got, NULL));
     double dt = ckptio__now() - t0;
     printf("a stalled, then cut GET came whole after %.2f s\n", dt);
     CHECK(got == 10 && !memcmp(buf, "0123456789", 10) && dt >= 1 && dt < 5 && f.next == 3);
     CHECK(!strcmp(f.lines[2], "GET /b/k/x%20y HTTP/1.1")); /* the cut one retried too */
-    CHECK_OK(ckptio__s3_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
+    CHECK_OK(ckptio__obj_get_range(c, "b", "k", 50, 10, buf, &got, NULL));
     CHECK(got == 0);
-    CHECK_ERR(ckptio__s3_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
+    CHECK_ERR(ckptio__obj_get_range(c, "b", "k", 5, 10, buf, &got, NULL), -EPROTO); /* too much */
     return 0;
 }
 
@@ -322,20 +322,20 @@ static int test_fork(void)
 {
     static const fake_reply script[] = {{FAKE_REPLY, 200, NULL}};
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     if (fake_start(&f, script, 1, "5", &c)) return 1;
-    CHECK_OK(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_put(c, "b", "k", "d", 1, NULL, NULL, NULL));
     pid_t pid = fork();
     if (pid == 0) {
-        ckptio__s3 *cc;
+        ckptio__objc *cc;
         int ok = ckptio__s3_client(&cc, NULL, NULL) == 0 && cc == c;
         for (int i = 0; ok && i < 3; i++)
-            ok = ckptio__s3_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
+            ok = ckptio__obj_put(cc, "b", "k", "d", 1, NULL, NULL, NULL) == 0;
         _exit(ok ? 0 : 1);
     }
     int st = 0;
     CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__s3_put(c, "b", "k", "d", 1, NULL, NULL, NULL));
+    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__obj_put(c, "b", "k", "d", 1, NULL, NULL, NULL));
     CHECK(f.next == 7);
     return 0;
 }
@@ -368,29 +368,29 @@ static int test_pages(void)
         {FAKE_REPLY, 200, ERR_XML("InvalidPart")}, /* after its 200, and final */
     };
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     setenv("AWS_SESSION_TOKEN", "tok", 1);
     if (fake_start(&f, script, 9, "30", &c)) return 1;
     seen s = {0};
-    CHECK_OK(ckptio__s3_list(c, "b", "p/", on_key, &s, NULL));
+    CHECK_OK(ckptio__obj_list(c, "b", "p/", on_key, &s, NULL));
     CHECK(s.n == 3 && !strcmp(s.keys[2], "p/c") && s.sizes[2] == 3);
     CHECK(!strcmp(f.lines[0], "GET /b?list-type=2&prefix=p%2F HTTP/1.1"));
     CHECK(!strcmp(f.lines[1], "GET /b?continuation-token=t%2F1%2B2%3D&list-type=2&prefix=p%2F HTTP/1.1"));
     s.n = 0;
-    CHECK_OK(ckptio__s3_list_uploads(c, "b", "p/", on_upload, &s, NULL));
+    CHECK_OK(ckptio__obj_list_uploads(c, "b", "p/", on_upload, &s, NULL));
     CHECK(s.n == 2 && !strcmp(s.keys[1], "p/b|u2"));
     CHECK(!strcmp(f.lines[3], "GET /b?key-marker=p%2Fa&prefix=p%2F&upload-id-marker=u1&uploads= HTTP/1.1"));
     char *id = NULL, etags[1][128] = {"\"e\""};
-    CHECK_OK(ckptio__s3_mpu_create(c, "b", "k", &id, NULL));
+    CHECK_OK(ckptio__obj_mpu_create(c, "b", "k", &id, NULL));
     CHECK(!strcmp(id, "id&1") && !strcmp(f.lines[4], "POST /b/k?uploads= HTTP/1.1"));
-    CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL));
+    CHECK_OK(ckptio__obj_mpu_complete(c, "b", "k", id, etags, 1, NULL));
     CHECK(f.next == 8 && !strcmp(f.lines[7], "POST /b/k?uploadId=id%261 HTTP/1.1"));
     CHECK(!strcmp(f.lines[6], "GET /b/k?max-parts=1&uploadId=id%261 HTTP/1.1"));
     for (unsigned i = 0; i < 8; i++) /* each request carried and signed the session token */
         CHECK(t_contains(f.heads[i], "\r\nx-amz-security-token: tok\r\n") &&
               t_contains(f.heads[i], "SignedHeaders=host;x-amz-content-sha256;x-amz-date;"
                                      "x-amz-security-token,"));
-    CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", id, etags, 1, NULL), -EIO);
+    CHECK_ERR(ckptio__obj_mpu_complete(c, "b", "k", id, etags, 1, NULL), -EIO);
     CHECK(f.next == 9 && t_contains(ckptio_last_error(), "InvalidPart"));
     free(id);
     return 0;
@@ -408,13 +408,13 @@ static int test_complete_lost(void)
         {FAKE_ETAG, 200, "\"68083ea43d0307eecfa2b4749f19df15-3\""}, /* someone else's */
     };
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     if (fake_start(&f, script, 6, "30", &c)) return 1;
     char etags[2][128] = {"\"d41d8cd98f00b204e9800998ecf8427e\"",
                           "\"0cc175b9c0f1b6a831c399e269772661\""};
-    CHECK_OK(ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 2, NULL));
+    CHECK_OK(ckptio__obj_mpu_complete(c, "b", "k", "u", etags, 2, NULL));
     CHECK(f.next == 3 && !strcmp(f.lines[2], "HEAD /b/k HTTP/1.1"));
-    CHECK_ERR(ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 2, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_ERR(ckptio__obj_mpu_complete(c, "b", "k", "u", etags, 2, NULL), CKPTIO_E_NOT_FOUND);
     CHECK(f.next == 6);
     return 0;
 }
@@ -432,18 +432,18 @@ static int test_upload_gone(void)
         {FAKE_REPLY, 404, ERR_XML("NoSuchUpload")},
     };
     fake f;
-    ckptio__s3 *c;
+    ckptio__objc *c;
     if (fake_start(&f, script, 5, "60", &c)) return 1;
     char etags[1][128] = {"\"d41d8cd98f00b204e9800998ecf8427e\""};
     ckptio__msg *m = calloc(1, sizeof *m); /* what the caller is told (a HEAD follows) */
     CHECK(m != NULL);
-    int rc = ckptio__s3_mpu_complete(c, "b", "k", "u", etags, 1, m);
+    int rc = ckptio__obj_mpu_complete(c, "b", "k", "u", etags, 1, m);
     CHECK(rc == CKPTIO_E_NOT_FOUND && t_contains(m->text, "NoSuchUpload") &&
           t_contains(m->text, "upload is gone"));
     free(m);
     CHECK(f.next == 3 && !strcmp(f.lines[1], "GET /b/k?max-parts=1&uploadId=u HTTP/1.1"));
     char etag[128];
-    CHECK_ERR(ckptio__s3_mpu_part(c, "b", "k", "u", 1, "x", 1, etag, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_ERR(ckptio__obj_mpu_part(c, "b", "k", "u", 1, "x", 1, etag, NULL), CKPTIO_E_NOT_FOUND);
     CHECK(f.next == 5);
     return 0;
 }
@@ -452,7 +452,7 @@ static int test_upload_gone(void)
  * for at the first request, and their absence names every source tried, in order. */
 static int test_client_env(void)
 {
-    ckptio__s3 *c, *again, *other;
+    ckptio__objc *c, *again, *other;
     const char *clear[] = {"AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                            "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
                            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
@@ -464,8 +464,8 @@ static int test_client_env(void)
     setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
     setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9/", 1);
     CHECK_OK(ckptio__s3_client(&c, NULL, NULL));
-    ckptio__s3_resp r;
-    CHECK_ERR(ckptio__s3_head(c, "b", "k", &r, NULL), CKPTIO_E_USAGE);
+    ckptio__obj_resp r;
+    CHECK_ERR(ckptio__obj_head(c, "b", "k", &r, NULL), CKPTIO_E_USAGE);
     const char *e = ckptio_last_error();
     printf("%s\n", e);
     CHECK(t_contains(e, "s3://b/k") && t_contains(e, "no AWS credentials"));
@@ -480,7 +480,7 @@ static int test_client_env(void)
     }
     setenv("AWS_ACCESS_KEY_ID", "a", 1); /* another environment: another client */
     CHECK_OK(ckptio__s3_client(&again, NULL, NULL));
-    CHECK(again != c && !strcmp(ckptio__s3_endpoint(again), "http://127.0.0.1:9"));
+    CHECK(again != c && !strcmp(ckptio__obj_endpoint(again), "http://127.0.0.1:9"));
     CHECK_OK(ckptio__s3_client(&c, NULL, NULL));
     CHECK(again == c);
     setenv("AWS_ENDPOINT_URL", "ftp://host", 1);
@@ -495,9 +495,9 @@ static int test_client_env(void)
     CHECK_ERR(ckptio_store_opts_set(o, "addressing_style", "sideways"), CKPTIO_E_USAGE);
     CHECK_OK(ckptio_store_opts_set(o, "endpoint_url", "http://127.0.0.1:10"));
     CHECK_OK(ckptio__s3_client(&other, o, NULL));
-    CHECK(other != c && !strcmp(ckptio__s3_endpoint(other), "http://127.0.0.1:10"));
+    CHECK(other != c && !strcmp(ckptio__obj_endpoint(other), "http://127.0.0.1:10"));
     CHECK_OK(ckptio_store_opts_set(o, "access_key_id", "k2"));
-    ckptio__s3 *none;
+    ckptio__objc *none;
     CHECK_ERR(ckptio__s3_client(&none, o, NULL), CKPTIO_E_USAGE); /* without its secret */
     CHECK_OK(ckptio_store_opts_set(o, "access_key_id", NULL));
     CHECK_OK(ckptio__s3_client(&again, o, NULL));
@@ -511,61 +511,61 @@ static int test_live_objects(void)
     LIVE(c, p, b);
     uint8_t data[3000], *got = NULL;
     t_fill(data, sizeof data, 1);
-    ckptio__s3_resp r;
-    CHECK_OK(ckptio__s3_put(c, b, k(p, "a b+c&d"), data, sizeof data, NULL, &r, NULL));
+    ckptio__obj_resp r;
+    CHECK_OK(ckptio__obj_put(c, b, k(p, "a b+c&d"), data, sizeof data, NULL, &r, NULL));
     CHECK(r.status == 200 && r.etag[0] == '"');
     uint64_t len = 0;
-    CHECK_OK(ckptio__s3_get_all(c, b, k(p, "a b+c&d"), 1 << 20, &got, &len, &r, NULL));
+    CHECK_OK(ckptio__obj_get_all(c, b, k(p, "a b+c&d"), 1 << 20, &got, &len, &r, NULL));
     CHECK(len == sizeof data && !memcmp(got, data, len) && r.mtime > 0);
     free(got);
-    CHECK_ERR(ckptio__s3_get_all(c, b, k(p, "a b+c&d"), 100, &got, &len, NULL, NULL), CKPTIO_E_LIMIT);
-    CHECK_OK(ckptio__s3_head(c, b, k(p, "a b+c&d"), &r, NULL));
+    CHECK_ERR(ckptio__obj_get_all(c, b, k(p, "a b+c&d"), 100, &got, &len, NULL, NULL), CKPTIO_E_LIMIT);
+    CHECK_OK(ckptio__obj_head(c, b, k(p, "a b+c&d"), &r, NULL));
     CHECK(r.size == sizeof data && r.date > 1700000000 && r.mtime > 1700000000);
     char etag[128];
     memcpy(etag, r.etag, sizeof etag);
 
     uint8_t part[1000];
     uint64_t n = 0;
-    CHECK_OK(ckptio__s3_get_range(c, b, k(p, "a b+c&d"), 1000, 1000, part, &n, NULL));
+    CHECK_OK(ckptio__obj_get_range(c, b, k(p, "a b+c&d"), 1000, 1000, part, &n, NULL));
     CHECK(n == 1000 && !memcmp(part, data + 1000, 1000));
-    CHECK_OK(ckptio__s3_get_range(c, b, k(p, "a b+c&d"), 2500, 1000, part, &n, NULL));
+    CHECK_OK(ckptio__obj_get_range(c, b, k(p, "a b+c&d"), 2500, 1000, part, &n, NULL));
     CHECK(n == 500 && !memcmp(part, data + 2500, 500));
-    CHECK_OK(ckptio__s3_get_range(c, b, k(p, "a b+c&d"), 3000, 1000, part, &n, NULL));
+    CHECK_OK(ckptio__obj_get_range(c, b, k(p, "a b+c&d"), 3000, 1000, part, &n, NULL));
     CHECK(n == 0);
 
     /* Conditional writes: what the commit relies on. */
-    int rc = ckptio__s3_put(c, b, k(p, "a b+c&d"), "x", 1, "*", NULL, NULL);
+    int rc = ckptio__obj_put(c, b, k(p, "a b+c&d"), "x", 1, "*", NULL, NULL);
     printf("If-None-Match: * on an existing object: %s\n", ckptio_errname(rc));
     CHECK_ERR(rc, CKPTIO_E_EXISTS);
-    rc = ckptio__s3_put(c, b, k(p, "a b+c&d"), "x", 1, "\"0123456789abcdef0123456789abcdef\"",
+    rc = ckptio__obj_put(c, b, k(p, "a b+c&d"), "x", 1, "\"0123456789abcdef0123456789abcdef\"",
                         NULL, NULL);
     printf("If-Match: <another ETag>: %s\n", ckptio_errname(rc));
     CHECK_ERR(rc, CKPTIO_E_EXISTS);
     CHECK(t_contains(ckptio_last_error(), "s3://") && t_contains(ckptio_last_error(), "412"));
-    CHECK_OK(ckptio__s3_put(c, b, k(p, "a b+c&d"), "xy", 2, etag, &r, NULL));
-    CHECK_OK(ckptio__s3_put(c, b, k(p, "new"), "", 0, "*", &r, NULL));
-    CHECK_OK(ckptio__s3_get_all(c, b, k(p, "new"), 10, &got, &len, NULL, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(p, "a b+c&d"), "xy", 2, etag, &r, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(p, "new"), "", 0, "*", &r, NULL));
+    CHECK_OK(ckptio__obj_get_all(c, b, k(p, "new"), 10, &got, &len, NULL, NULL));
     CHECK(len == 0 && got);
     free(got);
 
     seen s = {0};
-    CHECK_OK(ckptio__s3_put(c, b, k(p, "d/1"), "1", 1, NULL, NULL, NULL));
-    CHECK_OK(ckptio__s3_list(c, b, k(p, ""), on_key, &s, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(p, "d/1"), "1", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_list(c, b, k(p, ""), on_key, &s, NULL));
     CHECK(s.n == 3 && !strcmp(s.keys[0] + strlen(p) + 1, "a b+c&d") && s.sizes[0] == 2);
     CHECK(!strcmp(s.keys[1] + strlen(p) + 1, "d/1") && !strcmp(s.keys[2] + strlen(p) + 1, "new"));
     CHECK(s.times[0] > 1700000000);
     s.n = 0;
-    CHECK_OK(ckptio__s3_list(c, b, k(p, "d/"), on_key, &s, NULL));
+    CHECK_OK(ckptio__obj_list(c, b, k(p, "d/"), on_key, &s, NULL));
     CHECK(s.n == 1);
 
     const char *names[] = {"a b+c&d", "new", "d/1"};
-    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__s3_delete(c, b, k(p, names[i]), NULL));
-    CHECK_OK(ckptio__s3_delete(c, b, k(p, "new"), NULL)); /* already gone: fine */
-    CHECK_ERR(ckptio__s3_head(c, b, k(p, "new"), &r, NULL), CKPTIO_E_NOT_FOUND);
+    for (int i = 0; i < 3; i++) CHECK_OK(ckptio__obj_delete(c, b, k(p, names[i]), NULL));
+    CHECK_OK(ckptio__obj_delete(c, b, k(p, "new"), NULL)); /* already gone: fine */
+    CHECK_ERR(ckptio__obj_head(c, b, k(p, "new"), &r, NULL), CKPTIO_E_NOT_FOUND);
     CHECK(r.status == 404 && r.date > 1700000000);
-    CHECK_ERR(ckptio__s3_get_all(c, b, k(p, "new"), 10, &got, &len, NULL, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_ERR(ckptio__obj_get_all(c, b, k(p, "new"), 10, &got, &len, NULL, NULL), CKPTIO_E_NOT_FOUND);
     s.n = 0;
-    CHECK_OK(ckptio__s3_list(c, b, k(p, ""), on_key, &s, NULL));
+    CHECK_OK(ckptio__obj_list(c, b, k(p, ""), on_key, &s, NULL));
     CHECK(s.n == 0);
     return 0;
 }
@@ -585,33 +585,33 @@ static int test_live_multipart(void)
     CHECK(data);
     t_fill(data, len, 7);
     char *id = NULL, etags[2][128];
-    CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "big"), &id, NULL));
+    CHECK_OK(ckptio__obj_mpu_create(c, b, k(p, "big"), &id, NULL));
     int n = 0;
-    CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
+    CHECK_OK(ckptio__obj_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
     CHECK(n == 1);
-    CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "big"), id, 2, data + 5 * MIB, len - 5 * MIB, etags[1], NULL));
-    CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "big"), id, 1, data, 5 * MIB, etags[0], NULL));
-    CHECK_OK(ckptio__s3_mpu_complete(c, b, k(p, "big"), id, etags, 2, NULL));
+    CHECK_OK(ckptio__obj_mpu_part(c, b, k(p, "big"), id, 2, data + 5 * MIB, len - 5 * MIB, etags[1], NULL));
+    CHECK_OK(ckptio__obj_mpu_part(c, b, k(p, "big"), id, 1, data, 5 * MIB, etags[0], NULL));
+    CHECK_OK(ckptio__obj_mpu_complete(c, b, k(p, "big"), id, etags, 2, NULL));
     free(id);
     char want[128];
-    ckptio__s3_resp r;
+    ckptio__obj_resp r;
     CHECK(ckptio__s3_mpu_etag(etags, 2, want));
-    CHECK_OK(ckptio__s3_head(c, b, k(p, "big"), &r, NULL));
+    CHECK_OK(ckptio__obj_head(c, b, k(p, "big"), &r, NULL));
     printf("multipart ETag %s, from the parts' %s\n", r.etag, want);
     CHECK(!strcmp(r.etag, want)); /* what a lost complete's retry relies on */
     uint64_t glen = 0;
-    CHECK_OK(ckptio__s3_get_all(c, b, k(p, "big"), 64 * MIB, &got, &glen, NULL, NULL));
+    CHECK_OK(ckptio__obj_get_all(c, b, k(p, "big"), 64 * MIB, &got, &glen, NULL, NULL));
     CHECK(glen == len && !memcmp(got, data, len));
     free(got);
-    CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "dropped"), &id, NULL));
-    CHECK_OK(ckptio__s3_mpu_part(c, b, k(p, "dropped"), id, 1, data, 5 * MIB, etags[0], NULL));
-    CHECK_OK(ckptio__s3_mpu_abort(c, b, k(p, "dropped"), id, NULL));
+    CHECK_OK(ckptio__obj_mpu_create(c, b, k(p, "dropped"), &id, NULL));
+    CHECK_OK(ckptio__obj_mpu_part(c, b, k(p, "dropped"), id, 1, data, 5 * MIB, etags[0], NULL));
+    CHECK_OK(ckptio__obj_mpu_abort(c, b, k(p, "dropped"), id, NULL));
     free(id);
     n = 0;
-    CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
+    CHECK_OK(ckptio__obj_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
     CHECK(n == 0);
-    CHECK_ERR(ckptio__s3_head(c, b, k(p, "dropped"), NULL, NULL), CKPTIO_E_NOT_FOUND);
-    CHECK_OK(ckptio__s3_delete(c, b, k(p, "big"), NULL));
+    CHECK_ERR(ckptio__obj_head(c, b, k(p, "dropped"), NULL, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_OK(ckptio__obj_delete(c, b, k(p, "big"), NULL));
     t_free(data, len);
     return 0;
 }
@@ -677,10 +677,10 @@ static int test_live_engine(void)
     CHECK(t_contains(ckptio__vfd_error(fd), "not one part"));
     ckptio__fd_close(fd);
     int n = 0;
-    CHECK_OK(ckptio__s3_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
+    CHECK_OK(ckptio__obj_list_uploads(c, b, k(p, ""), count_uploads, &n, NULL));
     CHECK(n == 0);
-    CHECK_ERR(ckptio__s3_head(c, b, k(p, "half"), NULL, NULL), CKPTIO_E_NOT_FOUND);
-    CHECK_OK(ckptio__s3_delete(c, b, k(p, "obj"), NULL));
+    CHECK_ERR(ckptio__obj_head(c, b, k(p, "half"), NULL, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_OK(ckptio__obj_delete(c, b, k(p, "obj"), NULL));
     ckptio__engine_close(e);
     t_free(data, len);
     t_free(back, len + 4096);
@@ -696,9 +696,9 @@ static int head_in_child(const char *bkt, char *text, size_t cap, double *secs)
     pid_t pid = fork();
     if (pid == 0) {
         close(pfd[0]);
-        ckptio__s3 *c;
+        ckptio__objc *c;
         int rc = ckptio__s3_client(&c, NULL, NULL);
-        if (rc == 0) rc = ckptio__s3_head(c, bkt, "ckptio-test/none", NULL, NULL);
+        if (rc == 0) rc = ckptio__obj_head(c, bkt, "ckptio-test/none", NULL, NULL);
         char out[CKPTIO__MSG_LEN + 16];
         int n = snprintf(out, sizeof out, "%d %s", rc, ckptio_last_error());
         if (write(pfd[1], out, (size_t)n) < 0) _exit(2);
@@ -739,10 +739,10 @@ static int test_live_errors(void)
     LIVE(c, p, b);
     uint8_t *buf;
     uint64_t len;
-    CHECK_ERR(ckptio__s3_get_all(c, "ckptio-no-such-bucket", "k", 10, &buf, &len, NULL, NULL), -ENOENT);
+    CHECK_ERR(ckptio__obj_get_all(c, "ckptio-no-such-bucket", "k", 10, &buf, &len, NULL, NULL), -ENOENT);
     CHECK(t_contains(ckptio_last_error(), "s3://ckptio-no-such-bucket/k") &&
           t_contains(ckptio_last_error(), "create it"));
-    CHECK_ERR(ckptio__s3_get_all(c, b, k(p, "none"), 10, &buf, &len, NULL, NULL), CKPTIO_E_NOT_FOUND);
+    CHECK_ERR(ckptio__obj_get_all(c, b, k(p, "none"), 10, &buf, &len, NULL, NULL), CKPTIO_E_NOT_FOUND);
     return 0;
 }
 

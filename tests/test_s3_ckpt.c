@@ -49,14 +49,14 @@ static int on_upload(void *ctx, const char *key, const char *id, int64_t initiat
 }
 
 /* The objects and open uploads under prefix/name/ (names relative to it). */
-static int list_under(ckptio__s3 *c, const char *prefix, const char *name, keys *out)
+static int list_under(ckptio__objc *c, const char *prefix, const char *name, keys *out)
 {
     char pre[512];
     snprintf(pre, sizeof pre, "%s/%s/", prefix, name);
     memset(out, 0, sizeof *out);
     out->skip = strlen(pre);
-    CHECK_OK(ckptio__s3_list(c, bucket(), pre, on_key, out, NULL));
-    CHECK_OK(ckptio__s3_list_uploads(c, bucket(), pre, on_upload, out, NULL));
+    CHECK_OK(ckptio__obj_list(c, bucket(), pre, on_key, out, NULL));
+    CHECK_OK(ckptio__obj_list_uploads(c, bucket(), pre, on_upload, out, NULL));
     for (unsigned i = 0; i < out->n; i++) printf("  %s%s (%llu bytes)\n", pre, out->v[i],
                                                  (unsigned long long)out->size[i]);
     return 0;
@@ -219,8 +219,8 @@ static int test_roundtrip(void)
         data++;
         char key[700];
         snprintf(key, sizeof key, "%s/ck/%s", p, k.v[i]);
-        ckptio__s3_resp r;
-        CHECK_OK(ckptio__s3_head(c, bucket(), key, &r, NULL));
+        ckptio__obj_resp r;
+        CHECK_OK(ckptio__obj_head(c, bucket(), key, &r, NULL));
         const char *dash = strrchr(r.etag, '-');
         unsigned long want = (unsigned long)((r.size + 8 * MIB - 1) / (8 * MIB));
         printf("%s: %llu bytes, ETag %s (%lu parts of 8 MiB expected)\n", k.v[i],
@@ -334,7 +334,7 @@ static void *race_commit(void *arg)
 /* Two writers on one path, both written, committing at once: one wins, the other gets
  * CKPTIO_E_EXISTS and removes its objects; the winner's checkpoint reads back, and nothing
  * else is left under the path (with overwrite, the replaced checkpoint's data neither). */
-static int race(ckptio__s3 *c, const char *p, bool overwrite, uint64_t seed)
+static int race(ckptio__objc *c, const char *p, bool overwrite, uint64_t seed)
 {
     model m[2];
     if (model_make(&m[0], 500, 2 * MIB, seed) || model_make(&m[1], 500, 2 * MIB, seed + 1))
@@ -386,8 +386,8 @@ static int test_sweep(void)
 {
     LIVE(c, p, b);
     char *id = NULL;
-    CHECK_OK(ckptio__s3_put(c, b, k(p, "ck/d-1-dead/000000.ckd"), "x", 1, NULL, NULL, NULL));
-    CHECK_OK(ckptio__s3_mpu_create(c, b, k(p, "ck/d-1-dead/000001.ckd"), &id, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(p, "ck/d-1-dead/000000.ckd"), "x", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_mpu_create(c, b, k(p, "ck/d-1-dead/000001.ckd"), &id, NULL));
     free(id);
     sleep(2); /* the server's clock, in whole seconds, moves a second past them */
     model m;
@@ -396,7 +396,7 @@ static int test_sweep(void)
     CHECK_OK(ckptio_writer_open(&w, url(p, "ck"), NULL));
     if (model_add(w, &m)) return 1;
     CHECK_OK(ckptio_writer_flush(w));
-    CHECK_OK(ckptio__s3_put(c, b, k(p, "ck/d-2-later/000000.ckd"), "y", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(p, "ck/d-2-later/000000.ckd"), "y", 1, NULL, NULL, NULL));
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     keys kk;
@@ -440,11 +440,11 @@ static int test_corrupt(void)
 
     uint8_t *obj = NULL;
     uint64_t len = 0;
-    CHECK_OK(ckptio__s3_get_all(c, b, key, 64 * MIB, &obj, &len, NULL, NULL));
+    CHECK_OK(ckptio__obj_get_all(c, b, key, 64 * MIB, &obj, &len, NULL, NULL));
     uint64_t at = ci.file_offset + 2 * MIB + 17;
     CHECK(at < len);
     obj[at] ^= 0x40;
-    CHECK_OK(ckptio__s3_put(c, b, key, obj, len, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, key, obj, len, NULL, NULL, NULL));
     free(obj);
 
     CHECK_OK(ckptio_reader_open(&r, url(p, "ck"), NULL));
@@ -612,8 +612,8 @@ static int test_catalog(void)
     CHECK_OK(ckptio_writer_open(&pending, url(run, "step-3"), NULL));
     CHECK_OK(ckptio_writer_add(pending, "t", CKPTIO_DT_U8, 1, &n, NULL, NULL, big, n));
     CHECK_OK(ckptio_writer_flush(pending));
-    CHECK_OK(ckptio__s3_put(c, b, k(run, "notes.txt"), "x", 1, NULL, NULL, NULL));
-    CHECK_OK(ckptio__s3_put(c, b, k(run, "stray/file"), "x", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(run, "notes.txt"), "x", 1, NULL, NULL, NULL));
+    CHECK_OK(ckptio__obj_put(c, b, k(run, "stray/file"), "x", 1, NULL, NULL, NULL));
 
     names ns = {0};
     char where[600];

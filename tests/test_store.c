@@ -12,7 +12,7 @@
 #include "s3_live.h"
 #include "test.h"
 
-/* Each test takes the base of a fresh place in one store ("<dir>" or "s3://bucket/prefix")
+/* Each test takes the base of a fresh place in one store ("<dir>", "s3://bucket/prefix", "gs://...")
  * and works beneath it through ckptio.h alone: what a new store must do to be one. */
 
 #define W_BYTES (9u << 20) /* more than one 8 MiB part of an object store's upload */
@@ -284,12 +284,12 @@ static int count_upload(void *ctx, const char *key, const char *upload_id, int64
 /* Unfinished uploads under the prefix (a save's data object being written). */
 static int s3_leftovers(const char *base)
 {
-    ckptio__s3 *c;
+    ckptio__objc *c;
     char *b = NULL, *key = NULL, *prefix = NULL;
     int n = 0;
-    if (ckptio__s3_client(&c, NULL, NULL) || ckptio__s3_parse(base, &b, &key, NULL) ||
+    if (ckptio__s3_client(&c, NULL, NULL) || ckptio__obj_parse(&ckptio__s3_objc, base, &b, &key, NULL) ||
         asprintf(&prefix, "%s/", key) < 0 ||
-        ckptio__s3_list_uploads(c, b, prefix, count_upload, &n, NULL))
+        ckptio__obj_list_uploads(c, b, prefix, count_upload, &n, NULL))
         n = -1;
     free(b);
     free(key);
@@ -307,6 +307,38 @@ static const char *s3_base(void)
     return b;
 }
 
+static int count_part(void *ctx, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)size, (void)mtime;
+    *(int *)ctx += strstr(key, ".part-") != NULL;
+    return 0;
+}
+
+/* Parts of unfinished uploads under the prefix (GCS keeps them as objects). */
+static int gcs_leftovers(const char *base)
+{
+    ckptio__objc *c;
+    char *b = NULL, *key = NULL, *prefix = NULL;
+    int n = 0;
+    if (ckptio__gcs_client(&c, NULL, NULL) || ckptio__obj_parse(&ckptio__gcs_objc, base, &b, &key, NULL) ||
+        asprintf(&prefix, "%s/", key) < 0 || ckptio__obj_list(c, b, prefix, count_part, &n, NULL))
+        n = -1;
+    free(b);
+    free(key);
+    free(prefix);
+    return n;
+}
+
+/* A fresh prefix of the live GCS store, or NULL (skip) without one. */
+static const char *gcs_base(void)
+{
+    static char b[400];
+    if (gcs_live_env()) return NULL;
+    snprintf(b, sizeof b, "gs://%s/ckptio-test/store-%d-%lld", gcs_bucket(), (int)getpid(),
+             (long long)time(NULL));
+    return b;
+}
+
 #define PER_STORE(t)                                                                           \
     static int posix_##t(void)                                                                 \
     {                                                                                          \
@@ -319,6 +351,12 @@ static const char *s3_base(void)
         const char *b = s3_base();                                                             \
         leftovers = s3_leftovers;                                                              \
         return b ? conf_##t(b) : T_SKIP;                                                       \
+    }                                                                                          \
+    static int gcs_##t(void)                                                                   \
+    {                                                                                          \
+        const char *b = gcs_base();                                                            \
+        leftovers = gcs_leftovers;                                                             \
+        return b ? conf_##t(b) : T_SKIP;                                                       \
     }
 PER_STORE(roundtrip)
 PER_STORE(overwrite)
@@ -327,21 +365,22 @@ PER_STORE(killed_writer)
 PER_STORE(list_remove)
 PER_STORE(sweep)
 
-/* The one URL parser: a path without a scheme is a directory, s3:// is S3, and a scheme no
- * store serves is an error naming the ones there are (never a directory called "gs:"). */
+/* The one URL parser: a path without a scheme is a directory, s3:// is S3, gs:// is GCS, and a
+ * scheme no store serves is an error naming the ones there are (never a directory "az:"). */
 static int test_store_names(void)
 {
     CHECK(!strcmp(ckptio_store_name("/tmp/x"), "posix"));
     CHECK(!strcmp(ckptio_store_name("rel/x"), "posix"));
     CHECK(!strcmp(ckptio_store_name("s3://b/k"), "s3"));
     CHECK(!strcmp(ckptio_store_name("odd:name"), "posix"));
-    CHECK(ckptio_store_name("gs://b/k") == NULL);
-    CHECK(t_contains(ckptio_last_error(), "no store serves 'gs://' URLs"));
-    CHECK(t_contains(ckptio_last_error(), "s3://"));
+    CHECK(!strcmp(ckptio_store_name("gs://b/k"), "gcs"));
+    CHECK(ckptio_store_name("az://b/k") == NULL);
+    CHECK(t_contains(ckptio_last_error(), "no store serves 'az://' URLs"));
+    CHECK(t_contains(ckptio_last_error(), "s3://, gs://"));
     CHECK(ckptio_store_name("") == NULL && ckptio_store_name(NULL) == NULL);
-    CHECK_ERR(ckptio_is_checkpoint("gs://b/k"), CKPTIO_E_USAGE);
-    CHECK_ERR(ckptio_remove_checkpoint("gs://b/k"), CKPTIO_E_USAGE);
-    CHECK_ERR(ckptio_sweep("gs://b/k"), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_is_checkpoint("az://b/k"), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_remove_checkpoint("az://b/k"), CKPTIO_E_USAGE);
+    CHECK_ERR(ckptio_sweep("az://b/k"), CKPTIO_E_USAGE);
     return 0;
 }
 
@@ -359,5 +398,11 @@ const ckptio_test tests_store[] = {
     {"store/s3/killed_writer", s3_killed_writer, 0, 300},
     {"store/s3/list_remove", s3_list_remove, 0, 300},
     {"store/s3/sweep", s3_sweep, 0, 300},
+    {"store/gcs/roundtrip", gcs_roundtrip, 0, 300},
+    {"store/gcs/overwrite", gcs_overwrite, 0, 300},
+    {"store/gcs/race", gcs_race, 0, 300},
+    {"store/gcs/killed_writer", gcs_killed_writer, 0, 300},
+    {"store/gcs/list_remove", gcs_list_remove, 0, 300},
+    {"store/gcs/sweep", gcs_sweep, 0, 300},
     {0},
 };

@@ -304,7 +304,7 @@ static int from_json(const char *text, const char *what, ckptio__aws_key **out, 
     if (a != 1 || b != 1 || t < 0 || e < 0)
         rc = ckptio__fail(msg, -EPROTO, "%s answered no credentials (AccessKeyId and "
                                         "SecretAccessKey in a JSON object)", what);
-    else if (e == 1 && ckptio__s3_time_iso(exp, &expires) < 0)
+    else if (e == 1 && ckptio__time_iso(exp, &expires) < 0)
         rc = ckptio__fail(msg, -EPROTO, "%s answered an Expiration that is no time: '%.40s'", what, exp);
     else if (!(*out = key_new(id, secret, t == 1 ? token : NULL, expires)))
         rc = ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -407,7 +407,7 @@ static int sts(chain *c, const char *action, ckptio__s3_kv *q, unsigned nq,
               ckptio__xml_text(vb, ve, exp, sizeof exp) > 0;
     free(body);
     int64_t expires = 0;
-    if (!ok || ckptio__s3_time_iso(exp, &expires) < 0)
+    if (!ok || ckptio__time_iso(exp, &expires) < 0)
         rc = ckptio__fail(msg, -EPROTO, "STS %s at %s answered no credentials", action, base);
     else if (!(*out = key_new(id, secret, token, expires)))
         rc = ckptio__fail(msg, -ENOMEM, "out of memory");

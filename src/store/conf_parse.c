@@ -476,6 +476,36 @@ int ckptio__json_member(const char *text, size_t len, const char *path, size_t i
     }
 }
 
+int ckptio__json_each(const char *text, size_t len, const char *path,
+                      int (*cb)(void *ctx, const char *v, size_t n), void *ctx)
+{
+    assert(text && cb);
+    const char *a, *ae, *end = text + len;
+    int rc;
+    if (path) {
+        rc = find(text, len, path, &a, &ae);
+    } else { /* a top-level array, checked whole */
+        js j = {text, end};
+        ws(&j);
+        a = j.p;
+        rc = j.p < j.end && *j.p == '[' && value(&j, 0) ? (ws(&j), j.p == j.end) : 0;
+        rc = rc ? 1 : CKPTIO_E_CORRUPT;
+    }
+    if (rc <= 0) return rc;
+    if (*a != '[') return 0;
+    js j = {a + 1, end};
+    ws(&j);
+    if (*j.p == ']') return 0;
+    for (;;) { /* checked text: every step below finds what it expects */
+        ws(&j);
+        const char *vb = j.p;
+        value(&j, 0);
+        if ((rc = cb(ctx, vb, (size_t)(j.p - vb)))) return rc;
+        ws(&j);
+        if (*j.p++ == ']') return 0;
+    }
+}
+
 int ckptio__json_int(const char *text, size_t len, const char *path, int64_t *out)
 {
     assert(text && path && out);

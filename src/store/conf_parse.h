@@ -83,6 +83,13 @@ CKPTIO__HIDDEN int ckptio__json_int(const char *text, size_t len, const char *pa
 CKPTIO__HIDDEN int ckptio__json_member(const char *text, size_t len, const char *path, size_t i,
                                        char *key, size_t kcap, char *out, size_t cap);
 
+/* Each element of the array at path (NULL: the text is one array, checked whole like an
+ * object), in order: cb(ctx, its raw text, its length), a checked JSON value (an object's text
+ * goes to ckptio__json_get as it is). A nonzero return stops and is returned; 0 after the last,
+ * or when path names no array; CKPTIO_E_CORRUPT. For listings (GCS's "items"): one scan of the
+ * page, whatever its length. */
+CKPTIO__HIDDEN int ckptio__json_each(const char *text, size_t len, const char *path,
+                                     int (*cb)(void *ctx, const char *v, size_t n), void *ctx);
 /* s as the body of a JSON string (no quotes) into out, like snprintf: at most cap - 1 bytes
  * and a NUL when cap > 0; returns the length the whole escaped text needs (excluding the NUL),
  * so a result >= cap means it was cut. Escapes '"', '\\' and bytes below 0x20 (\b \f \n \r \t,

@@ -21,7 +21,7 @@
 #include "conf_parse.h"
 #include "creds.h"
 #include "http_simple.h"
-#include "s3_impl.h" /* ckptio__s3_query (a form is a query string), ckptio__s3_time_iso */
+#include "s3_impl.h" /* ckptio__s3_query (a form is a query string) */
 #include "store.h"
 
 #define SOURCE_MS           10000L /* a token endpoint, STS, IAM, a subject token URL */
@@ -84,6 +84,11 @@ int ckptio__gcp_conf_read(ckptio__gcp_conf *c, const ckptio_store_opts *o, ckpti
         set(c, CKPTIO__GCP_METADATA_HOST, env("GCE_METADATA_HOST", "GCE_METADATA_IP"), msg));
     CKPTIO__TRY(set(c, CKPTIO__GCP_NO_GCE_CHECK, env("NO_GCE_CHECK", NULL), msg));
     CKPTIO__TRY(set(c, CKPTIO__GCP_CA, ckptio__opt(o, "ca_bundle"), msg));
+    CKPTIO__TRY(set(c, CKPTIO__GCP_ENDPOINT, ckptio__opt(o, "endpoint_url"), msg));
+    CKPTIO__TRY(set(c, CKPTIO__GCP_TIMEOUT, env("CKPTIO_GCS_TIMEOUT", NULL), msg));
+    CKPTIO__TRY(set(c, CKPTIO__GCP_STALL, env("CKPTIO_GCS_STALL", NULL), msg));
+    CKPTIO__TRY(set(c, CKPTIO__GCP_CONNS, env("CKPTIO_GCS_CONNECTIONS", NULL), msg));
+    CKPTIO__TRY(set(c, CKPTIO__GCP_FIRST_TIMEOUT, env("CKPTIO_GCS_FIRST_TIMEOUT", NULL), msg));
     /* Where gcloud auth application-default login writes (Linux and macOS). */
     char *adc = gcloud ? dupf("%s/application_default_credentials.json", gcloud)
                        : ckptio__home_path(".config/gcloud/application_default_credentials.json");
@@ -263,7 +268,7 @@ static int token_of(const ckptio__http_answer *a, bool iam, const char *who, con
     if (iam) {
         rc = ckptio__json_str(a->body, len, "accessToken", tok, sizeof tok);
         if (rc == 1 && (ckptio__json_str(a->body, len, "expireTime", when, sizeof when) != 1 ||
-                        ckptio__s3_time_iso(when, &expires) < 0))
+                        ckptio__time_iso(when, &expires) < 0))
             rc = CKPTIO_E_CORRUPT;
     } else {
         rc = ckptio__json_str(a->body, len, "access_token", tok, sizeof tok);

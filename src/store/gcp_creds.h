@@ -25,6 +25,11 @@ enum {
     CKPTIO__GCP_GCLOUD_FILE,      /* gcloud's application_default_credentials.json: in
                                    * CLOUDSDK_CONFIG, else $HOME/.config/gcloud */
     CKPTIO__GCP_CA,               /* ca_bundle */
+    CKPTIO__GCP_ENDPOINT,         /* endpoint_url: a GCS-compatible JSON API's http[s]://host */
+    CKPTIO__GCP_TIMEOUT,          /* CKPTIO_GCS_TIMEOUT (the client's limits: http.h) */
+    CKPTIO__GCP_STALL,            /* CKPTIO_GCS_STALL */
+    CKPTIO__GCP_CONNS,            /* CKPTIO_GCS_CONNECTIONS */
+    CKPTIO__GCP_FIRST_TIMEOUT,    /* CKPTIO_GCS_FIRST_TIMEOUT */
     CKPTIO__GCP_N
 };
 

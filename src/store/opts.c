@@ -16,7 +16,7 @@ static const char *const known[] = {
     "addressing_style", /* s3: auto (path-style for a custom endpoint), path, virtual */
     "ca_bundle",        /* s3, gs: a PEM file of the CAs to trust (else the system's) */
     "credentials_file", /* gs: a Google credentials file (else GOOGLE_APPLICATION_CREDENTIALS) */
-    "endpoint_url",     /* s3: http[s]://host[:port] of an S3-compatible store */
+    "endpoint_url",     /* s3, gs: http[s]://host[:port] of an S3- or GCS-compatible store */
     "profile",          /* s3: the profile of the shared config files (env credentials skipped) */
     "project",          /* gs: the Google Cloud project (else GOOGLE_CLOUD_PROJECT) */
     "region",           /* s3: the bucket's region */

@@ -44,7 +44,7 @@ CKPTIO__HIDDEN bool ckptio__s3_mpu_etag(char (*etags)[128], unsigned n, char out
 /* Lower-case hex SHA256 of a buffer into hex[65]. */
 CKPTIO__HIDDEN void ckptio__s3_sha256_hex(const void *p, size_t len, char hex[65]);
 
-/* ---- XML and times (s3_xml.c) ---- */
+/* ---- XML (s3_xml.c) ---- */
 
 /* The next element <tag>...</tag> in [p, end): its raw text in [*vb, *ve); returns the
  * position after its closing tag, or NULL when there is none. <tag/> is an empty value. */
@@ -56,24 +56,14 @@ CKPTIO__HIDDEN int ckptio__xml_text(const char *b, const char *e, char *out, siz
 
 /* One page of ListObjectsV2: cb for each <Contents>; *truncated and the continuation token
  * (token, cap bytes; "" if none). 0, the callback's nonzero value, or CKPTIO_E_CORRUPT. */
-CKPTIO__HIDDEN int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__s3_list_cb cb,
+CKPTIO__HIDDEN int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__obj_list_cb cb,
                                          void *ctx, bool *truncated, char *token, size_t cap);
 /* One page of ListMultipartUploads: cb for each <Upload>; the next key and upload-id markers. */
 CKPTIO__HIDDEN int ckptio__s3_parse_uploads(const char *xml, size_t len,
-                                            ckptio__s3_uploads_cb cb, void *ctx,
+                                            ckptio__obj_uploads_cb cb, void *ctx,
                                             bool *truncated, char *next_key, char *next_id,
                                             size_t cap);
-/* One line of an answer's head (len bytes, CRLF or not; not NUL-terminated) into r: a status
- * line ("HTTP/1.1 200 OK") starts a new answer (after a 100 Continue: r zeroed but for the
- * status); ETag, Last-Modified and Date are read, Content-Length when want_size; other lines,
- * and lines of 512 bytes or more, are skipped. */
-CKPTIO__HIDDEN void ckptio__s3_header(const char *p, size_t len, ckptio__s3_resp *r,
-                                      bool want_size);
-/* The <Code> of an <Error> body into code (cap bytes); "" when there is none. */
+/* The <Code> of an <Error> body into code (cap bytes); "" when there is none (or no body). */
 CKPTIO__HIDDEN void ckptio__s3_parse_error(const char *xml, size_t len, char *code, size_t cap);
-/* "2009-10-12T17:50:30.000Z" (ISO 8601, UTC) and "Wed, 12 Oct 2009 17:50:30 GMT" (RFC 1123)
- * into seconds since the epoch; 0, or CKPTIO_E_CORRUPT when the text is not such a time. */
-CKPTIO__HIDDEN int ckptio__s3_time_iso(const char *s, int64_t *out);
-CKPTIO__HIDDEN int ckptio__s3_time_http(const char *s, int64_t *out);
 
 #endif

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What the S3 client reads of S3's XML (listings, uploads, errors), and S3's two time formats. */
+/* What the S3 client reads of S3's XML: listings, uploads, errors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,31 +61,6 @@ static int put_utf8(char *out, size_t cap, size_t *n, unsigned long cp)
     return 0;
 }
 
-void ckptio__s3_header(const char *p, size_t len, ckptio__s3_resp *r, bool want_size)
-{
-    char line[512];
-    if (len >= sizeof line) return; /* no header the client reads is that long */
-    memcpy(line, p, len);
-    line[len] = 0;
-    len = strlen(line); /* a NUL inside ends the line */
-    while (len && (line[len - 1] == '\r' || line[len - 1] == '\n')) line[--len] = 0;
-    if (!strncmp(line, "HTTP/", 5)) { /* a new answer (after a 100 Continue): start over */
-        const char *sp = strchr(line, ' ');
-        long st = sp ? strtol(sp + 1, NULL, 10) : 0;
-        *r = (ckptio__s3_resp){.status = st >= 100 && st <= 999 ? st : 0};
-        return;
-    }
-    char *colon = strchr(line, ':');
-    if (!colon) return;
-    *colon = 0;
-    char *v = colon + 1;
-    while (*v == ' ' || *v == '\t') v++;
-    if (!strcasecmp(line, "etag")) snprintf(r->etag, sizeof r->etag, "%s", v);
-    else if (!strcasecmp(line, "last-modified")) ckptio__s3_time_http(v, &r->mtime);
-    else if (!strcasecmp(line, "date")) ckptio__s3_time_http(v, &r->date);
-    else if (want_size && !strcasecmp(line, "content-length")) r->size = strtoull(v, NULL, 10);
-}
-
 int ckptio__xml_text(const char *b, const char *e, char *out, size_t cap)
 {
     static const struct {
@@ -144,7 +119,7 @@ static bool is_true(const char *b, const char *e)
     return field(b, e, "IsTruncated", v, sizeof v) && !strcmp(v, "true");
 }
 
-int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__s3_list_cb cb, void *ctx,
+int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__obj_list_cb cb, void *ctx,
                           bool *truncated, char *token, size_t cap)
 {
     const char *p = xml, *end = xml + len, *vb, *ve;
@@ -154,7 +129,7 @@ int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__s3_list_cb cb, vo
         uint64_t size = 0;
         int64_t mtime = 0;
         if (field(vb, ve, "Size", num, sizeof num)) size = strtoull(num, NULL, 10);
-        if (field(vb, ve, "LastModified", when, sizeof when)) ckptio__s3_time_iso(when, &mtime);
+        if (field(vb, ve, "LastModified", when, sizeof when)) ckptio__time_iso(when, &mtime);
         int rc = cb(ctx, key, size, mtime);
         if (rc) return rc;
     }
@@ -167,7 +142,7 @@ int ckptio__s3_parse_list(const char *xml, size_t len, ckptio__s3_list_cb cb, vo
     return 0;
 }
 
-int ckptio__s3_parse_uploads(const char *xml, size_t len, ckptio__s3_uploads_cb cb, void *ctx,
+int ckptio__s3_parse_uploads(const char *xml, size_t len, ckptio__obj_uploads_cb cb, void *ctx,
                              bool *truncated, char *next_key, char *next_id, size_t cap)
 {
     const char *p = xml, *end = xml + len, *vb, *ve;
@@ -176,7 +151,7 @@ int ckptio__s3_parse_uploads(const char *xml, size_t len, ckptio__s3_uploads_cb 
         if (!field(vb, ve, "Key", key, sizeof key) || !field(vb, ve, "UploadId", id, sizeof id))
             return CKPTIO_E_CORRUPT;
         int64_t t = 0;
-        if (field(vb, ve, "Initiated", when, sizeof when)) ckptio__s3_time_iso(when, &t);
+        if (field(vb, ve, "Initiated", when, sizeof when)) ckptio__time_iso(when, &t);
         int rc = cb(ctx, key, id, t);
         if (rc) return rc;
     }
@@ -191,52 +166,8 @@ int ckptio__s3_parse_uploads(const char *xml, size_t len, ckptio__s3_uploads_cb 
 
 void ckptio__s3_parse_error(const char *xml, size_t len, char *code, size_t cap)
 {
-    const char *vb, *ve, *end = xml + len;
+    const char *vb, *ve;
     code[0] = 0;
-    if (!xml || !ckptio__xml_next(xml, end, "Error", &vb, &ve)) return;
+    if (!xml || !ckptio__xml_next(xml, xml + len, "Error", &vb, &ve)) return;
     if (!field(vb, ve, "Code", code, cap)) code[0] = 0;
-}
-
-static int finish_tm(struct tm *tm, int64_t *out)
-{
-    if (tm->tm_year < 1970 || tm->tm_mon < 1 || tm->tm_mon > 12 || tm->tm_mday < 1 ||
-        tm->tm_mday > 31 || tm->tm_hour > 23 || tm->tm_min > 59 || tm->tm_sec > 60)
-        return CKPTIO_E_CORRUPT;
-    tm->tm_year -= 1900;
-    tm->tm_mon -= 1;
-    time_t t = timegm(tm);
-    if (t == (time_t)-1) return CKPTIO_E_CORRUPT;
-    *out = (int64_t)t;
-    return 0;
-}
-
-int ckptio__s3_time_iso(const char *s, int64_t *out)
-{
-    struct tm tm = {0};
-    int used = 0;
-    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-               &tm.tm_min, &tm.tm_sec, &used) != 6)
-        return CKPTIO_E_CORRUPT;
-    const char *r = s + used;
-    if (*r == '.')
-        for (r++; *r >= '0' && *r <= '9'; r++) {}
-    if (strcmp(r, "Z") && strcmp(r, "+00:00") && *r) return CKPTIO_E_CORRUPT;
-    return finish_tm(&tm, out);
-}
-
-int ckptio__s3_time_http(const char *s, int64_t *out)
-{
-    static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
-    struct tm tm = {0};
-    char mon[4] = {0}, zone[8] = {0};
-    const char *comma = strchr(s, ',');
-    if (!comma) return CKPTIO_E_CORRUPT;
-    if (sscanf(comma + 1, " %2d %3s %4d %2d:%2d:%2d %7s", &tm.tm_mday, mon, &tm.tm_year,
-               &tm.tm_hour, &tm.tm_min, &tm.tm_sec, zone) != 7 ||
-        strcmp(zone, "GMT"))
-        return CKPTIO_E_CORRUPT;
-    const char *m = strlen(mon) == 3 ? strstr(months, mon) : NULL;
-    if (!m || (m - months) % 3) return CKPTIO_E_CORRUPT;
-    tm.tm_mon = (int)((m - months) / 3) + 1;
-    return finish_tm(&tm, out);
 }

@@ -8,7 +8,8 @@
 #include "store.h"
 
 /* Every kind of store, POSIX (no scheme) first. A new store is one entry here. */
-static const ckptio__store_ops *const stores[] = {&ckptio__store_posix, &ckptio__store_s3};
+static const ckptio__store_ops *const stores[] = {&ckptio__store_posix, &ckptio__store_s3,
+                                                  &ckptio__store_gcs};
 #define N_STORES (sizeof stores / sizeof *stores)
 
 /* The length of path's "<scheme>://" (letters, digits, '+', '-', '.' after a letter), or 0. */

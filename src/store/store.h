@@ -202,6 +202,7 @@ CKPTIO__HIDDEN int ckptio__opts_at(const ckptio_store_opts *o, size_t i, const c
 /* The stores (store.c's table entries). */
 CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_posix;
 CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_s3;
+CKPTIO__HIDDEN extern const ckptio__store_ops ckptio__store_gcs;
 
 /* ---- the POSIX store's path helpers, which other rooms share (posix.c) ---- */
 

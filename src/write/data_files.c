@@ -14,7 +14,6 @@
 #include "../common/box.h"
 #include "../io/engine.h"
 #include "../io/vfd.h"
-#include "../store/s3.h"
 #include "../io/vfs.h"
 #include "writer.h"
 

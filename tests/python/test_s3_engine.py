@@ -4,7 +4,9 @@
 (tests/test_s3_ckpt.c: checkpoints through the public API) and the store conformance suite's
 S3 half (tests/test_store.c) and a save in flight across fork (tests/test_fork.c), from the plain build and, where
 `make test-sanitize` built them from the current sources, the ASan+UBSan and TSan builds, so
-that `make test` exercises them live rather than skipping them for want of a store."""
+that `make test` exercises them live rather than skipping them for want of a store. The same
+for Google Cloud Storage against the local GCS server (gcsservers.py): group gcs's live tests
+(tests/test_gcs.c) and the conformance suite's GCS half."""
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ import subprocess
 
 import pytest
 
+from gcsservers import GCSServer
 from s3servers import S3Server
 
-pytest_plugins = ["s3servers"]
+pytest_plugins = ["s3servers", "gcsservers"]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The live tests only: the groups' offline tests (SigV4, XML, a scripted server) run in
@@ -26,6 +29,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 GROUPS = ("s3/live_", "s3ckpt/", "store/s3/", "fork/s3")
 # Live tests the groups hold (4 + 13 + 5 + 1); a run that passes fewer lost some.
 MIN_PASSED = 23
+GCS_GROUPS = ("gcs/live_", "store/gcs/")
+GCS_MIN_PASSED = 8  # 2 + 6
 # Seconds one run of the groups may take (TSan is the slowest).
 TIMEOUT_S = {"build": 150.0, "build-asan": 200.0, "build-tsan": 300.0}
 SANITIZER_ENV = {
@@ -58,22 +63,23 @@ def stale(build: str) -> str:
     return ""
 
 
-def run_groups(exe: pathlib.Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """The runner on GROUPS in its own process group, all of which a timeout kills (a test the
-    runner forked would otherwise go on)."""
-    p = subprocess.Popen([str(exe), *GROUPS], env=env, stdout=subprocess.PIPE,
+def run_groups(exe: pathlib.Path, env: dict[str, str], timeout: float,
+               groups: tuple[str, ...] = GROUPS) -> tuple[int, str]:  # fmt: skip
+    """The runner on ``groups`` in its own process group, all of which a timeout kills (a test
+    the runner forked would otherwise go on)."""
+    p = subprocess.Popen([str(exe), *groups], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, _ = p.communicate()
-        pytest.fail(f"{exe} {' '.join(GROUPS)} ran past {timeout:.0f} s:\n{out[-4000:]}")
+        pytest.fail(f"{exe} {' '.join(groups)} ran past {timeout:.0f} s:\n{out[-4000:]}")
     return p.returncode, out
 
 
-@pytest.mark.parametrize("build", ["build", "build-asan", "build-tsan"])
-def test_c_s3_groups_live(s3server: S3Server, build: str) -> None:
+def runner_of(build: str) -> pathlib.Path:
+    """The test runner of ``build``: the plain one must be there, a sanitizer's current."""
     exe = ROOT / build / "tests" / "ckptio-tests"
     if build == "build":
         if not exe.exists():
@@ -82,6 +88,22 @@ def test_c_s3_groups_live(s3server: S3Server, build: str) -> None:
         why = stale(build)
         if why:
             pytest.skip(why)
+    return exe
+
+
+def check_run(rc: int, out: str, least: int) -> None:
+    """The run passed, skipped nothing, and ran at least ``least`` tests."""
+    assert rc == 0, out[-4000:]
+    m = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped$", out, re.M)
+    assert m, out[-2000:]
+    passed, failed, skipped = map(int, m.groups())
+    assert failed == 0 and skipped == 0 and passed >= least, out[-2000:]
+
+
+@pytest.mark.parametrize("build", ["build", "build-asan", "build-tsan"])
+def test_c_s3_groups_live(s3server: S3Server, build: str) -> None:
+    exe = runner_of(build)
+    if build != "build":
         if s3server.kind != "seaweedfs":
             # The sanitizers look at ckptio's code, which is the same whatever the store; one
             # server keeps this file within its time.
@@ -89,8 +111,13 @@ def test_c_s3_groups_live(s3server: S3Server, build: str) -> None:
     env = dict(os.environ, **s3server.env, **SANITIZER_ENV.get(build, {}))
     env.update(CKPTIO_TEST_S3_ENDPOINT=s3server.endpoint, CKPTIO_TEST_S3_BUCKET=s3server.bucket)
     rc, out = run_groups(exe, env, TIMEOUT_S[build])
-    assert rc == 0, out[-4000:]
-    m = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped$", out, re.M)
-    assert m, out[-2000:]
-    passed, failed, skipped = map(int, m.groups())
-    assert failed == 0 and skipped == 0 and passed >= MIN_PASSED, out[-2000:]
+    check_run(rc, out, MIN_PASSED)
+
+
+@pytest.mark.parametrize("build", ["build", "build-asan", "build-tsan"])
+def test_c_gcs_groups_live(gcsserver: GCSServer, build: str) -> None:
+    exe = runner_of(build)
+    env = dict(os.environ, **SANITIZER_ENV.get(build, {}))
+    env.update(CKPTIO_TEST_GCS_ENDPOINT=gcsserver.endpoint, CKPTIO_TEST_GCS_BUCKET=gcsserver.bucket)
+    rc, out = run_groups(exe, env, TIMEOUT_S[build], GCS_GROUPS)
+    check_run(rc, out, GCS_MIN_PASSED)

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Objects as the engine's files (io/vfd.h): a request is one part upload or one ranged GET. */
+/* Objects of any object store as the engine's files (io/vfd.h): a request is one part upload or
+ * one ranged GET. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,10 +9,10 @@
 #include <unistd.h>
 
 #include "../io/vfd.h"
-#include "s3_impl.h"
+#include "objc.h"
 
-typedef struct s3_obj {
-    ckptio__s3 *c;
+typedef struct obj_t {
+    ckptio__objc *c;
     char *bucket, *key, *upload_id; /* upload_id: writing, until finished or aborted */
     bool write, finished;
     uint64_t size, part_size;
@@ -21,11 +22,11 @@ typedef struct s3_obj {
     unsigned nparts; /* slots allocated */
     char error[CKPTIO__MSG_LEN]; /* the first failed request's message, and its code */
     int error_rc;
-} s3_obj;
+} obj_t;
 
 static const ckptio__vfd_ops obj_ops;
 
-static s3_obj *lookup(int fd)
+static obj_t *lookup(int fd)
 {
     return ckptio__vfd_obj(fd, &obj_ops);
 }
@@ -35,7 +36,7 @@ bool ckptio__obj_is(int fd)
     return lookup(fd) != NULL;
 }
 
-static void obj_free(s3_obj *o)
+static void obj_free(obj_t *o)
 {
     if (!o) return;
     free(o->bucket);
@@ -47,9 +48,9 @@ static void obj_free(s3_obj *o)
     free(o);
 }
 
-static s3_obj *obj_new(ckptio__s3 *c, const char *bucket, const char *key, ckptio__msg *msg)
+static obj_t *obj_new(ckptio__objc *c, const char *bucket, const char *key, ckptio__msg *msg)
 {
-    s3_obj *o = calloc(1, sizeof *o);
+    obj_t *o = calloc(1, sizeof *o);
     if (o) {
         o->c = c;
         o->bucket = strdup(bucket);
@@ -60,39 +61,39 @@ static s3_obj *obj_new(ckptio__s3 *c, const char *bucket, const char *key, ckpti
             o = NULL;
         }
     }
-    if (!o) ckptio__fail(msg, -ENOMEM, "out of memory opening s3://%s/%s", bucket, key);
+    if (!o) ckptio__fail(msg, -ENOMEM, "out of memory opening %s%s/%s", c->ops->scheme, bucket, key);
     return o;
 }
 
-int ckptio__obj_open_write(ckptio__s3 *c, const char *bucket, const char *key,
+int ckptio__obj_open_write(ckptio__objc *c, const char *bucket, const char *key,
                            uint64_t part_size, int *fd, ckptio__msg *msg)
 {
     *fd = -1;
     if (part_size < (5ull << 20) || part_size > (5ull << 30))
         return ckptio__fail(msg, CKPTIO_E_USAGE,
-                            "s3://%s/%s: part size %llu is outside S3's 5 MiB..5 GiB", bucket,
-                            key, (unsigned long long)part_size);
-    s3_obj *o = obj_new(c, bucket, key, msg);
+                            "%s%s/%s: part size %llu is outside 5 MiB..5 GiB", c->ops->scheme,
+                            bucket, key, (unsigned long long)part_size);
+    obj_t *o = obj_new(c, bucket, key, msg);
     if (!o) return -ENOMEM;
     o->write = true;
     o->part_size = part_size;
-    int rc = ckptio__s3_mpu_create(c, bucket, key, &o->upload_id, msg);
+    int rc = ckptio__obj_mpu_create(c, bucket, key, &o->upload_id, msg);
     if (rc == 0) {
         rc = ckptio__vfd_open(&obj_ops, o, fd, msg);
-        if (rc < 0) ckptio__s3_mpu_abort(c, bucket, key, o->upload_id, NULL);
+        if (rc < 0) ckptio__obj_mpu_abort(c, bucket, key, o->upload_id, NULL);
     }
     if (rc < 0) obj_free(o);
     return rc;
 }
 
-int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key, uint64_t *size,
+int ckptio__obj_open_read(ckptio__objc *c, const char *bucket, const char *key, uint64_t *size,
                           int *fd, ckptio__msg *msg)
 {
     *fd = -1;
-    ckptio__s3_resp r = {.size = *size};
-    int rc = *size == UINT64_MAX ? ckptio__s3_head(c, bucket, key, &r, msg) : 0;
+    ckptio__obj_resp r = {.size = *size};
+    int rc = *size == UINT64_MAX ? ckptio__obj_head(c, bucket, key, &r, msg) : 0;
     if (rc < 0) return rc;
-    s3_obj *o = obj_new(c, bucket, key, msg);
+    obj_t *o = obj_new(c, bucket, key, msg);
     if (!o) return -ENOMEM;
     o->size = r.size;
     rc = ckptio__vfd_open(&obj_ops, o, fd, msg);
@@ -101,7 +102,7 @@ int ckptio__obj_open_read(ckptio__s3 *c, const char *bucket, const char *key, ui
     return rc;
 }
 
-static int64_t keep_error(s3_obj *o, const ckptio__msg *m, int rc)
+static int64_t keep_error(obj_t *o, const ckptio__msg *m, int rc)
 {
     pthread_mutex_lock(&o->lock);
     if (!o->error[0]) {
@@ -113,12 +114,12 @@ static int64_t keep_error(s3_obj *o, const ckptio__msg *m, int rc)
 }
 
 /* Room for part index i in the ETag and length arrays. */
-static int grow_parts(s3_obj *o, unsigned i)
+static int grow_parts(obj_t *o, unsigned i)
 {
     if (i < o->nparts) return 0;
     unsigned n = o->nparts ? o->nparts : 64;
     while (n <= i) n *= 2;
-    if (n > CKPTIO__S3_MAX_PARTS) n = CKPTIO__S3_MAX_PARTS;
+    if (n > o->c->ops->max_parts) n = o->c->ops->max_parts;
     char(*e)[128] = realloc(o->etags, n * sizeof *e);
     if (!e) return -ENOMEM;
     o->etags = e;
@@ -131,23 +132,23 @@ static int grow_parts(s3_obj *o, unsigned i)
     return 0;
 }
 
-static int64_t obj_write(s3_obj *o, ckptio__req *r, ckptio__msg *m)
+static int64_t obj_write(obj_t *o, ckptio__req *r, ckptio__msg *m)
 {
     if (r->off % o->part_size || !r->len || r->len > o->part_size)
         return ckptio__fail(m, CKPTIO_E_USAGE,
-                            "s3://%s/%s: a write of %llu bytes at %llu is not one part of %llu "
-                            "bytes", o->bucket, o->key, (unsigned long long)r->len,
+                            "%s%s/%s: a write of %llu bytes at %llu is not one part of %llu "
+                            "bytes", o->c->ops->scheme, o->bucket, o->key, (unsigned long long)r->len,
                             (unsigned long long)r->off, (unsigned long long)o->part_size);
     uint64_t idx = r->off / o->part_size;
-    if (idx >= CKPTIO__S3_MAX_PARTS)
-        return ckptio__fail(m, -EFBIG, "s3://%s/%s: more than %u parts of %llu bytes", o->bucket,
-                            o->key, CKPTIO__S3_MAX_PARTS, (unsigned long long)o->part_size);
+    if (idx >= o->c->ops->max_parts)
+        return ckptio__fail(m, -EFBIG, "%s%s/%s: more than %u parts of %llu bytes", o->c->ops->scheme, o->bucket,
+                            o->key, o->c->ops->max_parts, (unsigned long long)o->part_size);
     pthread_mutex_lock(&o->lock);
     int rc = grow_parts(o, (unsigned)idx);
     pthread_mutex_unlock(&o->lock);
     if (rc < 0) return ckptio__fail(m, rc, "out of memory");
     char etag[128];
-    rc = ckptio__s3_mpu_part(o->c, o->bucket, o->key, o->upload_id, (unsigned)idx + 1, r->buf,
+    rc = ckptio__obj_mpu_part(o->c, o->bucket, o->key, o->upload_id, (unsigned)idx + 1, r->buf,
                              r->len, etag, m);
     if (rc < 0) return rc;
     pthread_mutex_lock(&o->lock);
@@ -157,19 +158,19 @@ static int64_t obj_write(s3_obj *o, ckptio__req *r, ckptio__msg *m)
     return (int64_t)r->len;
 }
 
-static int64_t obj_read(s3_obj *o, ckptio__req *r, ckptio__msg *m)
+static int64_t obj_read(obj_t *o, ckptio__req *r, ckptio__msg *m)
 {
     if (r->off >= o->size) return 0;
     uint64_t len = CKPTIO__MIN(r->len, o->size - r->off), got = 0;
-    int rc = ckptio__s3_get_range(o->c, o->bucket, o->key, r->off, len, r->buf, &got, m);
+    int rc = ckptio__obj_get_range(o->c, o->bucket, o->key, r->off, len, r->buf, &got, m);
     if (rc == CKPTIO_E_NOT_FOUND) /* opened at a length the caller knew: the object is gone */
-        rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "s3://%s/%s is missing", o->bucket, o->key);
+        rc = ckptio__fail(m, CKPTIO_E_CORRUPT, "%s%s/%s is missing", o->c->ops->scheme, o->bucket, o->key);
     return rc < 0 ? rc : (int64_t)got;
 }
 
 static void obj_io(void *obj, ckptio__req *r)
 {
-    s3_obj *o = obj;
+    obj_t *o = obj;
     ckptio__msg *m = malloc(sizeof *m); /* ~9 KiB: not on an I/O thread's stack */
     if (!m) {
         r->res = -ENOMEM;
@@ -180,10 +181,10 @@ static void obj_io(void *obj, ckptio__req *r)
     if (r->op == CKPTIO__OP_WRITE) {
         res = o->write && !o->finished
                   ? obj_write(o, r, m)
-                  : ckptio__fail(m, -EBADF, "s3://%s/%s: not open for writing", o->bucket, o->key);
+                  : ckptio__fail(m, -EBADF, "%s%s/%s: not open for writing", o->c->ops->scheme, o->bucket, o->key);
     } else {
         res = !o->write ? obj_read(o, r, m)
-                        : ckptio__fail(m, -EBADF, "s3://%s/%s: not open for reading", o->bucket,
+                        : ckptio__fail(m, -EBADF, "%s%s/%s: not open for reading", o->c->ops->scheme, o->bucket,
                                        o->key);
     }
     if (res < 0) keep_error(o, m, (int)res);
@@ -194,7 +195,7 @@ static void obj_io(void *obj, ckptio__req *r)
 
 int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
 {
-    s3_obj *o = lookup(fd);
+    obj_t *o = lookup(fd);
     if (!o || !o->write || o->finished)
         return ckptio__fail(msg, -EBADF, "finishing descriptor %d: not an object being written",
                             fd);
@@ -206,21 +207,21 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
         uint64_t want = i + 1 < n ? o->part_size : i + 1 == n ? len - i * o->part_size : 0;
         if (o->lens[i] != want)
             rc = ckptio__fail(msg, CKPTIO_E_USAGE,
-                              "s3://%s/%s: part %llu holds %llu bytes, %llu expected for an "
-                              "object of %llu bytes", o->bucket, o->key, (unsigned long long)i + 1,
+                              "%s%s/%s: part %llu holds %llu bytes, %llu expected for an "
+                              "object of %llu bytes", o->c->ops->scheme, o->bucket, o->key, (unsigned long long)i + 1,
                               (unsigned long long)o->lens[i], (unsigned long long)want,
                               (unsigned long long)len);
     }
     if (rc == 0 && n > o->nparts)
-        rc = ckptio__fail(msg, CKPTIO_E_USAGE, "s3://%s/%s: parts %u to %llu never arrived",
-                          o->bucket, o->key, o->nparts + 1, (unsigned long long)n);
+        rc = ckptio__fail(msg, CKPTIO_E_USAGE, "%s%s/%s: parts %u to %llu never arrived",
+                          o->c->ops->scheme, o->bucket, o->key, o->nparts + 1, (unsigned long long)n);
     pthread_mutex_unlock(&o->lock);
     if (rc < 0) return rc;
     if (n == 0) { /* an upload needs at least one part: an empty object is a plain PUT */
-        ckptio__s3_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
-        rc = ckptio__s3_put(o->c, o->bucket, o->key, "", 0, NULL, NULL, msg);
+        ckptio__obj_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
+        rc = ckptio__obj_put(o->c, o->bucket, o->key, "", 0, NULL, NULL, msg);
     } else {
-        rc = ckptio__s3_mpu_complete(o->c, o->bucket, o->key, o->upload_id, o->etags,
+        rc = ckptio__obj_mpu_complete(o->c, o->bucket, o->key, o->upload_id, o->etags,
                                      (unsigned)n, msg);
     }
     if (rc == 0) o->finished = true;
@@ -231,15 +232,15 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
  * is a forked child's copy (the upload is the parent's). */
 static void obj_close(void *obj, bool forked)
 {
-    s3_obj *o = obj;
+    obj_t *o = obj;
     if (o->write && !o->finished && o->upload_id && !forked)
-        ckptio__s3_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
+        ckptio__obj_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
     obj_free(o);
 }
 
 static const char *obj_error(void *obj)
 {
-    return ((s3_obj *)obj)->error; /* written once, under the lock, before the failure shows */
+    return ((obj_t *)obj)->error; /* written once, under the lock, before the failure shows */
 }
 
 static const ckptio__vfd_ops obj_ops = {obj_io, obj_close, obj_error};

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The S3 store: its catalog, and its saves (data under a name unique to each save, the manifest last). */
+/* The object stores (S3, GCS): their catalog, and their saves (data under a name unique to each
+ * save, the manifest last), over any object client (objc.h). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -10,18 +11,66 @@
 
 #include "../format/manifest.h"
 #include "../io/vfd.h"
+#include "gcs.h"
 #include "s3.h"
 #include "store.h"
 
-/* A checkpoint at s3://bucket/key is the object key/manifest plus data objects under
+const ckptio__objc_ops *ckptio__objc_for(const char *url)
+{
+    static const ckptio__objc_ops *const kinds[] = {&ckptio__s3_objc, &ckptio__gcs_objc};
+    for (size_t i = 0; url && i < sizeof kinds / sizeof *kinds; i++)
+        if (!strncmp(url, kinds[i]->scheme, strlen(kinds[i]->scheme))) return kinds[i];
+    return NULL;
+}
+
+int ckptio__obj_parse(const ckptio__objc_ops *ops, const char *url, char **bucket, char **key,
+                      ckptio__msg *msg)
+{
+    *bucket = *key = NULL;
+    if (!ops || !url || strncmp(url, ops->scheme, strlen(ops->scheme)))
+        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' is not an object store's URL",
+                            url ? url : "(null)");
+    const char *s = ops->scheme, *b = url + strlen(s), *slash = strchr(b, '/');
+    size_t bl = slash ? (size_t)(slash - b) : strlen(b);
+    if (bl < 1 || bl > 255)
+        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' names no bucket: write %sbucket/key", url,
+                            s);
+    for (size_t i = 0; i < bl; i++) {
+        char c = b[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '.' || c == '_'))
+            return ckptio__fail(msg, CKPTIO_E_USAGE,
+                                "'%s': bucket names hold letters, digits, '-', '.' and '_' only",
+                                url);
+    }
+    const char *k = slash ? slash + 1 : "";
+    size_t kl = strlen(k);
+    while (kl && k[kl - 1] == '/') kl--;
+    if (!kl)
+        return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' names no key: write %sbucket/key", url, s);
+    for (size_t i = 0; i < kl; i++)
+        if (k[i] == '/' && (i == 0 || k[i - 1] == '/'))
+            return ckptio__fail(msg, CKPTIO_E_USAGE, "'%s' has an empty path component", url);
+    *bucket = strndup(b, bl);
+    *key = strndup(k, kl);
+    if (!*bucket || !*key) {
+        free(*bucket);
+        free(*key);
+        *bucket = *key = NULL;
+        return ckptio__fail(msg, -ENOMEM, "out of memory parsing '%s'", url);
+    }
+    return 0;
+}
+
+/* A checkpoint at <scheme>bucket/key ("s3://b/k", "gs://b/k") is the object key/manifest plus data objects under
  * key/d-<save>/, <save> unique to each save. Nothing is renamed: the manifest's conditional
  * PUT is the commit (If-None-Match: * for a new checkpoint, If-Match on the ETag of the one it
  * replaces), so a checkpoint is visible whole or not at all, and of two racing saves exactly
  * one wins. After it, the winner deletes the replaced checkpoint's data and what interrupted
  * saves left behind; never the objects of a save that may still be running (see sweep). */
 
-typedef struct s3_txn {
-    ckptio__s3 *s3;
+typedef struct obj_txn {
+    ckptio__objc *c;
     char *bucket, *key;
     char save[48];       /* "d-<id>": this save's data component */
     char etag[128];      /* the replaced manifest's ETag, "" when none */
@@ -31,7 +80,7 @@ typedef struct s3_txn {
     char **named;        /* a sweep's: components the manifest it keeps names */
     size_t n_named;
     char drop[16];       /* a joined rank's file prefix whose objects abort deletes, or "" */
-} s3_txn;
+} obj_txn;
 
 /* Largest manifest read back from a store (the format's own limits are far below). */
 #define MANIFEST_MAX CKPTIO__MAX_MANIFEST_BYTES
@@ -83,19 +132,20 @@ static void note_components(const uint8_t *buf, uint64_t len, char ***v, size_t 
 static int obj_init(ckptio__txn *t, const char *url, const ckptio_store_opts *so,
                     ckptio__msg *msg)
 {
-    s3_txn *o = calloc(1, sizeof *o);
+    obj_txn *o = calloc(1, sizeof *o);
     if (!o) return ckptio__fail(msg, -ENOMEM, "out of memory");
     t->impl = o;
-    CKPTIO__TRY(ckptio__s3_parse(url, &o->bucket, &o->key, msg));
-    CKPTIO__TRY(ckptio__s3_client(&o->s3, so, msg));
-    if (asprintf(&t->path, "s3://%s/%s", o->bucket, o->key) < 0) {
+    const ckptio__objc_ops *ops = ckptio__objc_for(url);
+    CKPTIO__TRY(ckptio__obj_parse(ops, url, &o->bucket, &o->key, msg));
+    CKPTIO__TRY(ops->client(&o->c, so, msg));
+    if (asprintf(&t->path, "%s%s/%s", ops->scheme, o->bucket, o->key) < 0) {
         t->path = NULL;
         return ckptio__fail(msg, -ENOMEM, "out of memory");
     }
     return 0;
 }
 
-static char *manifest_key(const s3_txn *o)
+static char *manifest_key(const obj_txn *o)
 {
     char *k;
     return asprintf(&k, "%s/manifest", o->key) < 0 ? NULL : k;
@@ -103,11 +153,11 @@ static char *manifest_key(const s3_txn *o)
 
 static void set_dir(ckptio__txn *t)
 {
-    snprintf(t->data_dir, sizeof t->data_dir, "%s", ((s3_txn *)t->impl)->save);
+    snprintf(t->data_dir, sizeof t->data_dir, "%s", ((obj_txn *)t->impl)->save);
     t->where = t->path;
 }
 
-static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, int direct,
+static int obj_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, int direct,
                     const ckptio_store_opts *so, ckptio__msg *msg)
 {
     (void)direct;
@@ -118,17 +168,17 @@ static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, i
                             "ckptio checkpoint",
                             url);
     CKPTIO__TRY(obj_init(t, url, so, msg));
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     char *mk = manifest_key(o);
     if (!mk) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    ckptio__s3_resp r = {0};
+    ckptio__obj_resp r = {0};
     uint8_t *buf = NULL;
     uint64_t len = 0;
-    int rc = ckptio__s3_head(o->s3, o->bucket, mk, &r, msg);
+    int rc = ckptio__obj_head(o->c, o->bucket, mk, &r, msg);
     o->t0 = r.date;
     if (rc == 0 && (flags & CKPTIO__TXN_OVERWRITE)) {
         /* The ETag the commit will insist on comes with the bytes it names. */
-        rc = ckptio__s3_get_all(o->s3, o->bucket, mk, MANIFEST_MAX, &buf, &len, &r, msg);
+        rc = ckptio__obj_get_all(o->c, o->bucket, mk, MANIFEST_MAX, &buf, &len, &r, msg);
         if (rc == 0) {
             snprintf(o->etag, sizeof o->etag, "%s", r.etag);
             note_components(buf, len, &o->old, &o->n_old);
@@ -158,12 +208,12 @@ static int s3_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, i
     return 0;
 }
 
-static int s3_join(ckptio__txn *t, const char *url, const char *tmp_url, unsigned flags,
+static int obj_join(ckptio__txn *t, const char *url, const char *tmp_url, unsigned flags,
                    const ckptio_store_opts *so, ckptio__msg *msg)
 {
     (void)flags;
     CKPTIO__TRY(obj_init(t, url, so, msg));
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     size_t n = strlen(t->path);
     const char *save = tmp_url + n + 1;
     if (strncmp(tmp_url, t->path, n) || tmp_url[n] != '/' || strncmp(save, "d-", 2) ||
@@ -177,29 +227,29 @@ static int s3_join(ckptio__txn *t, const char *url, const char *tmp_url, unsigne
 }
 
 /* One staging buffer is one part; the engine's threads are the connections uploading them. */
-static unsigned s3_parallel(const ckptio__txn *t)
+static unsigned obj_parallel(const ckptio__txn *t)
 {
-    return ckptio__s3_connections(((s3_txn *)t->impl)->s3);
+    return ckptio__obj_connections(((obj_txn *)t->impl)->c);
 }
 
 /* ---- data objects ---- */
 
-static int s3_open_data(ckptio__txn *t, const char *name, uint64_t part, int want_direct,
+static int obj_open_data(ckptio__txn *t, const char *name, uint64_t part, int want_direct,
                         int *fd, int *direct, ckptio__msg *msg)
 {
     (void)want_direct;
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     char *k;
     *fd = -1;
     *direct = 0;
     if (asprintf(&k, "%s/%s", o->key, name) < 0) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    int rc = ckptio__obj_open_write(o->s3, o->bucket, k, part, fd, msg);
+    int rc = ckptio__obj_open_write(o->c, o->bucket, k, part, fd, msg);
     free(k);
     return rc;
 }
 
 /* The upload completed is the object written: nothing to fsync. */
-static int s3_finish_data(ckptio__txn *t, int fd, uint64_t len, const char *label,
+static int obj_finish_data(ckptio__txn *t, int fd, uint64_t len, const char *label,
                           ckptio__msg *msg)
 {
     (void)t, (void)label;
@@ -207,19 +257,19 @@ static int s3_finish_data(ckptio__txn *t, int fd, uint64_t len, const char *labe
 }
 
 /* Nothing is uploaded yet: start over under the new name. */
-static int s3_rename_data(ckptio__txn *t, int *fd, const char *from, const char *to,
+static int obj_rename_data(ckptio__txn *t, int *fd, const char *from, const char *to,
                           uint64_t part, ckptio__msg *msg)
 {
     (void)from;
     int nfd = -1, direct;
-    CKPTIO__TRY(s3_open_data(t, to, part, 0, &nfd, &direct, msg));
+    CKPTIO__TRY(obj_open_data(t, to, part, 0, &nfd, &direct, msg));
     ckptio__fd_close(*fd);
     *fd = nfd;
     return 0;
 }
 
 /* A completed upload is durable as it stands. */
-static int s3_seal(ckptio__txn *t, ckptio__msg *msg)
+static int obj_seal(ckptio__txn *t, ckptio__msg *msg)
 {
     (void)t, (void)msg;
     return 0;
@@ -228,7 +278,7 @@ static int s3_seal(ckptio__txn *t, ckptio__msg *msg)
 /* ---- after the commit: sweep ---- */
 
 typedef struct sweep_ctx {
-    s3_txn *o;
+    obj_txn *o;
     bool own; /* everything listed goes: the listing is this save's own component */
     size_t prefix_len;
     ckptio__names doomed; /* keys, or "key\nupload id" for unfinished uploads */
@@ -246,7 +296,7 @@ static bool is_in(char *const *v, size_t n, const char *c)
  * so that it can no longer commit (the manifest it would replace is gone) — a save begun after
  * this one may still be writing, and may still win the next commit. One second of slack for
  * the clocks' whole-second resolution. */
-static bool doomed(const s3_txn *o, const char *c, int64_t when)
+static bool doomed(const obj_txn *o, const char *c, int64_t when)
 {
     if (!strcmp(c, o->save) || strncmp(c, "d-", 2) || is_in(o->named, o->n_named, c))
         return false;
@@ -284,7 +334,7 @@ static int on_upload(void *ctx, const char *key, const char *upload_id, int64_t 
 /* Delete the objects and abort the uploads that `doomed` allows under key/, or (own) every
  * one of this save's whose name starts with `sub` ("": all). Best effort: a failure leaves
  * objects no manifest names, for the next save to find. */
-static size_t sweep(s3_txn *o, bool own, const char *sub)
+static size_t sweep(obj_txn *o, bool own, const char *sub)
 {
     ckptio__msg m = {0};
     char *prefix;
@@ -292,15 +342,15 @@ static size_t sweep(s3_txn *o, bool own, const char *sub)
                 : asprintf(&prefix, "%s/", o->key);
     if (n < 0) return 0;
     sweep_ctx s = {.o = o, .own = own, .prefix_len = strlen(o->key) + 1};
-    ckptio__s3_list(o->s3, o->bucket, prefix, on_object, &s, &m);
-    ckptio__s3_list_uploads(o->s3, o->bucket, prefix, on_upload, &s, &m);
+    ckptio__obj_list(o->c, o->bucket, prefix, on_object, &s, &m);
+    ckptio__obj_list_uploads(o->c, o->bucket, prefix, on_upload, &s, &m);
     for (size_t i = 0; i < s.doomed.n; i++) {
         char *nl = strchr(s.doomed.v[i], '\n');
         if (nl) {
             *nl = 0;
-            ckptio__s3_mpu_abort(o->s3, o->bucket, s.doomed.v[i], nl + 1, &m);
+            ckptio__obj_mpu_abort(o->c, o->bucket, s.doomed.v[i], nl + 1, &m);
         } else {
-            ckptio__s3_delete(o->s3, o->bucket, s.doomed.v[i], &m);
+            ckptio__obj_delete(o->c, o->bucket, s.doomed.v[i], &m);
         }
     }
     size_t doomed = s.doomed.n;
@@ -322,27 +372,27 @@ static int raced(const ckptio__txn *t, ckptio__msg *msg)
 /* An object or upload of this save that vanished (CKPTIO_E_NOT_FOUND) was swept by a save that
  * committed the path after this one began (see doomed): when the manifest is no longer the one
  * begin found, that is the reason to give. */
-static int s3_failed(ckptio__txn *t, int rc, ckptio__msg *msg)
+static int obj_failed(ckptio__txn *t, int rc, ckptio__msg *msg)
 {
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     if (rc != CKPTIO_E_NOT_FOUND || !o || !t->owner || t->published) return rc;
     char *mk = manifest_key(o);
-    ckptio__s3_resp r = {0};
-    bool replaced = mk && ckptio__s3_head(o->s3, o->bucket, mk, &r, NULL) == 0 &&
+    ckptio__obj_resp r = {0};
+    bool replaced = mk && ckptio__obj_head(o->c, o->bucket, mk, &r, NULL) == 0 &&
                     strcmp(r.etag, o->etag);
     free(mk);
     return replaced ? raced(t, msg) : rc;
 }
 
-static int s3_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg)
+static int obj_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg)
 {
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     if (!man)
         return ckptio__fail(msg, CKPTIO_E_STATE, "internal error: '%s' has no manifest to publish",
                             t->path);
     char *mk = manifest_key(o);
     if (!mk) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    int rc = ckptio__s3_put(o->s3, o->bucket, mk, man, len, o->etag[0] ? o->etag : "*", NULL, msg);
+    int rc = ckptio__obj_put(o->c, o->bucket, mk, man, len, o->etag[0] ? o->etag : "*", NULL, msg);
     free(mk);
     if (rc == CKPTIO_E_EXISTS) return raced(t, msg);
     CKPTIO__TRY(rc);
@@ -351,9 +401,9 @@ static int s3_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__
     return 0;
 }
 
-static void s3_abort(ckptio__txn *t)
+static void obj_abort(ckptio__txn *t)
 {
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     if (!o) return;
     if (!t->owner && o->drop[0]) {
         sweep(o, true, o->drop);
@@ -364,13 +414,13 @@ static void s3_abort(ckptio__txn *t)
     t->owner = false;
 }
 
-static void s3_drop(ckptio__txn *t, const char *prefix)
+static void obj_drop(ckptio__txn *t, const char *prefix)
 {
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     if (o && !t->owner && prefix && *prefix) snprintf(o->drop, sizeof o->drop, "%s", prefix);
 }
 
-static void free_components(s3_txn *o)
+static void free_components(obj_txn *o)
 {
     for (size_t k = 0; k < o->n_old; k++) free(o->old[k]);
     for (size_t k = 0; k < o->n_named; k++) free(o->named[k]);
@@ -378,9 +428,9 @@ static void free_components(s3_txn *o)
     free(o->named);
 }
 
-static void s3_fini(ckptio__txn *t)
+static void obj_fini(ckptio__txn *t)
 {
-    s3_txn *o = t->impl;
+    obj_txn *o = t->impl;
     if (!o) return;
     free(o->bucket);
     free(o->key);
@@ -391,18 +441,19 @@ static void s3_fini(ckptio__txn *t)
 
 /* ---- the catalog ---- */
 
-/* The client, bucket and key of an s3:// URL, and "<key>/<tail>" when tail is given. */
-typedef struct s3_at {
-    ckptio__s3 *c;
+/* The client, bucket and key of an object store's URL, and "<key>/<tail>" when tail is given. */
+typedef struct obj_at {
+    ckptio__objc *c;
     char *bucket, *key, *sub;
-} s3_at;
+} obj_at;
 
-static int at_open(s3_at *a, const char *url, const ckptio_store_opts *so, const char *tail,
+static int at_open(obj_at *a, const char *url, const ckptio_store_opts *so, const char *tail,
                    ckptio__msg *msg)
 {
-    *a = (s3_at){0};
-    int rc = ckptio__s3_parse(url, &a->bucket, &a->key, msg);
-    if (rc == 0) rc = ckptio__s3_client(&a->c, so, msg);
+    *a = (obj_at){0};
+    const ckptio__objc_ops *ops = ckptio__objc_for(url);
+    int rc = ckptio__obj_parse(ops, url, &a->bucket, &a->key, msg);
+    if (rc == 0) rc = ops->client(&a->c, so, msg);
     if (rc == 0 && tail && asprintf(&a->sub, "%s/%s", a->key, tail) < 0) {
         a->sub = NULL;
         rc = ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -410,7 +461,7 @@ static int at_open(s3_at *a, const char *url, const ckptio_store_opts *so, const
     return rc;
 }
 
-static void at_close(s3_at *a)
+static void at_close(obj_at *a)
 {
     free(a->bucket);
     free(a->key);
@@ -433,23 +484,23 @@ static int on_key(void *ctx, const char *key, uint64_t size, int64_t mtime)
     return ckptio__names_add(c->out, name, (size_t)(slash - name));
 }
 
-static int s3_list(const char *url, const ckptio_store_opts *so, ckptio__names *out,
+static int obj_list(const char *url, const ckptio_store_opts *so, ckptio__names *out,
                    ckptio__msg *msg)
 {
-    s3_at a;
+    obj_at a;
     int rc = at_open(&a, url, so, "", msg);
     list_ctx c = {.skip = a.sub ? strlen(a.sub) : 0, .out = out};
-    if (rc == 0) rc = ckptio__s3_list(a.c, a.bucket, a.sub, on_key, &c, msg);
+    if (rc == 0) rc = ckptio__obj_list(a.c, a.bucket, a.sub, on_key, &c, msg);
     at_close(&a);
     return rc;
 }
 
-static int s3_is_checkpoint(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
+static int obj_is_checkpoint(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
-    s3_at a;
-    ckptio__s3_resp r = {0};
+    obj_at a;
+    ckptio__obj_resp r = {0};
     int rc = at_open(&a, url, so, "manifest", msg);
-    if (rc == 0) rc = ckptio__s3_head(a.c, a.bucket, a.sub, &r, msg);
+    if (rc == 0) rc = ckptio__obj_head(a.c, a.bucket, a.sub, &r, msg);
     at_close(&a);
     return rc == 0 ? 1 : rc == CKPTIO_E_NOT_FOUND ? 0 : rc;
 }
@@ -475,9 +526,9 @@ static int on_rm_upload(void *ctx, const char *key, const char *upload_id, int64
 /* The manifest goes first: from that moment the checkpoint is gone as a whole, and what
  * remains are objects no manifest names (which the next save of the path sweeps if this
  * removal stops halfway). */
-static int s3_remove(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
+static int obj_remove(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
-    s3_at a;
+    obj_at a;
     ckptio__names doomed = {0};
     char *mk = NULL;
     int rc = at_open(&a, url, so, "", msg);
@@ -486,22 +537,22 @@ static int s3_remove(const char *url, const ckptio_store_opts *so, ckptio__msg *
         rc = -ENOMEM;
     }
     if (rc == 0) {
-        ckptio__s3_resp r = {0};
-        rc = ckptio__s3_head(a.c, a.bucket, mk, &r, msg);
+        ckptio__obj_resp r = {0};
+        rc = ckptio__obj_head(a.c, a.bucket, mk, &r, msg);
         if (rc == CKPTIO_E_NOT_FOUND)
             rc = ckptio__fail(msg, CKPTIO_E_NOT_CHECKPOINT,
                               "'%s' is not a checkpoint: there is no object '%s'", url, mk);
     }
-    if (rc == 0) rc = ckptio__s3_delete(a.c, a.bucket, mk, msg);
-    if (rc == 0) rc = ckptio__s3_list(a.c, a.bucket, a.sub, on_rm_key, &doomed, msg);
-    if (rc == 0) rc = ckptio__s3_list_uploads(a.c, a.bucket, a.sub, on_rm_upload, &doomed, msg);
+    if (rc == 0) rc = ckptio__obj_delete(a.c, a.bucket, mk, msg);
+    if (rc == 0) rc = ckptio__obj_list(a.c, a.bucket, a.sub, on_rm_key, &doomed, msg);
+    if (rc == 0) rc = ckptio__obj_list_uploads(a.c, a.bucket, a.sub, on_rm_upload, &doomed, msg);
     for (size_t i = 0; rc == 0 && i < doomed.n; i++) {
         char *nl = strchr(doomed.v[i], '\n');
         if (nl) {
             *nl = 0;
-            rc = ckptio__s3_mpu_abort(a.c, a.bucket, doomed.v[i], nl + 1, msg);
+            rc = ckptio__obj_mpu_abort(a.c, a.bucket, doomed.v[i], nl + 1, msg);
         } else {
-            rc = ckptio__s3_delete(a.c, a.bucket, doomed.v[i], msg);
+            rc = ckptio__obj_delete(a.c, a.bucket, doomed.v[i], msg);
         }
     }
     ckptio__names_free(&doomed);
@@ -510,18 +561,18 @@ static int s3_remove(const char *url, const ckptio_store_opts *so, ckptio__msg *
     return rc;
 }
 
-/* ckptio_sweep under an S3 prefix: for each checkpoint <prefix>/<name>, the data of saves that
+/* ckptio_sweep under an object store's prefix: for each checkpoint <prefix>/<name>, the data of saves that
  * began before its manifest was last written and that it does not name (see doomed: the
  * manifest's Last-Modified plays the committing save's start). */
-static int s3_sweep(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
+static int obj_sweep(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
     ckptio__names names = {0};
-    int rc = s3_list(url, so, &names, msg);
+    int rc = obj_list(url, so, &names, msg);
     size_t removed = 0;
     for (size_t i = 0; rc == 0 && i < names.n; i++) {
-        s3_at a;
-        s3_txn o = {0};
-        ckptio__s3_resp r = {0};
+        obj_at a;
+        obj_txn o = {0};
+        ckptio__obj_resp r = {0};
         uint8_t *buf = NULL;
         uint64_t len = 0;
         char *at = NULL;
@@ -531,10 +582,10 @@ static int s3_sweep(const char *url, const ckptio_store_opts *so, ckptio__msg *m
             break;
         }
         rc = at_open(&a, at, so, "manifest", msg);
-        if (rc == 0) rc = ckptio__s3_get_all(a.c, a.bucket, a.sub, MANIFEST_MAX, &buf, &len, &r, msg);
+        if (rc == 0) rc = ckptio__obj_get_all(a.c, a.bucket, a.sub, MANIFEST_MAX, &buf, &len, &r, msg);
         if (rc == CKPTIO_E_NOT_FOUND) rc = 0; /* removed since it was listed */
         else if (rc == 0 && r.mtime) {
-            o = (s3_txn){.s3 = a.c, .bucket = a.bucket, .key = a.key, .t0 = r.mtime};
+            o = (obj_txn){.c = a.c, .bucket = a.bucket, .key = a.key, .t0 = r.mtime};
             note_components(buf, len, &o.named, &o.n_named);
             if (o.n_named) removed += sweep(&o, false, ""); /* undecodable: nothing is sure */
             free_components(&o);
@@ -550,40 +601,41 @@ static int s3_sweep(const char *url, const ckptio_store_opts *so, ckptio__msg *m
 /* ---- reads ---- */
 
 /* A place: the client, the bucket and the key prefix names go under ("" at a bucket's top). */
-typedef struct s3_place {
-    ckptio__s3 *c;
+typedef struct obj_place {
+    ckptio__objc *c;
     char *bucket, *prefix;
-} s3_place;
+} obj_place;
 
-static int s3_place_open(ckptio__place *p, const char *url, const ckptio_store_opts *so,
+static int obj_place_open(ckptio__place *p, const char *url, const ckptio_store_opts *so,
                          ckptio__msg *msg)
 {
-    s3_place *o = calloc(1, sizeof *o);
+    obj_place *o = calloc(1, sizeof *o);
     if (!o) return ckptio__fail(msg, -ENOMEM, "out of memory");
     p->impl = o;
-    size_t n = strlen(url);
-    while (n > 5 && url[n - 1] == '/') n--;
+    const ckptio__objc_ops *ops = ckptio__objc_for(url);
+    size_t n = strlen(url), sl = ops ? strlen(ops->scheme) : 0;
+    while (n > sl && url[n - 1] == '/') n--;
     if (!(p->path = strndup(url, n))) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    const char *b = p->path + 5;
-    if (strncmp(p->path, "s3://", 5) || !*b) return ckptio__s3_parse(p->path, &o->bucket, &o->prefix, msg);
+    const char *b = p->path + sl;
+    if (!ops || !*b) return ckptio__obj_parse(ops, p->path, &o->bucket, &o->prefix, msg);
     if (strchr(b, '/')) {
-        CKPTIO__TRY(ckptio__s3_parse(p->path, &o->bucket, &o->prefix, msg));
+        CKPTIO__TRY(ckptio__obj_parse(ops, p->path, &o->bucket, &o->prefix, msg));
     } else { /* a bucket's top: checked as a bucket with a name under it would be */
         char *probe;
         if (asprintf(&probe, "%s/x", p->path) < 0) return ckptio__fail(msg, -ENOMEM, "out of memory");
-        int rc = ckptio__s3_parse(probe, &o->bucket, &o->prefix, msg);
+        int rc = ckptio__obj_parse(ops, probe, &o->bucket, &o->prefix, msg);
         free(probe);
         CKPTIO__TRY(rc);
         o->prefix[0] = 0;
     }
-    CKPTIO__TRY(ckptio__s3_client(&o->c, so, msg));
-    p->parallel = ckptio__s3_connections(o->c);
+    CKPTIO__TRY(ops->client(&o->c, so, msg));
+    p->parallel = ckptio__obj_connections(o->c);
     return 0;
 }
 
-static void s3_place_close(ckptio__place *p)
+static void obj_place_close(ckptio__place *p)
 {
-    s3_place *o = p->impl;
+    obj_place *o = p->impl;
     if (!o) return;
     free(o->bucket);
     free(o->prefix);
@@ -592,51 +644,51 @@ static void s3_place_close(ckptio__place *p)
 }
 
 /* The key of name under the place (malloc'd). */
-static char *key_in(const s3_place *o, const char *name)
+static char *key_in(const obj_place *o, const char *name)
 {
     char *k;
     if (asprintf(&k, "%s%s%s", o->prefix, *o->prefix ? "/" : "", name) < 0) return NULL;
     return k;
 }
 
-static int s3_read_all(ckptio__place *p, const char *name, uint64_t max, uint8_t **buf,
+static int obj_read_all(ckptio__place *p, const char *name, uint64_t max, uint8_t **buf,
                        uint64_t *len, ckptio__msg *msg)
 {
-    s3_place *o = p->impl;
+    obj_place *o = p->impl;
     char *k = key_in(o, name);
     if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    int rc = ckptio__s3_get_all(o->c, o->bucket, k, max, buf, len, NULL, msg);
+    int rc = ckptio__obj_get_all(o->c, o->bucket, k, max, buf, len, NULL, msg);
     free(k);
     return rc;
 }
 
-static int s3_size_of(ckptio__place *p, const char *name, uint64_t *size, ckptio__msg *msg)
+static int obj_size_of(ckptio__place *p, const char *name, uint64_t *size, ckptio__msg *msg)
 {
-    s3_place *o = p->impl;
+    obj_place *o = p->impl;
     char *k = key_in(o, name);
     if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    ckptio__s3_resp r = {0};
-    int rc = ckptio__s3_head(o->c, o->bucket, k, &r, msg);
+    ckptio__obj_resp r = {0};
+    int rc = ckptio__obj_head(o->c, o->bucket, k, &r, msg);
     free(k);
     if (rc == 0) *size = r.size;
     return rc;
 }
 
-static int s3_read_range(ckptio__place *p, const char *name, uint64_t off, uint64_t len,
+static int obj_read_range(ckptio__place *p, const char *name, uint64_t off, uint64_t len,
                          void *buf, uint64_t *got, ckptio__msg *msg)
 {
-    s3_place *o = p->impl;
+    obj_place *o = p->impl;
     char *k = key_in(o, name);
     if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
-    int rc = ckptio__s3_get_range(o->c, o->bucket, k, off, len, buf, got, msg);
+    int rc = ckptio__obj_get_range(o->c, o->bucket, k, off, len, buf, got, msg);
     free(k);
     return rc;
 }
 
-static int s3_open_read(ckptio__place *p, const char *name, int *fd, uint64_t *size,
+static int obj_open_read(ckptio__place *p, const char *name, int *fd, uint64_t *size,
                         ckptio__msg *msg)
 {
-    s3_place *o = p->impl;
+    obj_place *o = p->impl;
     char *k = key_in(o, name);
     if (!k) return ckptio__fail(msg, -ENOMEM, "out of memory");
     int rc = ckptio__obj_open_read(o->c, o->bucket, k, size, fd, msg);
@@ -659,46 +711,33 @@ static int on_name(void *ctx, const char *key, uint64_t size, int64_t mtime)
     return strchr(name, '/') ? 0 : c->cb(c->ctx, name);
 }
 
-static int s3_list_names(ckptio__place *p, ckptio__names_cb cb, void *ctx, ckptio__msg *msg)
+static int obj_list_names(ckptio__place *p, ckptio__names_cb cb, void *ctx, ckptio__msg *msg)
 {
-    s3_place *o = p->impl;
+    obj_place *o = p->impl;
     char *prefix = key_in(o, "");
     if (!prefix) return ckptio__fail(msg, -ENOMEM, "out of memory");
     names_ctx c = {strlen(prefix), cb, ctx};
-    int rc = ckptio__s3_list(o->c, o->bucket, prefix, on_name, &c, msg);
+    int rc = ckptio__obj_list(o->c, o->bucket, prefix, on_name, &c, msg);
     free(prefix);
     return rc;
 }
 
-const ckptio__store_ops ckptio__store_s3 = {
-    .name = "s3",
-    .scheme = "s3://",
-    .list = s3_list,
-    .is_checkpoint = s3_is_checkpoint,
-    .remove = s3_remove,
-    .sweep = s3_sweep,
+/* The store table's entries: one per kind of client, the same operations. */
+#define OBJ_STORE(store_name, store_scheme, min_part, parts)                                   \
+    {                                                                                          \
+        .name = store_name, .scheme = store_scheme, .list = obj_list,                         \
+        .is_checkpoint = obj_is_checkpoint, .remove = obj_remove, .sweep = obj_sweep,          \
+        .caps = CKPTIO__STORE_PARTS, .part_min = min_part, .max_parts = parts,                \
+        .begin = obj_begin, .join = obj_join, .parallel = obj_parallel,                        \
+        .open_data = obj_open_data, .finish_data = obj_finish_data,                            \
+        .rename_data = obj_rename_data, .seal = obj_seal, .publish = obj_publish,              \
+        .abort = obj_abort, .failed = obj_failed, .drop = obj_drop, .fini = obj_fini,          \
+        .place_open = obj_place_open, .place_close = obj_place_close,                          \
+        .read_all = obj_read_all, .size_of = obj_size_of, .read_range = obj_read_range,        \
+        .open_read = obj_open_read, .list_names = obj_list_names,                              \
+    }
 
-    .caps = CKPTIO__STORE_PARTS,
-    .part_min = CKPTIO__S3_MIN_PART,
-    .max_parts = CKPTIO__S3_MAX_PARTS,
-    .begin = s3_begin,
-    .join = s3_join,
-    .parallel = s3_parallel,
-    .open_data = s3_open_data,
-    .finish_data = s3_finish_data,
-    .rename_data = s3_rename_data,
-    .seal = s3_seal,
-    .publish = s3_publish,
-    .abort = s3_abort,
-    .failed = s3_failed,
-    .drop = s3_drop,
-    .fini = s3_fini,
-
-    .place_open = s3_place_open,
-    .place_close = s3_place_close,
-    .read_all = s3_read_all,
-    .size_of = s3_size_of,
-    .read_range = s3_read_range,
-    .open_read = s3_open_read,
-    .list_names = s3_list_names,
-};
+const ckptio__store_ops ckptio__store_s3 =
+    OBJ_STORE("s3", "s3://", CKPTIO__S3_MIN_PART, CKPTIO__S3_MAX_PARTS);
+const ckptio__store_ops ckptio__store_gcs =
+    OBJ_STORE("gcs", "gs://", CKPTIO__GCS_MIN_PART, CKPTIO__GCS_MAX_PARTS);
