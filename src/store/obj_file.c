@@ -13,8 +13,11 @@
 
 typedef struct obj_t {
     ckptio__objc *c;
-    char *bucket, *key, *upload_id; /* upload_id: writing, until finished or aborted */
+    char *bucket, *key;
+    char *upload_id; /* writing: made at the first full part, until finished or aborted */
+    int create_rc;   /* its creation's failure, for the parts that needed it too */
     bool write, finished;
+    bool single; /* the object was one short part, written whole by one request */
     uint64_t size, part_size;
     pthread_mutex_t lock; /* guards what follows */
     char (*etags)[128];   /* part i + 1's ETag at i, "" until it arrives */
@@ -77,11 +80,7 @@ int ckptio__obj_open_write(ckptio__objc *c, const char *bucket, const char *key,
     if (!o) return -ENOMEM;
     o->write = true;
     o->part_size = part_size;
-    int rc = ckptio__obj_mpu_create(c, bucket, key, &o->upload_id, msg);
-    if (rc == 0) {
-        rc = ckptio__vfd_open(&obj_ops, o, fd, msg);
-        if (rc < 0) ckptio__obj_mpu_abort(c, bucket, key, o->upload_id, NULL);
-    }
+    int rc = ckptio__vfd_open(&obj_ops, o, fd, msg);
     if (rc < 0) obj_free(o);
     return rc;
 }
@@ -143,17 +142,32 @@ static int64_t obj_write(obj_t *o, ckptio__req *r, ckptio__msg *m)
     if (idx >= o->c->ops->max_parts)
         return ckptio__fail(m, -EFBIG, "%s%s/%s: more than %u parts of %llu bytes", o->c->ops->scheme, o->bucket,
                             o->key, o->c->ops->max_parts, (unsigned long long)o->part_size);
+    /* A first part shorter than a part is the whole object: one request writes it. Else the
+     * multipart upload is made by the first part that needs it (an object of one part, the
+     * most common case for a rank's small share, costs one request rather than three). */
+    bool single = idx == 0 && r->len < o->part_size;
     pthread_mutex_lock(&o->lock);
     int rc = grow_parts(o, (unsigned)idx);
+    if (rc == 0 && !single && !o->upload_id) {
+        rc = o->create_rc;
+        if (rc < 0) ckptio__fail(m, rc, "%s%s/%s: the multipart upload could not be made",
+                                 o->c->ops->scheme, o->bucket, o->key);
+        else if ((rc = ckptio__obj_mpu_create(o->c, o->bucket, o->key, &o->upload_id, m)) < 0)
+            o->create_rc = rc;
+    } else if (rc < 0) {
+        ckptio__fail(m, rc, "out of memory");
+    }
     pthread_mutex_unlock(&o->lock);
-    if (rc < 0) return ckptio__fail(m, rc, "out of memory");
-    char etag[128];
-    rc = ckptio__obj_mpu_part(o->c, o->bucket, o->key, o->upload_id, (unsigned)idx + 1, r->buf,
-                             r->len, etag, m);
+    if (rc < 0) return rc;
+    char etag[128] = "";
+    rc = single ? ckptio__obj_put(o->c, o->bucket, o->key, r->buf, r->len, NULL, NULL, m)
+                : ckptio__obj_mpu_part(o->c, o->bucket, o->key, o->upload_id, (unsigned)idx + 1,
+                                       r->buf, r->len, etag, m);
     if (rc < 0) return rc;
     pthread_mutex_lock(&o->lock);
     memcpy(o->etags[idx], etag, sizeof etag);
     o->lens[idx] = r->len;
+    o->single = o->single || single;
     pthread_mutex_unlock(&o->lock);
     return (int64_t)r->len;
 }
@@ -218,8 +232,10 @@ int ckptio__obj_finish(int fd, uint64_t len, ckptio__msg *msg)
     pthread_mutex_unlock(&o->lock);
     if (rc < 0) return rc;
     if (n == 0) { /* an upload needs at least one part: an empty object is a plain PUT */
-        ckptio__obj_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
+        if (o->upload_id) ckptio__obj_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
         rc = ckptio__obj_put(o->c, o->bucket, o->key, "", 0, NULL, NULL, msg);
+    } else if (o->single) { /* written whole (n is 1: the lengths were checked) */
+        rc = 0;
     } else {
         rc = ckptio__obj_mpu_complete(o->c, o->bucket, o->key, o->upload_id, o->etags,
                                      (unsigned)n, msg);
@@ -235,6 +251,8 @@ static void obj_close(void *obj, bool forked)
     obj_t *o = obj;
     if (o->write && !o->finished && o->upload_id && !forked)
         ckptio__obj_mpu_abort(o->c, o->bucket, o->key, o->upload_id, NULL);
+    if (o->write && !o->finished && o->single && !forked)
+        ckptio__obj_delete(o->c, o->bucket, o->key, NULL);
     obj_free(o);
 }
 

@@ -173,11 +173,12 @@ static inline int ckptio__obj_mpu_abort(ckptio__objc *c, const char *bucket, con
  * the psync backend hands them to this file instead of pread/pwrite, so the sink and the read
  * ring drive parallel part uploads and ranged GETs through the same code as files.
  *
- * Writing: the object is a multipart upload created at open. A write request is one part:
- * its offset must be a multiple of part_size and its length part_size, except the last part,
- * which may be shorter (the sink in object mode sends exactly that). Parts upload in
- * parallel, each retried on its own. finish completes the upload (the object appears);
- * ckptio__fd_close without finish aborts it. Objects larger than part_size * max_parts are
+ * Writing: a write request is one part: its offset must be a multiple of part_size and its
+ * length part_size, except the last part, which may be shorter (the sink in object mode sends
+ * exactly that). An object shorter than one part is written whole by its one request (a plain
+ * PUT); else the first part makes a multipart upload, and parts upload in parallel, each
+ * retried on its own. finish completes the upload (the object appears); ckptio__fd_close
+ * without finish aborts it (and deletes an object written whole). Objects larger than part_size * max_parts are
  * refused (-EFBIG), so callers roll over to a new object before that.
  *
  * Reading: a read request is one ranged GET (short at the object's end, like pread). */
