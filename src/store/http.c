@@ -337,14 +337,15 @@ static int call_fail(ckptio__http *s, ckptio__http_call *c, ckptio__msg *msg, in
                             "%s: give the CA that signed it (%s), or fix the endpoint",
                             where, s->endpoint, cerr[0] ? cerr : curl_easy_strerror(cc),
                             p->ca_from);
+    char stalled[96] = "";
+    if (cc == CURLE_OPERATION_TIMEDOUT)
+        snprintf(stalled, sizeof stalled, " (no answer, or no byte moving for %s_STALL seconds)",
+                 p->env);
     if (cc != CURLE_OK)
         return ckptio__fail(msg, rc,
                             "%s failed: cannot reach %s: %s%s: check %s and that the store is "
                             "up and reachable%s",
-                            where, s->endpoint, cerr[0] ? cerr : curl_easy_strerror(cc),
-                            cc == CURLE_OPERATION_TIMEDOUT ? " (no answer, or no byte moving for "
-                                                             "the stall limit)"
-                                                           : "",
+                            where, s->endpoint, cerr[0] ? cerr : curl_easy_strerror(cc), stalled,
                             p->endpoint_from, retried);
     if (rc == -EAGAIN) {
         rc = -ETIMEDOUT;

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pytest setup for the Python layer: 8 virtual CPU devices for JAX, set before jax is imported."""
+"""pytest setup for the Python layer: 8 virtual CPU devices for JAX, set before jax is imported;
+no request to instance metadata off this machine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No cloud client looks for instance metadata at 169.254.169.254 (off this machine): a test
+# that wants a metadata server starts its own and names it, unsetting these.
+os.environ.setdefault("NO_GCE_CHECK", "true")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 import pathlib  # noqa: E402
 

@@ -37,6 +37,8 @@ UTC = dt.timezone.utc
 # The form of "Expiration" and "LastUpdated" in AWS credential answers.
 AWS_TIME = "%Y-%m-%dT%H:%M:%SZ"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+# The audience Google documents for a service account's JWT, whatever the token endpoint is.
+GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 IMDS_TOKEN_TTL_MAX = 21600
 ACCOUNT = "123456789012"
 
@@ -629,7 +631,8 @@ class OAuthToken(_GoogleTokens, _Server):
     ``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer&assertion=<JWT>``. The JWT must be
     RS256 with a valid signature for ``public_key_pem`` (a public or private key PEM; None: set
     it later with ``set_key``, as a key file needs ``token_url`` first; until then every
-    assertion is refused), ``aud`` == ``token_url``, ``iss`` and
+    assertion is refused), ``aud`` Google's token endpoint (what Google documents and
+    google-auth sends: GOOGLE_TOKEN_AUDIENCE) or ``token_url`` (a key file's token_uri), ``iss`` and
     ``scope`` present, ``iat``/``exp`` numbers with 0 < exp - iat <= 3600, iat not in the future
     and exp not past (60 s skew allowed). Answers {"access_token": "ya29...", "expires_in",
     "token_type": "Bearer"}, or 400 {"error": "invalid_grant" (or "unsupported_grant_type",
@@ -715,8 +718,8 @@ class OAuthToken(_GoogleTokens, _Server):
             key.verify(sig, (parts[0] + "." + parts[1]).encode(), padding.PKCS1v15(), hashes.SHA256())
         except InvalidSignature:
             return "Invalid JWT Signature.", {}
-        if claims.get("aud") != self.token_url:
-            return f"Invalid JWT: aud must be {self.token_url}", {}
+        if claims.get("aud") not in (self.token_url, GOOGLE_TOKEN_AUDIENCE):
+            return f"Invalid JWT: aud must be {GOOGLE_TOKEN_AUDIENCE} or {self.token_url}", {}
         if not claims.get("iss"):
             return "Invalid JWT: no iss", {}
         if not claims.get("scope"):

@@ -266,7 +266,7 @@ def test_oauth_token(tmp_path: Any) -> None:
         now = time.time()
         bad = {
             "Invalid JWT Signature.": make_jwt(other, claims),
-            "aud": make_jwt(pem, {**claims, "aud": "https://oauth2.googleapis.com/token"}),
+            "aud": make_jwt(pem, {**claims, "aud": "https://sts.googleapis.com/v1/token"}),
             "short-lived": make_jwt(pem, sa_claims(info["client_email"], ep.token_url, lifetime_s=3601)),
             "timeframe": make_jwt(pem, sa_claims(info["client_email"], ep.token_url, now=now - 7200)),
             "scope": make_jwt(pem, {k: v for k, v in claims.items() if k != "scope"}),
