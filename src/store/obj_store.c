@@ -384,6 +384,21 @@ static int obj_failed(ckptio__txn *t, int rc, ckptio__msg *msg)
     return replaced ? raced(t, msg) : rc;
 }
 
+/* The conditional write of the manifest was refused: whether the manifest there is this save's
+ * own, byte for byte (it names this save's data component, which no other save shares). So it
+ * is when a try committed and its answer was lost (a reset, a stall): the retry then finds the
+ * object it made. Taking that for a racing writer's would report a committed save as lost, and
+ * its abort would delete the data the committed manifest names. */
+static bool ours(obj_txn *o, const char *mk, const uint8_t *man, uint64_t len)
+{
+    uint8_t *buf = NULL;
+    uint64_t n = 0;
+    bool same = ckptio__obj_get_all(o->c, o->bucket, mk, MANIFEST_MAX, &buf, &n, NULL, NULL) == 0 &&
+                n == len && !memcmp(buf, man, len);
+    free(buf);
+    return same;
+}
+
 static int obj_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio__msg *msg)
 {
     obj_txn *o = t->impl;
@@ -393,6 +408,7 @@ static int obj_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio_
     char *mk = manifest_key(o);
     if (!mk) return ckptio__fail(msg, -ENOMEM, "out of memory");
     int rc = ckptio__obj_put(o->c, o->bucket, mk, man, len, o->etag[0] ? o->etag : "*", NULL, msg);
+    if (rc == CKPTIO_E_EXISTS && ours(o, mk, man, len)) rc = 0;
     free(mk);
     if (rc == CKPTIO_E_EXISTS) return raced(t, msg);
     CKPTIO__TRY(rc);

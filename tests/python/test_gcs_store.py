@@ -79,6 +79,23 @@ def test_round_trip_open_async_overwrite(gcsserver: GCSServer, gcsprefix: str, g
     assert not [n for n in after if ".part-" in n], after
 
 
+def test_manifest_answer_lost(gcsserver: GCSServer, gcsprefix: str, gcsenv: dict[str, str]) -> None:
+    """The manifest's conditional write commits but its answer is cut off (a reset halfway
+    through the body): the retry is refused (the object now exists), and the save must still
+    count as committed, its data kept, rather than be reported as overtaken and its data
+    deleted under the committed manifest."""
+    url = f"gs://{gcsserver.bucket}/{gcsprefix}/lost"
+    t = tree(6, big=MiB)
+    with FaultProxy(gcsserver.endpoint) as proxy:
+        proxy.add(Rule("reset_body", "POST", "uploadType=multipart", count=1))
+        so = {"endpoint_url": proxy.endpoint}
+        ckptio.save(t, url, storage_options=so)
+        assert proxy.rules[0].fired == 1
+        assert same(ckptio.load(url, storage_options=so), t)
+    names = objects(gcsserver, f"{gcsprefix}/lost")
+    assert "manifest" in names and len(saves(names)) == 1, names
+
+
 def test_missing_and_corrupt(gcsserver: GCSServer, gcsprefix: str, gcsenv: dict[str, str]) -> None:
     """A prefix without a manifest is no checkpoint; a data object that went missing is named."""
     url = f"gs://{gcsserver.bucket}/{gcsprefix}/m"
