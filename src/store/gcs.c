@@ -542,8 +542,9 @@ static void delete_all(ckptio__objc *c, const char *bucket, const ckptio__names 
 }
 
 /* Compose the parts into the object: levels of at most CKPTIO__GCS_COMPOSE_MAX sources each,
- * then the parts and the levels' objects are deleted (best effort: what stays is under the
- * save's prefix, for its abort or a later save's sweep). */
+ * then the parts and the levels' objects are deleted (best effort: a part that stays lies
+ * under the save's own prefix, which its abort, a later save's sweep or the checkpoint's
+ * removal deletes whole). */
 static int gcs_mpu_complete(ckptio__objc *oc, const char *bucket, const char *key,
                             const char *upload_id, char (*tags)[128], unsigned n,
                             ckptio__msg *msg)
