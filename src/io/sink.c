@@ -262,11 +262,33 @@ static bool can_place(const ckptio__sink *s, const uint8_t *src, uint64_t n)
            (uintptr_t)src % s->mem_align == 0;
 }
 
+/* Parts (an object): the bytes up to the next part boundary complete the open window through
+ * staging, then every whole part goes straight from src (one copy less a byte: the upload reads
+ * the source), and the tail through staging again. The hook hashes the source in `block`
+ * pieces first, as the pieces it is told of must start on block boundaries of src and the
+ * parts need not. 1 when it is not worth it: less than a whole part past the boundary. */
+static int put_parts(ckptio__sink *s, const uint8_t *src, uint64_t n, uint64_t block,
+                     ckptio__sink_hook hook, void *ctx)
+{
+    uint64_t part = s->request, head = (part - s->cursor % part) % part, i;
+    if (n < head + part) return 1;
+    for (i = 0; hook && i < n; i += block) hook(ctx, src + i, CKPTIO__MIN(block, n - i), i);
+    if (head) CKPTIO__TRY(ckptio__sink_write(s, src, head)); /* fills the window: sent */
+    assert(!s->win && s->cursor % part == 0);
+    for (i = head; n - i >= part; i += part) {
+        CKPTIO__TRY(submit(s, (void *)(uintptr_t)(src + i), s->cursor, part, NULL));
+        s->cursor += part;
+    }
+    return i < n ? ckptio__sink_write(s, src + i, n - i) : 0;
+}
+
 int ckptio__sink_put(ckptio__sink *s, const void *src_, uint64_t n, uint64_t block,
                      ckptio__sink_hook hook, void *ctx)
 {
     const uint8_t *src = src_;
     CKPTIO__TRY(s->err);
+    int placed = s->parts ? put_parts(s, src, n, block, hook, ctx) : 1;
+    if (placed <= 0) return placed;
     if (!can_place(s, src, n)) {
         uint64_t step = hook ? block : n;
         for (uint64_t i = 0; i < n; i += step) {

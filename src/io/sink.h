@@ -46,9 +46,10 @@ typedef struct ckptio__sink {
 CKPTIO__HIDDEN int ckptio__sink_init(ckptio__sink *s, int fd, int direct, int backend,
                                      unsigned depth, unsigned threads, uint64_t staging,
                                      uint64_t request, const char *label, ckptio__msg *msg);
-/* The file takes whole parts (a store's object, io/vfd.h): every write is one part, so nothing is written
- * in place, windows are sent only when full (the last one at finish, unpadded), gaps are
- * written as zeros, and finish cuts nothing. Call right after init or switch. */
+/* The file takes whole parts (a store's object, io/vfd.h): every write is one part, so only
+ * whole parts are written in place, windows are sent only when full (the last one at finish,
+ * unpadded), gaps are written as zeros, and finish cuts nothing. Call right after init or
+ * switch. */
 CKPTIO__HIDDEN void ckptio__sink_parts(ckptio__sink *s);
 /* Waits for in-flight writes and releases engine and pool (not the fd). Accepts a zeroed or
  * failed-init sink. */
@@ -63,7 +64,9 @@ typedef void (*ckptio__sink_hook)(void *ctx, const uint8_t *piece, uint64_t n, u
 /* Write n bytes at the cursor, choosing the way once: a source aligned to the memory alignment,
  * of at least CKPTIO__SINK_IN_PLACE_MIN bytes, put at an aligned cursor, is written in place in
  * `request`-byte pieces (no copy; only its unaligned tail goes through staging) and must stay
- * valid and unchanged until ckptio__sink_drain() returns; any other source is copied through
+ * valid and unchanged until ckptio__sink_drain() returns; so is every whole part of a source
+ * that spans one (parts: its bytes before the first part boundary and after the last go
+ * through staging); any other source is copied through
  * staging in `block`-byte pieces (the caller may reuse it at once). `hook`, if not NULL, sees
  * every piece in order, a staged one while it is still in cache. `block` must divide the
  * request size. */
