@@ -1605,9 +1605,12 @@ CKPTIO_API const char *ckptio_store_name(const char *path);
  *                     path or virtual
  *   sts_endpoint_url  where role credentials (web identity, role_arn) are asked for
  *   credentials_file, token, project
- *                     Google Cloud's: a credentials file (else GOOGLE_APPLICATION_CREDENTIALS),
- *                     a static OAuth2 access token, the project. Reserved for the gs:// store to
- *                     come: no store reads them yet.
+ *                     the gs:// store's (doc/gcs.md): a credentials file (else
+ *                     GOOGLE_APPLICATION_CREDENTIALS), a static OAuth2 access token, the project
+ *   prefix_spread     "0" (default, else CKPTIO_PREFIX_SPREAD), "1" or "2": a save puts its data
+ *                     objects under 16 or 256 prefixes of the checkpoint's parent,
+ *                     <parent>/.ckptio-<hex>/<name>/..., for the request rate of many ranks
+ *                     (doc/s3.md, "At scale"); loads need no setting
  * A setting not given is taken from the environment when the store is first used with these
  * settings, as the AWS SDKs would (AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_PROFILE, AWS_CA_BUNDLE,
  * the credential chain); clients (connections, credentials) are kept per distinct setting and

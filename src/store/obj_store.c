@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The object stores (S3, GCS): their catalog, and their saves (data under a name unique to each
  * save, the manifest last), over any object client (objc.h). */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -62,39 +63,12 @@ int ckptio__obj_parse(const ckptio__objc_ops *ops, const char *url, char **bucke
     return 0;
 }
 
-/* A checkpoint at <scheme>bucket/key ("s3://b/k", "gs://b/k") is the object key/manifest plus data objects under
- * key/d-<save>/, <save> unique to each save. Nothing is renamed: the manifest's conditional
+/* A checkpoint at <scheme>bucket/key ("s3://b/k", "gs://b/k") is the object key/manifest plus data
+ * objects under key/d-<save>/, <save> unique to each save (or spread: below). Nothing is renamed: the manifest's conditional
  * PUT is the commit (If-None-Match: * for a new checkpoint, If-Match on the ETag of the one it
  * replaces), so a checkpoint is visible whole or not at all, and of two racing saves exactly
  * one wins. After it, the winner deletes the replaced checkpoint's data and what interrupted
  * saves left behind; never the objects of a save that may still be running (see sweep). */
-
-typedef struct obj_txn {
-    ckptio__objc *c;
-    char *bucket, *key;
-    char save[48];       /* "d-<id>": this save's data component */
-    char etag[128];      /* the replaced manifest's ETag, "" when none */
-    int64_t t0;          /* the server's clock when the save began (0: unknown) */
-    char **old;          /* data components the replaced manifest names */
-    size_t n_old;
-    char **named;        /* a sweep's: components the manifest it keeps names */
-    size_t n_named;
-    char drop[16];       /* a joined rank's file prefix whose objects abort deletes, or "" */
-} obj_txn;
-
-/* Largest manifest read back from a store (the format's own limits are far below). */
-#define MANIFEST_MAX CKPTIO__MAX_MANIFEST_BYTES
-
-/* "d-<seconds in hex>-<random>": unique among saves, sortable by the client's clock. */
-static void make_save_id(char *out, size_t cap)
-{
-    uint64_t r = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&r, sizeof r, 1, f) != 1)
-        r = (uint64_t)getpid() << 32 ^ (uint64_t)ckptio__tmp_id() ^ (uint64_t)clock();
-    if (f) fclose(f);
-    snprintf(out, cap, "d-%llx-%016llx", (unsigned long long)time(NULL), (unsigned long long)r);
-}
 
 /* The first path component of `name` (a manifest file name, "d-.../r00000-000000.ckd"). */
 static bool component(const char *name, char *out, size_t cap)
@@ -107,16 +81,101 @@ static bool component(const char *name, char *out, size_t cap)
     return true;
 }
 
+/* Prefix spreading. A store partitions its key space by prefix and serves so many requests per
+ * second per partition (S3: 3,500 PUT and 5,500 GET), splitting busy ones over time. The objects
+ * of successive checkpoints run/step-100/, run/step-200/, ... each land past the last, in the
+ * one partition at the end of the range, however often earlier saves made it split. A save
+ * with the setting prefix_spread = n (1 or 2) therefore puts each data object of the checkpoint
+ * at key P/B not under P/B/ but under P/.ckptio-<h>/B/, h being n hex digits of the hash of the
+ * object's file name: 16 or 256 ranges that every later save of P reuses, each its own
+ * partition once split. Its data component says so ("d-<clock>-<random>-x<n>"), and the
+ * manifest names the component, so readers find the objects with no setting. The save's
+ * marker P/B/<component>/spread, written when it begins, is how sweeps find what a killed
+ * spread save left under the spread prefixes. */
+#define SPREAD_DIR ".ckptio-"
+
+/* n of a spread data component "d-...-x<n>" (the random part before it is hex: no plain
+ * component ends so), else 0. */
+static unsigned spread_of(const char *comp)
+{
+    size_t l = strlen(comp);
+    if (l < 6 || strncmp(comp, "d-", 2) || comp[l - 3] != '-' || comp[l - 2] != 'x') return 0;
+    return comp[l - 1] == '1' ? 1 : comp[l - 1] == '2' ? 2 : 0;
+}
+
+/* "P/.ckptio-<h>/B/<rest>" for the checkpoint at key k = P/B (P may be empty), malloc'd. */
+static char *spread_key(const char *k, unsigned n, unsigned h, const char *rest)
+{
+    const char *slash = strrchr(k, '/');
+    int pl = slash ? (int)(slash - k + 1) : 0;
+    char *out;
+    return asprintf(&out, "%.*s" SPREAD_DIR "%0*x/%s/%s", pl, k, (int)n, h, k + pl, rest) < 0
+               ? NULL
+               : out;
+}
+
+/* The key of data name `name` ("<component>/<file>", or any other name under the checkpoint)
+ * of the checkpoint at key k (malloc'd). */
+static char *data_key(const char *k, const char *name)
+{
+    char c[64];
+    unsigned n = component(name, c, sizeof c) ? spread_of(c) : 0;
+    if (n) {
+        const char *file = strchr(name, '/') + 1;
+        unsigned h = (unsigned)(ckptio__hash(file, strlen(file)) & ((1u << 4 * n) - 1));
+        return spread_key(k, n, h, name);
+    }
+    char *out;
+    return asprintf(&out, "%s/%s", k, name) < 0 ? NULL : out;
+}
+
+typedef struct obj_txn {
+    ckptio__objc *c;
+    char *bucket, *key;
+    char save[48];       /* "d-<id>": this save's data component */
+    char etag[128];      /* the replaced manifest's ETag, "" when none */
+    int64_t t0;          /* the server's clock when the save began (0: unknown) */
+    char **old;          /* data components the replaced manifest names */
+    size_t n_old;
+    ckptio__names old_spread; /* the keys of its data objects in spread components */
+    char **named;        /* a sweep's: components the manifest it keeps names */
+    size_t n_named;
+    char drop[16];       /* a joined rank's file prefix whose objects abort deletes, or "" */
+} obj_txn;
+
+/* Largest manifest read back from a store (the format's own limits are far below). */
+#define MANIFEST_MAX CKPTIO__MAX_MANIFEST_BYTES
+
+/* "d-<seconds in hex>-<random>": unique among saves, sortable by the client's clock; with
+ * "-x<spread>" for a spread save. */
+static void make_save_id(char *out, size_t cap, unsigned spread)
+{
+    uint64_t r = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&r, sizeof r, 1, f) != 1)
+        r = (uint64_t)getpid() << 32 ^ (uint64_t)ckptio__tmp_id() ^ (uint64_t)clock();
+    if (f) fclose(f);
+    int n = snprintf(out, cap, "d-%llx-%016llx", (unsigned long long)time(NULL),
+                     (unsigned long long)r);
+    if (spread && n > 0 && (size_t)n < cap) snprintf(out + n, cap - (size_t)n, "-x%u", spread);
+}
+
 /* Add to (*v, *n) the data components the manifest in buf names (an undecodable one names
- * none: the sweep's rules then apply). */
-static void note_components(const uint8_t *buf, uint64_t len, char ***v, size_t *n)
+ * none: the sweep's rules then apply), and to *spread (when given) the keys of its data objects
+ * in spread components, the manifest being the one of the checkpoint at key k. */
+static void note_components(const char *k, const uint8_t *buf, uint64_t len, char ***v,
+                            size_t *n, ckptio__names *spread)
 {
     ckptio__manifest *m = NULL;
     char err[256];
     if (ckptio__manifest_decode(buf, len, &m, err, sizeof err) < 0) return;
     for (uint64_t i = 0; i < m->n_files; i++) {
+        const char *name = m->strtab + m->files[i].name;
         char c[64];
-        if (!component(m->strtab + m->files[i].name, c, sizeof c)) continue;
+        if (!component(name, c, sizeof c)) continue;
+        char *dk = spread && spread_of(c) ? data_key(k, name) : NULL;
+        if (dk) ckptio__names_add(spread, dk, strlen(dk)); /* best effort, as the rest */
+        free(dk);
         bool seen = false;
         for (size_t k = 0; k < *n && !seen; k++) seen = !strcmp((*v)[k], c);
         if (seen) continue;
@@ -169,6 +228,19 @@ static int obj_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, 
                             url);
     CKPTIO__TRY(obj_init(t, url, so, msg));
     obj_txn *o = t->impl;
+    const char *sv = ckptio__opt(so, "prefix_spread"), *from = "store setting prefix_spread";
+    if (!sv) sv = getenv(from = "CKPTIO_PREFIX_SPREAD");
+    int spread = ckptio__spread_digits(sv);
+    if (spread < 0)
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "%s is '%s': use 0 (off), 1 (16 prefixes) or 2 (256 prefixes)", from,
+                            sv);
+    const char *base = strrchr(o->key, '/');
+    if (!strncmp(base ? base + 1 : o->key, SPREAD_DIR, strlen(SPREAD_DIR)))
+        return ckptio__fail(msg, CKPTIO_E_USAGE,
+                            "'%s': names starting with '" SPREAD_DIR "' hold the data of saves "
+                            "with prefix_spread; save under another name",
+                            t->path);
     char *mk = manifest_key(o);
     if (!mk) return ckptio__fail(msg, -ENOMEM, "out of memory");
     ckptio__obj_resp r = {0};
@@ -181,7 +253,7 @@ static int obj_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, 
         rc = ckptio__obj_get_all(o->c, o->bucket, mk, MANIFEST_MAX, &buf, &len, &r, msg);
         if (rc == 0) {
             snprintf(o->etag, sizeof o->etag, "%s", r.etag);
-            note_components(buf, len, &o->old, &o->n_old);
+            note_components(o->key, buf, len, &o->old, &o->n_old, &o->old_spread);
         }
         free(buf);
     }
@@ -198,13 +270,21 @@ static int obj_begin(ckptio__txn *t, const char *url, int kind, unsigned flags, 
                                 t->path);
     }
     CKPTIO__TRY(rc);
-    make_save_id(o->save, sizeof o->save);
+    make_save_id(o->save, sizeof o->save, (unsigned)spread);
     if (asprintf(&t->tmp_path, "%s/%s", t->path, o->save) < 0) {
         t->tmp_path = NULL;
         return ckptio__fail(msg, -ENOMEM, "out of memory");
     }
     t->owner = true;
     set_dir(t);
+    if (spread) { /* the marker goes first: from here on, what the save leaves can be found */
+        char *marker;
+        if (asprintf(&marker, "%s/%s/spread", o->key, o->save) < 0)
+            return ckptio__fail(msg, -ENOMEM, "out of memory");
+        rc = ckptio__obj_put(o->c, o->bucket, marker, (const uint8_t *)"", 0, NULL, NULL, msg);
+        free(marker);
+        CKPTIO__TRY(rc);
+    }
     return 0;
 }
 
@@ -242,7 +322,7 @@ static int obj_open_data(ckptio__txn *t, const char *name, uint64_t part, int wa
     char *k;
     *fd = -1;
     *direct = 0;
-    if (asprintf(&k, "%s/%s", o->key, name) < 0) return ckptio__fail(msg, -ENOMEM, "out of memory");
+    if (!(k = data_key(o->key, name))) return ckptio__fail(msg, -ENOMEM, "out of memory");
     int rc = ckptio__obj_open_write(o->c, o->bucket, k, part, fd, msg);
     free(k);
     return rc;
@@ -282,6 +362,9 @@ typedef struct sweep_ctx {
     bool own; /* everything listed goes: the listing is this save's own component */
     size_t prefix_len;
     ckptio__names doomed; /* keys, or "key\nupload id" for unfinished uploads */
+    ckptio__names spread; /* doomed spread components, whose objects lie elsewhere */
+    const char *match;    /* spread uploads: "/B/<component>/<sub>" past P/.ckptio-<h> */
+    unsigned digits;      /* spread uploads: the h's */
 } sweep_ctx;
 
 static bool is_in(char *const *v, size_t n, const char *c)
@@ -312,23 +395,88 @@ static int push(sweep_ctx *s, const char *key, const char *extra)
     return rc;
 }
 
+/* Whether the object or upload `key` of a sweep goes: every one in an own sweep, else the
+ * data of a doomed component (noting a spread one, whose data lies elsewhere). */
+static int judge(sweep_ctx *s, const char *key, int64_t when)
+{
+    char c[64];
+    if (s->own) return 1;
+    if (!component(key + s->prefix_len, c, sizeof c) || !doomed(s->o, c, when)) return 0;
+    if (spread_of(c) && !is_in(s->o->old, s->o->n_old, c) && !is_in(s->spread.v, s->spread.n, c))
+        CKPTIO__TRY(ckptio__names_add(&s->spread, c, strlen(c)));
+    return 1;
+}
+
 static int on_object(void *ctx, const char *key, uint64_t size, int64_t mtime)
 {
     (void)size;
-    sweep_ctx *s = ctx;
-    char c[64];
-    if (s->own || (component(key + s->prefix_len, c, sizeof c) && doomed(s->o, c, mtime)))
-        return push(s, key, NULL);
-    return 0;
+    int rc = judge(ctx, key, mtime);
+    return rc > 0 ? push(ctx, key, NULL) : rc;
 }
 
 static int on_upload(void *ctx, const char *key, const char *upload_id, int64_t initiated)
 {
+    int rc = judge(ctx, key, initiated);
+    return rc > 0 ? push(ctx, key, upload_id) : rc;
+}
+
+/* Delete the keys and abort the uploads ("key\nupload id") of `doomed`; best effort. */
+static size_t drain(obj_txn *o, ckptio__names *doomed)
+{
+    ckptio__msg m = {0};
+    for (size_t i = 0; i < doomed->n; i++) {
+        char *nl = strchr(doomed->v[i], '\n');
+        if (nl) {
+            *nl = 0;
+            ckptio__obj_mpu_abort(o->c, o->bucket, doomed->v[i], nl + 1, &m);
+        } else {
+            ckptio__obj_delete(o->c, o->bucket, doomed->v[i], &m);
+        }
+    }
+    size_t n = doomed->n;
+    ckptio__names_free(doomed);
+    return n;
+}
+
+/* A spread upload of the swept component: P/.ckptio-<h><match>... */
+static int on_spread_upload(void *ctx, const char *key, const char *upload_id, int64_t initiated)
+{
+    (void)initiated;
     sweep_ctx *s = ctx;
-    char c[64];
-    if (s->own || (component(key + s->prefix_len, c, sizeof c) && doomed(s->o, c, initiated)))
-        return push(s, key, upload_id);
-    return 0;
+    const char *rest = key + s->prefix_len;
+    for (unsigned i = 0; i < s->digits; i++, rest++)
+        if (!isxdigit((unsigned char)*rest)) return 0;
+    return strncmp(rest, s->match, strlen(s->match)) ? 0 : push(s, key, upload_id);
+}
+
+/* Everything of spread component `comp` of o's checkpoint whose file name starts with `sub`,
+ * under each of its prefixes (16 or 256 listings: only a killed or failed save's data is
+ * found so, a committed one's come from its manifest). */
+static size_t spread_sweep(obj_txn *o, const char *comp, const char *sub)
+{
+    ckptio__msg m = {0};
+    unsigned n = spread_of(comp);
+    const char *slash = strrchr(o->key, '/'), *base = slash ? slash + 1 : o->key;
+    char *rest = NULL, *all = NULL, *match = NULL;
+    sweep_ctx s = {.o = o, .own = true};
+    if (asprintf(&rest, "%s/%s", comp, sub) < 0) return 0;
+    for (unsigned h = 0; h < 1u << 4 * n; h++) {
+        char *prefix = spread_key(o->key, n, h, rest);
+        if (prefix) ckptio__obj_list(o->c, o->bucket, prefix, on_object, &s, &m);
+        free(prefix);
+    }
+    /* The uploads in one listing of P/.ckptio-, picked by what follows <h>. */
+    if (asprintf(&all, "%.*s" SPREAD_DIR, (int)(base - o->key), o->key) >= 0 &&
+        asprintf(&match, "/%s/%s", base, rest) >= 0) {
+        s.prefix_len = strlen(all);
+        s.match = match;
+        s.digits = n;
+        ckptio__obj_list_uploads(o->c, o->bucket, all, on_spread_upload, &s, &m);
+    }
+    free(rest);
+    free(all);
+    free(match);
+    return drain(o, &s.doomed);
 }
 
 /* Delete the objects and abort the uploads that `doomed` allows under key/, or (own) every
@@ -344,19 +492,12 @@ static size_t sweep(obj_txn *o, bool own, const char *sub)
     sweep_ctx s = {.o = o, .own = own, .prefix_len = strlen(o->key) + 1};
     ckptio__obj_list(o->c, o->bucket, prefix, on_object, &s, &m);
     ckptio__obj_list_uploads(o->c, o->bucket, prefix, on_upload, &s, &m);
-    for (size_t i = 0; i < s.doomed.n; i++) {
-        char *nl = strchr(s.doomed.v[i], '\n');
-        if (nl) {
-            *nl = 0;
-            ckptio__obj_mpu_abort(o->c, o->bucket, s.doomed.v[i], nl + 1, &m);
-        } else {
-            ckptio__obj_delete(o->c, o->bucket, s.doomed.v[i], &m);
-        }
-    }
-    size_t doomed = s.doomed.n;
-    ckptio__names_free(&s.doomed);
     free(prefix);
-    return doomed;
+    size_t done = drain(o, &s.doomed);
+    if (own && spread_of(o->save)) done += spread_sweep(o, o->save, sub);
+    for (size_t i = 0; i < s.spread.n; i++) done += spread_sweep(o, s.spread.v[i], "");
+    ckptio__names_free(&s.spread);
+    return done;
 }
 
 /* ---- publish, abort ---- */
@@ -413,7 +554,8 @@ static int obj_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio_
     if (rc == CKPTIO_E_EXISTS) return raced(t, msg);
     CKPTIO__TRY(rc);
     t->published = true;
-    sweep(o, false, ""); /* the replaced checkpoint's data, and what dead saves left */
+    drain(o, &o->old_spread); /* the replaced checkpoint's spread data, by its manifest */
+    sweep(o, false, "");      /* the rest of its data, and what dead saves left */
     return 0;
 }
 
@@ -442,6 +584,7 @@ static void free_components(obj_txn *o)
     for (size_t k = 0; k < o->n_named; k++) free(o->named[k]);
     free(o->old);
     free(o->named);
+    ckptio__names_free(&o->old_spread);
 }
 
 static void obj_fini(ckptio__txn *t)
@@ -541,37 +684,48 @@ static int on_rm_upload(void *ctx, const char *key, const char *upload_id, int64
 
 /* The manifest goes first: from that moment the checkpoint is gone as a whole, and what
  * remains are objects no manifest names (which the next save of the path sweeps if this
- * removal stops halfway). */
+ * removal stops halfway). The data of a spread save goes by the manifest's names; that of a
+ * killed spread save the removal finds by its marker. */
 static int obj_remove(const char *url, const ckptio_store_opts *so, ckptio__msg *msg)
 {
     obj_at a;
     ckptio__names doomed = {0};
     char *mk = NULL;
+    uint8_t *buf = NULL;
+    uint64_t len = 0;
     int rc = at_open(&a, url, so, "", msg);
     if (rc == 0 && asprintf(&mk, "%s/manifest", a.key) < 0) {
         mk = NULL;
         rc = -ENOMEM;
     }
     if (rc == 0) {
-        ckptio__obj_resp r = {0};
-        rc = ckptio__obj_head(a.c, a.bucket, mk, &r, msg);
+        rc = ckptio__obj_get_all(a.c, a.bucket, mk, MANIFEST_MAX, &buf, &len, NULL, msg);
         if (rc == CKPTIO_E_NOT_FOUND)
             rc = ckptio__fail(msg, CKPTIO_E_NOT_CHECKPOINT,
                               "'%s' is not a checkpoint: there is no object '%s'", url, mk);
     }
+    obj_txn o = {.c = a.c, .bucket = a.bucket, .key = a.key};
+    if (rc == 0) note_components(a.key, buf, len, &o.old, &o.n_old, &o.old_spread);
     if (rc == 0) rc = ckptio__obj_delete(a.c, a.bucket, mk, msg);
+    if (rc == 0) drain(&o, &o.old_spread);
     if (rc == 0) rc = ckptio__obj_list(a.c, a.bucket, a.sub, on_rm_key, &doomed, msg);
     if (rc == 0) rc = ckptio__obj_list_uploads(a.c, a.bucket, a.sub, on_rm_upload, &doomed, msg);
     for (size_t i = 0; rc == 0 && i < doomed.n; i++) {
-        char *nl = strchr(doomed.v[i], '\n');
+        char *nl = strchr(doomed.v[i], '\n'), c[64];
         if (nl) {
             *nl = 0;
             rc = ckptio__obj_mpu_abort(a.c, a.bucket, doomed.v[i], nl + 1, msg);
-        } else {
-            rc = ckptio__obj_delete(a.c, a.bucket, doomed.v[i], msg);
+            continue;
         }
+        const char *name = doomed.v[i] + strlen(a.sub);
+        if (component(name, c, sizeof c) && spread_of(c) && !is_in(o.old, o.n_old, c) &&
+            !strcmp(strchr(name, '/'), "/spread"))
+            spread_sweep(&o, c, "");
+        rc = ckptio__obj_delete(a.c, a.bucket, doomed.v[i], msg);
     }
+    free_components(&o);
     ckptio__names_free(&doomed);
+    free(buf);
     free(mk);
     at_close(&a);
     return rc;
@@ -602,7 +756,7 @@ static int obj_sweep(const char *url, const ckptio_store_opts *so, ckptio__msg *
         if (rc == CKPTIO_E_NOT_FOUND) rc = 0; /* removed since it was listed */
         else if (rc == 0 && r.mtime) {
             o = (obj_txn){.c = a.c, .bucket = a.bucket, .key = a.key, .t0 = r.mtime};
-            note_components(buf, len, &o.named, &o.n_named);
+            note_components(a.key, buf, len, &o.named, &o.n_named, NULL);
             if (o.n_named) removed += sweep(&o, false, ""); /* undecodable: nothing is sure */
             free_components(&o);
         }
@@ -659,12 +813,13 @@ static void obj_place_close(ckptio__place *p)
     p->impl = NULL;
 }
 
-/* The key of name under the place (malloc'd). */
+/* The key of name under the place (malloc'd): a checkpoint's data where its component puts
+ * them (data_key). */
 static char *key_in(const obj_place *o, const char *name)
 {
     char *k;
-    if (asprintf(&k, "%s%s%s", o->prefix, *o->prefix ? "/" : "", name) < 0) return NULL;
-    return k;
+    if (*o->prefix) return data_key(o->prefix, name);
+    return asprintf(&k, "%s", name) < 0 ? NULL : k;
 }
 
 static int obj_read_all(ckptio__place *p, const char *name, uint64_t max, uint8_t **buf,

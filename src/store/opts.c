@@ -17,6 +17,7 @@ static const char *const known[] = {
     "ca_bundle",        /* s3, gs: a PEM file of the CAs to trust (else the system's) */
     "credentials_file", /* gs: a Google credentials file (else GOOGLE_APPLICATION_CREDENTIALS) */
     "endpoint_url",     /* s3, gs: http[s]://host[:port] of an S3- or GCS-compatible store */
+    "prefix_spread",    /* s3, gs: a save's data under 16 (1) or 256 (2) prefixes (obj_store.c) */
     "profile",          /* s3: the profile of the shared config files (env credentials skipped) */
     "project",          /* gs: the Google Cloud project (else GOOGLE_CLOUD_PROJECT) */
     "region",           /* s3: the bucket's region */
@@ -58,6 +59,11 @@ static int check(const char *key, const char *value)
         strcmp(value, "virtual"))
         return ckptio__fail(NULL, CKPTIO_E_USAGE,
                             "store setting addressing_style is '%s': use auto, path or virtual",
+                            value);
+    if (!strcmp(key, "prefix_spread") && ckptio__spread_digits(value) < 0)
+        return ckptio__fail(NULL, CKPTIO_E_USAGE,
+                            "store setting prefix_spread is '%s': use 0 (off), 1 (16 prefixes) "
+                            "or 2 (256 prefixes)",
                             value);
     for (const char *p = value; *p; p++)
         if ((unsigned char)*p < 0x20)
@@ -114,6 +120,11 @@ int ckptio_store_opts_set(ckptio_store_opts *o, const char *key, const char *val
     o->values[i] = v;
     o->n++;
     return 0;
+}
+
+int ckptio__spread_digits(const char *v)
+{
+    return !v || !*v || !strcmp(v, "0") ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "2") ? 2 : -1;
 }
 
 const char *ckptio__opt(const ckptio_store_opts *o, const char *key)

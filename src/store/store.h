@@ -194,6 +194,9 @@ CKPTIO__HIDDEN void ckptio__place_close(ckptio__place *p);
 /* The value of setting `key` in o (NULL when o is NULL or has none): the store then reads the
  * environment, at the moment it needs the setting. */
 CKPTIO__HIDDEN const char *ckptio__opt(const ckptio_store_opts *o, const char *key);
+/* The hex digits of prefix spreading a prefix_spread value asks for: 0 (NULL, "" or "0"), 1
+ * or 2; -1 for any other value. */
+CKPTIO__HIDDEN int ckptio__spread_digits(const char *v);
 /* The settings in key order: the i-th into *key, *value; CKPTIO_E_NOT_FOUND past the end. */
 CKPTIO__HIDDEN size_t ckptio__opts_count(const ckptio_store_opts *o);
 CKPTIO__HIDDEN int ckptio__opts_at(const ckptio_store_opts *o, size_t i, const char **key,
