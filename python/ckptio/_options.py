@@ -44,7 +44,7 @@ def store(storage_options: Mapping[str, Any] | None) -> Any:
     """The library's settings object (ckptio._core.StoreOptions) for ``storage_options``, an
     object store's settings as fsspec and boto3 take them per call: endpoint_url, region,
     profile, access_key_id, secret_access_key, session_token, ca_bundle, addressing_style,
-    sts_endpoint_url (doc/s3.md). None or {}: None (the environment's settings, read by the
+    sts_endpoint_url, prefix_spread (doc/s3.md). None or {}: None (the environment's settings, read by the
     library when it needs them). One object per distinct mapping, kept for the process, so the
     library's clients (connections, credentials) are shared by every call with those settings.
     The library checks the names and values; a wrong one raises at once."""
@@ -54,8 +54,10 @@ def store(storage_options: Mapping[str, Any] | None) -> Any:
         raise error(USAGE, f"storage_options must be a mapping, got {storage_options!r}", InvalidType)
     items = []
     for k, v in storage_options.items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)  # prefix_spread=2
         if not isinstance(k, str) or not (v is None or isinstance(v, (str, os.PathLike))):
-            raise error(USAGE, f"storage_options: {k!r}: names and values must be str", InvalidType)
+            raise error(USAGE, f"storage_options: {k!r}: names must be str, values str or int", InvalidType)
         items.append((k, None if v is None else os.fsdecode(v)))
     key = tuple(sorted(items))
     made = _stores.get(key)

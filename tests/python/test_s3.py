@@ -332,20 +332,32 @@ dist.destroy_process_group()
 """
 
 
-def test_four_gloo_ranks(s3server: S3Server, key: str) -> None:
+@pytest.mark.parametrize("spread", ["0", "1"])
+def test_four_gloo_ranks(s3server: S3Server, key: str, spread: str) -> None:
     """Four torch.distributed (gloo) ranks save a Shard(0) DTensor and a replicated one: each
-    rank uploads its own data objects, rank 0 commits; one plain process loads it whole."""
+    rank uploads its own data objects, rank 0 commits; one plain process loads it whole. With
+    CKPTIO_PREFIX_SPREAD=1 the ranks' objects lie under the parent's .ckptio-<h>/ prefixes,
+    found by the load with no setting."""
     from s3servers import free_ports
 
     pytest.importorskip("torch")
     url = s3server.url(key)
     port = free_ports(1)[0]
     ranks: list[tuple[list[str], dict[str, str]]] = [([], {**s3server.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-                   "WORLD_SIZE": "4", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}) for r in range(4)]  # fmt: skip
+                   "WORLD_SIZE": "4", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+                   "CKPTIO_PREFIX_SPREAD": spread}) for r in range(4)]  # fmt: skip
     for r in py_all(ranks, RANK_SAVE.replace("URL", repr(url))):
         ok(r)
-    keys = list_keys(s3server.client(), s3server.bucket, key + "/")
-    assert len(data_keys(keys, key)) >= 4, keys
+    c = s3server.client()
+    keys = list_keys(c, s3server.bucket, key + "/")
+    parent, name = key.rsplit("/", 1)
+    spread_keys = [k for k in list_keys(c, s3server.bucket, parent + "/.ckptio-") if k.split("/")[-3] == name]
+    if spread == "0":
+        assert len(data_keys(keys, key)) >= 4 and not spread_keys, keys
+    else:
+        assert len(data_keys(keys, key)) == 1 and data_keys(keys, key)[0].endswith("-x1/spread"), keys
+        assert len(spread_keys) >= 4 and len({k.split("/")[-4] for k in spread_keys}) >= 2, spread_keys
+        assert open_uploads(c, s3server.bucket, parent + "/.ckptio-") == []
     assert_clean(s3server, key)
     check = f"""
 def run():
