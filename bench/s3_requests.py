@@ -290,20 +290,28 @@ def profile(keys: list[str], start: int) -> list[list[float]]:
 def analyze(log: list[Seen], bucket: str, ckpt: str, n: int, nbytes: int) -> dict[str, Any]:
     """The figures of one phase (one save, or every rank's load) from the proxy's log."""
     manifest, base = ckpt + "/manifest", ckpt + "/"
+    parent, name = ckpt.rsplit("/", 1)
+    spread = re.compile(re.escape(parent) + r"/\.ckptio-[0-9a-f]+/" + re.escape(name) + "/")
     reqs = []  # (request, kind, key, first path component under the checkpoint's key)
+    ranges = []  # the key range each request is in: the first path component past the parent
     for s in log:
         k = key_of(s, bucket)
         # "manifest", the save's data component "d-<id>", or "(listing)": a LIST of the
-        # checkpoint's own prefix.
-        comp = (k[len(base) :].split("/", 1)[0] or "(listing)") if k.startswith(base) else "(elsewhere)"
+        # checkpoint's own prefix; a spread data object's (doc/s3.md) its data component too.
+        m = spread.match(k)
+        rest = k[m.end() :] if m else k[len(base) :] if k.startswith(base) else None
+        comp = "(elsewhere)" if rest is None else rest.split("/", 1)[0] or "(listing)"
         reqs.append((s, kind_of(s), k, comp))
+        ranges.append(k[len(parent) + 1 :].split("/", 1)[0] if k.startswith(parent + "/") else "(elsewhere)")
+    rng, rng_n = busiest(ranges)
     total = len(reqs)
     by_kind = Counter(kd for _s, kd, _k, _c in reqs)
     keys = [k for _s, _kd, k, _c in reqs]
     comp, comp_n = busiest([c for _s, _kd, _k, c in reqs])
     key, key_n = busiest(keys)
     in_comp = [s for s, _kd, _k, c in reqs if c == comp]
-    per_object = Counter(k for _s, _kd, k, c in reqs if c.startswith("d-"))  # r<rank>-<file>.ckd: a rank's own
+    # r<rank>-<file>.ckd: a rank's own (not a spread save's marker, d-<save>/spread)
+    per_object = Counter(k for _s, _kd, k, c in reqs if c.startswith("d-") and not k.endswith("/spread"))
     on_manifest = [(s, kd) for s, kd, k, _c in reqs if k == manifest]
     gb = nbytes / 1e9
     return {
@@ -328,6 +336,9 @@ def analyze(log: list[Seen], bucket: str, ckpt: str, n: int, nbytes: int) -> dic
         "busiest_component_put_class": sum(s.method in PUT_CLASS for s in in_comp),
         "busiest_component_get_class": sum(s.method not in PUT_CLASS for s in in_comp),
         "busiest_key": key, "busiest_key_share": round(key_n / total, 4) if total else 0.0, "busiest_key_requests": key_n,
+        # The checkpoint's own prefix "<name>", or a spread prefix ".ckptio-<h>" of its parent:
+        # the key ranges a store could partition the requests over.
+        "ranges": len(set(ranges)), "busiest_range": rng, "busiest_range_share": round(rng_n / total, 4) if total else 0.0,
         "by_component": dict(Counter("d-<save>" if c.startswith("d-") else c for _s, _kd, _k, c in reqs)),
         # [K, the busiest share of prefixes K characters past "<checkpoint key>/"], where it changes.
         "prefix_profile": profile(keys, len(base)),
@@ -378,15 +389,15 @@ def one_world(a: argparse.Namespace, n: int, r: int, srv: Any, proxy: FaultProxy
         out["load"] = analyze(list(proxy.log), srv.bucket, ckpt, n, nbytes)
     if errors:
         out["errors"] = errors
-    remove(srv, ckpt + "/")
+    remove(srv, ckpt.rsplit("/", 1)[0] + "/")  # the checkpoint and its spread prefixes
     return out
 
 
 # The figures the tables show and the growth from the fewest ranks to the most compares.
 SAVE_FIGS = ("requests", "requests_per_gb", "requests_per_rank", "put_class", "data_objects", "lists", "heads",
-             "manifest_puts", "manifest_bytes_up", "busiest_component_share")  # fmt: skip
+             "manifest_puts", "manifest_bytes_up", "busiest_component_share", "busiest_range_share")  # fmt: skip
 LOAD_FIGS = ("requests", "requests_per_gb", "requests_per_rank", "manifest_gets", "manifest_heads", "heads", "lists",
-             "manifest_bytes_down", "busiest_component_share", "busiest_key_share")  # fmt: skip
+             "manifest_bytes_down", "busiest_component_share", "busiest_key_share", "busiest_range_share")  # fmt: skip
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -439,6 +450,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                   "region": S3.REGION}  # fmt: skip
             if a.store == "gcs":  # the emulator takes any token
                 so = {"endpoint_url": proxy.endpoint, "token": "bench"}
+            so["prefix_spread"] = str(a.spread)
             # Untimed: a fresh server grows its first volumes on the first writes.
             warm = one_world(a, ns[0], -1, srv, proxy, so)
             if "errors" in warm:
@@ -481,7 +493,7 @@ def table(doc: dict[str, Any]) -> str:
     lines = [f"\n{a.get('store', 's3').upper()} request pattern ({a['layout']} layout, {human(a['state_bytes'])} state over N ranks, {a['tensors']} tensors; "
              f"counts of one save and of every rank's load; times medians of {a['runs']}):",
              f"  {'save':5s} {'ranks':>5s} {'requests':>8s} {'/GB':>8s} {'/rank':>6s} {'PUT-cl':>7s} {'objects':>7s} {'LIST':>5s} "
-             f"{'HEAD':>5s} {'manif.':>6s} {'manif. KiB':>10s} {'busiest':>8s} {'wall s':>7s}"]  # fmt: skip
+             f"{'HEAD':>5s} {'manif.':>6s} {'manif. KiB':>10s} {'busiest':>8s} {'range':>6s} {'wall s':>7s}"]  # fmt: skip
     for n, r in rows.items():
         if "save" not in r:
             lines.append(f"  {'':5s} {n:>5s} error: {r['errors'][0][:120]}")
@@ -489,9 +501,10 @@ def table(doc: dict[str, Any]) -> str:
         s = r["save"]
         lines.append(f"  {'':5s} {n:>5s} {s['requests']:8d} {s['requests_per_gb']:8.0f} {s['requests_per_rank']:6.2f} "
                      f"{s['put_class']:7d} {s['data_objects']:7d} {s['lists']:5d} {s['heads']:5d} {s['manifest_puts']:6d} "
-                     f"{s['manifest_bytes_up'] / 1024:10.1f} {s['busiest_component_share']:8.1%} {r['save_s']:7.2f}")  # fmt: skip
+                     f"{s['manifest_bytes_up'] / 1024:10.1f} {s['busiest_component_share']:8.1%} {s['busiest_range_share']:6.1%} "
+                     f"{r['save_s']:7.2f}")  # fmt: skip
     lines.append(f"  {'load':5s} {'ranks':>5s} {'requests':>8s} {'/GB':>8s} {'/rank':>6s} {'man.GET':>7s} {'man.HEAD':>8s} "
-                 f"{'HEAD':>5s} {'LIST':>5s} {'manifest MiB read':>17s} {'busiest':>8s} {'1 key':>6s} {'wall s':>7s}")  # fmt: skip
+                 f"{'HEAD':>5s} {'LIST':>5s} {'manifest MiB read':>17s} {'busiest':>8s} {'1 key':>6s} {'range':>6s} {'wall s':>7s}")  # fmt: skip
     for n, r in rows.items():
         if "load" not in r:
             continue
@@ -499,7 +512,7 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"  {'':5s} {n:>5s} {s['requests']:8d} {s['requests_per_gb']:8.0f} {s['requests_per_rank']:6.2f} "
                      f"{s['manifest_gets']:7d} {s['manifest_heads']:8d} {s['heads']:5d} {s['lists']:5d} "
                      f"{s['manifest_bytes_down'] / 2**20:17.2f} {s['busiest_component_share']:8.1%} {s['busiest_key_share']:6.1%} "
-                     f"{r['load_s']:7.2f}")  # fmt: skip
+                     f"{s['busiest_range_share']:6.1%} {r['load_s']:7.2f}")  # fmt: skip
     g = doc["growth"]
     if g:
         shown = ("save requests_per_rank", "save lists", "save manifest_bytes_up", "load requests_per_rank",
@@ -507,7 +520,8 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"  from {g['ranks'][0]} to {g['ranks'][1]} ranks (x{g['ranks_x']:g}): "
                      + ", ".join(f"{k} x{g[k]:g}" for k in shown if g.get(k) is not None))  # fmt: skip
     lines.append("  busiest: the share of requests under the busiest first path component past the checkpoint's key "
-                 "(its data component d-<save>/, or manifest); 1 key: the busiest single key's share")
+                 "(its data component d-<save>/, or manifest); 1 key: the busiest single key's share; range: the busiest "
+                 "key range's share (the checkpoint's prefix, or one of its parent's .ckptio-<h>/ with --spread)")
     return "\n".join(lines)
 
 
@@ -524,6 +538,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--launch-timeout", type=float, default=1200, help="seconds one save or load of all ranks may take")
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench-data"), help="where the server keeps its data (removed afterwards if made)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="JSON directory ('': none)")
+    ap.add_argument("--spread", type=int, choices=(0, 1, 2), default=0, help="the store setting prefix_spread of every save (doc/s3.md)")
     ap.add_argument("--quiet", action="store_true")
     return ap
 
@@ -534,7 +549,7 @@ def main() -> None:
     doc = run(a)
     print(table(doc))
     if a.out:
-        prefix = f"{a.store}requests-" + ("" if a.layout == "shard" else f"{a.layout}-")
+        prefix = f"{a.store}requests-" + ("" if a.layout == "shard" else f"{a.layout}-") + (f"spread{a.spread}-" if a.spread else "")
         print(f"results: {write_results(doc, a.out, prefix)}")
 
 

@@ -17,18 +17,18 @@ import gcsservers as GCS  # noqa: E402
 import s3servers as S3  # noqa: E402
 
 
-@pytest.mark.parametrize(("store", "layout"), [("s3", "shard"), ("s3", "ranklocal"), ("gcs", "shard")])
-def test_s3_requests_cell(tmp_path: object, store: str, layout: str) -> None:
+@pytest.mark.parametrize(("store", "layout", "spread"), [("s3", "shard", 0), ("s3", "ranklocal", 0), ("gcs", "shard", 0), ("s3", "shard", 2)])
+def test_s3_requests_cell(tmp_path: object, store: str, layout: str, spread: int) -> None:
     why = GCS.missing() if store == "gcs" else S3.missing("seaweedfs")
     if why:
         pytest.skip(f"no {store} server: {why}")
     out = os.path.join(str(tmp_path), "results")
     cmd = [sys.executable, os.path.join(HERE, "s3_requests.py"), "--store", store, "--ranks", "2,4", "--state-bytes", "1M", "--runs", "1",
            "--layout", layout, "--dir", os.path.join(str(tmp_path), "data"), "--out", out, "--quiet",
-           "--timeout", "60", "--launch-timeout", "120"]  # fmt: skip
+           "--timeout", "60", "--launch-timeout", "120", "--spread", str(spread)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    name = f"{store}requests-latest.json" if layout == "shard" else f"{store}requests-{layout}-latest.json"
+    name = f"{store}requests-" + ("" if layout == "shard" else f"{layout}-") + (f"spread{spread}-" if spread else "") + "latest.json"
     with open(os.path.join(out, name)) as f:
         doc = json.load(f)
     assert set(doc["by_ranks"]) == {"2", "4"} and doc["objects_left"] == 0
@@ -40,7 +40,8 @@ def test_s3_requests_cell(tmp_path: object, store: str, layout: str) -> None:
         # data object, smaller than a part: one request, no multipart upload; rank 0 lists what
         # to sweep afterwards (S3 its objects and its unfinished uploads, GCS its objects).
         assert sv["manifest_puts"] == 1 and sv["manifest_heads"] == 1 and sv["manifest_gets"] == 0, sv
-        assert sv["data_objects"] == ranks and sv["by_kind"]["PUT object"] == ranks + 1, sv["by_kind"]
+        # (spread: and the save's marker, beside the manifest)
+        assert sv["data_objects"] == ranks and sv["by_kind"]["PUT object"] == ranks + 1 + (spread > 0), sv["by_kind"]
         assert not {"POST create", "PUT part", "POST complete"} & set(sv["by_kind"]), sv["by_kind"]
         assert sv["lists"] == (1 if store == "gcs" else 2) and sv["heads"] == 1
         assert sv["not_2xx"] == {"HEAD 404": 1} and sv["retried"] == 0
@@ -59,6 +60,10 @@ def test_s3_requests_cell(tmp_path: object, store: str, layout: str) -> None:
             assert phase["requests_per_rank"] == pytest.approx(phase["requests"] / ranks, abs=1e-3)
             assert phase["requests_per_gb"] == pytest.approx(phase["requests"] / (row["bytes"] / 1e9), rel=1e-3)
             assert 0 < phase["busiest_component_share"] <= 1 and phase["common_prefix_share"] == 1.0
-            assert phase["common_prefix"].endswith("/ckpt/") and phase["prefix_profile"][0] == [0, 1.0]
+            if not spread:  # every request in the checkpoint's own prefix
+                assert phase["common_prefix"].endswith("/ckpt/") and phase["prefix_profile"][0] == [0, 1.0]
+                assert phase["ranges"] == 1 and phase["busiest_range"] == "ckpt" and phase["busiest_range_share"] == 1.0
+            else:  # the data objects' requests in the parent's .ckptio-<hh>/ prefixes
+                assert phase["ranges"] >= 2 and phase["busiest_range_share"] < 1.0, phase
     assert doc["growth"]["load manifest_gets"] == 1.0
     assert f"{store.upper()} request pattern" in r.stdout
