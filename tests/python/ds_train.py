@@ -166,6 +166,12 @@ def main() -> None:
     results = [run(job, rank) for job in jobs]
     with open(f"{sys.argv[2]}.{rank}.json", "w") as f:
         json.dump(results, f)
+    # Leave together, the process group torn down: a rank that exits while gloo's threads still
+    # serve the other's last collective can die in std::terminate at interpreter exit (seen
+    # once in a full run on a loaded machine: "terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
