@@ -420,22 +420,26 @@ static int on_upload(void *ctx, const char *key, const char *upload_id, int64_t 
     return rc > 0 ? push(ctx, key, upload_id) : rc;
 }
 
-/* Delete the keys and abort the uploads ("key\nupload id") of `doomed`; best effort. */
-static size_t drain(obj_txn *o, ckptio__names *doomed)
+/* Delete the keys and abort the uploads ("key\nupload id") of `doomed`, best effort: how many
+ * went (*failed, when given, adds those that did not). */
+static size_t drain(obj_txn *o, ckptio__names *doomed, size_t *failed)
 {
     ckptio__msg m = {0};
+    size_t gone = 0;
     for (size_t i = 0; i < doomed->n; i++) {
         char *nl = strchr(doomed->v[i], '\n');
+        int rc;
         if (nl) {
             *nl = 0;
-            ckptio__obj_mpu_abort(o->c, o->bucket, doomed->v[i], nl + 1, &m);
+            rc = ckptio__obj_mpu_abort(o->c, o->bucket, doomed->v[i], nl + 1, &m);
         } else {
-            ckptio__obj_delete(o->c, o->bucket, doomed->v[i], &m);
+            rc = ckptio__obj_delete(o->c, o->bucket, doomed->v[i], &m);
         }
+        gone += rc == 0 || rc == CKPTIO_E_NOT_FOUND;
     }
-    size_t n = doomed->n;
+    if (failed) *failed += doomed->n - gone;
     ckptio__names_free(doomed);
-    return n;
+    return gone;
 }
 
 /* A spread upload of the swept component: P/.ckptio-<h><match>... */
@@ -449,55 +453,82 @@ static int on_spread_upload(void *ctx, const char *key, const char *upload_id, i
     return strncmp(rest, s->match, strlen(s->match)) ? 0 : push(s, key, upload_id);
 }
 
+/* Keep the marker of o's component c out of `doomed`: what it marks could not all be removed,
+ * and the marker is how a later sweep finds the rest. */
+static void spare(const obj_txn *o, ckptio__names *doomed, const char *c)
+{
+    char *marker;
+    if (asprintf(&marker, "%s/%s/spread", o->key, c) < 0) return;
+    for (size_t i = 0; i < doomed->n; i++)
+        if (!strcmp(doomed->v[i], marker)) {
+            free(doomed->v[i]);
+            doomed->v[i] = doomed->v[--doomed->n];
+            break;
+        }
+    free(marker);
+}
+
 /* Everything of spread component `comp` of o's checkpoint whose file name starts with `sub`,
  * under each of its prefixes (16 or 256 listings: only a killed or failed save's data is
- * found so, a committed one's come from its manifest). */
-static size_t spread_sweep(obj_txn *o, const char *comp, const char *sub)
+ * found so, a committed one's come from its manifest); how many went into *done. False when
+ * a listing or a removal failed. */
+static bool spread_sweep(obj_txn *o, const char *comp, const char *sub, size_t *done)
 {
     ckptio__msg m = {0};
     unsigned n = spread_of(comp);
     const char *slash = strrchr(o->key, '/'), *base = slash ? slash + 1 : o->key;
     char *rest = NULL, *all = NULL, *match = NULL;
     sweep_ctx s = {.o = o, .own = true};
-    if (asprintf(&rest, "%s/%s", comp, sub) < 0) return 0;
-    for (unsigned h = 0; h < 1u << 4 * n; h++) {
+    bool ok = asprintf(&rest, "%s/%s", comp, sub) >= 0;
+    for (unsigned h = 0; ok && h < 1u << 4 * n; h++) {
         char *prefix = spread_key(o->key, n, h, rest);
-        if (prefix) ckptio__obj_list(o->c, o->bucket, prefix, on_object, &s, &m);
+        ok = prefix && ckptio__obj_list(o->c, o->bucket, prefix, on_object, &s, &m) == 0;
         free(prefix);
     }
     /* The uploads in one listing of P/.ckptio-, picked by what follows <h>. */
-    if (asprintf(&all, "%.*s" SPREAD_DIR, (int)(base - o->key), o->key) >= 0 &&
+    if (ok && asprintf(&all, "%.*s" SPREAD_DIR, (int)(base - o->key), o->key) >= 0 &&
         asprintf(&match, "/%s/%s", base, rest) >= 0) {
         s.prefix_len = strlen(all);
         s.match = match;
         s.digits = n;
-        ckptio__obj_list_uploads(o->c, o->bucket, all, on_spread_upload, &s, &m);
+        ok = ckptio__obj_list_uploads(o->c, o->bucket, all, on_spread_upload, &s, &m) == 0;
+    } else {
+        ok = false;
     }
     free(rest);
     free(all);
     free(match);
-    return drain(o, &s.doomed);
+    size_t failed = 0;
+    *done += drain(o, &s.doomed, &failed);
+    return ok && !failed;
 }
 
 /* Delete the objects and abort the uploads that `doomed` allows under key/, or (own) every
- * one of this save's whose name starts with `sub` ("": all). Best effort: a failure leaves
- * objects no manifest names, for the next save to find. */
+ * one of this save's whose name starts with `sub` ("": all). Not own, first the replaced
+ * checkpoint's spread data (old_spread). Best effort: a failure leaves objects no manifest
+ * names, for the next save to find; a spread component's data goes before its marker, which
+ * stays while any of it does. */
 static size_t sweep(obj_txn *o, bool own, const char *sub)
 {
     ckptio__msg m = {0};
     char *prefix;
+    size_t done = 0, failed = 0;
+    if (!own) done += drain(o, &o->old_spread, &failed);
     int n = own ? asprintf(&prefix, "%s/%s/%s", o->key, o->save, sub)
                 : asprintf(&prefix, "%s/", o->key);
-    if (n < 0) return 0;
+    if (n < 0) return done;
     sweep_ctx s = {.o = o, .own = own, .prefix_len = strlen(o->key) + 1};
     ckptio__obj_list(o->c, o->bucket, prefix, on_object, &s, &m);
     ckptio__obj_list_uploads(o->c, o->bucket, prefix, on_upload, &s, &m);
     free(prefix);
-    size_t done = drain(o, &s.doomed);
-    if (own && spread_of(o->save)) done += spread_sweep(o, o->save, sub);
-    for (size_t i = 0; i < s.spread.n; i++) done += spread_sweep(o, s.spread.v[i], "");
+    for (size_t i = 0; failed && i < o->n_old; i++)
+        if (spread_of(o->old[i])) spare(o, &s.doomed, o->old[i]);
+    if (own && spread_of(o->save) && !spread_sweep(o, o->save, sub, &done))
+        spare(o, &s.doomed, o->save);
+    for (size_t i = 0; i < s.spread.n; i++)
+        if (!spread_sweep(o, s.spread.v[i], "", &done)) spare(o, &s.doomed, s.spread.v[i]);
     ckptio__names_free(&s.spread);
-    return done;
+    return done + drain(o, &s.doomed, NULL);
 }
 
 /* ---- publish, abort ---- */
@@ -554,8 +585,7 @@ static int obj_publish(ckptio__txn *t, const uint8_t *man, uint64_t len, ckptio_
     if (rc == CKPTIO_E_EXISTS) return raced(t, msg);
     CKPTIO__TRY(rc);
     t->published = true;
-    drain(o, &o->old_spread); /* the replaced checkpoint's spread data, by its manifest */
-    sweep(o, false, "");      /* the rest of its data, and what dead saves left */
+    sweep(o, false, ""); /* the replaced checkpoint's data, and what dead saves left */
     return 0;
 }
 
@@ -707,7 +737,11 @@ static int obj_remove(const char *url, const ckptio_store_opts *so, ckptio__msg 
     obj_txn o = {.c = a.c, .bucket = a.bucket, .key = a.key};
     if (rc == 0) note_components(a.key, buf, len, &o.old, &o.n_old, &o.old_spread);
     if (rc == 0) rc = ckptio__obj_delete(a.c, a.bucket, mk, msg);
-    if (rc == 0) drain(&o, &o.old_spread);
+    for (size_t i = 0; rc == 0 && i < o.old_spread.n; i++) { /* a spread checkpoint's data */
+        rc = ckptio__obj_delete(a.c, a.bucket, o.old_spread.v[i], msg);
+        if (rc == CKPTIO_E_NOT_FOUND) rc = 0;
+    }
+    size_t done = 0;
     if (rc == 0) rc = ckptio__obj_list(a.c, a.bucket, a.sub, on_rm_key, &doomed, msg);
     if (rc == 0) rc = ckptio__obj_list_uploads(a.c, a.bucket, a.sub, on_rm_upload, &doomed, msg);
     for (size_t i = 0; rc == 0 && i < doomed.n; i++) {
@@ -718,9 +752,11 @@ static int obj_remove(const char *url, const ckptio_store_opts *so, ckptio__msg 
             continue;
         }
         const char *name = doomed.v[i] + strlen(a.sub);
+        /* A killed spread save's marker goes once its data has (else the next save of the path
+         * finds the rest by it); the checkpoint's own data went above. */
         if (component(name, c, sizeof c) && spread_of(c) && !is_in(o.old, o.n_old, c) &&
-            !strcmp(strchr(name, '/'), "/spread"))
-            spread_sweep(&o, c, "");
+            !strcmp(strchr(name, '/'), "/spread") && !spread_sweep(&o, c, "", &done))
+            continue;
         rc = ckptio__obj_delete(a.c, a.bucket, doomed.v[i], msg);
     }
     free_components(&o);

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faultproxy import FaultProxy, Rule
 from gcsservers import GCSServer, download, list_names, upload
 from s3servers import S3Server, list_keys, open_uploads, unique_prefix
 
@@ -190,3 +191,34 @@ def test_refusals(store: tuple[Bucket, str], monkeypatch: pytest.MonkeyPatch) ->
     assert not spread_of(b.names(prefix)) and same(ckptio.load(url), tree(1, MiB))
     with pytest.raises(ckptio.CheckpointError, match="names starting with '.ckptio-' hold the data"):
         ckptio.save(tree(1, MiB), b.url(f"{prefix}/.ckptio-0a"))
+
+
+def test_data_that_would_not_go_keeps_its_marker(store: tuple[Bucket, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deletions of spread objects refused (503 until a 2 s deadline, through a proxy): an
+    overwrite still commits and keeps the replaced save's marker beside what it could not
+    delete, and a removal fails saying so; a later save of the path, the store answering
+    again, removes all of it."""
+    b, prefix = store
+    kind = "S3" if b.s3 else "GCS"
+    monkeypatch.setenv(f"CKPTIO_{kind}_TIMEOUT", "2")
+    url = b.url(f"{prefix}/a")
+    with FaultProxy(b.srv.endpoint) as proxy:
+        so = {"endpoint_url": proxy.endpoint, "prefix_spread": "1", **({} if b.s3 else {"token": "test"})}
+        ckptio.save(tree(1, MiB), url, storage_options=so)
+        first = b.names(prefix)
+        (old,) = {c for _h, c, _f in spread_of(first)["a"]}
+        proxy.add(Rule("503", "DELETE", ".ckptio-"))
+        ckptio.save(tree(2, MiB), url, overwrite=True, storage_options=so)
+        names = b.names(prefix)
+        assert f"a/{old}/spread" in names and [n for n in first if SPREAD.match(n)][0] in names, names
+        with pytest.raises(ckptio.CheckpointError):
+            ckptio._core.remove_checkpoint(url, ckptio._options.store(so))
+        assert not ckptio._core.is_checkpoint(url)
+        left = b.names(prefix)
+        assert len({c for _h, c, _f in spread_of(left)["a"]}) == 2 and len([n for n in left if n.endswith("/spread")]) == 2, left
+        proxy.clear()
+        time.sleep(2.1)
+        ckptio.save(tree(3, MiB), url, storage_options=so)
+    names = b.names(prefix)
+    assert len({c for _h, c, _f in spread_of(names)["a"]}) == 1 and len([n for n in names if n.endswith("/spread")]) == 1, names
+    assert same(ckptio.load(url), tree(3, MiB))
