@@ -1,10 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """pytest setup for the Python layer: 8 virtual CPU devices for JAX, set before jax is imported;
-no request to instance metadata off this machine."""
+no request to instance metadata off this machine; Ctrl-C delivered as KeyboardInterrupt."""
 
 from __future__ import annotations
 
 import os
+import signal
+
+# A shell without job control starts a background command (`make test &` in a script) with
+# SIGINT ignored, and Python then raises no KeyboardInterrupt, in this process or in the ones
+# it starts (they inherit the disposition): the Ctrl-C tests need it, as a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
