@@ -49,6 +49,7 @@ static struct {
     int (*cuMemcpyHtoD)(devptr, const void *, size_t);
     int (*cuStreamCreate)(void **, unsigned);
     int (*cuStreamSynchronize)(void *);
+    int (*cuPointerGetAttribute)(void *, int, devptr);
 } D;
 
 #define SYM(f, name) *(void **)&D.f = dlsym(D.lib, name)
@@ -73,6 +74,7 @@ static int dev_open(int needs_standin)
         SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
         SYM(cuStreamCreate, "cuStreamCreate");
         SYM(cuStreamSynchronize, "cuStreamSynchronize");
+        SYM(cuPointerGetAttribute, "cuPointerGetAttribute");
         int dev;
         void *ctx;
         if (D.cuInit(0) || D.cuDeviceGet(&dev, 0) || D.cuDevicePrimaryCtxRetain(&ctx, dev) ||
@@ -247,10 +249,24 @@ static int test_gpu_staged_roundtrip(void)
  * path memcpy's nothing, and every byte reads back equal. Tensors of every kind of placement:
  * several windows with an unaligned end, one starting mid-window whose rest is not whole
  * checksum blocks, small ones packed (some would straddle a window end) and medium ones, with
- * four windows in all, so that the pipeline waits for windows to come back. */
+ * four windows in all, so that the pipeline waits for windows to come back. On a GPU, "the
+ * writes go out from registered memory" is the driver's own answer (its memory type for the
+ * first and last byte of each write is pinned host memory), the copies' destinations are not
+ * seen, and the stand-in's counts are not there. */
 static long reg_written;
 static int (*is_registered)(const void *, size_t);
 static int no_leaks(void);
+static int driver_pinned(const void *p)
+{
+    unsigned type = 0;
+    return !D.cuPointerGetAttribute(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */,
+                                    (devptr)(uintptr_t)p) &&
+           type == 1; /* CU_MEMORYTYPE_HOST */
+}
+static int driver_registered(const void *p, size_t n)
+{
+    return n && driver_pinned(p) && driver_pinned((const char *)p + n - 1);
+}
 static void count_registered(ckptio__req *r)
 {
     if (r->op != CKPTIO__OP_WRITE || r->res < 0) return;
@@ -260,12 +276,18 @@ static void count_registered(ckptio__req *r)
 
 static int test_gpu_staged_no_host_copy(void)
 {
-    int rc = dev_open(1);
+    int rc = dev_open(0);
     if (rc) return rc;
-    *(void **)&is_registered = dlsym(D.lib, "standin_is_registered");
+    if (D.real) {
+        CHECK(D.cuPointerGetAttribute != NULL);
+        is_registered = driver_registered;
+    } else {
+        *(void **)&is_registered = dlsym(D.lib, "standin_is_registered");
+    }
     CHECK(is_registered != NULL);
     ckptio_params p;
     params_small(&p);
+    p.gpu = CKPTIO_GPU_STAGED;
     p.staging_bytes = 4u << 20; /* four 1 MiB windows */
     ckptio__vfs v = ckptio__vfs_real;
     v.req_done = count_registered;
@@ -278,6 +300,7 @@ static int test_gpu_staged_no_host_copy(void)
     total += SMALL * 3000;
     uint8_t *h;
     uint8_t *d = dev_random(total, 21, &h);
+    CHECK(d != NULL && !is_registered(h, total)); /* the question can be answered "no" */
     ckptio_writer *w;
     CHECK_OK(ckptio_writer_open(&w, t_path("ck"), &p));
     size_t at = 0;
@@ -297,16 +320,19 @@ static int test_gpu_staged_no_host_copy(void)
     CHECK_OK(ckptio_writer_commit(w));
     ckptio_writer_close(w);
     ckptio__vfs_set(NULL);
-    standin_stats st;
-    D.stats(&st);
-    printf("device-to-host: %ld B into registered windows, %ld B elsewhere; %ld B written from "
-           "registered memory; copies ahead at most %ld\n",
-           st.dtoh_registered, st.dtoh_allocated, reg_written, st.max_ahead);
-    CHECK(st.dtoh_registered == (long)total && st.dtoh_allocated == 0);
-    CHECK(st.pinned_peak == 0 && st.registered_peak == 4 << 20);
+    printf("%ld B of %zu written from registered memory\n", reg_written, total);
     CHECK(reg_written >= (long)total);
-    CHECK(st.max_ahead >= 2 && st.max_ahead <= 4);
-    CHECK(no_leaks());
+    if (!D.real) {
+        standin_stats st;
+        D.stats(&st);
+        printf("device-to-host: %ld B into registered windows, %ld B elsewhere; copies ahead at "
+               "most %ld\n",
+               st.dtoh_registered, st.dtoh_allocated, st.max_ahead);
+        CHECK(st.dtoh_registered == (long)total && st.dtoh_allocated == 0);
+        CHECK(st.pinned_peak == 0 && st.registered_peak == 4 << 20);
+        CHECK(st.max_ahead >= 2 && st.max_ahead <= 4);
+        CHECK(no_leaks());
+    }
     ckptio_reader *r;
     CHECK_OK(ckptio_reader_open(&r, t_path("ck"), &p));
     CHECK_OK(ckptio_reader_verify(r, NULL));
