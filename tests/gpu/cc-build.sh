@@ -10,32 +10,79 @@ src="$1" B="$2" PY="$3"
 CC="${CC:-cc}"
 jobs="$(nproc 2>/dev/null || echo 4)"
 mkdir -p "$B/obj" "$B/bin" "$B/gen" "$B/pkg/ckptio"
+rm -f "$B/gen/xxhash.h" "$B/gen/tests.h"
 cflags=(-std=c11 -O2 -g -fPIC -pthread -D_GNU_SOURCE -DCKPTIO_BUILDING -fvisibility=hidden
         -Wall -Wextra -I"$src/include" -I"$B/gen" -I"$src")
 libs=(-pthread -ldl)
 
+# ---- dependencies: the system's, else what tests/gpu/fetch-deps.sh carried, else without ----
+# DEPS (default SRC/.gpu-deps) holds Debian's headers of libcurl, OpenSSL, zstd, xxHash and
+# liburing (searched after the system's: -idirafter), liburing.a, and the runtime libraries
+# libcrypto.so.3 and libzstd.so.1 (used only where the system has none; then BUILD/lib holds
+# them and every binary finds them there by its rpath). A library is linked as -lNAME where
+# the system has its development link, else by the path of its runtime file (the system's, as
+# ldconfig knows it, or the carried one). CKPTIO_CC_WITHOUT="curl uring" builds as if
+# the system and DEPS had none of those (to test those builds anywhere).
+deps="${CKPTIO_CC_DEPS:-$src/.gpu-deps}"
+for d in "$deps/include" "$deps/include/x86_64-linux-gnu"; do
+    [ -d "$d" ] && cflags+=(-idirafter "$d")
+done
+without() { case " ${CKPTIO_CC_WITHOUT:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 have_header() { printf '#include <%s>\nint main(void){return 0;}\n' "$1" |
-    "$CC" -x c - -o /dev/null "${@:2}" >/dev/null 2>&1; }
-
-uring=0
-if have_header liburing.h -luring; then uring=1; libs+=(-luring); fi
+    "$CC" "${cflags[@]}" -x c - -o /dev/null >/dev/null 2>&1; }
+links() { printf 'int main(void){return 0;}\n' | "$CC" -x c - -x none -o /dev/null "$@" >/dev/null 2>&1; }
+# lib_for NAME SONAME: what links library NAME (-lNAME, a runtime file's path, the carried
+# static archive); nothing where there is none.
+lib_for() {
+    local name="$1" soname="$2" p
+    if links "-l$name"; then echo "-l$name"; return; fi
+    p="$(ldconfig -p 2>/dev/null | awk -v s="$soname" '$1 == s {print $NF; exit}')"
+    if [ -n "$p" ] && links "$p"; then echo "$p"; return; fi
+    if [ -f "$deps/lib/$soname" ]; then
+        mkdir -p "$B/lib"
+        cp -L "$deps/lib/$soname" "$B/lib/$soname"
+        echo "$B/lib/$soname"
+        return
+    fi
+    [ -f "$deps/lib/lib$name.a" ] && links "$deps/lib/lib$name.a" && echo "$deps/lib/lib$name.a"
+}
+# use NAME SONAME HEADER: adds the library to libs and succeeds, or fails where it is missing.
+use() {
+    without "$1" && return 1
+    have_header "$3" || return 1
+    local l
+    l="$(lib_for "$1" "$2")"
+    [ -n "$l" ] || return 1
+    libs+=("$l")
+    case "$l" in "$B/lib/"*) libs+=("-Wl,-rpath,$B/lib") ;; esac
+    echo "cc-build: $1: $l"
+}
+use crypto libcrypto.so.3 openssl/evp.h ||
+    { echo "cc-build: no libcrypto (OpenSSL 3) and none in $deps: cannot build" >&2; exit 1; }
+use zstd libzstd.so.1 zstd.h ||
+    { echo "cc-build: no libzstd and none in $deps: cannot build" >&2; exit 1; }
+curl=0 uring=0
+use curl libcurl.so.4 curl/curl.h && curl=1
+use uring liburing.so.2 liburing.h && uring=1
+xxhash=header
 if [ -n "${CKPTIO_CC_SHIM_XXHASH:-}" ] || ! have_header xxhash.h; then
-    lib="$(ldconfig -p 2>/dev/null | awk '/libxxhash\.so\.0 /{print $NF; exit}')"
+    lib="$(ldconfig -p 2>/dev/null | awk '$1 == "libxxhash.so.0" {print $NF; exit}')"
     [ -n "$lib" ] || { echo "cc-build: no xxhash.h and no libxxhash.so.0: cannot build" >&2; exit 1; }
     # The one function ckptio calls, declared here; XXH_INLINE_ALL then has nothing to inline.
     printf '%s\n' '/* Declares the one xxHash function ckptio calls (libxxhash.so.0, no headers). */' \
         '#include <stddef.h>' '#include <stdint.h>' \
         'uint64_t XXH3_64bits(const void *data, size_t len);' >"$B/gen/xxhash.h"
     libs+=("$lib")
+    xxhash="$lib"
 fi
 cat >"$B/gen/ckptio_config.h" <<CFG
 #pragma once
 #define CKPTIO_BUILD_TYPE "release"
 #define CKPTIO_HAVE_IO_URING $uring
 #define CKPTIO_HAVE_MPI 0
-#define CKPTIO_HAVE_ZSTD 0
+#define CKPTIO_HAVE_ZSTD 1
 CFG
-echo "cc-build: io_uring $uring, xxhash ${lib:-header}"
+echo "cc-build: io_uring $uring, object storage (libcurl) $curl, xxhash $xxhash"
 
 # The library: every source but the MPI communicator (and io_uring's without liburing).
 srcs=()
@@ -43,6 +90,9 @@ while IFS= read -r f; do
     case "$f" in
     */ranks/comm_mpi.c | */common/hash_variant.c) continue ;;
     */io/uring.c) [ $uring = 1 ] || continue ;;
+    */store/objc_none.c) [ $curl = 0 ] || continue ;;
+    */store/http.c | */store/http_simple.c | */store/s3*.c | */store/gcs.c | */store/*_creds.c)
+        [ $curl = 1 ] || continue ;;
     esac
     srcs+=("$f")
 done < <(find "$src/src" -name '*.c' | sort)
@@ -72,11 +122,20 @@ ar rcs "$B/obj/libckptio.a" "${objs[@]}"
 "$CC" "${cflags[@]}" -I"$src/tools" "$src"/tools/*.c "$B/obj/libckptio.a" "${libs[@]}" -lm -o "$B/bin/ckptio"
 "$CC" -std=c11 -O2 -fPIC -shared -pthread -D_GNU_SOURCE "$src/tests/gpu_standin.c" \
     -o "$B/bin/libckptio-gpu-standin.so"
-tests=()
+# Without libcurl, the groups of the object stores' own tests are left out (tests/list.h's
+# other groups are the list).
+tests=() skip=" gpu_standin "
+[ $curl = 1 ] || skip+="s3 s3_ckpt gcs gcp_creds store conf_parse "
 for t in "$src"/tests/*.c; do
-    case "$t" in */gpu_standin.c) ;; *) tests+=("$t") ;; esac
+    n="$(basename "$t" .c)"
+    case "$skip" in *" ${n#test_} "*) ;; *) tests+=("$t") ;; esac
 done
-"$CC" "${cflags[@]}" -I"$src/tests" "${tests[@]}" "$B/obj/libckptio.a" "${libs[@]}" -lm \
+list=()
+if [ $curl = 0 ]; then
+    grep -v -E '^TEST_GROUP\((s3|s3ckpt|gcs|gcp|store|conf)\)$' "$src/tests/list.h" >"$B/gen/tests.h"
+    list=(-DCKPTIO_TEST_LIST="\"$B/gen/tests.h\"")
+fi
+"$CC" "${cflags[@]}" "${list[@]}" -I"$src/tests" "${tests[@]}" "$B/obj/libckptio.a" "${libs[@]}" -lm \
     -DCKPTIO_EXE="\"$B/bin/ckptio\"" -DCKPTIO_SOURCE_ROOT="\"$src\"" \
     -DCKPTIO_FUZZ_REPLAY="\"/nonexistent\"" -DCKPTIO_FUZZ_MERGE_REPLAY="\"/nonexistent\"" \
     -DCKPTIO_FUZZ_ST_REPLAY="\"/nonexistent\"" \
@@ -85,12 +144,10 @@ done
 # The Python package: its sources and the extension, built for $PY.
 inc="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 ext="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
-cp "$src"/python/ckptio/*.py "$B/pkg/ckptio/"
-[ -f "$src/python/ckptio/py.typed" ] && cp "$src/python/ckptio/py.typed" "$B/pkg/ckptio/"
+(cd "$src/python" && find ckptio \( -name '*.py' -o -name py.typed \) -exec cp --parents {} "$B/pkg/" \;)
 if [ -f "$inc/Python.h" ]; then
-    "$CC" "${cflags[@]}" -DCKPTIO_EXPERIMENTAL -I"$inc" -shared "$src"/python/ckptio/_core.c \
-        "$src"/python/ckptio/_comm.c "$B/obj/libckptio.a" "${libs[@]}" \
-        -o "$B/pkg/ckptio/_core$ext"
+    "$CC" "${cflags[@]}" -DCKPTIO_EXPERIMENTAL -I"$inc" -shared "$src"/python/ckptio/*.c \
+        "$B/obj/libckptio.a" "${libs[@]}" -o "$B/pkg/ckptio/_core$ext"
 else
     echo "cc-build: no Python.h for $PY: the Python extension is not built" >&2
 fi

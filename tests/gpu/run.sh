@@ -6,14 +6,17 @@
 # says "no GPU", writes a summary saying so and exits 0.
 #
 # Build: meson when meson, ninja and libxxhash (pkg-config) are all there; otherwise a plain
-# cc build of the same sources, which copes with a missing liburing (psync backend only) and a
-# missing xxhash.h (declares XXH3_64bits itself and links libxxhash.so.0, which apt depends
-# on). Output: $GPU_BUILD (default build-gpu/) and the summary at $GPU_SUMMARY (default
-# $OUT/gpu-summary.json when $OUT is set, else build-gpu/gpu-summary.json).
+# cc build of the same sources (tests/gpu/cc-build.sh), which takes what the machine lacks of
+# the headers and of libcrypto and libzstd from .gpu-deps/ (tests/gpu/fetch-deps.sh makes it
+# on a machine with Debian's registry; the GPU machine's call carries it), builds without
+# liburing (psync backend only) or libcurl (no object stores) where neither is there, and
+# says which it did ("build_features" in the summary). Output: $GPU_BUILD (default
+# build-gpu/) and the summary at $GPU_SUMMARY (default $OUT/gpu-summary.json when $OUT is set,
+# else build-gpu/gpu-summary.json); with $OUT set, the logs and bench.json go there too.
 # Budget: under 8 minutes on one GPU (GPU_BENCH_BYTES, default 4 GiB, sizes the bench).
 # For checking this script where there is no GPU: GPU_RUN_FORCE=1 goes on past the GPU check
-# (the real-driver tests then skip and the bench fails: the summary says so);
-# GPU_BUILD_WITH=cc skips meson.
+# (the real-driver tests then skip, and the bench fails unless GPU_BENCH_DEVICE=cpu makes it
+# a dry run on CPU tensors); GPU_BUILD_WITH=cc skips meson (tests/python/test_gpu_run.py).
 set -uo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 B="${GPU_BUILD:-$src/build-gpu}"
@@ -58,7 +61,7 @@ if [ "${GPU_BUILD_WITH:-}" != cc ] && command -v meson >/dev/null 2>&1 && comman
         ninja -C "$B/meson" >>"$log" 2>&1; then
         built=meson
         mkdir -p "$B/pkg/ckptio" "$B/bin"
-        cp "$src"/python/ckptio/*.py "$src/python/ckptio/py.typed" "$B/pkg/ckptio/" 2>/dev/null
+        (cd "$src/python" && find ckptio \( -name '*.py' -o -name py.typed \) -exec cp --parents {} "$B/pkg/" \;)
         cp "$B/meson"/python/_core*.so "$B/pkg/ckptio/" 2>>"$log"
         ln -sf "$B/meson/tests/ckptio-tests" "$B/bin/ckptio-tests"
         ln -sf "$B/meson/tests/libckptio-gpu-standin.so" "$B/bin/libckptio-gpu-standin.so"
@@ -76,7 +79,9 @@ if [ -z "$built" ]; then
     fi
     built=cc
 fi
-say "built with $built in $(($(date +%s) - t_start)) s"
+features="meson: every feature"
+[ "$built" = cc ] && features="$(sed -n 's/^cc-build: io_uring/io_uring/p' "$log" | tail -1)"
+say "built with $built ($features) in $(($(date +%s) - t_start)) s"
 
 # ---- tests ----
 # The C GPU tests against the stand-in (pipeline logic), then against the real driver.
@@ -106,17 +111,23 @@ bench_rc=$?
 rm -rf "$bench_dir"
 say "bench: exit $bench_rc"
 
-"$PY" - "$summary" "$gpu_name" "$built" "$c_standin" "$c_real" "$py_tests" "$B" "$t_start" <<'PYEOF'
+"$PY" - "$summary" "$gpu_name" "$built" "$c_standin" "$c_real" "$py_tests" "$B" "$t_start" \
+    "$features" <<'PYEOF'
 import json, sys, time
-out, gpu, built, cs, cr, pt, b, t0 = sys.argv[1:9]
+out, gpu, built, cs, cr, pt, b, t0, features = sys.argv[1:10]
 try:
     bench = json.load(open(f"{b}/bench.json"))
 except Exception as e:  # noqa: BLE001 - the summary says what failed
     bench = {"error": f"no bench results: {e}"}
-s = {"gpu": gpu, "tested": True, "build": built,
+s = {"gpu": gpu, "tested": True, "build": built, "build_features": features,
      "c_tests": {"standin": cs, "real_driver": cr}, "python_tests": pt,
      "seconds": int(time.time()) - int(t0), **bench}
 json.dump(s, open(out, "w"), indent=1)
 print(json.dumps(s, indent=1))
 PYEOF
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    for f in run.log c-standin.txt c-real.txt py-tests.txt bench.json; do
+        [ -f "$B/$f" ] && cp "$B/$f" "$OUT/"
+    done
+fi
 [ "$c_standin" = pass ] && [ "$c_real" = pass ] && [ "$py_tests" != fail ] && [ $bench_rc = 0 ]
