@@ -7,7 +7,7 @@
 # through our own declaration even where xxhash.h exists, to test that path)
 set -euo pipefail
 src="$1" B="$2" PY="$3"
-CC="${CC:-cc}"
+CC="${CC:-$(command -v cc || command -v gcc || echo cc)}"
 jobs="$(nproc 2>/dev/null || echo 4)"
 mkdir -p "$B/obj" "$B/bin" "$B/gen" "$B/pkg/ckptio"
 rm -f "$B/gen/xxhash.h" "$B/gen/tests.h"
