@@ -83,6 +83,22 @@ features="meson: every feature"
 [ "$built" = cc ] && features="$(sed -n 's/^cc-build: io_uring/io_uring/p' "$log" | tail -1)"
 say "built with $built ($features) in $(($(date +%s) - t_start)) s"
 
+# ---- cuFile ----
+# ckptio opens libcufile.so.0 by name; where the system has none, the one a Python package
+# carries (pip's CUDA: nvidia-cufile), so that the GDS phases run through cuFile whenever it
+# is on the machine at all (its driver may still refuse, in which case the summary says why).
+cufile="system"
+if [ -n "${CKPTIO_CUFILE_LIBRARY:-}" ]; then
+    cufile="$CKPTIO_CUFILE_LIBRARY"
+elif ! ldconfig -p 2>/dev/null | grep -q 'libcufile\.so\.0 '; then
+    cufile="$("$PY" -c 'import glob, site
+print(next(iter(sorted(p for d in site.getsitepackages()
+                       for p in glob.glob(d + "/nvidia/**/libcufile.so.0", recursive=True))), ""))' \
+        2>>"$log")"
+    if [ -n "$cufile" ]; then export CKPTIO_CUFILE_LIBRARY="$cufile"; else cufile="none found"; fi
+fi
+say "cuFile: $cufile"
+
 # ---- tests ----
 # The C GPU tests against the stand-in (pipeline logic), then against the real driver.
 c_standin=fail c_real=fail py_tests=skipped
@@ -112,14 +128,14 @@ rm -rf "$bench_dir"
 say "bench: exit $bench_rc"
 
 "$PY" - "$summary" "$gpu_name" "$built" "$c_standin" "$c_real" "$py_tests" "$B" "$t_start" \
-    "$features" <<'PYEOF'
+    "$features" "$cufile" <<'PYEOF'
 import json, sys, time
-out, gpu, built, cs, cr, pt, b, t0, features = sys.argv[1:10]
+out, gpu, built, cs, cr, pt, b, t0, features, cufile = sys.argv[1:11]
 try:
     bench = json.load(open(f"{b}/bench.json"))
 except Exception as e:  # noqa: BLE001 - the summary says what failed
     bench = {"error": f"no bench results: {e}"}
-s = {"gpu": gpu, "tested": True, "build": built, "build_features": features,
+s = {"gpu": gpu, "tested": True, "build": built, "build_features": features, "cufile": cufile,
      "c_tests": {"standin": cs, "real_driver": cr}, "python_tests": pt,
      "seconds": int(time.time()) - int(t0), **bench}
 json.dump(s, open(out, "w"), indent=1)

@@ -55,8 +55,14 @@ class FakeGpu:
 
 
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter with `env` over ours. A case that names its CUDA driver
+    (the stand-in, or none) names its cuFile too: the stand-in's (which fails to open unless
+    CKPTIO_STANDIN_GDS=1), never a real one that `make test-gpu` found for its own phases."""
     full = {**os.environ, **env}
     full.pop("CKPTIO_GPU", None) if "CKPTIO_GPU" not in env else None
+    if "CKPTIO_CUDA_LIBRARY" in env and "CKPTIO_CUFILE_LIBRARY" not in env:
+        full["CKPTIO_CUFILE_LIBRARY"] = env["CKPTIO_CUDA_LIBRARY"]
+        full.pop("CKPTIO_STANDIN_GDS", None)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True,
         timeout=300,
