@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# A plain cc build of ckptio for machines without meson, liburing or xxhash headers (the GPU
+# A plain cc build of ckptio for machines without meson or the development packages (the GPU
 # machine of `make test-gpu`): the library's sources, the ckptio command, the C tests, the GPU
-# stand-in and the Python extension, into BUILD/{obj,bin,pkg}.
-# usage: tests/gpu/cc-build.sh SRC BUILD PYTHON  (CKPTIO_CC_SHIM_XXHASH=1: use libxxhash.so.0
-# through our own declaration even where xxhash.h exists, to test that path)
+# stand-in and the Python package with its extension, into BUILD/{obj,bin,pkg} (and BUILD/lib:
+# carried runtime libraries). What it links and leaves out: below.
+# usage: tests/gpu/cc-build.sh SRC BUILD PYTHON  (CKPTIO_CC_DEPS: the carried dependencies,
+# default SRC/.gpu-deps; CKPTIO_CC_WITHOUT: see below; CKPTIO_CC_SHIM_XXHASH=1: use
+# libxxhash.so.0 through our own declaration even where xxhash.h exists, to test that path)
 set -euo pipefail
 src="$1" B="$2" PY="$3"
 CC="${CC:-$(command -v cc || command -v gcc || echo cc)}"
