@@ -68,14 +68,20 @@ COMPRESS_MODES = ("none", "auto", "all")
 # ---- host memory, page cache, statistics ----
 
 
+def _proc_bytes(path: str, keys: tuple[str, ...]) -> dict[str, int]:
+    """The "Key:  N kB" lines ``keys`` of a /proc file, in bytes."""
+    vals = {}
+    with open(path) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in keys:
+                vals[k] = int(v.split()[0]) * 1024
+    return vals
+
+
 def _rss() -> tuple[int, int]:
     """Resident bytes now and their peak since the last reset: (rss, hwm)."""
-    vals = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":")
-                vals[k] = int(v.split()[0]) * 1024
+    vals = _proc_bytes("/proc/self/status", ("VmRSS", "VmHWM"))
     return vals["VmRSS"], vals["VmHWM"]
 
 
@@ -124,12 +130,7 @@ def _system_used() -> int:
     """Host memory in use on the machine (MemTotal - MemAvailable): a cross-check of VmRSS
     that also sees what is held outside this process (the driver's own buffers, the other
     rank); pinned memory (cuMemHostAlloc) is in both (as RssShmem in VmRSS)."""
-    vals = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(("MemTotal:", "MemAvailable:")):
-                k, v = line.split(":")
-                vals[k] = int(v.split()[0]) * 1024
+    vals = _proc_bytes("/proc/meminfo", ("MemTotal", "MemAvailable"))
     return vals["MemTotal"] - vals["MemAvailable"]
 
 
@@ -345,7 +346,7 @@ def reader_pinned_bytes(c: Ctx, d: str, key: str) -> int | None:
         with c.ckptio.open(d) as r:
             r.load(keys=[key], device=c.dev)
             c.sync()
-            return int(c.ckptio._core.gpu_stats(r._r)[3])
+            return int(c.ckptio._core.gpu_stats(r._r).staging_bytes)
     except Exception as e:  # noqa: BLE001 - a figure we could not get, said as None
         print(f"bench: reader ring bytes: {type(e).__name__}: {e}", file=sys.stderr)
         return None

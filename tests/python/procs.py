@@ -115,6 +115,24 @@ def spawn(args: list[str], d: str, env: Mapping[str, str]) -> tuple[subprocess.P
     return proc, log
 
 
+def run_group(args: list[str], env: Mapping[str, str], timeout: float,
+              cwd: str | None = None) -> tuple[int, str]:  # fmt: skip
+    """Run ``args`` to its end as the leader of a new session, stdout and stderr together;
+    returns (exit status, output). Past ``timeout`` seconds its whole process group is killed
+    (what it started would otherwise go on) and TimeoutError says so, with the output's end."""
+    p = subprocess.Popen(args, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)  # fmt: skip
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise TimeoutError(f"{' '.join(args)} ran past {timeout:.0f} s:\n{out[-4000:]}") from None
+    return p.returncode, out
+
+
 @dataclass
 class Server:
     """A server process: where it answers, the process (leader of its own group) and the temp

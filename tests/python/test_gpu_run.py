@@ -18,6 +18,8 @@ import sysconfig
 
 import pytest
 
+from procs import run_group
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -57,10 +59,10 @@ def test_gpu_script_end_to_end_without_a_gpu(tmp_path: pathlib.Path) -> None:
     }
     for k in ("OUT", "PYTHONPATH", "CKPTIO_GPU", "CKPTIO_CUDA_LIBRARY", "CKPTIO_GPU_STANDIN"):
         env.pop(k, None)
-    r = subprocess.run([str(ROOT / "tests" / "gpu" / "run.sh")], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    # Its own process group, all killed past the deadline (the build, the tests, the ranks).
+    rc, out = run_group([str(ROOT / "tests" / "gpu" / "run.sh")], env, 900, cwd=str(tmp_path))
     log = (b / "run.log").read_text() if (b / "run.log").exists() else ""
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + log[-3000:]
+    assert rc == 0, out[-3000:] + log[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["build"] == "cc" and "object storage (libcurl) 0" in s["build_features"], s
     assert s["c_tests"] == {"standin": "pass", "real_driver": "pass"}, s

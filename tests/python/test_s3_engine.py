@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import signal
-import subprocess
 
 import pytest
 
 from gcsservers import GCSServer
+from procs import run_group
 from s3servers import S3Server
 
 pytest_plugins = ["s3servers", "gcsservers"]
@@ -67,15 +66,10 @@ def run_groups(exe: pathlib.Path, env: dict[str, str], timeout: float,
                groups: tuple[str, ...] = GROUPS) -> tuple[int, str]:  # fmt: skip
     """The runner on ``groups`` in its own process group, all of which a timeout kills (a test
     the runner forked would otherwise go on)."""
-    p = subprocess.Popen([str(exe), *groups], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"{exe} {' '.join(groups)} ran past {timeout:.0f} s:\n{out[-4000:]}")
-    return p.returncode, out
+        return run_group([str(exe), *groups], env, timeout)
+    except TimeoutError as e:
+        pytest.fail(str(e))
 
 
 def runner_of(build: str) -> pathlib.Path:
