@@ -2,19 +2,41 @@
 /* Loads the CUDA driver and cuFile with dlopen at first use: nothing CUDA is needed to build. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda.h"
 
+/* Each reason is written once, inside its pthread_once, and read only after it. */
+#define WHY_LEN 384
 static ckptio__cuda g_cuda;
 static const char *g_cuda_why;
+static char g_cuda_msg[WHY_LEN];
 static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
 
 static ckptio__cufile g_cufile;
 static const char *g_cufile_why;
+static char g_cufile_msg[WHY_LEN];
 static pthread_once_t g_cufile_once = PTHREAD_ONCE_INIT;
+
+/* A reason that names what failed: the library's file, the entry point, the code. */
+__attribute__((format(printf, 2, 3))) static const char *say(char *msg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, WHY_LEN, fmt, ap);
+    va_end(ap);
+    return msg;
+}
+
+/* dlerror's text, which names the file that is missing (the library or one it needs). */
+static const char *dl_reason(void)
+{
+    const char *e = dlerror();
+    return e ? e : "no reason given";
+}
 
 /* The first name the library exports: versioned names first (cuMemHostRegister_v2...), because
  * the unversioned ones are kept only for programs built against headers older than the
@@ -38,7 +60,8 @@ static void load_cuda(void)
     if (!name || !*name) name = "libcuda.so.1";
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        g_cuda_why = "the CUDA driver (libcuda.so.1) is not installed or cannot be loaded";
+        g_cuda_why = say(g_cuda_msg, "the CUDA driver (%s) is not installed or cannot be loaded: %s",
+                         name, dl_reason());
         return;
     }
     ckptio__cuda *cu = &g_cuda;
@@ -67,14 +90,21 @@ static void load_cuda(void)
     LOAD(PointerGetAttribute, "cuPointerGetAttribute", NULL);
     LOAD(GetErrorString, "cuGetErrorString", NULL);
     if (missing) {
-        g_cuda_why = "the CUDA driver lacks an entry point ckptio needs (too old?)";
+        g_cuda_why = say(g_cuda_msg, "the CUDA driver (%s) lacks %s, which ckptio needs (too old?)",
+                         name, missing);
         dlclose(lib);
         return;
     }
     int n = 0;
-    if (cu->Init(0) != CKPTIO__CUDA_SUCCESS || cu->DeviceGetCount(&n) != CKPTIO__CUDA_SUCCESS ||
-        n < 1) {
-        g_cuda_why = "the CUDA driver is installed but reports no usable GPU (cuInit failed)";
+    ckptio__CUresult r = cu->Init(0);
+    if (r == CKPTIO__CUDA_SUCCESS) r = cu->DeviceGetCount(&n);
+    if (r != CKPTIO__CUDA_SUCCESS || n < 1) {
+        g_cuda_why = say(g_cuda_msg,
+                         "the CUDA driver (%s) is installed but reports no usable GPU (%s, "
+                         "CUresult %d)",
+                         name, r != CKPTIO__CUDA_SUCCESS ? "cuInit or cuDeviceGetCount failed"
+                                                         : "no device",
+                         (int)r);
         dlclose(lib);
         return;
     }
@@ -102,7 +132,10 @@ static void load_cufile(void)
     if (!name || !*name) name = "libcufile.so.0";
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        g_cufile_why = "cuFile (libcufile.so.0, GPUDirect Storage) is not installed";
+        g_cufile_why = say(g_cufile_msg,
+                           "cuFile (%s, GPUDirect Storage) is not installed or cannot be loaded: "
+                           "%s",
+                           name, dl_reason());
         return;
     }
     ckptio__cufile *cf = &g_cufile;
@@ -117,14 +150,16 @@ static void load_cufile(void)
     LOAD(Read, "cuFileRead", NULL);
     LOAD(Write, "cuFileWrite", NULL);
     if (missing) {
-        g_cufile_why = "libcufile.so.0 lacks an entry point ckptio needs";
+        g_cufile_why = say(g_cufile_msg, "cuFile (%s) lacks %s, which ckptio needs", name, missing);
         dlclose(lib);
         return;
     }
     ckptio__CUfileError e = cf->DriverOpen();
     if (e.err != 0) {
-        g_cufile_why = "cuFileDriverOpen failed (nvidia-fs not loaded, or GDS disabled in "
-                       "cufile.json); the staged path is used";
+        g_cufile_why = say(g_cufile_msg,
+                           "cuFileDriverOpen failed (CUfileOpError %d, CUresult %d: nvidia-fs not "
+                           "loaded, or GDS disabled in cufile.json); the staged path is used",
+                           (int)e.err, (int)e.cu_err);
         dlclose(lib);
         return;
     }

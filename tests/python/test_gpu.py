@@ -121,7 +121,7 @@ else:
     env = {"CKPTIO_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"}
     r = _run(base, env)
     assert r.returncode == 0, r.stderr
-    assert "GPU host copy (the CUDA driver (libcuda.so.1) is not installed" in r.stdout
+    assert "GPU host copy (the CUDA driver (/nonexistent/libcuda.so.1) is not installed" in r.stdout
     r = _run(base, {**env, "CKPTIO_GPU": "staged"})
     assert r.returncode == 0, r.stderr
     assert "REFUSED" in r.stdout and "CKPTIO_GPU=staged" in r.stdout
@@ -202,7 +202,7 @@ print("DIVERGED")
     code = code.replace("HOST = False", "HOST = True")
     r = _run(code, {"CKPTIO_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"})
     assert r.returncode == 0, r.stderr
-    assert "GPU host copy (the CUDA driver (libcuda.so.1) is not installed" in r.stdout
+    assert "GPU host copy (the CUDA driver (/nonexistent/libcuda.so.1) is not installed" in r.stdout
 
 
 def test_doctor_says_which_gpu_path() -> None:
