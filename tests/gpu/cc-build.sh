@@ -82,7 +82,6 @@ cat >"$B/gen/ckptio_config.h" <<CFG
 #define CKPTIO_BUILD_TYPE "release"
 #define CKPTIO_HAVE_IO_URING $uring
 #define CKPTIO_HAVE_MPI 0
-#define CKPTIO_HAVE_ZSTD 1
 CFG
 echo "cc-build: io_uring $uring, object storage (libcurl) $curl, xxhash $xxhash"
 
