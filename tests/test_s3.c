@@ -26,7 +26,7 @@ static int test_sigv4(void)
     ckptio__s3_sha256_hex("", 0, hex);
     CHECK(!strcmp(hex, empty));
 
-    ckptio__s3_kv h[4] = {{"x-amz-date", "20130524T000000Z"},
+    ckptio__kv h[4] = {{"x-amz-date", "20130524T000000Z"},
                           {"range", "bytes=0-9"},
                           {"host", "examplebucket.s3.amazonaws.com"},
                           {"x-amz-content-sha256", empty}};
@@ -39,28 +39,28 @@ static int test_sigv4(void)
                         "aws4_request,SignedHeaders=host;range;x-amz-content-sha256;x-amz-date,"
                         "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"));
 
-    ckptio__s3_kv h3[3] = {{"host", "examplebucket.s3.amazonaws.com"},
+    ckptio__kv h3[3] = {{"host", "examplebucket.s3.amazonaws.com"},
                            {"x-amz-date", "20130524T000000Z"},
                            {"x-amz-content-sha256", empty}};
-    ckptio__s3_kv lifecycle[1] = {{"lifecycle", ""}};
+    ckptio__kv lifecycle[1] = {{"lifecycle", ""}};
     in = (ckptio__s3_sig_in){"GET", "/", lifecycle, 1, h3, 3, empty, "20130524T000000Z",
                              "us-east-1", "AKIAIOSFODNN7EXAMPLE",
                              "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", NULL};
     CHECK_OK(ckptio__s3_sign(&in, auth));
     CHECK(t_contains(auth, "Signature=fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543"));
 
-    ckptio__s3_kv list[2] = {{"prefix", "J"}, {"max-keys", "2"}}; /* sorted by the signer */
+    ckptio__kv list[2] = {{"prefix", "J"}, {"max-keys", "2"}}; /* sorted by the signer */
     in.query = list;
     in.nq = 2;
     CHECK_OK(ckptio__s3_sign(&in, auth));
     CHECK(t_contains(auth, "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"));
 
     /* What curl's own signer gets wrong: a bare "?uploads" and a '/' inside a value. */
-    ckptio__s3_kv q[3] = {{"uploads", ""}, {"prefix", "a/b c"}, {"key-marker", "~x"}};
-    char *s = ckptio__s3_query(q, 3);
+    ckptio__kv q[3] = {{"uploads", ""}, {"prefix", "a/b c"}, {"key-marker", "~x"}};
+    char *s = ckptio__uri_query(q, 3);
     CHECK(s && !strcmp(s, "key-marker=~x&prefix=a%2Fb%20c&uploads="));
     free(s);
-    s = ckptio__s3_uri_encode("dir/a+b=c&d é", true);
+    s = ckptio__uri_encode("dir/a+b=c&d é", true);
     CHECK(s && !strcmp(s, "dir/a%2Bb%3Dc%26d%20%C3%A9"));
     free(s);
     return 0;

@@ -327,7 +327,7 @@ static int url_host(const char *url, char *out, size_t cap)
 
 /* An STS call (the query API, a form POSTed as the SDKs send it): AssumeRoleWithWebIdentity
  * unsigned, AssumeRole signed with `signer`. */
-static int sts(chain *c, const char *action, ckptio__s3_kv *q, unsigned nq,
+static int sts(chain *c, const char *action, ckptio__kv *q, unsigned nq,
                const ckptio__aws_key *signer, ckptio__aws_key **out, ckptio__msg *msg)
 {
     ckptio__aws_creds *p = c->p;
@@ -340,12 +340,12 @@ static int sts(chain *c, const char *action, ckptio__s3_kv *q, unsigned nq,
     if (url_host(base, host, sizeof host) < 0)
         return ckptio__fail(msg, CKPTIO_E_USAGE, "the STS endpoint '%s' is not of the form "
                                                  "http[s]://host[:port]", base);
-    ckptio__s3_kv all[8];
+    ckptio__kv all[8];
     unsigned n = 0;
-    all[n++] = (ckptio__s3_kv){"Action", action};
-    all[n++] = (ckptio__s3_kv){"Version", "2011-06-15"};
+    all[n++] = (ckptio__kv){"Action", action};
+    all[n++] = (ckptio__kv){"Version", "2011-06-15"};
     for (unsigned i = 0; i < nq && n < 8; i++) all[n++] = q[i];
-    char *form = ckptio__s3_query(all, n), *url = NULL;
+    char *form = ckptio__uri_query(all, n), *url = NULL;
     if (!form || asprintf(&url, "%s/", base) < 0) {
         free(form);
         return ckptio__fail(msg, -ENOMEM, "out of memory");
@@ -360,7 +360,7 @@ static int sts(chain *c, const char *action, ckptio__s3_kv *q, unsigned nq,
         gmtime_r(&now, &tm);
         strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
         ckptio__s3_sha256_hex(form, strlen(form), phash);
-        ckptio__s3_kv sh[5] = {{"content-type", ctype}, {"host", host},
+        ckptio__kv sh[5] = {{"content-type", ctype}, {"host", host},
                                {"x-amz-content-sha256", phash}, {"x-amz-date", date},
                                {"x-amz-security-token", signer->token}};
         ckptio__s3_sig_in in = {"POST", "/", NULL, 0, sh, signer->token ? 5u : 4u, phash, date,
@@ -436,7 +436,7 @@ static int web_identity(chain *c, const char *token_file, const char *role, cons
     while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r' || tok[n - 1] == ' ')) tok[--n] = 0;
     char name[128];
     session_name(session, name, sizeof name);
-    ckptio__s3_kv q[3] = {{"RoleArn", role}, {"RoleSessionName", name}, {"WebIdentityToken", tok}};
+    ckptio__kv q[3] = {{"RoleArn", role}, {"RoleSessionName", name}, {"WebIdentityToken", tok}};
     int rc = sts(c, "AssumeRoleWithWebIdentity", q, 3, NULL, out, msg);
     OPENSSL_cleanse(tok, n);
     free(tok);
@@ -649,10 +649,10 @@ static int assume(chain *c, const char *name, const char *role, const ckptio__aw
     config_value(c->p, name, "duration_seconds", NULL, dur, sizeof dur);
     config_value(c->p, name, "external_id", NULL, ext, sizeof ext);
     session_name(given, sess, sizeof sess);
-    ckptio__s3_kv q[4] = {{"RoleArn", role}, {"RoleSessionName", sess}};
+    ckptio__kv q[4] = {{"RoleArn", role}, {"RoleSessionName", sess}};
     unsigned n = 2;
-    if (dur[0]) q[n++] = (ckptio__s3_kv){"DurationSeconds", dur};
-    if (ext[0]) q[n++] = (ckptio__s3_kv){"ExternalId", ext};
+    if (dur[0]) q[n++] = (ckptio__kv){"DurationSeconds", dur};
+    if (ext[0]) q[n++] = (ckptio__kv){"ExternalId", ext};
     return sts(c, "AssumeRole", q, n, src, out, msg);
 }
 

@@ -20,9 +20,10 @@
 
 #include "conf_parse.h"
 #include "creds.h"
+#include "http.h" /* ckptio__time_iso */
 #include "http_simple.h"
-#include "s3_impl.h" /* ckptio__s3_query (a form is a query string) */
 #include "store.h"
+#include "uri.h" /* a form is a query string */
 
 #define SOURCE_MS           10000L /* a token endpoint, STS, IAM, a subject token URL */
 #define METADATA_MS         3000L  /* the metadata server: the whole request... */
@@ -306,9 +307,9 @@ static int ask(const ckptio__gcp_creds *p, const char *who, const char *url,
 }
 
 /* A form of n pairs (malloc'd; wipe it: it holds a secret), or NULL. */
-static char *form(const ckptio__s3_kv *kv, unsigned n)
+static char *form(const ckptio__kv *kv, unsigned n)
 {
-    return ckptio__s3_query(kv, n);
+    return ckptio__uri_query(kv, n);
 }
 
 static void wipe(char *s)
@@ -434,7 +435,7 @@ static int service_account(cfile *f, ckptio__gcp_token **out, ckptio__msg *msg)
             rc = sign_rs256(f, pem, input, &sig, msg);
     }
     if (rc >= 0) jwt = dupf("%s.%s", input, sig);
-    ckptio__s3_kv kv[2] = {{"grant_type", GRANT_JWT}, {"assertion", jwt}};
+    ckptio__kv kv[2] = {{"grant_type", GRANT_JWT}, {"assertion", jwt}};
     if (rc >= 0 && !(jwt && (body = form(kv, 2)))) rc = ckptio__fail(msg, -ENOMEM, "out of memory");
     const char *hs[] = {"Content-Type: application/x-www-form-urlencoded", NULL};
     if (rc >= 0) rc = ask(f->p, f->who, aud, hs, body, false, out, msg);
@@ -461,7 +462,7 @@ static int authorized_user(cfile *f, ckptio__gcp_token **out, ckptio__msg *msg)
     const char *url = maybe(f, "token_uri", uri, sizeof uri, TOKEN_URI);
     snprintf(f->how, sizeof f->how, "authorized user (%s)", f->path);
     snprintf(f->who + strlen(f->who), sizeof f->who - strlen(f->who), " (authorized_user)");
-    ckptio__s3_kv kv[4] = {{"grant_type", "refresh_token"},
+    ckptio__kv kv[4] = {{"grant_type", "refresh_token"},
                            {"client_id", id},
                            {"client_secret", secret},
                            {"refresh_token", refresh}};
@@ -599,7 +600,7 @@ static int external_account(cfile *f, ckptio__gcp_token **out, ckptio__msg *msg)
         ckptio__json_escape(project, esc, sizeof esc);
         snprintf(opts, sizeof opts, "{\"userProject\":\"%s\"}", esc);
     }
-    ckptio__s3_kv kv[7] = {{"grant_type", GRANT_EXCHANGE},
+    ckptio__kv kv[7] = {{"grant_type", GRANT_EXCHANGE},
                            {"audience", aud},
                            {"scope", SCOPE_CLOUD},
                            {"requested_token_type", TYPE_ACCESS},

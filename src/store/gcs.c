@@ -16,7 +16,7 @@
 #include "creds.h"
 #include "gcp_creds.h"
 #include "gcs.h"
-#include "s3_impl.h" /* ckptio__s3_query, ckptio__s3_uri_encode: RFC 3986 encoding */
+#include "uri.h"
 
 #define GCS_JSON_MAX (64ull << 20)
 #define GCS_DEFAULT "https://storage.googleapis.com"
@@ -220,11 +220,11 @@ static const ckptio__http_proto gcs_proto = {
 /* Send c to <endpoint><api>/storage/v1/b/<bucket>/o[/<object>]<tail>[?query]: api "" (JSON)
  * or "/upload"; the object name encoded whole ('/' too), as GCS asks. */
 static int gcs_do(gcs *g, ckptio__http_call *c, const char *api, const char *object,
-                  const char *tail, const ckptio__s3_kv *q, unsigned nq, bool bucket_404,
+                  const char *tail, const ckptio__kv *q, unsigned nq, bool bucket_404,
                   ckptio__msg *msg)
 {
-    char *eobj = object ? ckptio__s3_uri_encode(object, false) : NULL;
-    char *query = ckptio__s3_query(q, nq), *url = NULL;
+    char *eobj = object ? ckptio__uri_encode(object, false) : NULL;
+    char *query = ckptio__uri_query(q, nq), *url = NULL;
     int rc = 0;
     if ((object && !eobj) || !query ||
         asprintf(&url, "%s%s/storage/v1/b/%s/o%s%s%s%s%s", g->http.endpoint, api, c->bucket,
@@ -316,7 +316,7 @@ static int gcs_put(ckptio__objc *oc, const char *bucket, const char *key, const 
                               .max = 1u << 20};
     int rc;
     if (!cond) { /* the bytes as they are: a media upload */
-        ckptio__s3_kv q[2] = {{"name", key}, {"uploadType", "media"}};
+        ckptio__kv q[2] = {{"name", key}, {"uploadType", "media"}};
         call.content_type = "application/octet-stream";
         call.body = buf;
         call.body_len = len;
@@ -328,7 +328,7 @@ static int gcs_put(ckptio__objc *oc, const char *bucket, const char *key, const 
         char *body = multipart(key, buf, len, b, &n);
         if (!body) return ckptio__fail(msg, -ENOMEM, "out of memory");
         snprintf(ct, sizeof ct, "multipart/related; boundary=%s", b);
-        ckptio__s3_kv q[3] = {{"ifGenerationMatch", strcmp(cond, "*") ? cond : "0"},
+        ckptio__kv q[3] = {{"ifGenerationMatch", strcmp(cond, "*") ? cond : "0"},
                               {"name", key}, /* as in the metadata: what logs show */
                               {"uploadType", "multipart"}};
         call.content_type = ct;
@@ -345,7 +345,7 @@ static int gcs_put(ckptio__objc *oc, const char *bucket, const char *key, const 
 static int gcs_get_all(ckptio__objc *oc, const char *bucket, const char *key, uint64_t max,
                        uint8_t **buf, uint64_t *len, ckptio__obj_resp *resp, ckptio__msg *msg)
 {
-    ckptio__s3_kv q[1] = {{"alt", "media"}};
+    ckptio__kv q[1] = {{"alt", "media"}};
     ckptio__http_call call = {.what = "GET", .method = "GET", .bucket = bucket, .key = key,
                               .max = max ? max : 1};
     int rc = gcs_do(of(oc), &call, "", key, "", q, 1, false, msg);
@@ -357,7 +357,7 @@ static int gcs_get_range(ckptio__objc *oc, const char *bucket, const char *key, 
                          uint64_t len, void *buf, uint64_t *got, ckptio__msg *msg)
 {
     char range[80];
-    ckptio__s3_kv q[1] = {{"alt", "media"}};
+    ckptio__kv q[1] = {{"alt", "media"}};
     ckptio__http_call call = {.what = "GET (range)", .method = "GET", .bucket = bucket,
                               .key = key};
     *got = 0;
@@ -371,7 +371,7 @@ static int gcs_head(ckptio__objc *oc, const char *bucket, const char *key, ckpti
                     ckptio__msg *msg)
 {
     gcs *g = of(oc);
-    ckptio__s3_kv q[1] = {{"fields", "generation,size,updated"}};
+    ckptio__kv q[1] = {{"fields", "generation,size,updated"}};
     ckptio__http_call call = {.what = "HEAD", .method = "GET", .bucket = bucket, .key = key,
                               .max = 1u << 20};
     int rc = gcs_do(g, &call, "", key, "", q, 1, false, msg);
@@ -423,7 +423,7 @@ static int gcs_list(ckptio__objc *oc, const char *bucket, const char *prefix,
     gcs *g = of(oc);
     char token[1024] = "";
     for (;;) {
-        ckptio__s3_kv q[3] = {{"fields", "items(name,size,updated),nextPageToken"},
+        ckptio__kv q[3] = {{"fields", "items(name,size,updated),nextPageToken"},
                               {"prefix", prefix},
                               {"pageToken", token}};
         ckptio__http_call call = {.what = "LIST", .method = "GET", .bucket = bucket,

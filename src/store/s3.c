@@ -143,7 +143,7 @@ int ckptio__s3_client(ckptio__objc **out, const ckptio_store_opts *o, ckptio__ms
 
 typedef struct s3_call {
     ckptio__http_call h; /* what, method, bucket, key, extra, body, the answer... */
-    const ckptio__s3_kv *query;
+    const ckptio__kv *query;
     unsigned nq;
     bool sign_body;
     const char *upload; /* the multipart upload this call works on: see upload_gone */
@@ -158,7 +158,7 @@ typedef struct s3_call {
 static int build_target(ckptio__s3 *s, s3_call *c, const char *query, char **url)
 {
     const char *bucket = c->h.bucket, *key = c->h.key;
-    char *ekey = ckptio__s3_uri_encode(key ? key : "", true);
+    char *ekey = ckptio__uri_encode(key ? key : "", true);
     if (!ekey) return -ENOMEM;
     bool path_style = s->style == STYLE_PATH ||
                       (s->style == STYLE_AUTO && (s->custom || strchr(bucket, '.')));
@@ -208,7 +208,7 @@ static int s3_auth(ckptio__http *h, ckptio__http_call *hc, struct curl_slist **h
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
-    ckptio__s3_kv hs[4] = {{"host", c->host}, {"x-amz-content-sha256", c->phash},
+    ckptio__kv hs[4] = {{"host", c->host}, {"x-amz-content-sha256", c->phash},
                            {"x-amz-date", date}, {"x-amz-security-token", k->token}};
     ckptio__s3_sig_in in = {hc->method, c->uri, c->query, c->nq, hs, k->token ? 4u : 3u,
                             c->phash, date, s->region, k->id, k->secret, NULL};
@@ -325,7 +325,7 @@ static int upload_gone(ckptio__http *h, ckptio__http_call *hc)
 {
     s3_call *c = hc->proto;
     if (!c->upload || hc->resp.status < 500) return 0;
-    ckptio__s3_kv q[2] = {{"uploadId", c->upload}, {"max-parts", "1"}};
+    ckptio__kv q[2] = {{"uploadId", c->upload}, {"max-parts", "1"}};
     s3_call probe = {.h = {.what = "ListParts", .method = "GET", .bucket = hc->bucket,
                            .key = hc->key, .max = S3_XML_MAX, .once = true},
                      .query = q, .nq = 2};
@@ -352,7 +352,7 @@ static const ckptio__http_proto s3_proto = {
 
 static int s3_do(ckptio__s3 *s, s3_call *c, ckptio__msg *msg)
 {
-    char *query = ckptio__s3_query(c->query, c->nq), *url = NULL;
+    char *query = ckptio__uri_query(c->query, c->nq), *url = NULL;
     int rc = 0;
     c->uri = NULL;
     if (!query || build_target(s, c, query, &url) < 0) {
@@ -431,7 +431,7 @@ static int s3_list(ckptio__objc *oc, const char *bucket, const char *prefix, ckp
 {
     char token[1024] = "";
     for (;;) {
-        ckptio__s3_kv q[3] = {
+        ckptio__kv q[3] = {
             {"list-type", "2"}, {"prefix", prefix}, {"continuation-token", token}};
         s3_call call = {.h = {.what = "LIST", .method = "GET", .bucket = bucket, .max = S3_XML_MAX}, .query = q, .nq = token[0] ? 3u : 2u};
         CKPTIO__TRY(s3_do(of(oc), &call, msg));
@@ -455,7 +455,7 @@ static int s3_list_uploads(ckptio__objc *oc, const char *bucket, const char *pre
 {
     char key_marker[1100] = "", id_marker[1100] = "";
     for (;;) {
-        ckptio__s3_kv q[4] = {{"uploads", ""}, {"prefix", prefix}, {"key-marker", key_marker},
+        ckptio__kv q[4] = {{"uploads", ""}, {"prefix", prefix}, {"key-marker", key_marker},
                               {"upload-id-marker", id_marker}};
         unsigned nq = key_marker[0] ? (id_marker[0] ? 4u : 3u) : 2u;
         s3_call call = {.h = {.what = "LIST UPLOADS", .method = "GET", .bucket = bucket, .max = S3_XML_MAX}, .query = q, .nq = nq};
@@ -474,7 +474,7 @@ static int s3_list_uploads(ckptio__objc *oc, const char *bucket, const char *pre
 static int s3_mpu_create(ckptio__objc *oc, const char *bucket, const char *key, char **upload_id,
                           ckptio__msg *msg)
 {
-    ckptio__s3_kv q[1] = {{"uploads", ""}};
+    ckptio__kv q[1] = {{"uploads", ""}};
     s3_call call = {.h = {.what = "CreateMultipartUpload", .method = "POST", .bucket = bucket, .key = key, .max = 1u << 20}, .query = q, .nq = 1};
     *upload_id = NULL;
     CKPTIO__TRY(s3_do(of(oc), &call, msg));
@@ -497,7 +497,7 @@ static int s3_mpu_part(ckptio__objc *oc, const char *bucket, const char *key,
 {
     char num[16];
     snprintf(num, sizeof num, "%u", part);
-    ckptio__s3_kv q[2] = {{"partNumber", num}, {"uploadId", upload_id}};
+    ckptio__kv q[2] = {{"partNumber", num}, {"uploadId", upload_id}};
     s3_call call = {.h = {.what = "UploadPart", .method = "PUT", .bucket = bucket, .key = key, .body = buf, .body_len = len}, .query = q, .nq = 2, .upload = upload_id};
     CKPTIO__TRY(s3_do(of(oc), &call, msg));
     if (!call.h.resp.etag[0])
@@ -520,7 +520,7 @@ static int s3_mpu_complete(ckptio__objc *oc, const char *bucket, const char *key
                                 "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>", i + 1,
                                 etags[i]);
     len += (size_t)snprintf(xml + len, cap - len, "</CompleteMultipartUpload>");
-    ckptio__s3_kv q[1] = {{"uploadId", upload_id}};
+    ckptio__kv q[1] = {{"uploadId", upload_id}};
     s3_call call = {.h = {.what = "CompleteMultipartUpload", .method = "POST", .bucket = bucket, .key = key, .body = xml, .body_len = len, .max = 1u << 20}, .query = q, .nq = 1, .sign_body = true, .upload = upload_id};
     int rc = s3_do(of(oc), &call, msg);
     /* A retry after an answer lost on the way finds the upload gone: it completed if the
@@ -539,7 +539,7 @@ static int s3_mpu_complete(ckptio__objc *oc, const char *bucket, const char *key
 static int s3_mpu_abort(ckptio__objc *oc, const char *bucket, const char *key,
                          const char *upload_id, ckptio__msg *msg)
 {
-    ckptio__s3_kv q[1] = {{"uploadId", upload_id}};
+    ckptio__kv q[1] = {{"uploadId", upload_id}};
     s3_call call = {.h = {.what = "AbortMultipartUpload", .method = "DELETE", .bucket = bucket, .key = key, .ok_404 = true}, .query = q, .nq = 1};
     return s3_do(of(oc), &call, msg);
 }

@@ -7,23 +7,18 @@
 #include <stdint.h>
 
 #include "s3.h"
+#include "uri.h" /* ckptio__kv: headers and query parameters */
 
 /* ---- SigV4 (s3_sign.c) ---- */
-
-/* One header or query parameter, unencoded. */
-typedef struct ckptio__s3_kv {
-    const char *name;
-    const char *value;
-} ckptio__s3_kv;
 
 /* What a signature covers. uri is the canonical URI, already encoded ("/bucket/a%20b"). query
  * (nq pairs, any order) is canonicalized here: RFC 3986-encoded and sorted. headers (nh pairs,
  * names lower case, any order) are all signed. amz_date is "YYYYMMDDTHHMMSSZ". */
 typedef struct ckptio__s3_sig_in {
     const char *method, *uri;
-    const ckptio__s3_kv *query;
+    const ckptio__kv *query;
     unsigned nq;
-    const ckptio__s3_kv *headers;
+    const ckptio__kv *headers;
     unsigned nh;
     const char *payload_hash; /* hex SHA256 of the body, or "UNSIGNED-PAYLOAD" */
     const char *amz_date, *region, *access_key, *secret_key;
@@ -34,10 +29,6 @@ typedef struct ckptio__s3_sig_in {
 /* The Authorization header's value into auth (CKPTIO__S3_AUTH_MAX bytes); 0, or -ENOMEM /
  * CKPTIO_E_LIMIT when it does not fit. */
 CKPTIO__HIDDEN int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth);
-/* The canonical query string of nq pairs (sorted, encoded, "a=1&b=") as a malloc'd string. */
-CKPTIO__HIDDEN char *ckptio__s3_query(const ckptio__s3_kv *query, unsigned nq);
-/* RFC 3986 encoding of s, keeping '/' when keep_slash; malloc'd (NULL: no memory). */
-CKPTIO__HIDDEN char *ckptio__s3_uri_encode(const char *s, bool keep_slash);
 /* The ETag S3 gives an object completed from n parts with these ETags: the MD5 of their MD5s,
  * "-n" ("\"<hex>-n\""). False when a part's ETag is not a quoted MD5. */
 CKPTIO__HIDDEN bool ckptio__s3_mpu_etag(char (*etags)[128], unsigned n, char out[128]);

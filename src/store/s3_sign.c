@@ -41,30 +41,6 @@ static void sb_str(sbuf *b, const char *s)
     sb_add(b, s, strlen(s));
 }
 
-static void sb_enc(sbuf *b, const char *s, bool keep_slash)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        unsigned char c = *p;
-        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-            c == '-' || c == '.' || c == '_' || c == '~' || (keep_slash && c == '/')) {
-            sb_add(b, (const char *)p, 1);
-        } else {
-            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-            sb_add(b, e, 3);
-        }
-    }
-}
-
-char *ckptio__s3_uri_encode(const char *s, bool keep_slash)
-{
-    sbuf b = {0};
-    sb_add(&b, "", 0);
-    sb_enc(&b, s, keep_slash);
-    if (b.bad) free(b.p);
-    return b.bad ? NULL : b.p;
-}
-
 static void to_hex(const unsigned char *d, size_t n, char *out)
 {
     static const char hex[] = "0123456789abcdef";
@@ -116,49 +92,9 @@ static void hmac(const void *key, size_t klen, const char *msg, unsigned char ou
         memset(out, 0, 32);
 }
 
-typedef struct enc_kv {
-    char *name, *value;
-} enc_kv;
-
-static int cmp_enc(const void *a, const void *b)
-{
-    const enc_kv *x = a, *y = b;
-    int c = strcmp(x->name, y->name);
-    return c ? c : strcmp(x->value, y->value);
-}
-
-char *ckptio__s3_query(const ckptio__s3_kv *query, unsigned nq)
-{
-    enc_kv *kv = calloc(nq ? nq : 1, sizeof *kv);
-    if (!kv) return NULL;
-    sbuf b = {0};
-    sb_add(&b, "", 0);
-    for (unsigned i = 0; i < nq; i++) {
-        kv[i].name = ckptio__s3_uri_encode(query[i].name, false);
-        kv[i].value = ckptio__s3_uri_encode(query[i].value ? query[i].value : "", false);
-        if (!kv[i].name || !kv[i].value) b.bad = true;
-    }
-    if (!b.bad) {
-        qsort(kv, nq, sizeof *kv, cmp_enc);
-        for (unsigned i = 0; i < nq; i++) {
-            if (i) sb_str(&b, "&");
-            sb_str(&b, kv[i].name);
-            sb_str(&b, "=");
-            sb_str(&b, kv[i].value);
-        }
-    }
-    for (unsigned i = 0; i < nq; i++) {
-        free(kv[i].name);
-        free(kv[i].value);
-    }
-    free(kv);
-    if (b.bad) free(b.p);
-    return b.bad ? NULL : b.p;
-}
-
 static int cmp_hdr(const void *a, const void *b)
 {
-    return strcmp(((const ckptio__s3_kv *)a)->name, ((const ckptio__s3_kv *)b)->name);
+    return strcmp(((const ckptio__kv *)a)->name, ((const ckptio__kv *)b)->name);
 }
 
 /* A header value as signed: leading and trailing blanks dropped, inner runs made one space. */
@@ -182,11 +118,11 @@ int ckptio__s3_sign(const ckptio__s3_sig_in *in, char *auth)
     int rc = 0;
     sbuf creq = {0}, signed_h = {0};
     char *query = NULL;
-    ckptio__s3_kv *h = malloc((in->nh ? in->nh : 1) * sizeof *h);
+    ckptio__kv *h = malloc((in->nh ? in->nh : 1) * sizeof *h);
     CKPTIO__GOTO_IF(!h, -ENOMEM);
     memcpy(h, in->headers, in->nh * sizeof *h);
     qsort(h, in->nh, sizeof *h, cmp_hdr);
-    query = ckptio__s3_query(in->query, in->nq);
+    query = ckptio__uri_query(in->query, in->nq);
     CKPTIO__GOTO_IF(!query, -ENOMEM);
 
     sb_str(&creq, in->method);
