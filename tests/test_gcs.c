@@ -59,6 +59,7 @@ static int test_parse_list(void)
 
     static const char *const bad[] = {
         "{\"items\":[{\"size\":\"1\"}]}",                 /* no name */
+        "{\"items\":[{\"name\":\"\",\"size\":0}]}",       /* an empty name */
         "{\"items\":[{\"name\":\"a\",\"size\":\"x\"}]}",  /* a size that is no number */
         "{\"items\":[{\"name\":\"a\",\"size\":\"-1\"}]}", /* a negative size */
         "{\"items\":[{\"name\":\"a\",\"size\":1}",        /* cut */

@@ -399,7 +399,10 @@ static int on_item(void *ctx, const char *v, size_t n)
     list_page *p = ctx;
     char name[1100], when[64] = "";
     int64_t size = 0, mtime = 0;
-    if (ckptio__json_str(v, n, "name", name, sizeof name) != 1 ||
+    /* An object always has a name: an item with none, or with "", is a corrupt answer, never
+     * a key handed on to the listing's readers (which read, compare and delete what they get),
+     * as the S3 reader refuses a <Key> that is empty. */
+    if (ckptio__json_str(v, n, "name", name, sizeof name) != 1 || !name[0] ||
         ckptio__json_int(v, n, "size", &size) < 0 || size < 0)
         return p->rc = CKPTIO_E_CORRUPT;
     if (ckptio__json_str(v, n, "updated", when, sizeof when) == 1) ckptio__time_iso(when, &mtime);
