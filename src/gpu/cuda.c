@@ -60,8 +60,9 @@ static void load_cuda(void)
     if (!name || !*name) name = "libcuda.so.1";
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        g_cuda_why = say(g_cuda_msg, "the CUDA driver (%s) is not installed or cannot be loaded: %s",
-                         name, dl_reason());
+        g_cuda_why = say(g_cuda_msg,
+                         "the CUDA driver (%s) is not installed or cannot be loaded: %s", name,
+                         dl_reason());
         return;
     }
     ckptio__cuda *cu = &g_cuda;
