@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, leave_torch  # noqa: E402
 
 import ckptio  # noqa: E402
 from ckptio.torch.dcp import StorageReader, StorageWriter  # noqa: E402
@@ -220,7 +220,7 @@ def main() -> None:
         save()
     else:
         load()
-    dist.destroy_process_group()
+    leave_torch()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, leave_torch  # noqa: E402
 
 import ckptio  # noqa: E402
 from ckptio.ranks import _share  # noqa: E402
@@ -113,5 +113,4 @@ try:
 except ckptio.CheckpointError as e:
     emit("corrupt", {"rank": rank, "error": type(e).__name__, "message": str(e),
                      "share": _share.last})  # fmt: skip
-dist.barrier()
-dist.destroy_process_group()
+leave_torch()

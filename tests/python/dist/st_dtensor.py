@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import emit, leave_torch  # noqa: E402
 
 import ckptio  # noqa: E402
 import ckptio.safetensors as cst  # noqa: E402
@@ -46,4 +46,4 @@ try:
 except Exception as e:  # reported, then judged by the test
     emit("st", {"rank": rank, "error": type(e).__name__, "message": str(e),
                 "trace": traceback.format_exc()})  # fmt: skip
-dist.destroy_process_group()
+leave_torch()
