@@ -361,8 +361,8 @@ static int sts(chain *c, const char *action, ckptio__kv *q, unsigned nq,
         strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
         ckptio__s3_sha256_hex(form, strlen(form), phash);
         ckptio__kv sh[5] = {{"content-type", ctype}, {"host", host},
-                               {"x-amz-content-sha256", phash}, {"x-amz-date", date},
-                               {"x-amz-security-token", signer->token}};
+                            {"x-amz-content-sha256", phash}, {"x-amz-date", date},
+                            {"x-amz-security-token", signer->token}};
         ckptio__s3_sig_in in = {"POST", "/", NULL, 0, sh, signer->token ? 5u : 4u, phash, date,
                                 p->region, signer->id, signer->secret, "sts"};
         if (ckptio__s3_sign(&in, auth) < 0 ||

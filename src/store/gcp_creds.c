@@ -463,9 +463,9 @@ static int authorized_user(cfile *f, ckptio__gcp_token **out, ckptio__msg *msg)
     snprintf(f->how, sizeof f->how, "authorized user (%s)", f->path);
     snprintf(f->who + strlen(f->who), sizeof f->who - strlen(f->who), " (authorized_user)");
     ckptio__kv kv[4] = {{"grant_type", "refresh_token"},
-                           {"client_id", id},
-                           {"client_secret", secret},
-                           {"refresh_token", refresh}};
+                        {"client_id", id},
+                        {"client_secret", secret},
+                        {"refresh_token", refresh}};
     if (rc > 0 && !(body = form(kv, 4))) rc = ckptio__fail(msg, -ENOMEM, "out of memory");
     const char *hs[] = {"Content-Type: application/x-www-form-urlencoded", NULL};
     if (rc > 0) rc = ask(f->p, f->who, url, hs, body, false, out, msg);
@@ -601,12 +601,12 @@ static int external_account(cfile *f, ckptio__gcp_token **out, ckptio__msg *msg)
         snprintf(opts, sizeof opts, "{\"userProject\":\"%s\"}", esc);
     }
     ckptio__kv kv[7] = {{"grant_type", GRANT_EXCHANGE},
-                           {"audience", aud},
-                           {"scope", SCOPE_CLOUD},
-                           {"requested_token_type", TYPE_ACCESS},
-                           {"subject_token_type", stype},
-                           {"subject_token", subject},
-                           {"options", opts}};
+                        {"audience", aud},
+                        {"scope", SCOPE_CLOUD},
+                        {"requested_token_type", TYPE_ACCESS},
+                        {"subject_token_type", stype},
+                        {"subject_token", subject},
+                        {"options", opts}};
     if (cid) {
         snprintf(pair, sizeof pair, "%s:%s", cid, csecret);
         EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)pair, (int)strlen(pair));

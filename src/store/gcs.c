@@ -329,8 +329,8 @@ static int gcs_put(ckptio__objc *oc, const char *bucket, const char *key, const 
         if (!body) return ckptio__fail(msg, -ENOMEM, "out of memory");
         snprintf(ct, sizeof ct, "multipart/related; boundary=%s", b);
         ckptio__kv q[3] = {{"ifGenerationMatch", strcmp(cond, "*") ? cond : "0"},
-                              {"name", key}, /* as in the metadata: what logs show */
-                              {"uploadType", "multipart"}};
+                           {"name", key}, /* as in the metadata: what logs show */
+                           {"uploadType", "multipart"}};
         call.content_type = ct;
         call.body = body;
         call.body_len = n;
@@ -427,8 +427,8 @@ static int gcs_list(ckptio__objc *oc, const char *bucket, const char *prefix,
     char token[1024] = "";
     for (;;) {
         ckptio__kv q[3] = {{"fields", "items(name,size,updated),nextPageToken"},
-                              {"prefix", prefix},
-                              {"pageToken", token}};
+                           {"prefix", prefix},
+                           {"pageToken", token}};
         ckptio__http_call call = {.what = "LIST", .method = "GET", .bucket = bucket,
                                   .key = prefix, .max = GCS_JSON_MAX};
         CKPTIO__TRY(gcs_do(g, &call, "", NULL, "", q, token[0] ? 3u : 2u, true, msg));

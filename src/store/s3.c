@@ -209,7 +209,7 @@ static int s3_auth(ckptio__http *h, ckptio__http_call *hc, struct curl_slist **h
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
     ckptio__kv hs[4] = {{"host", c->host}, {"x-amz-content-sha256", c->phash},
-                           {"x-amz-date", date}, {"x-amz-security-token", k->token}};
+                        {"x-amz-date", date}, {"x-amz-security-token", k->token}};
     ckptio__s3_sig_in in = {hc->method, c->uri, c->query, c->nq, hs, k->token ? 4u : 3u,
                             c->phash, date, s->region, k->id, k->secret, NULL};
     rc = ckptio__s3_sign(&in, auth);
@@ -456,7 +456,7 @@ static int s3_list_uploads(ckptio__objc *oc, const char *bucket, const char *pre
     char key_marker[1100] = "", id_marker[1100] = "";
     for (;;) {
         ckptio__kv q[4] = {{"uploads", ""}, {"prefix", prefix}, {"key-marker", key_marker},
-                              {"upload-id-marker", id_marker}};
+                           {"upload-id-marker", id_marker}};
         unsigned nq = key_marker[0] ? (id_marker[0] ? 4u : 3u) : 2u;
         s3_call call = {.h = {.what = "LIST UPLOADS", .method = "GET", .bucket = bucket, .max = S3_XML_MAX}, .query = q, .nq = nq};
         CKPTIO__TRY(s3_do(of(oc), &call, msg));
