@@ -6,7 +6,7 @@
 # dependencies of their own, libcrypto.so.3 and libzstd.so.1. tests/gpu/cc-build.sh uses each
 # only where that machine has none of its own. Nothing else is carried: without libcurl that
 # build leaves out the object stores. Writes DIR (default .gpu-deps/ in the checkout, which git
-# ignores and the GPU machine's call carries: `carry: [".gpu-deps"]`), about 5 MB.
+# ignores and the GPU machine's call carries: `carry: [".gpu-deps"]`), about 8 MB.
 # usage: tests/gpu/fetch-deps.sh [DIR]   (needs `apt-get update` to have run once)
 set -euo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -121,9 +121,14 @@ fi
 # ---- bench ----
 bench_dir="${GPU_BENCH_DIR:-$B/bench-dir}"
 mkdir -p "$bench_dir"
-"$PY" "$src/tests/gpu/bench.py" --dir "$bench_dir" --ckptio "$B/bin/ckptio" \
-    --out "$B/bench.json" >>"$log" 2>&1
+rm -f "$B/bench.json" # a killed bench must not leave an earlier run's figures in the summary
+# Bounded (GPU_BENCH_TIMEOUT, default 400 s: its budget of 300 s and the phases it cannot cut,
+# leaving the build and tests their share of the device call's 540 s), so that a hang still
+# leaves the summary and the logs of everything before it.
+timeout -k 10 "${GPU_BENCH_TIMEOUT:-400}" "$PY" "$src/tests/gpu/bench.py" --dir "$bench_dir" \
+    --ckptio "$B/bin/ckptio" --out "$B/bench.json" >>"$log" 2>&1
 bench_rc=$?
+[ $bench_rc = 124 ] && say "bench: killed after ${GPU_BENCH_TIMEOUT:-400} s"
 rm -rf "$bench_dir"
 say "bench: exit $bench_rc"
 
